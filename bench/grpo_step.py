@@ -1,0 +1,208 @@
+"""One GRPO step on the real SmolLM2-135M: TRL alone vs slimrl, each in its own process.
+
+    python bench/grpo_step.py --generations 8 --length 512            # both, prints ratios
+    python bench/grpo_step.py --generations 4 --length 64 --modes trl  # one side only
+
+Each side runs in a fresh subprocess so that its peak RSS (VmHWM) is its own. Completions are forced to exactly
+``--length`` tokens (``min_new_tokens``), LoRA r=16 on every projection, beta=0.04, one generation batch of
+``--generations`` completions of one prompt (per_device_train_batch_size = num_generations, no accumulation).
+
+* ``trl``: TRL's defaults (GRPOConfig defaults, gradient checkpointing on), model from ``AutoModelForCausalLM`` and
+  the LoRA adapter through ``GRPOTrainer(peft_config=...)``.
+* ``slimrl``: ``PatchFastRL("grpo")`` + ``FastLanguageModel.from_pretrained`` / ``get_peft_model`` with the same
+  LoRA settings, same GRPOConfig.
+
+The worker also samples RSS every 10 ms and labels it with the phase the trainer is in (generation, no-grad
+log-probs, policy forward, backward, other), so ``--profile`` prints where the peak comes from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+
+RESULT_TAG = "BENCH_RESULT "
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _hwm_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class PhaseProfiler:
+    """Samples RSS in a thread; attributes each sample to the innermost phase active at that moment."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        self.stack: list[str] = ["setup"]
+        self.peaks: dict[str, float] = {}
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            phase, rss = self.stack[-1], _rss_mb()
+            self.peaks[phase] = max(self.peaks.get(phase, 0.0), rss)
+            time.sleep(self.interval)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @contextmanager
+    def phase(self, name: str):
+        self.stack.append(name)
+        try:
+            yield
+        finally:
+            self.stack.pop()
+
+    def wrap(self, obj, attr: str, name) -> None:
+        fn = getattr(obj, attr)
+
+        def wrapped(*args, **kwargs):
+            import torch
+
+            label = name(torch.is_grad_enabled()) if callable(name) else name
+            with self.phase(label):
+                return fn(*args, **kwargs)
+
+        setattr(obj, attr, wrapped)
+
+
+def _reward_len(completions, **kwargs):
+    return [float(len(c[0]["content"]) if isinstance(c, list) else len(c)) / 100.0 for c in completions]
+
+
+def worker(args: argparse.Namespace) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    prof = PhaseProfiler()
+    prof.start()
+    from datasets import Dataset
+
+    from slimrl.models.loader import resolve_model_path
+
+    path = str(resolve_model_path("SmolLM2-135M-Instruct"))
+    lora = dict(r=16, lora_alpha=16, lora_dropout=0.0,
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    if args.worker == "slimrl":
+        from slimrl import FastLanguageModel, PatchFastRL
+
+        PatchFastRL("grpo", FastLanguageModel)
+    from trl import GRPOConfig, GRPOTrainer
+
+    extra = {}
+    if args.worker == "slimrl":
+        from slimrl import FastLanguageModel
+
+        model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=2048)
+        model = FastLanguageModel.get_peft_model(model, **lora)
+        extra["unsloth_num_chunks"] = args.num_chunks
+    else:
+        from peft import LoraConfig
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(path)
+        extra = {}
+    prompt = [{"role": "user", "content": "Write a long story about the number five."}]
+    ds = Dataset.from_list([{"prompt": prompt}] * 16)
+    cfg = GRPOConfig(
+        output_dir="/tmp/slimrl-bench", per_device_train_batch_size=args.generations,
+        num_generations=args.generations, max_completion_length=args.length, beta=0.04,
+        generation_kwargs={"min_new_tokens": args.length}, max_steps=args.steps, report_to="none",
+        logging_steps=1, save_strategy="no", bf16=False, use_cpu=True, seed=0,
+        **({} if args.grad_ckpt == "default" else {"gradient_checkpointing": args.grad_ckpt == "on"}),
+        **extra,
+    )
+    trainer_kwargs = {} if args.worker == "slimrl" else {"peft_config": LoraConfig(task_type="CAUSAL_LM", **lora)}
+    trainer = GRPOTrainer(model=model, args=cfg, reward_funcs=[_reward_len], train_dataset=ds,
+                          processing_class=tok, **trainer_kwargs)
+    prof.wrap(trainer, "_generate", "generation")
+    prof.wrap(trainer, "_get_per_token_logps_and_entropies",
+              lambda grad: "policy forward (grad)" if grad else "old/ref log-probs (no grad)")
+    prof.wrap(trainer.accelerator, "backward", "backward")
+    step_times: list[float] = []
+    from transformers import TrainerCallback
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            step_times.append(time.perf_counter() - self.t0)
+
+    trainer.add_callback(Timer())
+    rss_before = _rss_mb()
+    with prof.phase("other (train loop, optimizer)"):
+        trainer.train()
+    prof.stop()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    return {
+        "mode": args.worker, "peak_rss_mb": _hwm_mb(), "rss_after_load_mb": rss_before,
+        "step_s": step_times, "phase_peak_rss_mb": prof.peaks, "loss": logs[-1]["loss"] if logs else None,
+        "completion_len": logs[-1].get("completions/mean_length") if logs else None,
+        "grad_ckpt": cfg.gradient_checkpointing, "threads": torch.get_num_threads(),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--generations", type=int, default=8)
+    ap.add_argument("--length", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--modes", default="trl,slimrl")
+    ap.add_argument("--grad-ckpt", choices=["default", "on", "off"], default="default")
+    ap.add_argument("--num-chunks", type=int, default=-1)
+    ap.add_argument("--profile", action="store_true", help="print peak RSS per phase")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(RESULT_TAG + json.dumps(worker(args)), flush=True)
+        return
+    results = {}
+    for mode in args.modes.split(","):
+        cmd = [sys.executable, __file__, "--worker", mode] + [
+            a for a in sys.argv[1:] if not a.startswith("--modes") and a not in args.modes.split(",")]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+        if out.returncode != 0 or not lines:
+            sys.stderr.write(out.stdout[-4000:] + out.stderr[-4000:])
+            raise SystemExit(f"{mode} worker failed (exit {out.returncode})")
+        results[mode] = json.loads(lines[-1][len(RESULT_TAG):])
+    print(f"GRPO step, SmolLM2-135M, LoRA r=16, beta=0.04, {args.generations} x {args.length} tokens, "
+          f"grad-ckpt={args.grad_ckpt}")
+    print(f"{'mode':8} {'peak RSS MB':>12} {'s/step':>8} {'loss':>10}")
+    for mode, r in results.items():
+        print(f"{mode:8} {r['peak_rss_mb']:12.0f} {r['step_s'][-1]:8.1f} {r['loss']!s:>10}")
+        if args.profile:
+            for phase, mb in sorted(r["phase_peak_rss_mb"].items(), key=lambda kv: -kv[1]):
+                print(f"    {phase:34} {mb:8.0f} MB")
+    if "trl" in results and "slimrl" in results:
+        t, s = results["trl"], results["slimrl"]
+        print(f"ratio slimrl/trl: peak RSS {s['peak_rss_mb'] / t['peak_rss_mb']:.2f}x, "
+              f"time {s['step_s'][-1] / t['step_s'][-1]:.2f}x")
+    print(RESULT_TAG + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

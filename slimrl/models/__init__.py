@@ -1,0 +1,5 @@
+"""Model loading, LoRA and mode switching."""
+
+from slimrl.models.fast_language_model import FastLanguageModel
+
+__all__ = ["FastLanguageModel"]

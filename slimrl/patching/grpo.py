@@ -1,0 +1,143 @@
+"""Patches for TRL's ``GRPOTrainer`` / ``GRPOConfig`` (declared here, installed by :mod:`slimrl.patching`).
+
+| TRL attribute                                    | replaced by                                  |
+|--------------------------------------------------|----------------------------------------------|
+| ``GRPOTrainer._get_per_token_logps_and_entropies`` | :func:`slimrl_get_per_token_logps_and_entropies` |
+| ``GRPOTrainer.training_step``                    | :func:`slimrl_training_step` (adds metrics)   |
+| ``GRPOConfig.__init__``                          | :func:`slimrl_config_init` (extra fields)     |
+
+The loss itself stays TRL's ``_compute_loss`` (every ``loss_type`` the installed release offers: grpo, bnpo,
+dr_grpo, dapo, cispo, luspo, sapo, vespo in 1.16), fed with log-probs from :mod:`slimrl.ops`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from contextlib import nullcontext
+
+import torch
+
+from slimrl.compat.heads import capture_head_input, logit_transform, plain_linear_head
+from slimrl.ops.chunked_logprob import masked_token_logprobs
+from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
+from slimrl.patching.registry import Patch, original, register
+
+TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
+CONFIG = "trl.trainer.grpo_config:GRPOConfig"
+
+# Fields slimrl adds to the patched TRL config classes, with their defaults (Unsloth's names).
+EXTRA_CONFIG_FIELDS: dict[str, object] = {"unsloth_num_chunks": -1, "vllm_sampling_params": None}
+
+
+def validate_num_chunks(value: object) -> int:
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
+        raise ValueError(
+            f"unsloth_num_chunks={value!r} is invalid: use -1 (chosen from free memory) or an int >= 1 "
+            "(number of row chunks for the log-prob pass)"
+        )
+    return value
+
+
+def slimrl_config_init_factory(orig_init):
+    """``GRPOConfig.__init__`` that also accepts ``unsloth_num_chunks`` and ``vllm_sampling_params``."""
+
+    @functools.wraps(orig_init)
+    def slimrl_config_init(self, *args, unsloth_num_chunks: int = -1, vllm_sampling_params=None, **kwargs):
+        unsloth_num_chunks = validate_num_chunks(unsloth_num_chunks)  # before any other work
+        orig_init(self, *args, **kwargs)
+        self.unsloth_num_chunks = unsloth_num_chunks
+        self.vllm_sampling_params = vllm_sampling_params
+
+    return slimrl_config_init
+
+
+def _has_extra_inputs(kwargs: dict) -> bool:
+    return any(v is not None for v in kwargs.values())
+
+
+def slimrl_get_per_token_logps_and_entropies(
+    self,
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    batch_size: int | None = None,
+    compute_entropy: bool = False,
+    compute_aux_loss: bool = False,
+    **multimodal,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Per-token log-probs ``[B, C]`` (and entropies ``[B, C]``) of the completion tokens via :mod:`slimrl.ops`.
+
+    Same contract as TRL's method (all three call sites: policy with grad on the wrapped model, old and reference
+    passes without grad in rows of ``batch_size``): log-probs of ``softmax(logits / self.temperature)`` with the
+    model's logit scaling/soft-capping, 0 at padded positions. The wrapped ``model`` is called (so DDP/accelerate
+    hooks run) with ``logits_to_keep = C + 1``; its LM head input is captured and projected chunk by chunk, only at
+    real completion positions. The entropy carries gradient (needed by TRL's entropy bonus).
+
+    Delegates to TRL's own method for cases the capture cannot serve: vision-language inputs, MoE aux loss,
+    and heads that are not plain ``nn.Linear`` (LoRA on the head, ZeRO-3 partitioned, quantized).
+    """
+    head = plain_linear_head(self.accelerator.unwrap_model(model))
+    if head is None or compute_aux_loss or _has_extra_inputs(multimodal):
+        fn = original(TRAINER, "_get_per_token_logps_and_entropies")
+        return fn(self, model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                  compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
+
+    scale, softcap = logit_transform(self.accelerator.unwrap_model(model).config)
+    num_chunks = getattr(self.args, "unsloth_num_chunks", -1)
+    batch_size = batch_size or input_ids.size(0)
+    all_logps, all_entropies = [], []
+    for start in range(0, input_ids.size(0), batch_size):
+        ids = input_ids[start:start + batch_size]  # [b, P + C]
+        mask = attention_mask[start:start + batch_size]  # [b, P + C]
+        with capture_head_input(head) as captured, self.accelerator.autocast():
+            model(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1, use_cache=False)
+        hidden = captured[-1][:, :-1]  # [b, C, H]: position t predicts token t + 1
+        targets = ids[:, -logits_to_keep:]  # [b, C]
+        valid = mask[:, -logits_to_keep:].bool()  # [b, C]
+        weight, bias = head.weight, head.bias
+        if hasattr(weight, "full_tensor"):  # FSDP2 DTensor
+            weight = weight.full_tensor()
+            bias = bias.full_tensor() if bias is not None else None
+        # The head math runs in the head's dtype with fp32 softmax, outside autocast.
+        autocast_off = torch.autocast(hidden.device.type, enabled=False) if hidden.device.type in ("cuda", "cpu") \
+            else nullcontext()
+        with autocast_off:
+            logps, entropy = masked_token_logprobs(
+                hidden.to(weight.dtype), weight, targets, valid, bias, self.temperature,
+                num_chunks=num_chunks, logit_scale=scale, softcap=softcap, with_entropy=compute_entropy,
+            )
+        all_logps.append(logps)
+        if compute_entropy:
+            all_entropies.append(entropy)
+        if torch.is_grad_enabled():
+            self._slimrl_trained_tokens = getattr(self, "_slimrl_trained_tokens", 0) + int(valid.sum())
+    entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
+    return torch.cat(all_logps, dim=0), entropies, None
+
+
+def slimrl_training_step(self, model, inputs, num_items_in_batch=None):
+    """TRL's ``training_step`` plus two metrics: ``memory/peak_mb`` and ``tokens_per_s``.
+
+    ``memory/peak_mb``: peak device memory allocated during the step on CUDA; on CPU the process's peak RSS so
+    far. ``tokens_per_s``: completion tokens trained in the step / step wall time (generation included).
+    """
+    reset_peak_memory()
+    self._slimrl_trained_tokens = 0
+    t0 = time.perf_counter()
+    out = original(TRAINER, "training_step")(self, model, inputs, num_items_in_batch)
+    dt = time.perf_counter() - t0
+    mode = "train" if self.model.training else "eval"
+    self._metrics[mode]["memory/peak_mb"].append(peak_memory_mb())
+    self._metrics[mode]["tokens_per_s"].append(self._slimrl_trained_tokens / dt if dt > 0 else 0.0)
+    return out
+
+
+PATCHES = [
+    register(Patch("grpo", TRAINER, "_get_per_token_logps_and_entropies", slimrl_get_per_token_logps_and_entropies)),
+    register(Patch("grpo", TRAINER, "training_step", slimrl_training_step)),
+    register(Patch("grpo", CONFIG, "__init__", slimrl_config_init_factory, wrap=True)),
+]

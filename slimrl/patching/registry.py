@@ -1,0 +1,117 @@
+"""One registry for every patch slimrl makes to TRL.
+
+A :class:`Patch` names a target (a class or module, found by import path so the registry is declared without
+importing TRL), the attribute it replaces, and the replacement. ``install`` swaps the attribute on the live object
+(so ``from trl import GRPOTrainer`` done before or after gets the patched class) and keeps the original for
+delegation and for ``uninstall``, which puts back exactly what was there (including "nothing" for an attribute
+that the class only inherited). TRL's source text is never read or rewritten.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Replace ``<target>.<attribute>`` with ``replacement``.
+
+    ``target`` is ``"module.path:Qualified.Name"`` (a class) or ``"module.path"`` (a module attribute).
+    ``versions`` documents the TRL releases the patch was written against (PEP 440 specifier).
+    ``wrap``: when true, ``replacement`` is a factory ``f(original) -> new attribute``.
+    """
+
+    algorithm: str
+    target: str
+    attribute: str
+    replacement: Callable[..., Any]
+    versions: str = ">=1.12"
+    wrap: bool = False
+    optional: bool = field(default=False)  # skip silently when the attribute does not exist in this TRL
+
+    def resolve(self) -> Any:
+        module_name, _, qualname = self.target.partition(":")
+        obj = importlib.import_module(module_name)
+        for part in filter(None, qualname.split(".")):
+            obj = getattr(obj, part)
+        return obj
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.target, self.attribute)
+
+
+_REGISTRY: list[Patch] = []
+# key -> (object patched, value in its own __dict__ before patching or _MISSING, value seen via getattr)
+_INSTALLED: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+
+
+def register(patch: Patch) -> Patch:
+    """Declare a patch (called at import time by the per-trainer modules)."""
+    if any(p.key == patch.key for p in _REGISTRY):
+        raise ValueError(f"two patches for {patch.target}.{patch.attribute}")
+    _REGISTRY.append(patch)
+    return patch
+
+
+def patches(algorithm: str | None = None) -> list[Patch]:
+    return [p for p in _REGISTRY if algorithm is None or p.algorithm == algorithm]
+
+
+def original(target: str, attribute: str) -> Any:
+    """The attribute as it was before slimrl patched it (what the replacement delegates to)."""
+    try:
+        return _INSTALLED[(target, attribute)][2]
+    except KeyError:
+        raise RuntimeError(f"{target}.{attribute} is not patched; call PatchFastRL first") from None
+
+
+def is_installed(patch: Patch) -> bool:
+    return patch.key in _INSTALLED
+
+
+def install(patch: Patch) -> bool:
+    """Install one patch; idempotent. Returns False for an optional patch whose attribute is absent."""
+    if patch.key in _INSTALLED:
+        return True
+    obj = patch.resolve()
+    seen = getattr(obj, patch.attribute, _MISSING)
+    if seen is _MISSING and patch.optional:
+        return False
+    own = obj.__dict__.get(patch.attribute, _MISSING) if hasattr(obj, "__dict__") else _MISSING
+    new = patch.replacement(seen) if patch.wrap else patch.replacement
+    _INSTALLED[patch.key] = (obj, own, seen)
+    setattr(obj, patch.attribute, new)
+    return True
+
+
+def uninstall(patch: Patch) -> None:
+    """Put back exactly what was there before :func:`install`."""
+    entry = _INSTALLED.pop(patch.key, None)
+    if entry is None:
+        return
+    obj, own, _ = entry
+    if own is _MISSING:
+        delattr(obj, patch.attribute)
+    else:
+        setattr(obj, patch.attribute, own)
+
+
+def describe() -> list[dict[str, str]]:
+    """One row per declared patch: algorithm, target, attribute, replacement, TRL versions, installed."""
+    return [
+        {
+            "algorithm": p.algorithm,
+            "target": p.target,
+            "attribute": p.attribute,
+            "replacement": getattr(p.replacement, "__qualname__", repr(p.replacement)),
+            "trl": p.versions,
+            "installed": "yes" if p.key in _INSTALLED else "no",
+        }
+        for p in _REGISTRY
+    ]

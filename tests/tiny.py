@@ -1,0 +1,35 @@
+"""Tiny models and tokenizers built from a config in the test (no downloads)."""
+
+from __future__ import annotations
+
+import torch
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 +-=?.,<>/")
+SPECIAL = ["<pad>", "<eos>", "<unk>"]
+
+
+def tiny_tokenizer():
+    """Character-level fast tokenizer: vocab of 3 specials + 46 characters."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    return tok
+
+
+def tiny_llama(seed: int = 0, vocab_size: int = 49, tie: bool = True, **overrides):
+    """2-layer Llama, hidden 32, vocab 49 (not a power of two), fp32, deterministic from ``seed``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+               tie_word_embeddings=tie, pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**cfg))
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = 1
+    return model
