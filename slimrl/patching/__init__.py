@@ -6,6 +6,7 @@ import importlib.util
 import warnings
 from dataclasses import dataclass
 
+from slimrl.compat.malloc import cpu_training, tune_malloc
 from slimrl.patching import grpo  # noqa: F401  (declares its patches)
 from slimrl.patching.registry import describe, install, patches, uninstall
 
@@ -89,7 +90,8 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
 
     Raises ValueError for an unknown name and :class:`TrainerNotAvailableError` for a trainer the installed TRL
     lacks (the message names the release that has it). A trainer slimrl has no patches for yet runs as plain TRL,
-    with a warning saying so.
+    with a warning saying so. Without CUDA, glibc's malloc is also tuned to return large freed blocks to the OS
+    (:mod:`slimrl.compat.malloc`; ``SLIMRL_MALLOC_TUNING=0`` turns it off).
     """
     names = [n for n in TRAINERS if trainer_available(n)] if algorithm is None else [_normalise(algorithm)]
     for name in names:
@@ -100,6 +102,8 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
                           stacklevel=2)
         for p in todo:
             install(p)
+    if cpu_training():
+        tune_malloc()  # host-memory trainers: give large freed blocks back to the OS (slimrl/compat/malloc.py)
 
 
 def unpatch(algorithm: str | None = None) -> None:
