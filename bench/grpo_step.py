@@ -49,6 +49,7 @@ class PhaseProfiler:
     def __init__(self, interval: float = 0.01) -> None:
         self.stack: list[str] = ["setup"]
         self.peaks: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -69,9 +70,11 @@ class PhaseProfiler:
     @contextmanager
     def phase(self, name: str):
         self.stack.append(name)
+        t0 = time.perf_counter()
         try:
             yield
         finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
             self.stack.pop()
 
     def wrap(self, obj, attr: str, name) -> None:
@@ -159,7 +162,8 @@ def worker(args: argparse.Namespace) -> dict:
     logs = [h for h in trainer.state.log_history if "loss" in h]
     return {
         "mode": args.worker, "peak_rss_mb": _hwm_mb(), "rss_after_load_mb": rss_before,
-        "step_s": step_times, "phase_peak_rss_mb": prof.peaks, "loss": logs[-1]["loss"] if logs else None,
+        "step_s": step_times, "phase_peak_rss_mb": prof.peaks,
+        "phase_s": prof.seconds, "loss": logs[-1]["loss"] if logs else None,
         "completion_len": logs[-1].get("completions/mean_length") if logs else None,
         "grad_ckpt": cfg.gradient_checkpointing, "threads": torch.get_num_threads(),
     }
@@ -196,7 +200,8 @@ def main() -> None:
         print(f"{mode:8} {r['peak_rss_mb']:12.0f} {r['step_s'][-1]:8.1f} {r['loss']!s:>10}")
         if args.profile:
             for phase, mb in sorted(r["phase_peak_rss_mb"].items(), key=lambda kv: -kv[1]):
-                print(f"    {phase:34} {mb:8.0f} MB")
+                secs = r.get("phase_s", {}).get(phase)
+                print(f"    {phase:34} {mb:8.0f} MB" + (f" {secs:8.1f} s" if secs is not None else ""))
     if "trl" in results and "slimrl" in results:
         t, s = results["trl"], results["slimrl"]
         print(f"ratio slimrl/trl: peak RSS {s['peak_rss_mb'] / t['peak_rss_mb']:.2f}x, "

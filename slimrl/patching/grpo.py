@@ -5,6 +5,7 @@
 | ``GRPOTrainer._get_per_token_logps_and_entropies`` | :func:`slimrl_get_per_token_logps_and_entropies` |
 | ``GRPOTrainer.training_step``                    | :func:`slimrl_training_step` (adds metrics)   |
 | ``GRPOConfig.__init__``                          | :func:`slimrl_config_init` (extra fields)     |
+| ``grpo_trainer.unwrap_model_for_generation``     | :func:`slimrl_unwrap_model_for_generation`    |
 
 The loss itself stays TRL's ``_compute_loss`` (every ``loss_type`` the installed release offers: grpo, bnpo,
 dr_grpo, dapo, cispo, luspo, sapo, vespo in 1.16), fed with log-probs from :mod:`slimrl.ops`.
@@ -14,17 +15,19 @@ from __future__ import annotations
 
 import functools
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 
 from slimrl.compat.heads import capture_head_input, logit_transform, plain_linear_head
+from slimrl.compat.malloc import recycling_phase
 from slimrl.ops.chunked_logprob import masked_token_logprobs
 from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
 from slimrl.patching.registry import Patch, original, register
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 CONFIG = "trl.trainer.grpo_config:GRPOConfig"
+MODULE = "trl.trainer.grpo_trainer"
 
 # Fields slimrl adds to the patched TRL config classes, with their defaults (Unsloth's names).
 EXTRA_CONFIG_FIELDS: dict[str, object] = {"unsloth_num_chunks": -1, "vllm_sampling_params": None}
@@ -86,6 +89,13 @@ def slimrl_get_per_token_logps_and_entropies(
         return fn(self, model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                   compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
 
+    # No-grad passes (old / reference log-probs) keep nothing alive between layers: let malloc recycle blocks.
+    with nullcontext() if torch.is_grad_enabled() else recycling_phase():
+        return _logps_through_ops(self, model, head, input_ids, attention_mask, logits_to_keep, batch_size,
+                                  compute_entropy)
+
+
+def _logps_through_ops(self, model, head, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
     scale, softcap = logit_transform(self.accelerator.unwrap_model(model).config)
     num_chunks = getattr(self.args, "unsloth_num_chunks", -1)
     batch_size = batch_size or input_ids.size(0)
@@ -136,8 +146,22 @@ def slimrl_training_step(self, model, inputs, num_items_in_batch=None):
     return out
 
 
+def slimrl_unwrap_for_generation_factory(orig_cm):
+    """TRL's ``unwrap_model_for_generation`` (as imported by the GRPO trainer module) inside
+    :func:`slimrl.compat.malloc.recycling_phase`: host-memory allocator set for the KV cache's growth."""
+
+    @contextmanager
+    @functools.wraps(orig_cm)
+    def slimrl_unwrap_model_for_generation(*args, **kwargs):
+        with recycling_phase(), orig_cm(*args, **kwargs) as unwrapped:
+            yield unwrapped
+
+    return slimrl_unwrap_model_for_generation
+
+
 PATCHES = [
     register(Patch("grpo", TRAINER, "_get_per_token_logps_and_entropies", slimrl_get_per_token_logps_and_entropies)),
     register(Patch("grpo", TRAINER, "training_step", slimrl_training_step)),
     register(Patch("grpo", CONFIG, "__init__", slimrl_config_init_factory, wrap=True)),
+    register(Patch("grpo", MODULE, "unwrap_model_for_generation", slimrl_unwrap_for_generation_factory, wrap=True)),
 ]
