@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from slimrl.models.loader import resolve_model_path
+from slimrl.models.modes import for_inference, for_training
 
 # Projection names of the attention and MLP blocks across common architectures (Llama, Qwen, Mistral, Gemma,
 # Phi-3 fused qkv/gate_up, GPT-2/NeoX style). Only those present in the model are targeted.
@@ -104,6 +105,7 @@ class FastLanguageModel:
         if getattr(model.generation_config, "pad_token_id", None) is None:
             model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.max_seq_length = max_seq_length
+        model.slimrl_tokenizer = tokenizer  # for_inference / for_training switch its padding side
         model.slimrl_config = {"fast_inference": bool(fast_inference), "max_lora_rank": max_lora_rank,
                                "gpu_memory_utilization": gpu_memory_utilization, "model_path": str(path)}
         return model, tokenizer
@@ -145,23 +147,19 @@ class FastLanguageModel:
         if use_gradient_checkpointing:
             peft_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             peft_model.enable_input_require_grads()
-        for attr in ("max_seq_length", "slimrl_config"):
+        model.slimrl_config = {**getattr(model, "slimrl_config", {}),
+                               "gradient_checkpointing": bool(use_gradient_checkpointing)}
+        for attr in ("max_seq_length", "slimrl_config", "slimrl_tokenizer"):
             if hasattr(model, attr):
                 setattr(peft_model, attr, getattr(model, attr))
         return peft_model
 
     @staticmethod
     def for_inference(model: Any) -> Any:
-        """Evaluation mode with the KV cache on, for generation."""
-        model.eval()
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        base.config.use_cache = True
-        return model
+        """Generation mode: eval, KV cache on, checkpointing off, left padding (see :mod:`slimrl.models.modes`)."""
+        return for_inference(model)
 
     @staticmethod
     def for_training(model: Any) -> Any:
-        """Training mode with the KV cache off."""
-        model.train()
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        base.config.use_cache = False
-        return model
+        """Back to training mode, exactly as before :meth:`for_inference` (see :mod:`slimrl.models.modes`)."""
+        return for_training(model)

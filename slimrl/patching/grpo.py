@@ -21,6 +21,7 @@ import torch
 
 from slimrl.compat.heads import capture_head_input, logit_transform, plain_linear_head
 from slimrl.compat.malloc import recycling_phase
+from slimrl.models.modes import for_inference, for_training
 from slimrl.ops.chunked_logprob import masked_token_logprobs
 from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
 from slimrl.patching.registry import Patch, original, register
@@ -147,14 +148,19 @@ def slimrl_training_step(self, model, inputs, num_items_in_batch=None):
 
 
 def slimrl_unwrap_for_generation_factory(orig_cm):
-    """TRL's ``unwrap_model_for_generation`` (as imported by the GRPO trainer module) inside
-    :func:`slimrl.compat.malloc.recycling_phase`: host-memory allocator set for the KV cache's growth."""
+    """TRL's ``unwrap_model_for_generation`` (as imported by the GRPO trainer module) with the model switched by
+    ``FastLanguageModel.for_inference`` for the generation and back by ``for_training`` (exactly), inside
+    :func:`slimrl.compat.malloc.recycling_phase` (host allocator set for the KV cache's growth)."""
 
     @contextmanager
     @functools.wraps(orig_cm)
     def slimrl_unwrap_model_for_generation(*args, **kwargs):
         with recycling_phase(), orig_cm(*args, **kwargs) as unwrapped:
-            yield unwrapped
+            for_inference(unwrapped)
+            try:
+                yield unwrapped
+            finally:
+                for_training(unwrapped)
 
     return slimrl_unwrap_model_for_generation
 

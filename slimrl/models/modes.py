@@ -1,0 +1,102 @@
+"""Inference / training mode switching that can be undone exactly.
+
+``for_inference(model)`` records the model's training state, then: ``eval()`` (dropout off), KV cache on
+(``config.use_cache = True``), activation checkpointing off, and left padding on the tokenizer that
+``FastLanguageModel.from_pretrained`` returned (decoder-only generation needs it).
+``for_training(model)`` puts back exactly what ``for_inference`` recorded: the ``training`` flag of every
+submodule, ``use_cache``, checkpointing (with the same checkpoint function), ``requires_grad`` of every parameter
+and the tokenizer's padding side. Called without a prior ``for_inference`` it sets the usual training state:
+``train()``, ``use_cache = False``, checkpointing back on if ``get_peft_model`` turned it on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_STATE = "_slimrl_saved_training_state"
+
+
+@dataclass
+class TrainingState:
+    training: dict[str, bool]  # module name -> .training
+    requires_grad: dict[str, bool]  # parameter name -> .requires_grad
+    use_cache: bool | None
+    checkpointing: dict[str, tuple[bool, Any]]  # module name -> (gradient_checkpointing, its checkpoint function)
+    padding_side: str | None
+
+
+def _base(model: torch.nn.Module) -> torch.nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _tokenizer(model: torch.nn.Module):
+    return getattr(_base(model), "slimrl_tokenizer", None) or getattr(model, "slimrl_tokenizer", None)
+
+
+def _checkpointing_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    return {n: m for n, m in model.named_modules() if hasattr(m, "gradient_checkpointing")}
+
+
+def capture(model: torch.nn.Module) -> TrainingState:
+    tok = _tokenizer(model)
+    return TrainingState(
+        training={n: m.training for n, m in model.named_modules()},
+        requires_grad={n: p.requires_grad for n, p in model.named_parameters()},
+        use_cache=getattr(_base(model).config, "use_cache", None),
+        checkpointing={n: (bool(m.gradient_checkpointing), getattr(m, "_gradient_checkpointing_func", None))
+                       for n, m in _checkpointing_modules(model).items()},
+        padding_side=getattr(tok, "padding_side", None),
+    )
+
+
+def restore(model: torch.nn.Module, state: TrainingState) -> None:
+    modules = dict(model.named_modules())
+    for name, flag in state.training.items():
+        if name in modules:
+            modules[name].training = flag
+    for name, p in model.named_parameters():
+        if name in state.requires_grad:
+            p.requires_grad_(state.requires_grad[name])
+    if state.use_cache is not None:
+        _base(model).config.use_cache = state.use_cache
+    for name, (flag, func) in state.checkpointing.items():
+        if name in modules:
+            modules[name].gradient_checkpointing = flag
+            if func is not None:
+                modules[name]._gradient_checkpointing_func = func
+    tok = _tokenizer(model)
+    if tok is not None and state.padding_side is not None:
+        tok.padding_side = state.padding_side
+
+
+def for_inference(model: Any) -> Any:
+    """Switch ``model`` to generation mode; :func:`for_training` undoes it exactly. Returns ``model``."""
+    if getattr(model, _STATE, None) is None:  # nested calls keep the outermost training state
+        setattr(model, _STATE, capture(model))
+    model.eval()
+    _base(model).config.use_cache = True
+    for m in _checkpointing_modules(model).values():
+        m.gradient_checkpointing = False
+    tok = _tokenizer(model)
+    if tok is not None:
+        tok.padding_side = "left"
+    return model
+
+
+def for_training(model: Any) -> Any:
+    """Switch ``model`` back to training mode (exactly as before :func:`for_inference`). Returns ``model``."""
+    state = getattr(model, _STATE, None)
+    if state is not None:
+        restore(model, state)
+        setattr(model, _STATE, None)
+        return model
+    model.train()
+    _base(model).config.use_cache = False
+    if getattr(model, "slimrl_config", {}).get("gradient_checkpointing"):
+        for m in _checkpointing_modules(model).values():
+            if getattr(m, "_gradient_checkpointing_func", None) is not None:
+                m.gradient_checkpointing = True
+    return model
