@@ -2,6 +2,7 @@
 
 | TRL attribute                                    | replaced by                                  |
 |--------------------------------------------------|----------------------------------------------|
+| ``GRPOTrainer.__init__``                         | :func:`slimrl_grpo_init` (checks first)       |
 | ``GRPOTrainer._get_per_token_logps_and_entropies`` | :func:`slimrl_get_per_token_logps_and_entropies` |
 | ``GRPOTrainer.training_step``                    | :func:`slimrl_training_step` (adds metrics)   |
 | ``GRPOConfig.__init__``                          | :func:`slimrl_config_init` (extra fields)     |
@@ -25,6 +26,7 @@ from slimrl.models.modes import for_inference, for_training
 from slimrl.ops.chunked_logprob import masked_token_logprobs
 from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
 from slimrl.patching.registry import Patch, original, register
+from slimrl.patching.validation import check_batch_length, check_sequence_budget
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 CONFIG = "trl.trainer.grpo_config:GRPOConfig"
@@ -97,6 +99,8 @@ def slimrl_get_per_token_logps_and_entropies(
 
 
 def _logps_through_ops(self, model, head, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
+    """The capture + :mod:`slimrl.ops` path of :func:`slimrl_get_per_token_logps_and_entropies`."""
+    check_batch_length(self.model, input_ids.size(1))
     scale, softcap = logit_transform(self.accelerator.unwrap_model(model).config)
     num_chunks = getattr(self.args, "unsloth_num_chunks", -1)
     batch_size = batch_size or input_ids.size(0)
@@ -147,6 +151,20 @@ def slimrl_training_step(self, model, inputs, num_items_in_batch=None):
     return out
 
 
+def slimrl_grpo_init_factory(orig_init):
+    """``GRPOTrainer.__init__`` preceded by the checks that need no compute (sequence budget vs the model's
+    ``max_seq_length``)."""
+
+    @functools.wraps(orig_init)
+    def slimrl_grpo_init(self, *args, **kwargs):
+        model = kwargs.get("model", args[0] if args else None)
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        check_sequence_budget(model, config)
+        orig_init(self, *args, **kwargs)
+
+    return slimrl_grpo_init
+
+
 def slimrl_unwrap_for_generation_factory(orig_cm):
     """TRL's ``unwrap_model_for_generation`` (as imported by the GRPO trainer module) with the model switched by
     ``FastLanguageModel.for_inference`` for the generation and back by ``for_training`` (exactly), inside
@@ -166,6 +184,7 @@ def slimrl_unwrap_for_generation_factory(orig_cm):
 
 
 PATCHES = [
+    register(Patch("grpo", TRAINER, "__init__", slimrl_grpo_init_factory, wrap=True)),
     register(Patch("grpo", TRAINER, "_get_per_token_logps_and_entropies", slimrl_get_per_token_logps_and_entropies)),
     register(Patch("grpo", TRAINER, "training_step", slimrl_training_step)),
     register(Patch("grpo", CONFIG, "__init__", slimrl_config_init_factory, wrap=True)),
