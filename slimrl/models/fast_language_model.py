@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from slimrl.models.checkpointing import enable_checkpointing
 from slimrl.models.loader import resolve_model_path
 from slimrl.models.modes import for_inference, for_training
 
@@ -125,8 +126,10 @@ class FastLanguageModel:
         """Wrap ``model`` with a LoRA adapter through PEFT (``r``, ``lora_alpha``, ``lora_dropout``, ``bias``).
 
         ``target_modules=None`` targets every attention and MLP projection of the architecture.
-        ``use_gradient_checkpointing``: ``"slimrl"`` or True turns on (non-reentrant) checkpointing of every
-        decoder layer; False leaves it off. ``random_state`` seeds the adapter initialisation.
+        ``use_gradient_checkpointing``: True checkpoints every decoder layer (non-reentrant); ``"slimrl"`` also
+        keeps the checkpointed layer inputs in pinned host memory on CUDA (plain checkpointing on CPU, where there
+        is no device memory to save; see :mod:`slimrl.models.checkpointing`); False leaves it off.
+        ``random_state`` seeds the adapter initialisation.
         """
         from peft import LoraConfig, get_peft_model
 
@@ -144,11 +147,9 @@ class FastLanguageModel:
         config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias,
                             target_modules=targets, task_type="CAUSAL_LM", **kwargs)
         peft_model = get_peft_model(model, config)
-        if use_gradient_checkpointing:
-            peft_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            peft_model.enable_input_require_grads()
+        enable_checkpointing(peft_model, use_gradient_checkpointing)
         model.slimrl_config = {**getattr(model, "slimrl_config", {}),
-                               "gradient_checkpointing": bool(use_gradient_checkpointing)}
+                               "gradient_checkpointing": use_gradient_checkpointing}
         for attr in ("max_seq_length", "slimrl_config", "slimrl_tokenizer"):
             if hasattr(model, attr):
                 setattr(peft_model, attr, getattr(model, attr))

@@ -22,6 +22,7 @@ import torch
 
 from slimrl.compat.heads import capture_head_input, logit_transform, plain_linear_head
 from slimrl.compat.malloc import recycling_phase
+from slimrl.models.checkpointing import align_trainer_checkpointing
 from slimrl.models.modes import for_inference, for_training
 from slimrl.ops.chunked_logprob import masked_token_logprobs
 from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
@@ -153,13 +154,14 @@ def slimrl_training_step(self, model, inputs, num_items_in_batch=None):
 
 def slimrl_grpo_init_factory(orig_init):
     """``GRPOTrainer.__init__`` preceded by the checks that need no compute (sequence budget vs the model's
-    ``max_seq_length``)."""
+    ``max_seq_length``) and by aligning the config's checkpointing with the model's (offload on CUDA)."""
 
     @functools.wraps(orig_init)
     def slimrl_grpo_init(self, *args, **kwargs):
         model = kwargs.get("model", args[0] if args else None)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         check_sequence_budget(model, config)
+        align_trainer_checkpointing(model, config)  # keep get_peft_model's offload choice when TRL re-enables it
         orig_init(self, *args, **kwargs)
 
     return slimrl_grpo_init
