@@ -33,10 +33,6 @@ TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 CONFIG = "trl.trainer.grpo_config:GRPOConfig"
 MODULE = "trl.trainer.grpo_trainer"
 
-# Fields slimrl adds to the patched TRL config classes, with their defaults (Unsloth's names).
-EXTRA_CONFIG_FIELDS: dict[str, object] = {"unsloth_num_chunks": -1, "vllm_sampling_params": None}
-
-
 def validate_num_chunks(value: object) -> int:
     if value is None:
         return -1
@@ -87,7 +83,8 @@ def slimrl_get_per_token_logps_and_entropies(
     Delegates to TRL's own method for cases the capture cannot serve: vision-language inputs, MoE aux loss,
     and heads that are not plain ``nn.Linear`` (LoRA on the head, ZeRO-3 partitioned, quantized).
     """
-    head = plain_linear_head(self.accelerator.unwrap_model(model))
+    unwrapped = self.accelerator.unwrap_model(model)
+    head = plain_linear_head(unwrapped)
     if head is None or compute_aux_loss or _has_extra_inputs(multimodal):
         fn = original(TRAINER, "_get_per_token_logps_and_entropies")
         return fn(self, model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
@@ -95,14 +92,15 @@ def slimrl_get_per_token_logps_and_entropies(
 
     # No-grad passes (old / reference log-probs) keep nothing alive between layers: let malloc recycle blocks.
     with nullcontext() if torch.is_grad_enabled() else recycling_phase():
-        return _logps_through_ops(self, model, head, input_ids, attention_mask, logits_to_keep, batch_size,
-                                  compute_entropy)
+        return _logps_through_ops(self, model, unwrapped.config, head, input_ids, attention_mask, logits_to_keep,
+                                  batch_size, compute_entropy)
 
 
-def _logps_through_ops(self, model, head, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
+def _logps_through_ops(self, model, config, head, input_ids, attention_mask, logits_to_keep, batch_size,
+                       compute_entropy):
     """The capture + :mod:`slimrl.ops` path of :func:`slimrl_get_per_token_logps_and_entropies`."""
     check_batch_length(self.model, input_ids.size(1))
-    scale, softcap = logit_transform(self.accelerator.unwrap_model(model).config)
+    scale, softcap = logit_transform(config)
     num_chunks = getattr(self.args, "unsloth_num_chunks", -1)
     batch_size = batch_size or input_ids.size(0)
     all_logps, all_entropies = [], []

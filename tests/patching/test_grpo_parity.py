@@ -108,3 +108,21 @@ def test_gradient_checkpointing_and_num_chunks_parity(tmp_path):
         unpatch()
     for name, ref in ref_deltas.items():
         assert _rel(deltas[name], ref) <= 1e-4
+
+
+def test_unsupported_head_delegates_to_trl(tmp_path, monkeypatch):
+    """Heads slimrl must not bypass (LoRA on the head, ZeRO-3, quantized) go through TRL's own method: the run
+    still equals TRL alone and slimrl's op is not used."""
+    from slimrl.patching import grpo
+
+    unpatch()
+    _, ref_deltas, _, _ = run_grpo(tmp_path / "trl", "dapo", 0.04)
+    monkeypatch.setattr(grpo, "plain_linear_head", lambda model: None)
+    PatchFastRL("grpo")
+    try:
+        _, deltas, _, trainer = run_grpo(tmp_path / "slim", "dapo", 0.04)
+    finally:
+        unpatch()
+    assert getattr(trainer, "_slimrl_trained_tokens", 0) == 0
+    for name, ref in ref_deltas.items():
+        assert _rel(deltas[name], ref) <= 1e-6
