@@ -1,0 +1,70 @@
+"""Seeded arithmetic word problems and their two rewards (the embedded default task of ``slimrl train``).
+
+Each row: ``prompt`` (a chat message list asking for the answer inside ``<answer>...</answer>``) and ``answer``
+(the integer as a string). Train and held-out eval splits come from disjoint seeds.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+ANSWER_TAG = "answer"
+_TAGGED = re.compile(rf"<{ANSWER_TAG}>\s*(-?\d+)\s*</{ANSWER_TAG}>")
+_NUMBER = re.compile(r"-?\d+")
+
+_TEMPLATES = (
+    "Tom has {a} apples and buys {b} more. How many apples does he have?",
+    "A box holds {a} pens. Sara puts in {b} more pens. How many pens are in the box?",
+    "There are {a} birds on a tree and {b} more land on it. How many birds are on the tree?",
+    "Ben reads {a} pages on Monday and {b} pages on Tuesday. How many pages did he read?",
+    "A class has {a} girls and {b} boys. How many children are in the class?",
+)
+SYSTEM = f"Answer the question. Put only the final number inside <{ANSWER_TAG}></{ANSWER_TAG}>."
+
+
+def make_arithmetic_dataset(n: int, seed: int = 3407, max_operand: int = 20) -> Any:
+    """``n`` problems ``a + b`` (1 <= a, b <= max_operand) as a ``datasets.Dataset`` with prompt/answer columns."""
+    from datasets import Dataset
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
+        question = rng.choice(_TEMPLATES).format(a=a, b=b)
+        rows.append({"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+                     "answer": str(a + b)})
+    return Dataset.from_list(rows)
+
+
+def _text(completion: Any) -> str:
+    return completion[-1]["content"] if isinstance(completion, list) else str(completion)
+
+
+def extract_answer(text: str) -> str | None:
+    """The tagged number if present, else the last number in the text."""
+    tagged = _TAGGED.findall(text)
+    if tagged:
+        return tagged[-1]
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def correctness_reward(completions: list, answer: list[str], **kwargs: Any) -> list[float]:
+    """1.0 when the final number (tagged, else last) equals the answer, else 0.0."""
+    return [1.0 if extract_answer(_text(c)) == a else 0.0 for c, a in zip(completions, answer)]
+
+
+def format_reward(completions: list, **kwargs: Any) -> list[float]:
+    """0.5 for exactly one ``<answer>N</answer>``, 0.25 for a tag without a lone number, else 0."""
+    out = []
+    for c in completions:
+        text = _text(c)
+        if len(_TAGGED.findall(text)) == 1:
+            out.append(0.5)
+        elif f"<{ANSWER_TAG}>" in text:
+            out.append(0.25)
+        else:
+            out.append(0.0)
+    return out
