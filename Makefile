@@ -1,4 +1,5 @@
-# slimrl: `make demo` sets up everything on a fresh machine and runs the main job; `make test` runs the suite.
+# slimrl: `make demo` sets up everything on a fresh machine and runs the main job (`slimrl train` with its
+# embedded default); `make test` runs the suite.
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -30,7 +31,7 @@ $(STAMP112): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/quickstart.py
+	$(VENV)/bin/slimrl train
 
 test: lint test-trl116 test-trl112
 

@@ -52,7 +52,7 @@ class TrainArguments:
     train_size: int = field(default=256, metadata={"help": "Built-in task: number of training problems."})
     eval_size: int = field(default=32, metadata={
         "help": "Held-out rows for the greedy eval before/after training (0 to skip)."})
-    eval_max_new_tokens: int = field(default=40, metadata={"help": "Greedy eval: tokens per answer."})
+    eval_max_new_tokens: int = field(default=32, metadata={"help": "Greedy eval: tokens per answer."})
     reward: list[str] | None = field(default=None, metadata={
         "help": "Reward functions as module:function (repeat or space-separate). Default: the built-in task's "
                 "correctness and format rewards."})
@@ -66,10 +66,10 @@ def demo_defaults() -> dict[str, Any]:
 
     cuda = torch.cuda.is_available()
     return {
-        "output_dir": "outputs/slimrl-grpo", "per_device_train_batch_size": 8, "num_generations": 8,
-        "max_completion_length": 40, "learning_rate": 1e-4, "max_steps": 30, "lr_scheduler_type": "constant",
+        "output_dir": "outputs/slimrl-grpo", "per_device_train_batch_size": 8, "num_generations": 4,
+        "max_completion_length": 32, "learning_rate": 2e-4, "max_steps": 30, "lr_scheduler_type": "constant",
         "logging_steps": 1, "save_steps": 10, "save_total_limit": 2, "report_to": "none", "seed": 3407,
-        "beta": 0.0, "temperature": 1.0, "use_cpu": not cuda, "bf16": bool(cuda and torch.cuda.is_bf16_supported()),
+        "beta": 0.0, "temperature": 0.8, "use_cpu": not cuda, "bf16": bool(cuda and torch.cuda.is_bf16_supported()),
         "disable_tqdm": False, "gradient_checkpointing": True,
     }
 
@@ -324,4 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"slimrl train: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("slimrl train: interrupted; the checkpoints written so far are intact: continue with "
+              "`slimrl train --resume` (same options)", file=sys.stderr)
+        return 130
     return 0

@@ -1,7 +1,7 @@
-"""Seeded arithmetic word problems and their two rewards (the embedded default task of ``slimrl train``).
+"""Seeded arithmetic problems and their two rewards (the embedded default task of ``slimrl train``).
 
-Each row: ``prompt`` (a chat message list asking for the answer inside ``<answer>...</answer>``) and ``answer``
-(the integer as a string). Train and held-out eval splits come from disjoint seeds.
+Each row: ``prompt`` (a chat whose worked example answers inside ``<answer>...</answer>``) and ``answer`` (the
+integer as a string). Train and held-out eval splits come from different seeds.
 """
 
 from __future__ import annotations
@@ -14,27 +14,27 @@ ANSWER_TAG = "answer"
 _TAGGED = re.compile(rf"<{ANSWER_TAG}>\s*(-?\d+)\s*</{ANSWER_TAG}>")
 _NUMBER = re.compile(r"-?\d+")
 
-_TEMPLATES = (
-    "Tom has {a} apples and buys {b} more. How many apples does he have?",
-    "A box holds {a} pens. Sara puts in {b} more pens. How many pens are in the box?",
-    "There are {a} birds on a tree and {b} more land on it. How many birds are on the tree?",
-    "Ben reads {a} pages on Monday and {b} pages on Tuesday. How many pages did he read?",
-    "A class has {a} girls and {b} boys. How many children are in the class?",
-)
-SYSTEM = f"Answer the question. Put only the final number inside <{ANSWER_TAG}></{ANSWER_TAG}>."
+_QUESTIONS = ("What is {a} + {b}?", "What is {a} plus {b}?", "Compute {a} + {b}.", "Add {a} and {b}.")
+# One worked example in the chat history shows the answer format: SmolLM2-135M then uses the tag in about a
+# sixth of sampled answers (none with an instruction alone), which gives GRPO a signal to reinforce.
+EXAMPLE = [{"role": "user", "content": "What is 3 + 4?"},
+           {"role": "assistant", "content": f"3 + 4 = 7. <{ANSWER_TAG}>7</{ANSWER_TAG}>"}]
 
 
 def make_arithmetic_dataset(n: int, seed: int = 3407, max_operand: int = 20) -> Any:
-    """``n`` problems ``a + b`` (1 <= a, b <= max_operand) as a ``datasets.Dataset`` with prompt/answer columns."""
+    """``n`` problems ``a + b`` (1 <= a, b <= max_operand) as a ``datasets.Dataset`` with prompt/answer columns.
+
+    ``prompt`` is a chat: one worked example (user question, assistant answer ending in ``<answer>7</answer>``)
+    and the new question.
+    """
     from datasets import Dataset
 
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
         a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
-        question = rng.choice(_TEMPLATES).format(a=a, b=b)
-        rows.append({"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-                     "answer": str(a + b)})
+        question = rng.choice(_QUESTIONS).format(a=a, b=b)
+        rows.append({"prompt": [*EXAMPLE, {"role": "user", "content": question}], "answer": str(a + b)})
     return Dataset.from_list(rows)
 
 
@@ -57,7 +57,7 @@ def correctness_reward(completions: list, answer: list[str], **kwargs: Any) -> l
 
 
 def format_reward(completions: list, **kwargs: Any) -> list[float]:
-    """0.5 for exactly one ``<answer>N</answer>``, 0.25 for a tag without a lone number, else 0."""
+    """0.5 for exactly one ``<answer>N</answer>``, 0.25 for any other use of the tag, else 0."""
     out = []
     for c in completions:
         text = _text(c)
