@@ -69,7 +69,7 @@ def demo_defaults() -> dict[str, Any]:
         "output_dir": "outputs/slimrl-grpo", "per_device_train_batch_size": 8, "num_generations": 4,
         "max_completion_length": 32, "learning_rate": 2e-4, "max_steps": 30, "lr_scheduler_type": "constant",
         "logging_steps": 1, "save_steps": 10, "save_total_limit": 2, "report_to": "none", "seed": 3407,
-        "beta": 0.0, "temperature": 0.8, "use_cpu": not cuda, "bf16": bool(cuda and torch.cuda.is_bf16_supported()),
+        "beta": 0.04, "temperature": 0.8, "use_cpu": not cuda, "bf16": bool(cuda and torch.cuda.is_bf16_supported()),
         "disable_tqdm": False, "gradient_checkpointing": True,
     }
 
