@@ -74,6 +74,14 @@ def demo_defaults() -> dict[str, Any]:
     }
 
 
+# Fixes to append to TRL/transformers config errors that state the problem but not the way out.
+_CONFIG_HINTS = {
+    "divisible by num_generations": "Fix: make --per_device_train_batch_size x --gradient_accumulation_steps a "
+                                    "multiple of --num_generations (e.g. --per_device_train_batch_size 8 "
+                                    "--num_generations 4).",
+}
+
+
 def _normalise_argv(argv: list[str]) -> list[str]:
     """``--resume`` without a value means ``--resume latest``."""
     out = list(argv)
@@ -98,12 +106,20 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
     parser = build_parser()
     known = {a for action in parser._actions for a in action.option_strings}
     try:
-        targs, cfg, rest = parser.parse_args_and_config(_normalise_argv(argv), return_remaining_strings=True)
-    except ValueError as err:  # TRL/transformers config validation, unknown YAML keys
-        raise UsageError(str(err).splitlines()[0]) from None
-    unknown = [r for r in rest if r.startswith("--")]
-    if unknown or rest:
-        bad = (unknown or rest)[0]
+        targs, cfg, from_yaml, rest = parser.parse_args_and_config(
+            _normalise_argv(argv), return_remaining_strings=True, separate_remaining_strings=True)
+    except ValueError as err:  # TRL/transformers config validation
+        message = str(err).splitlines()[0]
+        hint = next((fix for key, fix in _CONFIG_HINTS.items() if key in message), "")
+        raise UsageError(f"{message}{' ' + hint if hint else ''}") from None
+    yaml_keys = [r.lstrip("-") for r in from_yaml if r.startswith("--")]
+    if yaml_keys:
+        close = difflib.get_close_matches("--" + yaml_keys[0], known, n=1)
+        hint = f"did you mean {close[0].lstrip('-')}? " if close else ""
+        raise UsageError(f"unknown key {yaml_keys[0]!r} in the --config file: {hint}remove it or see "
+                         f"`slimrl train --help` for the keys")
+    if rest:
+        bad = next((r for r in rest if r.startswith("--")), rest[0])
         close = difflib.get_close_matches(bad.split("=")[0], known, n=1)
         hint = f"did you mean {close[0]}? " if close else ""
         raise UsageError(f"unknown option {bad}: {hint}see `slimrl train --help` for the options")

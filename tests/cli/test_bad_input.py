@@ -35,9 +35,9 @@ def test_unknown_key_suggests_the_right_one(capsys, tmp_path):
 
 def test_unknown_yaml_key(capsys, tmp_path):
     cfg = tmp_path / "run.yaml"
-    cfg.write_text("max_steps: 2\nnot_a_field: 1\n")
+    cfg.write_text("max_steps: 2\nlerning_rate: 1\n")
     err = _err(capsys, ["--config", str(cfg)], tmp_path)
-    assert "not_a_field" in err
+    assert "unknown key 'lerning_rate' in the --config file: did you mean learning_rate?" in err
 
 
 def test_missing_dataset_file(capsys, tmp_path):
@@ -69,7 +69,7 @@ def test_reward_spec_without_colon(capsys, tmp_path):
 
 def test_num_generations_must_divide_the_batch(capsys, tmp_path):
     err = _err(capsys, ["--per_device_train_batch_size", "6", "--num_generations", "4"], tmp_path)
-    assert "num_generations" in err and "6" in err
+    assert "num_generations" in err and "(6)" in err and "Fix: make --per_device_train_batch_size" in err
 
 
 def test_completion_longer_than_max_seq_length(capsys, tmp_path):
