@@ -196,11 +196,7 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
     if targs.use_gradient_checkpointing.lower() not in ("slimrl", "unsloth", "true", "false"):
         raise UsageError(f"--use_gradient_checkpointing {targs.use_gradient_checkpointing}: use slimrl, true "
                          f"or false")
-    batch = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-    if batch % cfg.num_generations:
-        raise UsageError(f"--num_generations {cfg.num_generations} does not divide the batch "
-                         f"per_device_train_batch_size x gradient_accumulation_steps = {batch}; use a divisor of "
-                         f"{batch} or change the batch")
+    # num_generations vs the batch is checked by GRPOConfig itself while parsing (see _CONFIG_HINTS).
     if cfg.max_completion_length >= targs.max_seq_length:
         raise UsageError(f"--max_completion_length {cfg.max_completion_length} leaves no room for the prompt in "
                          f"--max_seq_length {targs.max_seq_length}; lower the first or raise the second")
@@ -232,9 +228,7 @@ def greedy_eval(model, tokenizer, dataset, reward_funcs: list[Callable], max_new
 
     from slimrl.models.modes import for_inference, for_training
 
-    for_inference(model)
-    old_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
+    for_inference(model)  # also left-pads the tokenizer FastLanguageModel returned, until for_training
     completions, rows = [], []
     try:
         for start in range(0, len(dataset), batch_size):
@@ -251,7 +245,6 @@ def greedy_eval(model, tokenizer, dataset, reward_funcs: list[Callable], max_new
             completions += [[{"role": "assistant", "content": t}] if conversational else t for t in texts]
             rows += list(batch)
     finally:
-        tokenizer.padding_side = old_side
         for_training(model)
     extra = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
     scores = {}

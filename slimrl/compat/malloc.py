@@ -28,7 +28,7 @@ DEFAULT_THRESHOLD = 1 << 20
 # During generation the KV cache grows by a few MiB per token and layer: those blocks must be recycled from the
 # heap, not mmap-ed and page-faulted afresh each token (measured: +36% generation time with 1 MiB). 32 MiB is
 # glibc's own ceiling for its dynamic threshold.
-GENERATION_THRESHOLD = 32 << 20
+RECYCLING_THRESHOLD = 32 << 20
 
 _applied: int | None = None
 _libc: ctypes.CDLL | None = None
@@ -72,7 +72,7 @@ def recycling_phase() -> Iterator[None]:
     if libc is None:
         yield
         return
-    libc.mallopt(M_MMAP_THRESHOLD, GENERATION_THRESHOLD)
+    libc.mallopt(M_MMAP_THRESHOLD, RECYCLING_THRESHOLD)
     try:
         yield
     finally:
