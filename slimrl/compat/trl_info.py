@@ -22,3 +22,13 @@ def grpo_loss_types() -> list[str]:
     head = help_text.split("Supported values are", 1)[-1].split(". ", 1)[0]
     found = re.findall(r"'([a-z_]+)'", head)
     return found or ["grpo", "bnpo", "dr_grpo", "dapo"]
+
+
+def config_choices(config: type, field: str = "loss_type") -> list[str]:
+    """The values a TRL config field accepts: its ``choices`` metadata, else the ``'x'`` names its help lists."""
+    meta = config.__dataclass_fields__[field].metadata
+    if meta.get("choices"):
+        return list(meta["choices"])
+    help_text = meta.get("help", "")
+    head = re.split(r"[Pp]ossible values are:?|Supported values are:?", help_text, maxsplit=1)[-1]
+    return re.findall(r"'([a-z_0-9]+)'", head.split(". ", 1)[0])

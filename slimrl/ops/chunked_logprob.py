@@ -7,6 +7,9 @@ For rows ``h_n`` (last hidden states), head weight ``W [V, H]`` (+ bias ``b``), 
     logp_n = z_n[t_n] - logsumexp(z_n)
     H_n    = logsumexp(z_n) - sum_v softmax(z_n)_v z_n,v                (entropy, optional)
 
+and, without gradient, the statistics TRL's DPO/KTO metrics read (``STATS``): ``log_sum_sq_probs`` =
+``log sum_v p_v^2`` (WPO weighting), ``mean_logits`` = ``mean_v z_n,v``, ``is_top1`` = ``argmax_v z_n,v == t_n``.
+
 Rows are processed ``chunk_rows`` at a time: only one ``[chunk_rows, V]`` fp32 logits block lives at any moment, in
 forward and in backward (the backward recomputes each block from the saved hidden rows instead of storing it).
 The backward uses
@@ -30,6 +33,8 @@ import torch
 # Bytes one row of fp32 logits may cost per live buffer when the chunk size is chosen automatically.
 _AUTO_MAX_CHUNK_BYTES = 64 * 2**20
 _AUTO_MIN_ROWS = 16
+# Non-differentiable per-row statistics the forward can also return (same names as TRL's fused head outputs).
+STATS = ("log_sum_sq_probs", "mean_logits", "is_top1")
 
 
 def auto_chunk_rows(n_rows: int, vocab_size: int, device: torch.device) -> int:
@@ -85,17 +90,26 @@ class ChunkedLogProb(torch.autograd.Function):
     """Autograd function behind :func:`chunked_logprobs`. Inputs: hidden ``[N, H]``, weight ``[V, H]``."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_rows, scale, softcap, with_entropy):
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_rows, scale, softcap, with_entropy, stats=()):
         n = hidden.size(0)
         logps = hidden.new_empty(n, dtype=torch.float32)  # [N]
         logz = hidden.new_empty(n, dtype=torch.float32)  # [N]
         entropy = hidden.new_empty(n, dtype=torch.float32) if with_entropy else None  # [N]
+        sq = hidden.new_empty(n, dtype=torch.float32) if "log_sum_sq_probs" in stats else None  # [N]
+        mean = hidden.new_empty(n, dtype=torch.float32) if "mean_logits" in stats else None  # [N]
+        top1 = hidden.new_empty(n, dtype=torch.bool) if "is_top1" in stats else None  # [N]
         for s in range(0, n, chunk_rows):
             e = min(n, s + chunk_rows)
             z, _ = _logits(hidden[s:e], weight, bias, scale, softcap, temperature)  # [R, V]
             lz = torch.logsumexp(z, dim=-1)  # [R]
             logz[s:e] = lz
             logps[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lz
+            if mean is not None:
+                mean[s:e] = z.mean(-1)
+            if top1 is not None:
+                top1[s:e] = z.argmax(-1) == targets[s:e]  # first maximum, as torch.argmax and TRL's kernel
+            if sq is not None:
+                sq[s:e] = torch.logsumexp(2.0 * z, dim=-1) - 2.0 * lz  # log sum_v p_v^2
             if with_entropy:
                 lp = z.sub_(lz[:, None])  # log-softmax in place of z: [R, V]
                 entropy[s:e] = -(lp.exp() * lp).sum(-1)
@@ -103,17 +117,17 @@ class ChunkedLogProb(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, targets, logz, entropy)
         ctx.cfg = (temperature, chunk_rows, scale, softcap)
         ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(logz)
-        return logps, entropy
+        ctx.mark_non_differentiable(logz, *(x for x in (sq, mean, top1) if x is not None))
+        return logps, entropy, sq, mean, top1
 
     @staticmethod
-    def backward(ctx, grad_logps, grad_entropy):
+    def backward(ctx, grad_logps, grad_entropy, *_stats):
         hidden, weight, bias, targets, logz, entropy = ctx.saved_tensors
         temperature, chunk_rows, scale, softcap = ctx.cfg
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = bias is not None and ctx.needs_input_grad[2]
         if grad_logps is None and grad_entropy is None:
-            return (None,) * 9
+            return (None,) * 10
         n = hidden.size(0)
         grad_h = torch.empty_like(hidden) if need_h else None  # [N, H]
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H]
@@ -150,7 +164,7 @@ class ChunkedLogProb(torch.autograd.Function):
             del g, tanh
         grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
         grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
-        return grad_h, grad_w, grad_b, None, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
 
 
 def chunked_logprobs(
@@ -184,8 +198,43 @@ def chunked_logprobs(
         empty = zero.float().expand(0)
         return empty, (empty if with_entropy else None)
     rows = chunk_rows or rows_per_chunk(n, weight.size(0), hidden.device, num_chunks)
+    logps, ent, *_ = ChunkedLogProb.apply(hidden, weight, bias, targets.long(), float(temperature), int(rows),
+                                          float(logit_scale), softcap, with_entropy, ())
+    return logps, ent
+
+
+def chunked_logprob_outputs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    *,
+    outputs: tuple[str, ...] = ("log_probs",),
+    chunk_rows: int | None = None,
+    num_chunks: int = -1,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`chunked_logprobs` returning TRL's fused-head tuple in one pass over the rows.
+
+    ``outputs`` names what to compute among ``"entropy"`` and :data:`STATS` (``log_probs`` always). Shapes:
+    ``hidden [N, H]`` -> ``(log_probs [N], entropy [N], log_sum_sq_probs [N], mean_logits [N], is_top1 [N] bool)``,
+    ``None`` for what was not asked. Only ``log_probs`` and ``entropy`` carry gradients.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.size(1) != weight.size(1):
+        raise ValueError(
+            f"hidden must be [N, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    stats = tuple(name for name in STATS if name in outputs)
+    n = hidden.size(0)
+    if n == 0:
+        zero = (hidden.sum() * 0.0).float().expand(0)  # keep the graph connected for an all-masked batch
+        return (zero, zero if "entropy" in outputs else None,
+                *(hidden.new_empty(0, dtype=torch.bool if s == "is_top1" else torch.float32) if s in stats else None
+                  for s in STATS))
+    rows = chunk_rows or rows_per_chunk(n, weight.size(0), hidden.device, num_chunks)
     return ChunkedLogProb.apply(hidden, weight, bias, targets.long(), float(temperature), int(rows),
-                                float(logit_scale), softcap, with_entropy)
+                                float(logit_scale), softcap, "entropy" in outputs, stats)
 
 
 def masked_token_logprobs(

@@ -7,8 +7,11 @@ import warnings
 from dataclasses import dataclass
 
 from slimrl.compat.malloc import cpu_training, tune_malloc
-from slimrl.patching import grpo  # noqa: F401  (declares its patches)
+from slimrl.patching import cpo, fused_head, grpo, orpo  # noqa: F401  (declare their patches)
 from slimrl.patching.registry import describe, install, patches, uninstall
+
+# Algorithms patched now: a patch several trainers share stays until the last of them is unpatched.
+_ACTIVE: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -96,12 +99,13 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     names = [n for n in TRAINERS if trainer_available(n)] if algorithm is None else [_normalise(algorithm)]
     for name in names:
         _require(name)
-        todo = patches(name)
+        todo = [p for p in patches(name) if p.applies()]
         if not todo and algorithm is not None:
             warnings.warn(f"slimrl has no patches for {TRAINERS[name][0].cls} yet; it runs as plain TRL",
                           stacklevel=2)
         for p in todo:
             install(p)
+        _ACTIVE.add(name)
     if cpu_training():
         tune_malloc()  # host-memory trainers: give large freed blocks back to the OS (slimrl/compat/malloc.py)
 
@@ -110,8 +114,11 @@ def unpatch(algorithm: str | None = None) -> None:
     """Remove slimrl's patches (all, or one algorithm's), restoring TRL's attributes exactly."""
     names = list(TRAINERS) if algorithm is None else [_normalise(algorithm)]
     for name in names:
+        _ACTIVE.discard(name)
+    for name in names:
         for p in reversed(patches(name)):
-            uninstall(p)
+            if not _ACTIVE.intersection(p.algorithms):
+                uninstall(p)
 
 
 __all__ = ["PatchFastRL", "unpatch", "describe", "TRAINERS", "TrainerNotAvailableError", "trainer_available"]

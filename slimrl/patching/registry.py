@@ -22,11 +22,12 @@ class Patch:
     """Replace ``<target>.<attribute>`` with ``replacement``.
 
     ``target`` is ``"module.path:Qualified.Name"`` (a class) or ``"module.path"`` (a module attribute).
-    ``versions`` documents the TRL releases the patch was written against (PEP 440 specifier).
+    ``algorithm`` is one name, or a tuple of names for a patch several trainers share (installed while any of them
+    is patched). ``versions``: the TRL releases the patch applies to (PEP 440 specifier); on others it is skipped.
     ``wrap``: when true, ``replacement`` is a factory ``f(original) -> new attribute``.
     """
 
-    algorithm: str
+    algorithm: str | tuple[str, ...]
     target: str
     attribute: str
     replacement: Callable[..., Any]
@@ -40,6 +41,18 @@ class Patch:
         for part in filter(None, qualname.split(".")):
             obj = getattr(obj, part)
         return obj
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        return (self.algorithm,) if isinstance(self.algorithm, str) else tuple(self.algorithm)
+
+    def applies(self) -> bool:
+        """Whether the installed TRL is one of ``versions``."""
+        from packaging.specifiers import SpecifierSet
+
+        from slimrl.compat.trl_info import trl_version
+
+        return SpecifierSet(self.versions).contains(trl_version(), prereleases=True)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -60,7 +73,7 @@ def register(patch: Patch) -> Patch:
 
 
 def patches(algorithm: str | None = None) -> list[Patch]:
-    return [p for p in _REGISTRY if algorithm is None or p.algorithm == algorithm]
+    return [p for p in _REGISTRY if algorithm is None or algorithm in p.algorithms]
 
 
 def original(target: str, attribute: str) -> Any:
@@ -76,9 +89,12 @@ def is_installed(patch: Patch) -> bool:
 
 
 def install(patch: Patch) -> bool:
-    """Install one patch; idempotent. Returns False for an optional patch whose attribute is absent."""
+    """Install one patch; idempotent. Returns False (nothing done) on a TRL outside ``patch.versions`` and for an
+    optional patch whose attribute is absent."""
     if patch.key in _INSTALLED:
         return True
+    if not patch.applies():
+        return False
     obj = patch.resolve()
     seen = getattr(obj, patch.attribute, _MISSING)
     if seen is _MISSING and patch.optional:
@@ -106,7 +122,7 @@ def describe() -> list[dict[str, str]]:
     """One row per declared patch: algorithm, target, attribute, replacement, TRL versions, installed."""
     return [
         {
-            "algorithm": p.algorithm,
+            "algorithm": ",".join(p.algorithms),
             "target": p.target,
             "attribute": p.attribute,
             "replacement": getattr(p.replacement, "__qualname__", repr(p.replacement)),

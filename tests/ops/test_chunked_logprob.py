@@ -150,3 +150,36 @@ def test_bad_shapes_raise():
         chunked_logprobs(hidden[:, :5], weight, targets)
     with pytest.raises(ValueError, match="temperature"):
         chunked_logprobs(hidden, weight, targets, temperature=0.0)
+
+
+@pytest.mark.parametrize("chunk_rows,temperature,use_bias,scale,softcap", CASES)
+def test_stats_outputs_match_fp64(chunk_rows, temperature, use_bias, scale, softcap):
+    """log_sum_sq_probs, mean_logits, is_top1 (TRL's fused-head metrics) against the full fp64 logits."""
+    from slimrl.ops.chunked_logprob import chunked_logprob_outputs
+
+    hidden, weight, bias, targets = make(bias=use_bias)
+    targets[:5] = 0
+    weight.data[0] = hidden.data[:5].mean(0) * 4  # row 0 of the head aligned with rows 0..4: vocab 0 is their argmax
+    z = ((hidden.double() @ weight.double().T + (bias.double() if bias is not None else 0.0)) * scale)  # [N, V]
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    z = z / temperature
+    ref_logp = torch.log_softmax(z, -1)
+    logps, ent, sq, mean, top1 = chunked_logprob_outputs(
+        hidden, weight, targets, bias, temperature, chunk_rows=chunk_rows, logit_scale=scale, softcap=softcap,
+        outputs=("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1"))
+    torch.testing.assert_close(logps.double(), ref_logp.gather(1, targets[:, None]).squeeze(1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent.double(), -(ref_logp.exp() * ref_logp).sum(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(sq.double(), torch.logsumexp(2 * ref_logp, -1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mean.double(), z.mean(-1), rtol=1e-5, atol=1e-5)
+    assert torch.equal(top1, z.argmax(-1) == targets)
+    assert top1.any() and not top1.all(), "the case must contain both top-1 and non-top-1 targets"
+    assert not (sq.requires_grad or mean.requires_grad or top1.requires_grad)
+    # Only log-probs and entropy take gradients, and they match the plain function's.
+    (logps.sum() + ent.sum()).backward()
+    g = hidden.grad.clone()
+    hidden.grad = None
+    lp2, ent2 = chunked_logprobs(hidden, weight, targets, bias, temperature, chunk_rows=chunk_rows,
+                                 logit_scale=scale, softcap=softcap, with_entropy=True)
+    (lp2.sum() + ent2.sum()).backward()
+    torch.testing.assert_close(hidden.grad, g, rtol=0, atol=0)

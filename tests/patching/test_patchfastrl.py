@@ -8,7 +8,7 @@ import pytest
 
 from slimrl import PatchFastRL, unpatch
 from slimrl.patching import TRAINERS, TrainerNotAvailableError, describe, trainer_available
-from slimrl.patching.registry import patches
+from slimrl.patching.registry import is_installed, patches
 
 CPU = {"output_dir": "/tmp/slimrl-test", "use_cpu": True, "bf16": False}
 
@@ -79,7 +79,9 @@ def test_missing_trainer_names_release():
 
 
 def test_unpatched_trainer_warns():
-    name = next(n for n in TRAINERS if trainer_available(n) and not patches(n))
+    name = next((n for n in TRAINERS if trainer_available(n) and not any(p.applies() for p in patches(n))), None)
+    if name is None:
+        pytest.skip("every trainer of this TRL has patches")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         PatchFastRL(name)
@@ -96,3 +98,17 @@ def test_bad_num_chunks_is_rejected_before_work():
         assert GRPOConfig(**CPU).unsloth_num_chunks == -1
     finally:
         unpatch()
+
+
+def test_shared_patch_stays_until_last_user_is_unpatched():
+    shared = [p for p in patches("dpo") if "sft" in p.algorithms and p.applies()]
+    if not shared:
+        pytest.skip("no patch shared by DPO and SFT on this TRL")
+    PatchFastRL("dpo")
+    PatchFastRL("sft")
+    try:
+        unpatch("dpo")
+        assert all(is_installed(p) for p in shared), "SFT still needs the shared kernel patch"
+    finally:
+        unpatch("sft")
+    assert not any(is_installed(p) for p in shared)

@@ -1,0 +1,81 @@
+"""Shared helpers for patched-vs-unpatched parity tests that reuse one trainer and one batch.
+
+The fused-head patches (:mod:`slimrl.patching.fused_head`) act at call time, so the same trainer object and the
+same batch are run twice: once with TRL alone, once after ``PatchFastRL``; loss, every parameter gradient and the
+metrics TRL logs from the fused outputs (entropy, mean logits, top-1 accuracy, WPO weights) must agree.
+
+Tolerance: relative error <= 1e-4 (fp32; the two kernels sum the vocabulary in different tile orders, ~1e-6
+relative per reduction, accumulated through a 2-layer backward).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from slimrl import PatchFastRL, unpatch
+
+CUMULATIVE = {"num_tokens"}  # running totals over the trainer's life, not per-batch values
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp(min=1e-12))
+
+
+def first_batch(trainer) -> dict:
+    batch = next(iter(trainer.get_train_dataloader()))
+    return trainer._prepare_inputs(batch)
+
+
+def _metric_store(trainer) -> dict:
+    """Where the trainer keeps per-step metrics: ``_metrics`` (TRL's stable trainers) or ``_stored_metrics``."""
+    store = getattr(trainer, "_metrics", None) or trainer._stored_metrics
+    return store["train"]
+
+
+def loss_and_grads(trainer, inputs: dict) -> tuple[float, dict[str, torch.Tensor], dict[str, float]]:
+    model = trainer.model
+    model.train()
+    model.zero_grad(set_to_none=True)
+    store = _metric_store(trainer)
+    for values in store.values():
+        values.clear()
+    torch.manual_seed(0)
+    loss = trainer.compute_loss(model, dict(inputs))
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    metrics = {k: float(sum(v) / len(v)) for k, v in store.items() if v and k not in CUMULATIVE}
+    return float(loss), grads, metrics
+
+
+def slimrl_calls() -> int:
+    """How many times slimrl's log-prob paths served a call (the fused-head kernel and the concatenated forward)."""
+    from slimrl.patching.fused_head import SlimrlChunkedLogProbFunction
+    from slimrl.patching.preference import concatenated_forward_through_ops
+
+    return SlimrlChunkedLogProbFunction.calls + concatenated_forward_through_ops.calls
+
+
+def assert_parity(trainer, algorithm: str, rtol: float = 1e-4) -> dict[str, float]:
+    """TRL alone, then patched, on the same trainer and batch; returns the patched metrics."""
+    unpatch()
+    inputs = first_batch(trainer)
+    ref_loss, ref_grads, ref_metrics = loss_and_grads(trainer, inputs)
+    calls = slimrl_calls()
+    PatchFastRL(algorithm)
+    try:
+        loss, grads, metrics = loss_and_grads(trainer, inputs)
+    finally:
+        unpatch()
+    assert slimrl_calls() > calls, "slimrl's log-prob path was not used"
+    assert math.isfinite(ref_loss)
+    assert ref_grads and any(g.abs().max() > 0 for g in ref_grads.values()), "no gradient: the test would be vacuous"
+    assert abs(loss - ref_loss) <= rtol * max(abs(ref_loss), 1e-3), f"loss {loss} vs TRL {ref_loss}"
+    assert grads.keys() == ref_grads.keys()
+    for name, ref in ref_grads.items():
+        assert rel(grads[name], ref) <= rtol, f"{name}: relative error {rel(grads[name], ref):.2e}"
+    assert metrics.keys() == ref_metrics.keys()
+    for key, ref in ref_metrics.items():
+        assert abs(metrics[key] - ref) <= rtol * max(abs(ref), 1.0), f"metric {key}: {metrics[key]} vs TRL {ref}"
+    return metrics
