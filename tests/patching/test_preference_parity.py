@@ -82,3 +82,52 @@ def test_cpo_parity_every_loss_type(tmp_path, loss_type):
 
 def test_cpo_parity_without_nll_and_with_lora(tmp_path):
     assert_parity(cpo_trainer(tmp_path, lora=True, loss_type="sigmoid", cpo_alpha=0.0), "cpo")
+
+
+def run_online_dpo(tmp_path, lora: bool):
+    """Two Online DPO steps (SGD): completions sampled, updates and losses."""
+    from datasets import Dataset
+
+    odpo = _experimental("online_dpo")
+    model = _model(lora)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    seen: list[list[str]] = []
+
+    def reward_digits(completions, **kwargs):
+        seen.append(list(completions))
+        return [float(sum(ch.isdigit() for ch in c)) - 0.1 * len(c) for c in completions]
+
+    args = odpo.OnlineDPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_new_tokens=10,
+                                max_length=64, max_steps=2, learning_rate=0.5, optim="sgd",
+                                lr_scheduler_type="constant", report_to="none", use_cpu=True, bf16=False,
+                                save_strategy="no", logging_steps=1, seed=7, gradient_checkpointing=False)
+    ref = None if lora else tiny_llama(seed=0)
+    trainer = odpo.OnlineDPOTrainer(model=model, ref_model=ref, reward_funcs=[reward_digits], args=args,
+                                    train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in PAIRS]),
+                                    processing_class=tiny_tokenizer())
+    trainer.train()
+    deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return seen, deltas, losses
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_online_dpo_parity_two_steps(tmp_path, lora):
+    from slimrl import PatchFastRL, unpatch
+    from slimrl.patching.online_dpo import slimrl_online_dpo_forward
+    from tests.patching.fused_parity import rel
+
+    unpatch()
+    ref_seen, ref_deltas, ref_losses = run_online_dpo(tmp_path / "trl", lora)
+    calls = slimrl_online_dpo_forward.calls
+    PatchFastRL("online_dpo")
+    try:
+        seen, deltas, losses = run_online_dpo(tmp_path / "slim", lora)
+    finally:
+        unpatch()
+    assert slimrl_online_dpo_forward.calls > calls, "slimrl's log-prob path was not used"
+    assert seen == ref_seen, "patched run sampled different completions"
+    assert any(d.abs().max() > 0 for d in ref_deltas.values()), "no update happened: the test would be vacuous"
+    for name, ref in ref_deltas.items():
+        assert rel(deltas[name], ref) <= 1e-4, f"{name}: relative error {rel(deltas[name], ref):.2e}"
+    assert losses == pytest.approx(ref_losses, rel=1e-4, abs=1e-6)

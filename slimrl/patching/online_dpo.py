@@ -1,0 +1,56 @@
+"""Patches for TRL's ``OnlineDPOTrainer`` (``trl.experimental.online_dpo``; TRL 1.12 and 1.16).
+
+| TRL attribute                   | replaced by                       |
+|---------------------------------|-----------------------------------|
+| ``OnlineDPOTrainer._forward``   | :func:`slimrl_online_dpo_forward` |
+
+Online DPO (Guo et al. 2024, https://huggingface.co/papers/2402.04792) samples two completions per prompt, ranks
+them with a judge or reward model and applies the DPO loss to the pair. TRL's ``_forward`` computes the per-token
+log-probs of the completions from ``output.logits.log_softmax(-1)``: a ``[B, P + C, V]`` logits tensor plus its
+fp32 log-softmax, for the policy (with gradient) and the reference. The replacement captures the LM head's input
+and projects the completion positions through :func:`slimrl.ops.chunked_logprobs` in row blocks. Like TRL, it
+returns log-probs at *every* completion position, padding included (TRL's entropy metric reads them unmasked).
+
+Delegates to TRL's ``_forward`` for vision inputs, an empty prompt, and heads that are not a plain ``nn.Linear``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slimrl.compat.heads import capture_head_input, logit_transform, plain_linear_head
+from slimrl.ops.chunked_logprob import chunked_logprobs
+from slimrl.patching.registry import Patch, original, register
+
+TRAINER = "trl.experimental.online_dpo.online_dpo_trainer:OnlineDPOTrainer"
+
+
+def slimrl_online_dpo_forward(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                              vision_inputs=None):
+    """TRL's ``_forward``: log-probs ``[B, C]`` of ``completion_ids`` after the (left-truncated) prompt."""
+    unwrapped = self.accelerator.unwrap_model(model)
+    head = plain_linear_head(unwrapped)
+    truncate = max(prompt_ids.size(1) + completion_ids.size(1) - self.max_length, 0)
+    if head is None or vision_inputs is not None or prompt_ids.size(1) - truncate <= 0:
+        return original(TRAINER, "_forward")(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                             vision_inputs)
+    prompt_ids, prompt_mask = prompt_ids[:, truncate:], prompt_mask[:, truncate:]  # same truncation as TRL
+    ids = torch.cat((prompt_ids, completion_ids), dim=1)  # [B, P + C]
+    mask = torch.cat((prompt_mask, completion_mask), dim=1)  # [B, P + C]
+    with capture_head_input(head) as captured:
+        model(ids, attention_mask=mask)
+    p, c = prompt_ids.size(1), completion_ids.size(1)
+    hidden = captured[-1][:, p - 1:-1]  # [B, C, H]: position t predicts token t + 1
+    scale, softcap = logit_transform(unwrapped.config)
+    weight, bias = head.weight, head.bias
+    with torch.autocast(hidden.device.type, enabled=False):
+        logps, _ = chunked_logprobs(hidden.reshape(-1, hidden.size(-1)).to(weight.dtype), weight,
+                                    completion_ids.reshape(-1), bias, logit_scale=scale, softcap=softcap,
+                                    num_chunks=getattr(self.args, "unsloth_num_chunks", -1))  # [B * C]
+    slimrl_online_dpo_forward.calls += 1
+    return logps.view(-1, c)
+
+
+slimrl_online_dpo_forward.calls = 0  # calls served by slimrl's path (tests use it to prove the path ran)
+
+PATCHES = [register(Patch("online_dpo", TRAINER, "_forward", slimrl_online_dpo_forward))]
