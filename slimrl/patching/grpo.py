@@ -83,10 +83,18 @@ def slimrl_get_per_token_logps_and_entropies(
     Delegates to TRL's own method for cases the capture cannot serve: vision-language inputs, MoE aux loss,
     and heads that are not plain ``nn.Linear`` (LoRA on the head, ZeRO-3 partitioned, quantized).
     """
+    return logps_and_entropies_through_ops(TRAINER, self, model, input_ids, attention_mask, logits_to_keep,
+                                           batch_size, compute_entropy, compute_aux_loss, **multimodal)
+
+
+def logps_and_entropies_through_ops(target: str, self, model, input_ids, attention_mask, logits_to_keep,
+                                    batch_size=None, compute_entropy=False, compute_aux_loss=False, **multimodal):
+    """Body of :func:`slimrl_get_per_token_logps_and_entropies` for any trainer with TRL's GRPO contract
+    (``target`` names the class whose original method serves the cases the capture cannot)."""
     unwrapped = self.accelerator.unwrap_model(model)
     head = plain_linear_head(unwrapped)
     if head is None or compute_aux_loss or _has_extra_inputs(multimodal):
-        fn = original(TRAINER, "_get_per_token_logps_and_entropies")
+        fn = original(target, "_get_per_token_logps_and_entropies")
         return fn(self, model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                   compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
 
