@@ -7,7 +7,7 @@ import warnings
 from dataclasses import dataclass
 
 from slimrl.compat.malloc import cpu_training, tune_malloc
-from slimrl.patching import cpo, fused_head, grpo, online_dpo, orpo, rloo  # noqa: F401  (declare their patches)
+from slimrl.patching import bco, cpo, fused_head, grpo, online_dpo, orpo, rloo, xpo  # noqa: F401  (declare their patches)
 from slimrl.patching.registry import describe, install, patches, uninstall
 
 # Algorithms patched now: a patch several trainers share stays until the last of them is unpatched.

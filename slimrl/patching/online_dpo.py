@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from slimrl.compat.heads import capture_head_input, logit_transform, plain_linear_head
-from slimrl.ops.chunked_logprob import chunked_logprobs
+from slimrl.patching.capture import score_positions, servable_head
 from slimrl.patching.registry import Patch, original, register
 
 TRAINER = "trl.experimental.online_dpo.online_dpo_trainer:OnlineDPOTrainer"
@@ -28,8 +27,7 @@ TRAINER = "trl.experimental.online_dpo.online_dpo_trainer:OnlineDPOTrainer"
 def slimrl_online_dpo_forward(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                               vision_inputs=None):
     """TRL's ``_forward``: log-probs ``[B, C]`` of ``completion_ids`` after the (left-truncated) prompt."""
-    unwrapped = self.accelerator.unwrap_model(model)
-    head = plain_linear_head(unwrapped)
+    head = servable_head(self, model)
     truncate = max(prompt_ids.size(1) + completion_ids.size(1) - self.max_length, 0)
     if head is None or vision_inputs is not None or prompt_ids.size(1) - truncate <= 0:
         return original(TRAINER, "_forward")(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask,
@@ -37,20 +35,13 @@ def slimrl_online_dpo_forward(self, model, prompt_ids, prompt_mask, completion_i
     prompt_ids, prompt_mask = prompt_ids[:, truncate:], prompt_mask[:, truncate:]  # same truncation as TRL
     ids = torch.cat((prompt_ids, completion_ids), dim=1)  # [B, P + C]
     mask = torch.cat((prompt_mask, completion_mask), dim=1)  # [B, P + C]
-    with capture_head_input(head) as captured:
-        model(ids, attention_mask=mask)
-    p, c = prompt_ids.size(1), completion_ids.size(1)
-    hidden = captured[-1][:, p - 1:-1]  # [B, C, H]: position t predicts token t + 1
-    scale, softcap = logit_transform(unwrapped.config)
-    weight, bias = head.weight, head.bias
-    with torch.autocast(hidden.device.type, enabled=False):
-        logps, _ = chunked_logprobs(hidden.reshape(-1, hidden.size(-1)).to(weight.dtype), weight,
-                                    completion_ids.reshape(-1), bias, logit_scale=scale, softcap=softcap,
-                                    num_chunks=getattr(self.args, "unsloth_num_chunks", -1))  # [B * C]
-    slimrl_online_dpo_forward.calls += 1
-    return logps.view(-1, c)
+    p = prompt_ids.size(1)
+    targets = torch.zeros_like(ids)  # [B, P + C]
+    targets[:, p - 1:-1] = completion_ids  # position t predicts token t + 1
+    score = torch.zeros_like(ids, dtype=torch.bool)
+    score[:, p - 1:-1] = True  # every completion position, padding included (as TRL)
+    logps, _, _ = score_positions(self, model, head, ids, mask, targets, score)  # [B, P + C]
+    return logps[:, p - 1:-1]  # [B, C]
 
-
-slimrl_online_dpo_forward.calls = 0  # calls served by slimrl's path (tests use it to prove the path ran)
 
 PATCHES = [register(Patch("online_dpo", TRAINER, "_forward", slimrl_online_dpo_forward))]

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slimrl.compat.heads import capture_head_input, logit_transform, plain_linear_head
-from slimrl.ops.chunked_logprob import chunked_logprob_outputs
+from slimrl.patching.capture import score_positions, servable_head
 
 
 @dataclass(frozen=True)
@@ -42,8 +41,7 @@ class ConcatenatedSpec:
 def concatenated_forward_through_ops(trainer, model, batch: dict, spec: ConcatenatedSpec, fallback: Callable):
     """Drop-in body for ``concatenated_forward``: returns ``(chosen_logps [B], rejected_logps [B], chosen_logits,
     rejected_logits, nll_loss[, aux_loss])`` like TRL, without the ``[2B, T, V]`` logits."""
-    unwrapped = trainer.accelerator.unwrap_model(model)
-    head = plain_linear_head(unwrapped)
+    head = servable_head(trainer, model)
     if head is None or trainer.is_encoder_decoder:
         return fallback(trainer, model, batch)
     cat = trainer.concatenated_inputs(batch, is_encoder_decoder=False, padding_value=spec.padding_value(trainer),
@@ -62,35 +60,17 @@ def concatenated_forward_through_ops(trainer, model, batch: dict, spec: Concaten
         return fallback(trainer, model, batch)  # labels are not the next input tokens: TRL's general path
 
     model_kwargs = {"output_router_logits": True} if trainer.aux_loss_enabled else {}
-    with capture_head_input(head) as captured:
-        outputs = model(input_ids, attention_mask=attention_mask, use_cache=False, **model_kwargs)
-    hidden = captured[-1]  # [2B, T, H]
-    rows, t, _ = hidden.shape
-    scale, softcap = logit_transform(unwrapped.config)
-    weight, bias = head.weight, head.bias
-
-    grad_pos = torch.zeros(rows, t, dtype=torch.bool, device=hidden.device)  # [2B, T]
+    rows, t = input_ids.shape
+    grad_pos = torch.zeros(rows, t, dtype=torch.bool, device=input_ids.device)  # [2B, T]
     grad_pos[:, :-1] = pref_mask | nll_mask
     metric_pos = torch.ones_like(grad_pos)
     if spec.logits_drop_last:
         metric_pos[:, -1] = False
-    rest = metric_pos & ~grad_pos  # [2B, T]: mean logit only
-    targets = torch.zeros(rows, t, dtype=torch.long, device=hidden.device)
+    targets = torch.zeros_like(input_ids)  # [2B, T]
     targets[:, :-1] = next_ids
-
-    with torch.autocast(hidden.device.type, enabled=False):
-        logps, _, _, mean_grad, _ = chunked_logprob_outputs(
-            hidden[grad_pos].to(weight.dtype), weight, targets[grad_pos], bias,
-            outputs=("log_probs", "mean_logits"), num_chunks=getattr(trainer.args, "unsloth_num_chunks", -1),
-            logit_scale=scale, softcap=softcap)  # [N_grad]
-        with torch.no_grad():
-            mean_rest = chunked_logprob_outputs(
-                hidden.detach()[rest].to(weight.dtype), weight.detach(), targets[rest],
-                None if bias is None else bias.detach(), outputs=("mean_logits",), logit_scale=scale,
-                softcap=softcap)[3]  # [N_rest]
-    per_token = logps.new_zeros(rows, t - 1).masked_scatter(grad_pos[:, :-1], logps)  # [2B, T-1]
-    mean_logits = logps.new_zeros(rows, t)  # [2B, T]
-    mean_logits = mean_logits.masked_scatter(grad_pos, mean_grad).masked_scatter(rest, mean_rest)
+    logps, mean_logits, outputs = score_positions(trainer, model, head, input_ids, attention_mask, targets,
+                                                  grad_pos, stat_pos=metric_pos, **model_kwargs)
+    per_token = logps[:, :-1]  # [2B, T-1]
     if spec.logits_drop_last:
         mean_logits = mean_logits[:, :-1]
 
@@ -102,11 +82,7 @@ def concatenated_forward_through_ops(trainer, model, batch: dict, spec: Concaten
     all_logps = (per_token * pref_mask).sum(-1)  # [2B]
     if spec.average_log_prob(trainer):
         all_logps = all_logps / pref_mask.sum(-1)
-    concatenated_forward_through_ops.calls += 1
     out = (all_logps[:n_chosen], all_logps[n_chosen:], mean_logits[:n_chosen], mean_logits[n_chosen:], nll_loss)
     if trainer.aux_loss_enabled:
         return (*out, outputs.aux_loss)
     return out
-
-
-concatenated_forward_through_ops.calls = 0  # calls served by slimrl's path (tests use it to prove the path ran)

@@ -50,11 +50,11 @@ def loss_and_grads(trainer, inputs: dict) -> tuple[float, dict[str, torch.Tensor
 
 
 def slimrl_calls() -> int:
-    """How many times slimrl's log-prob paths served a call (the fused-head kernel and the concatenated forward)."""
+    """How many times slimrl's log-prob paths served a call (the fused-head kernel, the captured forward)."""
+    from slimrl.patching.capture import score_positions
     from slimrl.patching.fused_head import SlimrlChunkedLogProbFunction
-    from slimrl.patching.preference import concatenated_forward_through_ops
 
-    return SlimrlChunkedLogProbFunction.calls + concatenated_forward_through_ops.calls
+    return SlimrlChunkedLogProbFunction.calls + score_positions.calls
 
 
 def assert_parity(trainer, algorithm: str, rtol: float = 1e-4) -> dict[str, float]:

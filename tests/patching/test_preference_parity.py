@@ -114,18 +114,17 @@ def run_online_dpo(tmp_path, lora: bool):
 @pytest.mark.parametrize("lora", [False, True])
 def test_online_dpo_parity_two_steps(tmp_path, lora):
     from slimrl import PatchFastRL, unpatch
-    from slimrl.patching.online_dpo import slimrl_online_dpo_forward
-    from tests.patching.fused_parity import rel
+    from tests.patching.fused_parity import rel, slimrl_calls
 
     unpatch()
     ref_seen, ref_deltas, ref_losses = run_online_dpo(tmp_path / "trl", lora)
-    calls = slimrl_online_dpo_forward.calls
+    calls = slimrl_calls()
     PatchFastRL("online_dpo")
     try:
         seen, deltas, losses = run_online_dpo(tmp_path / "slim", lora)
     finally:
         unpatch()
-    assert slimrl_online_dpo_forward.calls > calls, "slimrl's log-prob path was not used"
+    assert slimrl_calls() > calls, "slimrl's log-prob path was not used"
     assert seen == ref_seen, "patched run sampled different completions"
     assert any(d.abs().max() > 0 for d in ref_deltas.values()), "no update happened: the test would be vacuous"
     for name, ref in ref_deltas.items():

@@ -1,0 +1,104 @@
+"""BCO and XPO (in TRL up to 1.12.0): patched vs unpatched, on the TRL release that has them.
+
+BCO: one batch, same trainer, loss + gradients + logged metrics (tests/patching/fused_parity.py, 1e-4).
+XPO: two training steps with generation, SGD updates within relative error 1e-4, same logged losses.
+Skipped under a TRL without these trainers (the suite runs them in the trl 1.12.0 environment of `make test`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from slimrl.patching import trainer_available
+from tests.patching.fused_parity import assert_parity, rel, slimrl_calls
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+PAIRS = [
+    {"prompt": "1+2=", "chosen": "3.", "rejected": "12 or 4."},
+    {"prompt": "what is 3+4?", "chosen": "7", "rejected": "34"},
+    {"prompt": "5+6=", "chosen": "11, easy.", "rejected": "56"},
+    {"prompt": "7+8=", "chosen": "15", "rejected": "it is 78?"},
+]
+
+
+def _experimental(name: str):
+    import importlib
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(f"trl.experimental.{name}")
+
+
+def _model(lora: bool):
+    model = tiny_llama(seed=0)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(1)
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                 init_lora_weights=False, task_type="CAUSAL_LM"))
+    return model
+
+
+@pytest.mark.skipif(not trainer_available("bco"), reason="this TRL has no BCOTrainer (last in 1.12.0)")
+@pytest.mark.parametrize("lora", [False, True])
+def test_bco_parity(tmp_path, lora):
+    from datasets import Dataset
+
+    bco = _experimental("bco")
+    rows = [{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in PAIRS
+            for k in ("chosen", "rejected")]
+    args = bco.BCOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, report_to="none", use_cpu=True,
+                         bf16=False, save_strategy="no", gradient_checkpointing=False, max_steps=1, seed=3,
+                         max_length=64)
+    trainer = bco.BCOTrainer(model=_model(lora), ref_model=None if lora else tiny_llama(seed=0), args=args,
+                             train_dataset=Dataset.from_list(rows), processing_class=tiny_tokenizer())
+    metrics = assert_parity(trainer, "bco")
+    assert {"logits/chosen_sum", "logits/rejected_sum"} <= metrics.keys()
+
+
+def run_xpo(tmp_path, lora: bool):
+    from datasets import Dataset
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    xpo = _experimental("xpo")
+    model = _model(lora)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    torch.manual_seed(5)
+    reward_model = LlamaForSequenceClassification(LlamaConfig(
+        vocab_size=49, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, num_labels=1, pad_token_id=0))
+    args = xpo.XPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_new_tokens=10, max_length=64,
+                         max_steps=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", report_to="none",
+                         use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, seed=7,
+                         gradient_checkpointing=False)
+    trainer = xpo.XPOTrainer(model=model, ref_model=None if lora else tiny_llama(seed=0), reward_funcs=reward_model,
+                             args=args, train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in PAIRS]),
+                             processing_class=tiny_tokenizer(), reward_processing_classes=tiny_tokenizer())
+    trainer.train()
+    deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return deltas, losses
+
+
+@pytest.mark.skipif(not trainer_available("xpo"), reason="this TRL has no XPOTrainer (last in 1.12.0)")
+@pytest.mark.parametrize("lora", [False, True])
+def test_xpo_parity_two_steps(tmp_path, lora):
+    from slimrl import PatchFastRL, unpatch
+
+    unpatch()
+    ref_deltas, ref_losses = run_xpo(tmp_path / "trl", lora)
+    calls = slimrl_calls()
+    PatchFastRL("xpo")
+    try:
+        deltas, losses = run_xpo(tmp_path / "slim", lora)
+    finally:
+        unpatch()
+    assert slimrl_calls() > calls, "slimrl's log-prob path was not used"
+    assert any(d.abs().max() > 0 for d in ref_deltas.values()), "no update happened: the test would be vacuous"
+    for name, ref in ref_deltas.items():
+        assert rel(deltas[name], ref) <= 1e-4, f"{name}: relative error {rel(deltas[name], ref):.2e}"
+    assert losses == pytest.approx(ref_losses, rel=1e-4, abs=1e-6)
