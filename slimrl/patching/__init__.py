@@ -7,7 +7,22 @@ import warnings
 from dataclasses import dataclass
 
 from slimrl.compat.malloc import cpu_training, tune_malloc
-from slimrl.patching import bco, cpo, fused_head, grpo, online_dpo, orpo, rloo, xpo  # noqa: F401  (declare their patches)
+from slimrl.patching import (  # noqa: F401  (each module declares its patches)
+    bco,
+    cpo,
+    dpo,
+    fused_head,
+    grpo,
+    kto,
+    online_dpo,
+    orpo,
+    ppo,
+    prm,
+    reward,
+    rloo,
+    sft,
+    xpo,
+)
 from slimrl.patching.registry import describe, install, patches, uninstall
 
 # Algorithms patched now: a patch several trainers share stays until the last of them is unpatched.

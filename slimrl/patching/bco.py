@@ -3,6 +3,7 @@
 | TRL attribute           | replaced by                 |
 |-------------------------|-----------------------------|
 | ``BCOTrainer.forward``  | :func:`slimrl_bco_forward`  |
+| ``BCOTrainer.__init__`` | legacy keywords (:mod:`slimrl.patching.legacy`)|
 
 BCO (Jung et al. 2024, https://huggingface.co/papers/2404.04656): binary classifier optimisation on unpaired
 (prompt, completion, label) data, ``L = -log sigmoid(beta * r_chosen - delta) - log sigmoid(-(beta * r_rejected -
@@ -20,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from slimrl.patching.capture import score_positions, servable_head
+from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, original, register
 
 TRAINER = "trl.experimental.bco.bco_trainer:BCOTrainer"
@@ -52,4 +54,7 @@ def slimrl_bco_forward(self, model, batch):
     return (*out, outputs.aux_loss) if self.aux_loss_enabled else out
 
 
-PATCHES = [register(Patch("bco", TRAINER, "forward", slimrl_bco_forward))]
+PATCHES = [
+    register(Patch("bco", TRAINER, "forward", slimrl_bco_forward)),
+    register(Patch("bco", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+]

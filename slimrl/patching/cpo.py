@@ -3,6 +3,7 @@
 | TRL attribute                       | replaced by                                  |
 |-------------------------------------|----------------------------------------------|
 | ``CPOTrainer.concatenated_forward`` | :func:`slimrl_cpo_concatenated_forward`      |
+| ``CPOTrainer.__init__``             | legacy keywords (:mod:`slimrl.patching.legacy`)|
 
 CPO (Xu et al. 2024, https://huggingface.co/papers/2401.08417): ``L = L_pref + cpo_alpha * NLL(chosen)``, with
 ``L_pref`` one of TRL's ``sigmoid``, ``hinge``, ``ipo``, ``simpo`` (SimPO, Meng et al. 2024,
@@ -13,6 +14,7 @@ changes (:mod:`slimrl.patching.preference`).
 
 from __future__ import annotations
 
+from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.preference import ConcatenatedSpec, concatenated_forward_through_ops
 from slimrl.patching.registry import Patch, original, register
 
@@ -32,4 +34,7 @@ def slimrl_cpo_concatenated_forward(self, model, batch):
     return concatenated_forward_through_ops(self, model, batch, CPO_SPEC, original(TRAINER, "concatenated_forward"))
 
 
-PATCHES = [register(Patch("cpo", TRAINER, "concatenated_forward", slimrl_cpo_concatenated_forward))]
+PATCHES = [
+    register(Patch("cpo", TRAINER, "concatenated_forward", slimrl_cpo_concatenated_forward)),
+    register(Patch("cpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+]

@@ -25,6 +25,7 @@ from slimrl.compat.malloc import recycling_phase
 from slimrl.models.checkpointing import align_trainer_checkpointing
 from slimrl.models.modes import for_inference, for_training
 from slimrl.ops.chunked_logprob import masked_token_logprobs
+from slimrl.patching.legacy import translate_config_kwargs, translate_trainer_kwargs
 from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
 from slimrl.patching.registry import Patch, original, register
 from slimrl.patching.validation import check_batch_length, check_sequence_budget
@@ -45,11 +46,13 @@ def validate_num_chunks(value: object) -> int:
 
 
 def slimrl_config_init_factory(orig_init):
-    """``GRPOConfig.__init__`` that also accepts ``unsloth_num_chunks`` and ``vllm_sampling_params``."""
+    """``GRPOConfig.__init__`` that also accepts ``unsloth_num_chunks``, ``vllm_sampling_params`` and the legacy
+    ``max_new_tokens`` (:mod:`slimrl.patching.legacy`)."""
 
     @functools.wraps(orig_init)
     def slimrl_config_init(self, *args, unsloth_num_chunks: int = -1, vllm_sampling_params=None, **kwargs):
         unsloth_num_chunks = validate_num_chunks(unsloth_num_chunks)  # before any other work
+        kwargs = translate_config_kwargs(type(self), kwargs)  # max_new_tokens= -> max_completion_length=
         orig_init(self, *args, **kwargs)
         self.unsloth_num_chunks = unsloth_num_chunks
         self.vllm_sampling_params = vllm_sampling_params
@@ -159,11 +162,13 @@ def slimrl_training_step(self, model, inputs, num_items_in_batch=None):
 
 
 def slimrl_grpo_init_factory(orig_init):
-    """``GRPOTrainer.__init__`` preceded by the checks that need no compute (sequence budget vs the model's
-    ``max_seq_length``) and by aligning the config's checkpointing with the model's (offload on CUDA)."""
+    """``GRPOTrainer.__init__`` preceded by legacy keyword translation (``tokenizer=``, :mod:`slimrl.patching.legacy`),
+    the checks that need no compute (sequence budget vs the model's ``max_seq_length``) and by aligning the config's
+    checkpointing with the model's (offload on CUDA)."""
 
     @functools.wraps(orig_init)
     def slimrl_grpo_init(self, *args, **kwargs):
+        kwargs = translate_trainer_kwargs(type(self), orig_init, args, kwargs)
         model = kwargs.get("model", args[0] if args else None)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         check_sequence_budget(model, config)

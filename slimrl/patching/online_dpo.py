@@ -3,6 +3,7 @@
 | TRL attribute                   | replaced by                       |
 |---------------------------------|-----------------------------------|
 | ``OnlineDPOTrainer._forward``   | :func:`slimrl_online_dpo_forward` |
+| ``OnlineDPOTrainer.__init__``   | legacy keywords (:mod:`slimrl.patching.legacy`)|
 
 Online DPO (Guo et al. 2024, https://huggingface.co/papers/2402.04792) samples two completions per prompt, ranks
 them with a judge or reward model and applies the DPO loss to the pair. TRL's ``_forward`` computes the per-token
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from slimrl.patching.capture import score_positions, servable_head
+from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, original, register
 
 TRAINER = "trl.experimental.online_dpo.online_dpo_trainer:OnlineDPOTrainer"
@@ -44,4 +46,7 @@ def slimrl_online_dpo_forward(self, model, prompt_ids, prompt_mask, completion_i
     return logps[:, p - 1:-1]  # [B, C]
 
 
-PATCHES = [register(Patch("online_dpo", TRAINER, "_forward", slimrl_online_dpo_forward))]
+PATCHES = [
+    register(Patch("online_dpo", TRAINER, "_forward", slimrl_online_dpo_forward)),
+    register(Patch("online_dpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+]

@@ -3,6 +3,7 @@
 | TRL attribute                        | replaced by                                   |
 |--------------------------------------|-----------------------------------------------|
 | ``ORPOTrainer.concatenated_forward`` | :func:`slimrl_orpo_concatenated_forward`      |
+| ``ORPOTrainer.__init__``             | legacy keywords (:mod:`slimrl.patching.legacy`)|
 
 ORPO (Hong et al. 2024, https://huggingface.co/papers/2403.07691):
 ``L = NLL(chosen) - mean(beta * log sigmoid(log_odds))``, ``log_odds = (lp_c - lp_r) - (log1p(-e^lp_c) -
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.preference import ConcatenatedSpec, concatenated_forward_through_ops
 from slimrl.patching.registry import Patch, original, register
 
@@ -39,4 +41,7 @@ def slimrl_orpo_concatenated_forward(self, model, batch):
     return concatenated_forward_through_ops(self, model, batch, ORPO_SPEC, original(TRAINER, "concatenated_forward"))
 
 
-PATCHES = [register(Patch("orpo", TRAINER, "concatenated_forward", slimrl_orpo_concatenated_forward))]
+PATCHES = [
+    register(Patch("orpo", TRAINER, "concatenated_forward", slimrl_orpo_concatenated_forward)),
+    register(Patch("orpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+]

@@ -1,8 +1,9 @@
-"""Patches for TRL's ``RLOOTrainer`` on TRL releases before the fused LM head (< 1.15, e.g. 1.12).
+"""Patches for TRL's ``RLOOTrainer`` (the log-prob method only on TRL < 1.15, before the fused LM head).
 
 | TRL attribute                                        | replaced by                                         |
 |------------------------------------------------------|-----------------------------------------------------|
 | ``RLOOTrainer._get_per_token_logps_and_entropies``   | :func:`slimrl_rloo_get_per_token_logps_and_entropies` |
+| ``RLOOTrainer.__init__``, ``RLOOConfig.__init__``    | legacy keywords (:mod:`slimrl.patching.legacy`)      |
 
 RLOO (Ahmadian et al. 2024, https://huggingface.co/papers/2402.14740): REINFORCE with the leave-one-out mean of
 the other ``k - 1`` samples' rewards as baseline, PPO-clipped sequence-level ratio. TRL < 1.15 computes the
@@ -14,9 +15,11 @@ it. From TRL 1.15 on, RLOO runs through TRL's fused head and is covered by :mod:
 from __future__ import annotations
 
 from slimrl.patching.grpo import logps_and_entropies_through_ops
+from slimrl.patching.legacy import legacy_config_init_factory, legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
 
 TRAINER = "trl.trainer.rloo_trainer:RLOOTrainer"
+CONFIG = "trl.trainer.rloo_config:RLOOConfig"
 
 
 def slimrl_rloo_get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
@@ -27,5 +30,9 @@ def slimrl_rloo_get_per_token_logps_and_entropies(self, model, input_ids, attent
                                            batch_size, compute_entropy, compute_aux_loss, **multimodal)
 
 
-PATCHES = [register(Patch("rloo", TRAINER, "_get_per_token_logps_and_entropies",
-                          slimrl_rloo_get_per_token_logps_and_entropies, versions="<1.15"))]
+PATCHES = [
+    register(Patch("rloo", TRAINER, "_get_per_token_logps_and_entropies",
+                   slimrl_rloo_get_per_token_logps_and_entropies, versions="<1.15")),
+    register(Patch("rloo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    register(Patch("rloo", CONFIG, "__init__", legacy_config_init_factory, wrap=True)),
+]

@@ -3,6 +3,7 @@
 | TRL attribute                   | replaced by                         |
 |---------------------------------|-------------------------------------|
 | ``XPOTrainer._compute_logprobs``| :func:`slimrl_xpo_compute_logprobs` |
+| ``XPOTrainer.__init__``         | legacy keywords (:mod:`slimrl.patching.legacy`)|
 
 XPO (Xie et al. 2024, https://huggingface.co/papers/2405.21046): online DPO plus an exploration bonus
 ``alpha * log pi(y_ref | x)`` on the reference model's completions. Each step TRL's ``_compute_logprobs`` runs four
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from slimrl.patching.capture import score_positions, servable_head
+from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, original, register
 
 TRAINER = "trl.experimental.xpo.xpo_trainer:XPOTrainer"
@@ -51,4 +53,7 @@ def slimrl_xpo_compute_logprobs(self, model, model_data, ref_data, context_lengt
     return model_on_model, model_on_ref, ref_on_ref, ref_on_model
 
 
-PATCHES = [register(Patch("xpo", TRAINER, "_compute_logprobs", slimrl_xpo_compute_logprobs))]
+PATCHES = [
+    register(Patch("xpo", TRAINER, "_compute_logprobs", slimrl_xpo_compute_logprobs)),
+    register(Patch("xpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+]

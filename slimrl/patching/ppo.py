@@ -1,0 +1,23 @@
+"""Patches for TRL's ``PPOTrainer`` (``trl.experimental.ppo``; the last release that has it is TRL 1.12.0).
+
+| TRL attribute            | replaced by                                                          |
+|--------------------------|----------------------------------------------------------------------|
+| ``PPOTrainer.__init__``  | legacy keywords (:mod:`slimrl.patching.legacy`): ``config=``, ``tokenizer=`` |
+
+PPO (Schulman et al. 2017, https://huggingface.co/papers/1707.06347, with the RLHF recipe of Ouyang et al. 2022):
+clipped policy ratio plus a clipped value loss, per-token KL penalty to the reference in the reward. In TRL 1.12
+everything happens inside ``PPOTrainer.train``, one ~350-line loop that keeps the generation scores
+``[B, C, V]``, runs the reference and the policy with full logits and reads those logits again for the entropy
+metric. There is no method boundary below ``train`` that carries the log-probs, so slimrl does not replace that
+path (doing so would mean rewriting TRL's loop): PPO trains as TRL does, and old PPO scripts keep working. For
+memory-lean RL on one GPU use GRPO or RLOO, which slimrl patches on every supported TRL.
+"""
+
+from __future__ import annotations
+
+from slimrl.patching.legacy import legacy_trainer_init_factory
+from slimrl.patching.registry import Patch, register
+
+TRAINER = "trl.experimental.ppo.ppo_trainer:PPOTrainer"
+
+PATCHES = [register(Patch("ppo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True))]

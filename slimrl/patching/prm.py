@@ -1,0 +1,20 @@
+"""Patches for TRL's ``PRMTrainer`` (``trl.experimental.prm``; the last release that has it is TRL 1.12.0).
+
+| TRL attribute            | replaced by                                      |
+|--------------------------|--------------------------------------------------|
+| ``PRMTrainer.__init__``  | legacy keywords (:mod:`slimrl.patching.legacy`)  |
+
+Process reward modelling (Uesato et al. 2022, https://huggingface.co/papers/2211.14275): a token-classification
+model labels each reasoning step correct/incorrect with cross-entropy over 2 classes at the step separators. The
+head is ``[H, num_labels]``, not vocabulary-sized, so there is nothing for :mod:`slimrl.ops` to avoid; only the
+legacy keywords are patched.
+"""
+
+from __future__ import annotations
+
+from slimrl.patching.legacy import legacy_trainer_init_factory
+from slimrl.patching.registry import Patch, register
+
+TRAINER = "trl.experimental.prm.prm_trainer:PRMTrainer"
+
+PATCHES = [register(Patch("prm", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True))]

@@ -1,0 +1,22 @@
+"""Patches for TRL's ``SFTTrainer``.
+
+| TRL attribute            | replaced by                                              |
+|--------------------------|----------------------------------------------------------|
+| ``SFTTrainer.__init__``  | legacy keywords (:mod:`slimrl.patching.legacy`)          |
+| fused-head kernel (TRL >= 1.15) | :mod:`slimrl.patching.fused_head` (shared with DPO, KTO, RLOO) |
+
+SFT: ``nll`` (mean token negative log-likelihood) or ``dft`` (Dynamic Fine-Tuning, Wu et al. 2025,
+https://huggingface.co/papers/2508.05629: each token's NLL weighted by its detached probability), TRL's own code.
+From TRL 1.15 the token log-probs come from TRL's fused head, whose kernel slimrl swaps (valid positions only).
+TRL 1.16's ``chunked_nll`` is TRL's own chunked path and is left alone; on TRL 1.12, use ``loss_type="chunked_nll"``
+(TRL's own; the default there) for the same effect.
+"""
+
+from __future__ import annotations
+
+from slimrl.patching.legacy import legacy_trainer_init_factory
+from slimrl.patching.registry import Patch, register
+
+TRAINER = "trl.trainer.sft_trainer:SFTTrainer"
+
+PATCHES = [register(Patch("sft", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True))]
