@@ -12,9 +12,13 @@ from transformers import TrainerCallback
 
 # Columns written to metrics.csv (metrics.jsonl keeps every key TRL logs).
 CSV_COLUMNS = ("step", "loss", "reward", "reward_std", "kl", "entropy", "completions/mean_length",
-               "memory/peak_mb", "tokens_per_s", "step_time", "learning_rate", "grad_norm")
+               "rewards/margins", "rewards/accuracies", "memory/peak_mb", "tokens_per_s", "step_time",
+               "learning_rate", "grad_norm")
 PLOTTED = (("reward", "reward"), ("kl", "KL"), ("completions/mean_length", "completion length (tokens)"),
            ("memory/peak_mb", "peak memory (MB)"))
+# Offline (preference / SFT) trainers log no reward: their panels.
+PLOTTED_OFFLINE = (("loss", "loss"), ("rewards/margins", "reward margin (chosen - rejected)"),
+                   ("rewards/accuracies", "preference accuracy"), ("grad_norm", "gradient norm"))
 
 
 class MetricsFileCallback(TrainerCallback):
@@ -58,9 +62,9 @@ def read_metrics(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_metrics(rows: list[dict], path: str | Path) -> Path | None:
-    """Reward, KL, completion length and peak memory per step, one panel each, as a PNG. None without
-    matplotlib or rows."""
+def plot_metrics(rows: list[dict], path: str | Path, panels: tuple = PLOTTED) -> Path | None:
+    """One panel per ``(key, title)`` of ``panels`` (default: reward, KL, completion length, peak memory) per
+    step, as a PNG. None without matplotlib or rows."""
     if not rows:
         return None
     try:
@@ -71,7 +75,7 @@ def plot_metrics(rows: list[dict], path: str | Path) -> Path | None:
     except ImportError:
         return None
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.5))
-    for ax, (key, title) in zip(axes.flat, PLOTTED):
+    for ax, (key, title) in zip(axes.flat, panels):
         pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
         if pts:
             ax.plot(*zip(*pts), marker="o", markersize=3)

@@ -1,8 +1,11 @@
-"""``slimrl train``: GRPO through slimrl with an embedded default that learns on a CPU.
+"""``slimrl train``: TRL's trainers through slimrl, with an embedded default that learns on a CPU.
 
-Every ``GRPOConfig`` field is a flag and a YAML key (TRL's own ``TrlParser``), and so are slimrl's options
-(:class:`TrainArguments`). With no arguments: SmolLM2-135M-Instruct + LoRA on seeded arithmetic word problems,
-rewards for the right number and for the ``<answer>`` tag, greedy eval on a held-out split before and after.
+``--algorithm`` picks the trainer: ``grpo`` (default) and ``rloo`` learn online from rewards; ``dpo``, ``orpo``,
+``cpo`` from preference pairs, ``kto`` from unpaired good/bad examples, ``sft`` from demonstrations. Every field
+of that trainer's config (``GRPOConfig``, ``DPOConfig``, ...) is a flag and a YAML key (TRL's own ``TrlParser``),
+and so are slimrl's options (:class:`TrainArguments`). With no arguments: SmolLM2-135M-Instruct + LoRA on seeded
+arithmetic word problems (rewards for the right number and for the ``<answer>`` tag; for the offline algorithms,
+the right answer vs a near miss), greedy eval on a held-out split before and after.
 
 Order of work: parse -> validate everything that needs no model (one clear line on error, exit 2) -> load the
 model -> eval -> train (checkpoints every ``save_steps``; ``--resume`` continues) -> eval -> save adapter,
@@ -22,7 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ALGORITHMS = ("grpo",)
+ONLINE = ("grpo", "rloo")  # learn from reward functions on sampled completions
+PAIRED = ("dpo", "orpo", "cpo")  # prompt / chosen / rejected
+ALGORITHMS = (*ONLINE, *PAIRED, "kto", "sft")
+# Columns each algorithm's --dataset must have (besides those TRL accepts in other layouts).
+REQUIRED_COLUMNS = {**{a: ("prompt",) for a in ONLINE}, **{a: ("prompt", "chosen", "rejected") for a in PAIRED},
+                    "kto": ("prompt", "completion", "label"), "sft": ("prompt", "completion")}
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
@@ -32,7 +40,7 @@ class UsageError(Exception):
 
 @dataclass
 class TrainArguments:
-    """slimrl's own options (the GRPOConfig fields are accepted beside them)."""
+    """slimrl's own options (the fields of the algorithm's TRL config are accepted beside them)."""
 
     algorithm: str = field(default="grpo", metadata={"help": f"Trainer to run: {', '.join(ALGORITHMS)}."})
     model: str = field(default="SmolLM2-135M-Instruct", metadata={
@@ -60,18 +68,83 @@ class TrainArguments:
         "help": "Continue from a checkpoint: a path, or 'latest' (also: --resume with no value)."})
 
 
-# GRPOConfig defaults slimrl sets for `slimrl train` when the user does not (YAML or flag wins).
-def demo_defaults() -> dict[str, Any]:
+def config_class(algorithm: str) -> type:
+    """The TRL config dataclass of ``algorithm`` (its fields are ``slimrl train``'s flags)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # trl.experimental's import warning
+        if algorithm == "grpo":
+            from trl import GRPOConfig as Config
+        elif algorithm == "rloo":
+            from trl import RLOOConfig as Config
+        elif algorithm == "dpo":
+            from trl import DPOConfig as Config
+        elif algorithm == "kto":
+            from trl import KTOConfig as Config
+        elif algorithm == "sft":
+            from trl import SFTConfig as Config
+        elif algorithm == "orpo":
+            from trl.experimental.orpo import ORPOConfig as Config
+        elif algorithm == "cpo":
+            from trl.experimental.cpo import CPOConfig as Config
+        else:
+            raise UsageError(f"--algorithm {algorithm}: slimrl train runs {', '.join(ALGORITHMS)}")
+    return Config
+
+
+def trainer_class(algorithm: str) -> type:
+    import warnings
+
+    config = config_class(algorithm)
+    module = importlib.import_module(config.__module__.rsplit(".", 1)[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(module, config.__name__.replace("Config", "Trainer"))
+
+
+# Config defaults slimrl sets for `slimrl train` when the user does not (YAML or flag wins).
+def demo_defaults(algorithm: str = "grpo") -> dict[str, Any]:
     import torch
 
     cuda = torch.cuda.is_available()
-    return {
-        "output_dir": "outputs/slimrl-grpo", "per_device_train_batch_size": 8, "num_generations": 4,
-        "max_completion_length": 32, "learning_rate": 2e-4, "max_steps": 30, "lr_scheduler_type": "constant",
-        "logging_steps": 1, "save_steps": 10, "save_total_limit": 2, "report_to": "none", "seed": 3407,
-        "beta": 0.04, "temperature": 0.8, "use_cpu": not cuda, "bf16": bool(cuda and torch.cuda.is_bf16_supported()),
-        "disable_tqdm": False, "gradient_checkpointing": True,
+    common = {
+        "output_dir": f"outputs/slimrl-{algorithm}", "per_device_train_batch_size": 8, "max_steps": 30,
+        "lr_scheduler_type": "constant", "logging_steps": 1, "save_steps": 10, "save_total_limit": 2,
+        "report_to": "none", "seed": 3407, "use_cpu": not cuda,
+        "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "disable_tqdm": False, "gradient_checkpointing": True,
     }
+    if algorithm in ONLINE:
+        return {**common, "num_generations": 4, "max_completion_length": 32, "learning_rate": 2e-4, "beta": 0.04,
+                "temperature": 0.8}
+    # offline: short chats (~100 tokens), a LoRA-sized learning rate
+    return {**common, "learning_rate": 5e-5, "max_length": 256}
+
+
+def peek_algorithm(argv: list[str]) -> str:
+    """``--algorithm`` from the command line or the ``--config`` YAML (needed to pick the config class)."""
+    value, config_path = None, None
+    for i, arg in enumerate(argv):
+        for flag in ("--algorithm", "--config"):
+            if arg == flag and i + 1 < len(argv):
+                value, config_path = (argv[i + 1], config_path) if flag == "--algorithm" else (value, argv[i + 1])
+            elif arg.startswith(flag + "="):
+                rest = arg.split("=", 1)[1]
+                value, config_path = (rest, config_path) if flag == "--algorithm" else (value, rest)
+    if value is None and config_path and Path(config_path).is_file():
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(config_path).read_text()) or {}
+        except yaml.YAMLError as err:
+            raise UsageError(f"--config {config_path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        value = data.get("algorithm") if isinstance(data, dict) else None
+    name = str(value or "grpo").strip().lower().replace("-", "_")
+    if name not in ALGORITHMS:
+        close = difflib.get_close_matches(name, ALGORITHMS, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UsageError(f"--algorithm {value}: {hint}slimrl train runs {', '.join(ALGORITHMS)}")
+    return name
 
 
 # Fixes to append to TRL/transformers config errors that state the problem but not the way out.
@@ -92,18 +165,20 @@ def _normalise_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def build_parser():
-    from trl import GRPOConfig, TrlParser
+def build_parser(algorithm: str = "grpo"):
+    from trl import TrlParser
 
-    parser = TrlParser((TrainArguments, GRPOConfig), prog="slimrl train",
-                       description="Train with TRL through slimrl. Every GRPOConfig field is an option.")
-    parser.set_defaults_with_config(**demo_defaults())
+    config = config_class(algorithm)
+    parser = TrlParser((TrainArguments, config), prog="slimrl train",
+                       description=f"Train with TRL through slimrl. Every {config.__name__} field is an option "
+                                   f"(the fields of another algorithm's config: slimrl train --algorithm X --help).")
+    parser.set_defaults_with_config(**demo_defaults(algorithm))
     return parser
 
 
 def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
-    """Parse flags and ``--config`` YAML into (TrainArguments, GRPOConfig). Raises UsageError on bad input."""
-    parser = build_parser()
+    """Parse flags and ``--config`` YAML into (TrainArguments, the algorithm's config). Raises UsageError."""
+    parser = build_parser(peek_algorithm(argv))
     known = {a for action in parser._actions for a in action.option_strings}
     try:
         targs, cfg, from_yaml, rest = parser.parse_args_and_config(
@@ -156,11 +231,17 @@ def load_rewards(specs: list[str] | None) -> list[Callable]:
 
 
 def load_dataset_arg(targs: TrainArguments, seed: int):
-    """(train, eval or None). Built-in task when --dataset is unset."""
-    from slimrl.data import make_arithmetic_dataset
+    """(train, eval or None). Built-in task when --dataset is unset (offline algorithms: its answers as
+    preference pairs / labelled examples / demonstrations; the held-out eval is the same problems' prompts)."""
+    from slimrl.data import make_arithmetic_dataset, make_preference_dataset
 
+    algorithm = targs.algorithm.lower()
     if targs.dataset is None:
-        train = make_arithmetic_dataset(targs.train_size, seed=seed)
+        if algorithm in ONLINE:
+            train = make_arithmetic_dataset(targs.train_size, seed=seed)
+        else:
+            kind = "paired" if algorithm in PAIRED else "unpaired" if algorithm == "kto" else "sft"
+            train = make_preference_dataset(targs.train_size, kind=kind, seed=seed)
         held = make_arithmetic_dataset(targs.eval_size, seed=seed + 1) if targs.eval_size > 0 else None
         return train, held
     import datasets
@@ -179,11 +260,15 @@ def load_dataset_arg(targs: TrainArguments, seed: int):
         except Exception as err:  # noqa: BLE001
             raise UsageError(f"--dataset {targs.dataset}: not a JSON/JSONL/CSV/parquet file nor a dataset in the "
                              f"local cache ({type(err).__name__}); pass a file path") from None
-    if "prompt" not in ds.column_names:
-        raise UsageError(f"--dataset {targs.dataset}: no 'prompt' column (columns: {', '.join(ds.column_names)}); "
-                         f"rename the column holding the prompts to 'prompt'")
+    missing = [c for c in REQUIRED_COLUMNS[algorithm] if c not in ds.column_names]
+    if missing:
+        need = ", ".join(repr(c) for c in REQUIRED_COLUMNS[algorithm])
+        raise UsageError(f"--dataset {targs.dataset}: no {missing[0]!r} column (columns: "
+                         f"{', '.join(ds.column_names)}); --algorithm {algorithm} needs columns {need}")
     if len(ds) == 0:
         raise UsageError(f"--dataset {targs.dataset}: the dataset is empty")
+    if algorithm not in ONLINE:
+        return ds, None  # a held-out greedy eval needs reward functions for the user's task: none given
     n_eval = min(targs.eval_size, len(ds) // 4)
     if n_eval > 0:
         return ds.select(range(len(ds) - n_eval)), ds.select(range(len(ds) - n_eval, len(ds)))
@@ -191,15 +276,23 @@ def load_dataset_arg(targs: TrainArguments, seed: int):
 
 
 def validate(targs: TrainArguments, cfg: Any) -> None:
-    if targs.algorithm.lower() not in ALGORITHMS:
-        raise UsageError(f"--algorithm {targs.algorithm}: slimrl train runs {', '.join(ALGORITHMS)} for now")
+    algorithm = targs.algorithm.lower()
+    if algorithm not in ALGORITHMS:
+        raise UsageError(f"--algorithm {targs.algorithm}: slimrl train runs {', '.join(ALGORITHMS)}")
     if targs.use_gradient_checkpointing.lower() not in ("slimrl", "unsloth", "true", "false"):
         raise UsageError(f"--use_gradient_checkpointing {targs.use_gradient_checkpointing}: use slimrl, true "
                          f"or false")
+    if targs.reward and algorithm not in ONLINE:
+        raise UsageError(f"--reward: --algorithm {algorithm} learns from its dataset, not from reward functions; "
+                         f"drop --reward or use --algorithm {' / '.join(ONLINE)}")
     # num_generations vs the batch is checked by GRPOConfig itself while parsing (see _CONFIG_HINTS).
-    if cfg.max_completion_length >= targs.max_seq_length:
+    if algorithm in ONLINE and cfg.max_completion_length >= targs.max_seq_length:
         raise UsageError(f"--max_completion_length {cfg.max_completion_length} leaves no room for the prompt in "
                          f"--max_seq_length {targs.max_seq_length}; lower the first or raise the second")
+    max_length = getattr(cfg, "max_length", None)
+    if algorithm not in ONLINE and max_length is not None and max_length > targs.max_seq_length:
+        raise UsageError(f"--max_length {max_length} is over --max_seq_length {targs.max_seq_length}; lower the "
+                         f"first or raise the second")
 
 
 def resolve_resume(targs: TrainArguments, output_dir: str) -> str | None:
@@ -267,10 +360,20 @@ def run(targs: TrainArguments, cfg: Any) -> dict[str, Any]:
 
     from slimrl import FastLanguageModel, PatchFastRL
 
-    PatchFastRL(targs.algorithm, FastLanguageModel)
-    from trl import GRPOTrainer
+    algorithm = targs.algorithm.lower()
+    PatchFastRL(algorithm, FastLanguageModel)
+    trainer_cls = trainer_class(algorithm)
 
-    from slimrl.cli.report import MetricsFileCallback, fmt_change, mean_of, plot_metrics, read_metrics, summary_table
+    from slimrl.cli.report import (
+        PLOTTED,
+        PLOTTED_OFFLINE,
+        MetricsFileCallback,
+        fmt_change,
+        mean_of,
+        plot_metrics,
+        read_metrics,
+        summary_table,
+    )
     from slimrl.patching.metrics import peak_memory_mb
 
     t_start = time.time()
@@ -284,22 +387,26 @@ def run(targs: TrainArguments, cfg: Any) -> dict[str, Any]:
     cfg.unsloth_num_chunks = targs.unsloth_num_chunks
     out = Path(cfg.output_dir)
     before = greedy_eval(model, tokenizer, eval_ds, rewards, targs.eval_max_new_tokens) if eval_ds else None
-    trainer = GRPOTrainer(model=model, args=cfg, reward_funcs=rewards, train_dataset=train_ds,
-                          processing_class=tokenizer, callbacks=[MetricsFileCallback(out)])
+    online = {"reward_funcs": rewards} if algorithm in ONLINE else {}
+    trainer = trainer_cls(model=model, args=cfg, train_dataset=train_ds, processing_class=tokenizer,
+                          callbacks=[MetricsFileCallback(out)], **online)
     trainer.train(resume_from_checkpoint=resume_from)
     after = greedy_eval(model, tokenizer, eval_ds, rewards, targs.eval_max_new_tokens) if eval_ds else None
     adapter_dir = out / "adapter"
     trainer.save_model(str(adapter_dir))
     tokenizer.save_pretrained(str(adapter_dir))
     rows = read_metrics(out / "metrics.jsonl")
-    plot = plot_metrics(rows, out / "metrics.png")
+    plot = plot_metrics(rows, out / "metrics.png", PLOTTED if algorithm in ONLINE else PLOTTED_OFFLINE)
     key = rewards[0].__name__
     summary = {
         "steps": trainer.state.global_step,
         "time_s": time.time() - t_start,
         "peak_memory_mb": peak_memory_mb(),
+        "algorithm": algorithm,
         "train_reward_start": mean_of(rows, "reward", first=True),
         "train_reward_end": mean_of(rows, "reward", first=False),
+        "train_loss_start": mean_of(rows, "loss", first=True),
+        "train_loss_end": mean_of(rows, "loss", first=False),
         "eval_before": before,
         "eval_after": after,
         "adapter": str(adapter_dir),
@@ -308,12 +415,17 @@ def run(targs: TrainArguments, cfg: Any) -> dict[str, Any]:
         "resumed_from": resume_from,
     }
     items = [
+        ("algorithm", algorithm),
         ("steps", summary["steps"]),
         ("time", f"{summary['time_s']:.0f} s"),
         ("peak memory", f"{summary['peak_memory_mb']:.0f} MB"),
-        ("train reward (first 5 -> last 5 steps)", fmt_change(summary["train_reward_start"],
-                                                              summary["train_reward_end"])),
     ]
+    if algorithm in ONLINE:
+        items.append(("train reward (first 5 -> last 5 steps)", fmt_change(summary["train_reward_start"],
+                                                                           summary["train_reward_end"])))
+    else:
+        items.append(("train loss (first 5 -> last 5 steps)", fmt_change(summary["train_loss_start"],
+                                                                         summary["train_loss_end"])))
     if before and after:
         items += [(f"held-out {key} (greedy, {len(eval_ds)} rows)", fmt_change(before[key], after[key])),
                   ("held-out total reward (greedy)", fmt_change(before["reward"], after["reward"]))]

@@ -68,3 +68,37 @@ def format_reward(completions: list, **kwargs: Any) -> list[float]:
         else:
             out.append(0.0)
     return out
+
+
+def make_preference_dataset(n: int, kind: str = "paired", seed: int = 3407, max_operand: int = 20) -> Any:
+    """Offline training data from the same problems: the right answer (tagged) vs a wrong one.
+
+    ``kind``: ``"paired"`` (DPO/ORPO/CPO: ``prompt``, ``chosen``, ``rejected``), ``"unpaired"`` (KTO: ``prompt``,
+    ``completion``, ``label``; alternating desirable/undesirable), ``"sft"`` (``prompt``, ``completion``: the right
+    answer only). Completions are assistant messages ``"a + b = s. <answer>s</answer>"``; the wrong sum is off
+    by 1..5 (a near miss the model must learn to avoid), or is the right sum without the tag.
+    """
+    from datasets import Dataset
+
+    if kind not in ("paired", "unpaired", "sft"):
+        raise ValueError(f"kind must be 'paired', 'unpaired' or 'sft', got {kind!r}")
+    problems = make_arithmetic_dataset(n, seed=seed, max_operand=max_operand)
+    rng = random.Random(seed + 17)
+    rows = []
+    for i, row in enumerate(problems):
+        question = row["prompt"][-1]["content"]
+        a, b = (int(x) for x in _NUMBER.findall(question)[:2])
+        right = f"{a} + {b} = {a + b}. <{ANSWER_TAG}>{a + b}</{ANSWER_TAG}>"
+        wrong_sum = a + b + rng.choice([-5, -4, -3, -2, -1, 1, 2, 3, 4, 5])
+        wrong = (f"{a} + {b} = {wrong_sum}. <{ANSWER_TAG}>{wrong_sum}</{ANSWER_TAG}>" if rng.random() < 0.75
+                 else f"{a} + {b} = {a + b}.")
+        chosen = [{"role": "assistant", "content": right}]
+        rejected = [{"role": "assistant", "content": wrong}]
+        if kind == "paired":
+            rows.append({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected})
+        elif kind == "unpaired":
+            good = i % 2 == 0
+            rows.append({"prompt": row["prompt"], "completion": chosen if good else rejected, "label": good})
+        else:
+            rows.append({"prompt": row["prompt"], "completion": chosen})
+    return Dataset.from_list(rows)

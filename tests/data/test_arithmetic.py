@@ -1,5 +1,9 @@
 """Built-in task: seeded, disjoint splits, rewards that parse the final number and the tag."""
 
+import re
+
+import pytest
+
 from slimrl.data import correctness_reward, format_reward, make_arithmetic_dataset
 from slimrl.data.arithmetic import extract_answer
 
@@ -28,3 +32,27 @@ def test_format_reward():
     completions = [_c("<answer>27</answer>"), _c("<answer>27</answer><answer>3</answer>"), _c("<answer>x"),
                    _c("27")]
     assert format_reward(completions) == [0.5, 0.25, 0.25, 0.0]
+
+
+@pytest.mark.parametrize("kind", ["paired", "unpaired", "sft"])
+def test_preference_data_right_vs_wrong(kind):
+    """Chosen/desirable completions are right and tagged; rejected/undesirable ones are not both."""
+    from slimrl.data import correctness_reward, format_reward, make_preference_dataset
+
+    ds = make_preference_dataset(40, kind=kind, seed=1)
+    assert len(ds) == 40
+    answers = [str(sum(int(x) for x in re.findall(r"\d+", r["prompt"][-1]["content"])[:2])) for r in ds]
+    if kind == "paired":
+        assert correctness_reward(ds["chosen"], answers) == [1.0] * 40
+        assert format_reward(ds["chosen"]) == [0.5] * 40
+        wrong = [c + f for c, f in zip(correctness_reward(ds["rejected"], answers), format_reward(ds["rejected"]))]
+        assert all(w < 1.5 for w in wrong) and 0 < sum(correctness_reward(ds["rejected"], answers)) < 40
+    elif kind == "unpaired":
+        scores = correctness_reward(ds["completion"], answers)
+        fmt = format_reward(ds["completion"])
+        for s, f, good in zip(scores, fmt, ds["label"]):
+            assert (s + f == 1.5) == good
+        assert 0 < sum(ds["label"]) < 40
+    else:
+        assert correctness_reward(ds["completion"], answers) == [1.0] * 40
+    assert make_preference_dataset(40, kind=kind, seed=1)[:] == ds[:]  # seeded
