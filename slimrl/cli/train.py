@@ -264,7 +264,8 @@ def load_dataset_arg(targs: TrainArguments, seed: int):
     if missing:
         need = ", ".join(repr(c) for c in REQUIRED_COLUMNS[algorithm])
         raise UsageError(f"--dataset {targs.dataset}: no {missing[0]!r} column (columns: "
-                         f"{', '.join(ds.column_names)}); --algorithm {algorithm} needs columns {need}")
+                         f"{', '.join(ds.column_names)}); --algorithm {algorithm} needs columns {need}: rename yours "
+                         f"to match")
     if len(ds) == 0:
         raise UsageError(f"--dataset {targs.dataset}: the dataset is empty")
     if algorithm not in ONLINE:

@@ -32,3 +32,20 @@ def config_choices(config: type, field: str = "loss_type") -> list[str]:
     help_text = meta.get("help", "")
     head = re.split(r"[Pp]ossible values are:?|Supported values are:?", help_text, maxsplit=1)[-1]
     return re.findall(r"'([a-z_0-9]+)'", head.split(". ", 1)[0])
+
+
+def check_trl_supported(installed: Version | None = None) -> bool:
+    """Warn (once, at ``import slimrl``) when the installed TRL is outside :data:`SUPPORTED_TRL`; returns whether
+    it is inside. slimrl's patches name TRL methods of the supported releases; outside the range they may be
+    missing (a patch then fails to install with TRL's own AttributeError) or mean something else."""
+    import warnings
+
+    from packaging.specifiers import SpecifierSet
+
+    installed = installed or trl_version()
+    if SpecifierSet(SUPPORTED_TRL).contains(installed, prereleases=True):
+        return True
+    warnings.warn(f"slimrl supports trl {SUPPORTED_TRL}; the installed trl {installed} is outside that range, so "
+                  f"its trainers may not match slimrl's patches: pip install 'trl{SUPPORTED_TRL}'",
+                  UserWarning, stacklevel=2)
+    return False

@@ -7,6 +7,7 @@ import warnings
 from dataclasses import dataclass
 
 from slimrl.compat.malloc import cpu_training, tune_malloc
+from slimrl.compat.trl_info import check_trl_supported
 from slimrl.patching import (  # noqa: F401  (each module declares its patches)
     bco,
     cpo,
@@ -24,6 +25,8 @@ from slimrl.patching import (  # noqa: F401  (each module declares its patches)
     xpo,
 )
 from slimrl.patching.registry import describe, install, patches, uninstall
+
+check_trl_supported()  # import-time message when the installed TRL is outside the supported range
 
 # Algorithms patched now: a patch several trainers share stays until the last of them is unpatched.
 _ACTIVE: set[str] = set()

@@ -25,10 +25,18 @@ from slimrl.compat.malloc import recycling_phase
 from slimrl.models.checkpointing import align_trainer_checkpointing
 from slimrl.models.modes import for_inference, for_training
 from slimrl.ops.chunked_logprob import masked_token_logprobs
+from slimrl.patching.guards import check_finite_step
 from slimrl.patching.legacy import translate_config_kwargs, translate_trainer_kwargs
 from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
 from slimrl.patching.registry import Patch, original, register
-from slimrl.patching.validation import check_batch_length, check_sequence_budget
+from slimrl.patching.rewards import guard_reward_funcs
+from slimrl.patching.validation import (
+    check_batch_length,
+    check_dataset,
+    check_grpo_config_kwargs,
+    check_precision,
+    check_sequence_budget,
+)
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 CONFIG = "trl.trainer.grpo_config:GRPOConfig"
@@ -46,18 +54,31 @@ def validate_num_chunks(value: object) -> int:
 
 
 def slimrl_config_init_factory(orig_init):
-    """``GRPOConfig.__init__`` that also accepts ``unsloth_num_chunks``, ``vllm_sampling_params`` and the legacy
-    ``max_new_tokens`` (:mod:`slimrl.patching.legacy`)."""
+    """``GRPOConfig.__init__`` that also accepts ``unsloth_num_chunks``, ``vllm_sampling_params``,
+    ``unsloth_grpo_mini_batch`` (rows per no-grad log-prob forward, <= the generation batch) and the legacy
+    ``max_new_tokens`` (:mod:`slimrl.patching.legacy`), and checks the keywords first
+    (:func:`slimrl.patching.validation.check_grpo_config_kwargs`)."""
 
     @functools.wraps(orig_init)
-    def slimrl_config_init(self, *args, unsloth_num_chunks: int = -1, vllm_sampling_params=None, **kwargs):
+    def slimrl_config_init(self, *args, unsloth_num_chunks: int = -1, vllm_sampling_params=None,
+                           unsloth_grpo_mini_batch: int | None = None, **kwargs):
         unsloth_num_chunks = validate_num_chunks(unsloth_num_chunks)  # before any other work
         kwargs = translate_config_kwargs(type(self), kwargs)  # max_new_tokens= -> max_completion_length=
+        kwargs = check_grpo_config_kwargs({**kwargs, "unsloth_grpo_mini_batch": unsloth_grpo_mini_batch},
+                                          _field_defaults(type(self)))
+        kwargs.pop("unsloth_grpo_mini_batch")
         orig_init(self, *args, **kwargs)
+        self.unsloth_grpo_mini_batch = unsloth_grpo_mini_batch
         self.unsloth_num_chunks = unsloth_num_chunks
         self.vllm_sampling_params = vllm_sampling_params
 
     return slimrl_config_init
+
+
+def _field_defaults(config_cls: type) -> dict:
+    import dataclasses
+
+    return {f.name: f.default for f in dataclasses.fields(config_cls) if f.default is not dataclasses.MISSING}
 
 
 def _has_extra_inputs(kwargs: dict) -> bool:
@@ -114,6 +135,9 @@ def _logps_through_ops(self, model, config, head, input_ids, attention_mask, log
     scale, softcap = logit_transform(config)
     num_chunks = getattr(self.args, "unsloth_num_chunks", -1)
     batch_size = batch_size or input_ids.size(0)
+    mini = getattr(self.args, "unsloth_grpo_mini_batch", None)
+    if mini and not torch.is_grad_enabled():  # no-grad passes: fewer rows per forward, lower activation peak
+        batch_size = min(batch_size, mini)
     all_logps, all_entropies = [], []
     for start in range(0, input_ids.size(0), batch_size):
         ids = input_ids[start:start + batch_size]  # [b, P + C]
@@ -145,7 +169,8 @@ def _logps_through_ops(self, model, config, head, input_ids, attention_mask, log
 
 
 def slimrl_training_step(self, model, inputs, num_items_in_batch=None):
-    """TRL's ``training_step`` plus two metrics: ``memory/peak_mb`` and ``tokens_per_s``.
+    """TRL's ``training_step`` plus two metrics: ``memory/peak_mb`` and ``tokens_per_s``, and a stop on a non-finite
+    loss or gradient (:func:`slimrl.patching.guards.check_finite_step`).
 
     ``memory/peak_mb``: peak device memory allocated during the step on CUDA; on CPU the process's peak RSS so
     far. ``tokens_per_s``: completion tokens trained in the step / step wall time (generation included).
@@ -154,6 +179,7 @@ def slimrl_training_step(self, model, inputs, num_items_in_batch=None):
     self._slimrl_trained_tokens = 0
     t0 = time.perf_counter()
     out = original(TRAINER, "training_step")(self, model, inputs, num_items_in_batch)
+    check_finite_step(self, model, out)  # before the optimizer can apply a NaN/inf update
     dt = time.perf_counter() - t0
     mode = "train" if self.model.training else "eval"
     self._metrics[mode]["memory/peak_mb"].append(peak_memory_mb())
@@ -172,6 +198,10 @@ def slimrl_grpo_init_factory(orig_init):
         model = kwargs.get("model", args[0] if args else None)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         check_sequence_budget(model, config)
+        check_precision(model, config)
+        check_dataset(kwargs.get("train_dataset", args[3] if len(args) > 3 else None), ("prompt",))
+        if "reward_funcs" in kwargs:
+            kwargs["reward_funcs"] = guard_reward_funcs(kwargs["reward_funcs"])
         align_trainer_checkpointing(model, config)  # keep get_peft_model's offload choice when TRL re-enables it
         orig_init(self, *args, **kwargs)
 

@@ -36,3 +36,100 @@ def check_batch_length(model: Any, n_tokens: int) -> None:
         raise ValueError(
             f"a prompt + completion of {n_tokens} tokens exceeds the model's max_seq_length={limit}: shorten the "
             f"prompts in the dataset, lower max_completion_length, or load the model with a larger max_seq_length")
+
+
+# ---------------------------------------------------------------- config checks (before TRL builds the config)
+
+
+def _world_size() -> int:
+    import os
+
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
+    """Checks on ``GRPOConfig(...)`` keywords that need no compute; returns the (possibly adjusted) keywords.
+
+    * ``temperature`` must be in (0, 10): ValueError.
+    * ``learning_rate`` below 1e-7 or above 1: a warning (almost surely a typo, but not impossible).
+    * ``per_device_train_batch_size x gradient_accumulation_steps x world size`` not a multiple of
+      ``num_generations`` (and no explicit ``generation_batch_size`` / ``steps_per_generation``): the batch size
+      is set to ``num_generations``, with a warning saying so (Unsloth's behaviour, so that
+      ``per_device_train_batch_size=1, num_generations=8`` runs).
+    * ``unsloth_grpo_mini_batch`` larger than the generation batch: ValueError.
+
+    ``defaults``: the config class's field defaults (for the values the user did not pass).
+    """
+    import warnings
+
+    def get(name):
+        return kwargs.get(name, defaults.get(name))
+
+    temperature = get("temperature")
+    if temperature is not None and not 0 < float(temperature) < 10:
+        raise ValueError(f"temperature={temperature} is invalid: it must be > 0 and < 10 (1.0 samples from the "
+                         f"model as it is; 0.6-1.0 is usual for GRPO)")
+    lr = get("learning_rate")
+    if lr is not None and not 1e-7 <= float(lr) <= 1:
+        warnings.warn(f"learning_rate={lr} is outside [1e-7, 1]: check it (LoRA GRPO usually runs at 5e-6 to 5e-4)",
+                      UserWarning, stacklevel=4)
+    n_gen = get("num_generations")
+    explicit_generation = kwargs.get("generation_batch_size") is not None or \
+        kwargs.get("steps_per_generation") is not None
+    batch, accum = get("per_device_train_batch_size") or 1, get("gradient_accumulation_steps") or 1
+    if n_gen and not explicit_generation and (batch * accum * _world_size()) % n_gen != 0:
+        warnings.warn(f"per_device_train_batch_size={batch} x gradient_accumulation_steps={accum} x "
+                      f"{_world_size()} process(es) is not a multiple of num_generations={n_gen}: slimrl set "
+                      f"per_device_train_batch_size={n_gen} (one prompt's {n_gen} completions per device step)",
+                      UserWarning, stacklevel=4)
+        kwargs = {**kwargs, "per_device_train_batch_size": n_gen}
+        batch = n_gen
+    mini = kwargs.get("unsloth_grpo_mini_batch")
+    generation_batch = kwargs.get("generation_batch_size") or batch * (kwargs.get("steps_per_generation") or accum)
+    if mini is not None and (not isinstance(mini, int) or isinstance(mini, bool) or not 1 <= mini
+                             <= generation_batch):
+        raise ValueError(f"unsloth_grpo_mini_batch={mini} is invalid: use an int from 1 to the generation batch "
+                         f"({generation_batch} = per_device_train_batch_size x steps_per_generation) or None")
+    return kwargs
+
+
+# ---------------------------------------------------------------- trainer checks (before TRL builds the trainer)
+
+
+def check_precision(model: Any, args: Any) -> None:
+    """A float16 model trained with ``bf16=True`` (or a bfloat16 model with ``fp16=True``) is a TypeError."""
+    import torch
+
+    if model is None or args is None or isinstance(model, str):
+        return
+    dtype = getattr(model, "dtype", None)
+    if dtype == torch.float16 and getattr(args, "bf16", False):
+        raise TypeError("the model is float16 but the config has bf16=True: set bf16=False, fp16=True, or load the "
+                        "model with dtype=torch.bfloat16")
+    if dtype == torch.bfloat16 and getattr(args, "fp16", False):
+        raise TypeError("the model is bfloat16 but the config has fp16=True: set fp16=False, bf16=True, or load the "
+                        "model with dtype=torch.float16")
+
+
+def check_dataset(dataset: Any, required: tuple[str, ...], argument: str = "train_dataset") -> None:
+    """The dataset must have rows and the columns the trainer reads."""
+    if dataset is None:
+        return
+    columns = getattr(dataset, "column_names", None)
+    if isinstance(columns, dict):  # DatasetDict
+        raise ValueError(f"{argument} is a DatasetDict with splits {', '.join(columns)}: pass one split, e.g. "
+                         f"dataset['train']")
+    try:
+        empty = len(dataset) == 0
+    except TypeError:  # IterableDataset: no length to check
+        empty = False
+    if empty:
+        raise ValueError(f"{argument} is empty: pass a dataset with at least one row")
+    if columns is not None:
+        missing = [c for c in required if c not in columns]
+        if missing:
+            raise ValueError(f"{argument} has no {missing[0]!r} column (columns: {', '.join(columns) or 'none'}): "
+                             f"rename the column holding the {missing[0]}s to {missing[0]!r}")
