@@ -1,0 +1,56 @@
+"""One patched GRPO step on a tiny model, run by `accelerate launch --num_processes 2` from the test.
+
+Writes, per rank, the trainable weights after the step and the prompts the rank's reward function saw.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def main(out: str) -> None:
+    import torch
+    from accelerate import PartialState
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import save_file
+
+    from slimrl import PatchFastRL
+
+    PatchFastRL("grpo")
+    from trl import GRPOConfig, GRPOTrainer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.tiny import tiny_llama, tiny_tokenizer
+
+    state = PartialState()
+    model = tiny_llama(seed=0)
+    torch.manual_seed(1)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                             init_lora_weights=False, task_type="CAUSAL_LM"))
+    seen: list[str] = []
+
+    def reward_digits(prompts, completions, **kwargs):
+        seen.extend(prompts)
+        return [float(sum(ch.isdigit() for ch in c)) for c in completions]
+
+    args = GRPOConfig(output_dir=str(Path(out) / "run"), per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=8, max_steps=1, learning_rate=0.5, optim="sgd",
+                      lr_scheduler_type="constant", report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+                      gradient_checkpointing=False, seed=7, temperature=1.2)
+    ds = Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5+6=", "7+8="] * 2])
+    trainer = GRPOTrainer(model=model, args=args, reward_funcs=[reward_digits], train_dataset=ds,
+                          processing_class=tiny_tokenizer())
+    trainer.train()
+    weights = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    rank = state.process_index
+    save_file(weights, str(Path(out) / f"rank{rank}.safetensors"))
+    Path(out, f"rank{rank}.json").write_text(json.dumps({
+        "world_size": state.num_processes, "prompts": seen,
+        "slimrl_tokens": getattr(trainer, "_slimrl_trained_tokens", 0)}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
