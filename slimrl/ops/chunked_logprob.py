@@ -62,10 +62,15 @@ def _free_bytes(device: torch.device) -> int:
     return 0
 
 
-def rows_per_chunk(n_rows: int, vocab_size: int, device: torch.device, num_chunks: int = -1) -> int:
-    """Translate ``unsloth_num_chunks`` (N >= 1: split the rows in N chunks; -1: automatic) to rows per chunk."""
+def rows_per_chunk(n_rows: int, vocab_size: int, device: torch.device, num_chunks: int = -1,
+                   multiplier: int | None = None) -> int:
+    """Translate ``unsloth_num_chunks`` (N >= 1: split the rows in N chunks; -1: automatic) to rows per chunk.
+
+    ``multiplier`` (``unsloth_logit_chunk_multiplier``) divides the automatic chunk size: more, smaller blocks.
+    """
     if num_chunks == -1 or num_chunks is None:
-        return auto_chunk_rows(n_rows, vocab_size, device)
+        rows = auto_chunk_rows(n_rows, vocab_size, device)
+        return max(1, rows // multiplier) if multiplier else rows
     if not isinstance(num_chunks, int) or num_chunks < 1:
         raise ValueError(f"unsloth_num_chunks must be -1 (automatic) or an int >= 1, got {num_chunks!r}")
     return max(1, math.ceil(n_rows / num_chunks))
@@ -176,6 +181,7 @@ def chunked_logprobs(
     *,
     chunk_rows: int | None = None,
     num_chunks: int = -1,
+    chunk_multiplier: int | None = None,
     logit_scale: float = 1.0,
     softcap: float | None = None,
     with_entropy: bool = False,
@@ -183,7 +189,8 @@ def chunked_logprobs(
     """Per-row log-prob of ``targets`` (and entropy) under ``softmax(g(hidden @ weight.T + bias) / temperature)``.
 
     Shapes: ``hidden [N, H]``, ``weight [V, H]``, ``bias [V]``, ``targets [N]`` (long) -> ``logps [N]`` fp32 and
-    ``entropy [N]`` fp32 or None. ``chunk_rows`` wins over ``num_chunks``; both unset -> automatic.
+    ``entropy [N]`` fp32 or None. ``chunk_rows`` wins over ``num_chunks``; both unset -> automatic
+    (``chunk_multiplier`` divides the automatic size).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.size(1) != weight.size(1):
         raise ValueError(
@@ -197,7 +204,7 @@ def chunked_logprobs(
         zero = hidden.sum() * 0.0  # keep the graph connected for an all-masked batch
         empty = zero.float().expand(0)
         return empty, (empty if with_entropy else None)
-    rows = chunk_rows or rows_per_chunk(n, weight.size(0), hidden.device, num_chunks)
+    rows = chunk_rows or rows_per_chunk(n, weight.size(0), hidden.device, num_chunks, chunk_multiplier)
     logps, ent, *_ = ChunkedLogProb.apply(hidden, weight, bias, targets.long(), float(temperature), int(rows),
                                           float(logit_scale), softcap, with_entropy, ())
     return logps, ent
@@ -213,6 +220,7 @@ def chunked_logprob_outputs(
     outputs: tuple[str, ...] = ("log_probs",),
     chunk_rows: int | None = None,
     num_chunks: int = -1,
+    chunk_multiplier: int | None = None,
     logit_scale: float = 1.0,
     softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
@@ -232,7 +240,7 @@ def chunked_logprob_outputs(
         return (zero, zero if "entropy" in outputs else None,
                 *(hidden.new_empty(0, dtype=torch.bool if s == "is_top1" else torch.float32) if s in stats else None
                   for s in STATS))
-    rows = chunk_rows or rows_per_chunk(n, weight.size(0), hidden.device, num_chunks)
+    rows = chunk_rows or rows_per_chunk(n, weight.size(0), hidden.device, num_chunks, chunk_multiplier)
     return ChunkedLogProb.apply(hidden, weight, bias, targets.long(), float(temperature), int(rows),
                                 float(logit_scale), softcap, "entropy" in outputs, stats)
 

@@ -36,13 +36,14 @@ def score_positions(trainer, model, head, input_ids: torch.Tensor, attention_mas
     hidden = captured[-1]  # [B, T, H]
     scale, softcap = logit_transform(config)
     weight, bias = head.weight, head.bias
-    num_chunks = getattr(trainer.args, "unsloth_num_chunks", -1)
+    chunking = {"num_chunks": getattr(trainer.args, "unsloth_num_chunks", -1),
+                "chunk_multiplier": getattr(trainer.args, "unsloth_logit_chunk_multiplier", None)}
     want_mean = stat_pos is not None
     outs = ("log_probs", "mean_logits") if want_mean else ("log_probs",)
     with torch.autocast(hidden.device.type, enabled=False):
         logps, _, _, mean_grad, _ = chunked_logprob_outputs(
             hidden[grad_pos].to(weight.dtype), weight, targets[grad_pos], bias, temperature, outputs=outs,
-            num_chunks=num_chunks, logit_scale=scale, softcap=softcap)  # [N_grad]
+            logit_scale=scale, softcap=softcap, **chunking)  # [N_grad]
         per_token = logps.new_zeros(grad_pos.shape).masked_scatter(grad_pos, logps)  # [B, T]
         if not want_mean:
             return per_token, None, outputs
@@ -50,8 +51,8 @@ def score_positions(trainer, model, head, input_ids: torch.Tensor, attention_mas
         with torch.no_grad():
             mean_rest = chunked_logprob_outputs(
                 hidden.detach()[rest].to(weight.dtype), weight.detach(), targets[rest],
-                None if bias is None else bias.detach(), temperature, outputs=("mean_logits",), num_chunks=num_chunks,
-                logit_scale=scale, softcap=softcap)[3]  # [N_rest]
+                None if bias is None else bias.detach(), temperature, outputs=("mean_logits",), logit_scale=scale,
+                softcap=softcap, **chunking)[3]  # [N_rest]
     mean_logits = logps.new_zeros(grad_pos.shape).masked_scatter(grad_pos, mean_grad).masked_scatter(rest, mean_rest)
     return per_token, mean_logits, outputs
 

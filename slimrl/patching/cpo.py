@@ -14,11 +14,13 @@ changes (:mod:`slimrl.patching.preference`).
 
 from __future__ import annotations
 
+from slimrl.patching.config_fields import config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.preference import ConcatenatedSpec, concatenated_forward_through_ops
 from slimrl.patching.registry import Patch, original, register
 
 TRAINER = "trl.experimental.cpo.cpo_trainer:CPOTrainer"
+CONFIG = "trl.experimental.cpo.cpo_config:CPOConfig"
 
 CPO_SPEC = ConcatenatedSpec(
     padding_value=lambda trainer: trainer.pad_token_id,
@@ -37,4 +39,5 @@ def slimrl_cpo_concatenated_forward(self, model, batch):
 PATCHES = [
     register(Patch("cpo", TRAINER, "concatenated_forward", slimrl_cpo_concatenated_forward)),
     register(Patch("cpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    *(register(p) for p in config_patches("cpo", CONFIG)),
 ]

@@ -18,9 +18,14 @@ legacy keywords added. Use TRL >= 1.15 for the memory savings.
 
 from __future__ import annotations
 
+from slimrl.patching.config_fields import config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
 
 TRAINER = "trl.trainer.dpo_trainer:DPOTrainer"
+CONFIG = "trl.trainer.dpo_config:DPOConfig"
 
-PATCHES = [register(Patch("dpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True))]
+PATCHES = [
+    register(Patch("dpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    *(register(p) for p in config_patches("dpo", CONFIG)),
+]

@@ -25,6 +25,7 @@ from slimrl.compat.malloc import recycling_phase
 from slimrl.models.checkpointing import align_trainer_checkpointing
 from slimrl.models.modes import for_inference, for_training
 from slimrl.ops.chunked_logprob import masked_token_logprobs
+from slimrl.patching.config_fields import config_patches, pop_extra_fields
 from slimrl.patching.guards import check_finite_step
 from slimrl.patching.legacy import translate_config_kwargs, translate_trainer_kwargs
 from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
@@ -42,34 +43,21 @@ TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 CONFIG = "trl.trainer.grpo_config:GRPOConfig"
 MODULE = "trl.trainer.grpo_trainer"
 
-def validate_num_chunks(value: object) -> int:
-    if value is None:
-        return -1
-    if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
-        raise ValueError(
-            f"unsloth_num_chunks={value!r} is invalid: use -1 (chosen from free memory) or an int >= 1 "
-            "(number of row chunks for the log-prob pass)"
-        )
-    return value
-
-
 def slimrl_config_init_factory(orig_init):
-    """``GRPOConfig.__init__`` that also accepts ``unsloth_num_chunks``, ``vllm_sampling_params``,
-    ``unsloth_grpo_mini_batch`` (rows per no-grad log-prob forward, <= the generation batch) and the legacy
-    ``max_new_tokens`` (:mod:`slimrl.patching.legacy`), and checks the keywords first
-    (:func:`slimrl.patching.validation.check_grpo_config_kwargs`)."""
+    """``GRPOConfig.__init__`` that also accepts slimrl's fields (:mod:`slimrl.patching.config_fields`:
+    ``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``, ``unsloth_grpo_mini_batch``, ``max_seq_length``),
+    ``vllm_sampling_params`` and the legacy ``max_new_tokens`` (:mod:`slimrl.patching.legacy`), and checks the
+    keywords first (:func:`slimrl.patching.validation.check_grpo_config_kwargs`)."""
 
     @functools.wraps(orig_init)
-    def slimrl_config_init(self, *args, unsloth_num_chunks: int = -1, vllm_sampling_params=None,
-                           unsloth_grpo_mini_batch: int | None = None, **kwargs):
-        unsloth_num_chunks = validate_num_chunks(unsloth_num_chunks)  # before any other work
-        kwargs = translate_config_kwargs(type(self), kwargs)  # max_new_tokens= -> max_completion_length=
-        kwargs = check_grpo_config_kwargs({**kwargs, "unsloth_grpo_mini_batch": unsloth_grpo_mini_batch},
+    def slimrl_config_init(self, *args, vllm_sampling_params=None, **kwargs):
+        kwargs, mine = pop_extra_fields(type(self), translate_config_kwargs(type(self), kwargs))  # validated
+        kwargs = check_grpo_config_kwargs({**kwargs, "unsloth_grpo_mini_batch": mine["unsloth_grpo_mini_batch"]},
                                           _field_defaults(type(self)))
         kwargs.pop("unsloth_grpo_mini_batch")
         orig_init(self, *args, **kwargs)
-        self.unsloth_grpo_mini_batch = unsloth_grpo_mini_batch
-        self.unsloth_num_chunks = unsloth_num_chunks
+        for name, value in mine.items():
+            setattr(self, name, value)
         self.vllm_sampling_params = vllm_sampling_params
 
     return slimrl_config_init
@@ -157,7 +145,8 @@ def _logps_through_ops(self, model, config, head, input_ids, attention_mask, log
         with autocast_off:
             logps, entropy = masked_token_logprobs(
                 hidden.to(weight.dtype), weight, targets, valid, bias, self.temperature,
-                num_chunks=num_chunks, logit_scale=scale, softcap=softcap, with_entropy=compute_entropy,
+                num_chunks=num_chunks, chunk_multiplier=getattr(self.args, "unsloth_logit_chunk_multiplier", None),
+                logit_scale=scale, softcap=softcap, with_entropy=compute_entropy,
             )
         all_logps.append(logps)
         if compute_entropy:
@@ -231,5 +220,6 @@ PATCHES = [
     register(Patch("grpo", TRAINER, "_get_per_token_logps_and_entropies", slimrl_get_per_token_logps_and_entropies)),
     register(Patch("grpo", TRAINER, "training_step", slimrl_training_step)),
     register(Patch("grpo", CONFIG, "__init__", slimrl_config_init_factory, wrap=True)),
+    *(register(p) for p in config_patches("grpo", CONFIG, init=False)),
     register(Patch("grpo", MODULE, "unwrap_model_for_generation", slimrl_unwrap_for_generation_factory, wrap=True)),
 ]

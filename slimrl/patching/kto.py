@@ -15,9 +15,14 @@ metrics in one method), which slimrl leaves as TRL's.
 
 from __future__ import annotations
 
+from slimrl.patching.config_fields import config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
 
 TRAINER = "trl.trainer.kto_trainer:KTOTrainer"
+CONFIG = "trl.trainer.kto_config:KTOConfig"
 
-PATCHES = [register(Patch("kto", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True))]
+PATCHES = [
+    register(Patch("kto", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    *(register(p) for p in config_patches("kto", CONFIG)),
+]

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from slimrl.patching.config_fields import config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.preference import ConcatenatedSpec, concatenated_forward_through_ops
 from slimrl.patching.registry import Patch, original, register
 
 TRAINER = "trl.experimental.orpo.orpo_trainer:ORPOTrainer"
+CONFIG = "trl.experimental.orpo.orpo_config:ORPOConfig"
 
 
 def _orpo_nll_labels(trainer, cat: dict) -> torch.Tensor:
@@ -44,4 +46,5 @@ def slimrl_orpo_concatenated_forward(self, model, batch):
 PATCHES = [
     register(Patch("orpo", TRAINER, "concatenated_forward", slimrl_orpo_concatenated_forward)),
     register(Patch("orpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    *(register(p) for p in config_patches("orpo", CONFIG)),
 ]

@@ -4,6 +4,7 @@
 |------------------------------------------------------|-----------------------------------------------------|
 | ``RLOOTrainer._get_per_token_logps_and_entropies``   | :func:`slimrl_rloo_get_per_token_logps_and_entropies` |
 | ``RLOOTrainer.__init__``, ``RLOOConfig.__init__``    | legacy keywords (:mod:`slimrl.patching.legacy`)      |
+| ``RLOOConfig`` fields                                | slimrl's fields (:mod:`slimrl.patching.config_fields`) |
 
 RLOO (Ahmadian et al. 2024, https://huggingface.co/papers/2402.14740): REINFORCE with the leave-one-out mean of
 the other ``k - 1`` samples' rewards as baseline, PPO-clipped sequence-level ratio. TRL < 1.15 computes the
@@ -14,8 +15,9 @@ it. From TRL 1.15 on, RLOO runs through TRL's fused head and is covered by :mod:
 
 from __future__ import annotations
 
+from slimrl.patching.config_fields import config_patches
 from slimrl.patching.grpo import logps_and_entropies_through_ops
-from slimrl.patching.legacy import legacy_config_init_factory, legacy_trainer_init_factory
+from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
 
 TRAINER = "trl.trainer.rloo_trainer:RLOOTrainer"
@@ -34,5 +36,5 @@ PATCHES = [
     register(Patch("rloo", TRAINER, "_get_per_token_logps_and_entropies",
                    slimrl_rloo_get_per_token_logps_and_entropies, versions="<1.15")),
     register(Patch("rloo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
-    register(Patch("rloo", CONFIG, "__init__", legacy_config_init_factory, wrap=True)),
+    *(register(p) for p in config_patches("rloo", CONFIG)),
 ]

@@ -14,9 +14,14 @@ TRL 1.16's ``chunked_nll`` is TRL's own chunked path and is left alone; on TRL 1
 
 from __future__ import annotations
 
+from slimrl.patching.config_fields import config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
 
 TRAINER = "trl.trainer.sft_trainer:SFTTrainer"
+CONFIG = "trl.trainer.sft_config:SFTConfig"
 
-PATCHES = [register(Patch("sft", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True))]
+PATCHES = [
+    register(Patch("sft", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    *(register(p) for p in config_patches("sft", CONFIG)),
+]

@@ -12,11 +12,21 @@ def model_max_seq_length(model: Any) -> int | None:
 
 
 def check_sequence_budget(model: Any, args: Any) -> None:
-    """Prompt + completion lengths the config allows must fit the model's ``max_seq_length``.
+    """Prompt + completion lengths the config allows must fit ``max_seq_length``.
 
-    Uses ``max_completion_length`` and, where the TRL release has it, ``max_prompt_length``.
+    The limit is the config's ``max_seq_length`` (slimrl's field) when set, which may not exceed the model's
+    (``FastLanguageModel.from_pretrained(max_seq_length=...)``); unset, it becomes the model's. Uses
+    ``max_completion_length`` and, where the TRL release has it, ``max_prompt_length``.
     """
-    limit = model_max_seq_length(model)
+    model_limit = model_max_seq_length(model)
+    config_limit = getattr(args, "max_seq_length", None) if args is not None else None
+    if config_limit is not None and model_limit is not None and config_limit > model_limit:
+        raise ValueError(f"max_seq_length={config_limit} in the config is above the model's max_seq_length="
+                         f"{model_limit} (FastLanguageModel.from_pretrained): lower it, or load the model with a "
+                         f"larger max_seq_length")
+    if args is not None and config_limit is None and model_limit is not None and hasattr(args, "max_seq_length"):
+        args.max_seq_length = model_limit  # unset: the model's
+    limit = config_limit or model_limit
     if limit is None or args is None:
         return
     completion = getattr(args, "max_completion_length", None) or 0
@@ -24,7 +34,8 @@ def check_sequence_budget(model: Any, args: Any) -> None:
     if completion + prompt >= limit:
         parts = f"max_completion_length={completion}" + (f" + max_prompt_length={prompt}" if prompt else "")
         raise ValueError(
-            f"{parts} leaves no room for the prompt within the model's max_seq_length={limit} "
+            f"{parts} leaves no room for the prompt within the {'config' if config_limit else 'model'}'s "
+            f"max_seq_length={limit} "
             f"(FastLanguageModel.from_pretrained): lower max_completion_length or load the model with a larger "
             f"max_seq_length")
 

@@ -183,3 +183,10 @@ def test_stats_outputs_match_fp64(chunk_rows, temperature, use_bias, scale, soft
                                  logit_scale=scale, softcap=softcap, with_entropy=True)
     (lp2.sum() + ent2.sum()).backward()
     torch.testing.assert_close(hidden.grad, g, rtol=0, atol=0)
+
+
+def test_chunk_multiplier_divides_the_automatic_size():
+    dev = torch.device("cpu")
+    auto = rows_per_chunk(10_000, 49_152, dev)
+    assert rows_per_chunk(10_000, 49_152, dev, multiplier=4) == max(1, auto // 4)
+    assert rows_per_chunk(100, 49_152, dev, num_chunks=4, multiplier=4) == 25  # explicit N ignores it

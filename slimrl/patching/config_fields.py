@@ -1,0 +1,116 @@
+"""slimrl's extra config fields, added to TRL's config dataclasses as real dataclass fields while patched.
+
+Unsloth users pass these to any TRL config; TRL's dataclasses do not know them. Adding them as *fields* (not
+just attributes) makes them behave like TRL's own: ``config.to_dict()`` / ``to_json_string()`` (what the Trainer
+logs and saves with checkpoints) include them, ``TrlParser`` / ``HfArgumentParser`` turn them into flags and YAML
+keys with help text, and ``dataclasses.replace`` keeps them. Three reversible patches per config class do it:
+``__dataclass_fields__`` and ``__annotations__`` (new dicts: TRL's entries plus ours) and ``__init__`` (takes our
+keywords, validates them before TRL's ``__post_init__`` runs, then sets them). ``unpatch`` puts back TRL's own
+dict objects and ``__init__``.
+
+| field                            | default | meaning in slimrl                                                  |
+|----------------------------------|---------|--------------------------------------------------------------------|
+| ``unsloth_num_chunks``           | -1      | row chunks of the log-prob pass; -1 = from free memory             |
+| ``unsloth_logit_chunk_multiplier`` | None  | divide the automatic chunk size by this (smaller logits blocks)    |
+| ``unsloth_grpo_mini_batch``      | None    | rows per no-grad log-prob forward (GRPO/RLOO), <= generation batch |
+| ``max_seq_length``               | None    | longest prompt + completion; None = the model's, never above it   |
+
+``vllm_sampling_params`` (an object, not a flag) is accepted by the GRPO config's ``__init__`` as a plain attribute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from slimrl.patching.legacy import translate_config_kwargs
+from slimrl.patching.registry import Patch
+
+EXTRA_FIELDS: dict[str, tuple[Any, Any, str]] = {
+    "unsloth_num_chunks": (int, -1, "slimrl: row chunks of the log-prob pass (-1: chosen from free memory)."),
+    "unsloth_logit_chunk_multiplier": (int | None, None, "slimrl: divide the automatic log-prob chunk size by this "
+                                                         "(more, smaller logits blocks)."),
+    "unsloth_grpo_mini_batch": (int | None, None, "slimrl: rows per no-grad log-prob forward (GRPO/RLOO); at most "
+                                                  "the generation batch."),
+    "max_seq_length": (int | None, None, "slimrl: longest prompt + completion; unset = the model's max_seq_length "
+                                         "(FastLanguageModel), never above it."),
+}
+
+
+def validate_extra(name: str, value: Any) -> Any:
+    """Check one extra field's value (before any other work); returns it, normalised."""
+    def positive_int(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    if name == "unsloth_num_chunks":
+        if value is None:
+            return -1
+        if not (positive_int(value) or value == -1) or isinstance(value, bool):
+            raise ValueError(f"unsloth_num_chunks={value!r} is invalid: use -1 (chosen from free memory) or an int "
+                             f">= 1 (number of row chunks for the log-prob pass)")
+    elif name in ("unsloth_logit_chunk_multiplier", "max_seq_length", "unsloth_grpo_mini_batch"):
+        if value is not None and not positive_int(value):
+            raise ValueError(f"{name}={value!r} is invalid: use an int >= 1 or None")
+    return value
+
+
+def _new_fields(own: dict) -> dict[str, dataclasses.Field]:
+    fields = {}
+    for name, (type_, default, help_text) in EXTRA_FIELDS.items():
+        if name in own:
+            continue  # the config already has it (then TRL's own meaning applies)
+        f = dataclasses.field(default=default, metadata={"help": help_text})
+        f.name, f.type = name, type_
+        f._field_type = dataclasses._FIELD  # what dataclasses.fields() lists
+        fields[name] = f
+    return fields
+
+
+def extended_fields_factory(orig: dict) -> dict:
+    """``__dataclass_fields__``: TRL's fields, then slimrl's (a new dict; TRL's is kept for ``unpatch``)."""
+    return {**orig, **_new_fields(orig)}
+
+
+def extended_annotations_factory(orig: dict) -> dict:
+    """``__annotations__`` with slimrl's field types (``get_type_hints`` reads them for the argument parser)."""
+    return {**orig, **{n: f.type for n, f in _new_fields(orig).items()}}
+
+
+def _trl_field_names(config_cls: type) -> set[str]:
+    """Names of the fields TRL itself declares on ``config_cls`` (also while slimrl's are added)."""
+    own = vars(config_cls).get("__dataclass_fields__", {})
+    return {n for n, f in own.items() if not f.metadata.get("help", "").startswith("slimrl:")}
+
+
+def pop_extra_fields(config_cls: type, kwargs: dict) -> tuple[dict, dict]:
+    """Split ``kwargs`` into (TRL's keywords, slimrl's validated extra fields with defaults filled in). A name TRL
+    already declares on ``config_cls`` stays TRL's."""
+    trl_names = _trl_field_names(config_cls)
+    mine = {name: validate_extra(name, kwargs.pop(name, default))
+            for name, (_, default, _) in EXTRA_FIELDS.items() if name not in trl_names}
+    return kwargs, mine
+
+
+def config_init_factory(orig_init):
+    """A TRL config's ``__init__`` that translates legacy keywords (:mod:`slimrl.patching.legacy`) and accepts and
+    validates slimrl's extra fields first."""
+
+    @functools.wraps(orig_init)
+    def slimrl_config_fields_init(self, *args, **kwargs):
+        kwargs, mine = pop_extra_fields(type(self), translate_config_kwargs(type(self), dict(kwargs)))
+        orig_init(self, *args, **kwargs)
+        for name, value in mine.items():
+            setattr(self, name, value)
+
+    return slimrl_config_fields_init
+
+
+def config_patches(algorithm: str, target: str, init: bool = True) -> list[Patch]:
+    """The patches that give ``target`` (a TRL config class) slimrl's fields; ``init=False`` when the trainer's
+    module patches ``__init__`` itself (GRPO) and calls :func:`pop_extra_fields` there."""
+    out = [Patch(algorithm, target, "__dataclass_fields__", extended_fields_factory, wrap=True),
+           Patch(algorithm, target, "__annotations__", extended_annotations_factory, wrap=True)]
+    if init:
+        out.append(Patch(algorithm, target, "__init__", config_init_factory, wrap=True))
+    return out
