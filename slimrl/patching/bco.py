@@ -4,6 +4,7 @@
 |-------------------------|-----------------------------|
 | ``BCOTrainer.forward``  | :func:`slimrl_bco_forward`  |
 | ``BCOTrainer.__init__`` | legacy keywords (:mod:`slimrl.patching.legacy`)|
+| ``BCOTrainer.training_step``| NaN/inf stop (:mod:`slimrl.patching.guards`)   |
 
 BCO (Jung et al. 2024, https://huggingface.co/papers/2404.04656): binary classifier optimisation on unpaired
 (prompt, completion, label) data, ``L = -log sigmoid(beta * r_chosen - delta) - log sigmoid(-(beta * r_rejected -
@@ -21,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from slimrl.patching.capture import score_positions, servable_head
+from slimrl.patching.guards import finite_step_factory
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, original, register
 
@@ -57,4 +59,5 @@ def slimrl_bco_forward(self, model, batch):
 PATCHES = [
     register(Patch("bco", TRAINER, "forward", slimrl_bco_forward)),
     register(Patch("bco", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    register(Patch("bco", TRAINER, "training_step", finite_step_factory, wrap=True)),
 ]

@@ -4,6 +4,7 @@
 |-------------------------------------|----------------------------------------------|
 | ``CPOTrainer.concatenated_forward`` | :func:`slimrl_cpo_concatenated_forward`      |
 | ``CPOTrainer.__init__``             | legacy keywords (:mod:`slimrl.patching.legacy`)|
+| ``CPOTrainer.training_step``        | NaN/inf stop (:mod:`slimrl.patching.guards`)   |
 
 CPO (Xu et al. 2024, https://huggingface.co/papers/2401.08417): ``L = L_pref + cpo_alpha * NLL(chosen)``, with
 ``L_pref`` one of TRL's ``sigmoid``, ``hinge``, ``ipo``, ``simpo`` (SimPO, Meng et al. 2024,
@@ -15,6 +16,7 @@ changes (:mod:`slimrl.patching.preference`).
 from __future__ import annotations
 
 from slimrl.patching.config_fields import config_patches
+from slimrl.patching.guards import finite_step_factory
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.preference import ConcatenatedSpec, concatenated_forward_through_ops
 from slimrl.patching.registry import Patch, original, register
@@ -39,5 +41,6 @@ def slimrl_cpo_concatenated_forward(self, model, batch):
 PATCHES = [
     register(Patch("cpo", TRAINER, "concatenated_forward", slimrl_cpo_concatenated_forward)),
     register(Patch("cpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    register(Patch("cpo", TRAINER, "training_step", finite_step_factory, wrap=True)),
     *(register(p) for p in config_patches("cpo", CONFIG)),
 ]

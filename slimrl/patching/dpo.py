@@ -3,6 +3,7 @@
 | TRL attribute                   | replaced by                                                      |
 |---------------------------------|------------------------------------------------------------------|
 | ``DPOTrainer.__init__``         | legacy keywords (:mod:`slimrl.patching.legacy`), e.g. ``beta=``  |
+| ``DPOTrainer.training_step``    | NaN/inf stop (:mod:`slimrl.patching.guards`)                     |
 | fused-head kernel (TRL >= 1.15) | :mod:`slimrl.patching.fused_head` (shared with KTO, SFT, RLOO)   |
 
 DPO (Rafailov et al. 2023, https://huggingface.co/papers/2305.18290): ``L = -log sigmoid(beta * ((lp_c - lp_ref_c)
@@ -19,6 +20,7 @@ legacy keywords added. Use TRL >= 1.15 for the memory savings.
 from __future__ import annotations
 
 from slimrl.patching.config_fields import config_patches
+from slimrl.patching.guards import finite_step_factory
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
 
@@ -27,5 +29,6 @@ CONFIG = "trl.trainer.dpo_config:DPOConfig"
 
 PATCHES = [
     register(Patch("dpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    register(Patch("dpo", TRAINER, "training_step", finite_step_factory, wrap=True)),
     *(register(p) for p in config_patches("dpo", CONFIG)),
 ]

@@ -48,3 +48,17 @@ def check_finite_step(trainer: Any, model: torch.nn.Module, loss: torch.Tensor) 
         f"step {step}: {what}; the update was not applied. Likely causes: learning_rate={args.learning_rate} too "
         f"high, fp16 overflow (fp16={getattr(args, 'fp16', False)}: use bf16 or fp32), a reward function "
         f"returning huge values, or a corrupt input row. Nothing was changed in the model; {kept}")
+
+
+def finite_step_factory(orig_training_step):
+    """A trainer's ``training_step`` followed by :func:`check_finite_step` (for trainers whose module has no
+    ``training_step`` replacement of its own; GRPO's calls the check itself)."""
+    import functools
+
+    @functools.wraps(orig_training_step)
+    def slimrl_finite_training_step(self, model, inputs, *args, **kwargs):
+        loss = orig_training_step(self, model, inputs, *args, **kwargs)
+        check_finite_step(self, model, loss)
+        return loss
+
+    return slimrl_finite_training_step

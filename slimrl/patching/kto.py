@@ -3,6 +3,7 @@
 | TRL attribute            | replaced by                                              |
 |--------------------------|----------------------------------------------------------|
 | ``KTOTrainer.__init__``  | legacy keywords (:mod:`slimrl.patching.legacy`)          |
+| ``KTOTrainer.training_step``| NaN/inf stop (:mod:`slimrl.patching.guards`)             |
 | fused-head kernel (TRL >= 1.15) | :mod:`slimrl.patching.fused_head` (shared with DPO, SFT, RLOO) |
 
 KTO (Ethayarajh et al. 2024, https://huggingface.co/papers/2402.01306): unpaired desirable/undesirable examples,
@@ -16,6 +17,7 @@ metrics in one method), which slimrl leaves as TRL's.
 from __future__ import annotations
 
 from slimrl.patching.config_fields import config_patches
+from slimrl.patching.guards import finite_step_factory
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
 
@@ -24,5 +26,6 @@ CONFIG = "trl.trainer.kto_config:KTOConfig"
 
 PATCHES = [
     register(Patch("kto", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    register(Patch("kto", TRAINER, "training_step", finite_step_factory, wrap=True)),
     *(register(p) for p in config_patches("kto", CONFIG)),
 ]

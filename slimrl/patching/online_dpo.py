@@ -4,6 +4,7 @@
 |---------------------------------|-----------------------------------|
 | ``OnlineDPOTrainer._forward``   | :func:`slimrl_online_dpo_forward` |
 | ``OnlineDPOTrainer.__init__``   | legacy keywords (:mod:`slimrl.patching.legacy`)|
+| ``OnlineDPOTrainer.training_step``| NaN/inf stop (:mod:`slimrl.patching.guards`)   |
 
 Online DPO (Guo et al. 2024, https://huggingface.co/papers/2402.04792) samples two completions per prompt, ranks
 them with a judge or reward model and applies the DPO loss to the pair. TRL's ``_forward`` computes the per-token
@@ -20,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from slimrl.patching.capture import score_positions, servable_head
+from slimrl.patching.guards import finite_step_factory
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, original, register
 
@@ -49,4 +51,5 @@ def slimrl_online_dpo_forward(self, model, prompt_ids, prompt_mask, completion_i
 PATCHES = [
     register(Patch("online_dpo", TRAINER, "_forward", slimrl_online_dpo_forward)),
     register(Patch("online_dpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    register(Patch("online_dpo", TRAINER, "training_step", finite_step_factory, wrap=True)),
 ]

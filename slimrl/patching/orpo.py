@@ -4,6 +4,7 @@
 |--------------------------------------|-----------------------------------------------|
 | ``ORPOTrainer.concatenated_forward`` | :func:`slimrl_orpo_concatenated_forward`      |
 | ``ORPOTrainer.__init__``             | legacy keywords (:mod:`slimrl.patching.legacy`)|
+| ``ORPOTrainer.training_step``        | NaN/inf stop (:mod:`slimrl.patching.guards`)   |
 
 ORPO (Hong et al. 2024, https://huggingface.co/papers/2403.07691):
 ``L = NLL(chosen) - mean(beta * log sigmoid(log_odds))``, ``log_odds = (lp_c - lp_r) - (log1p(-e^lp_c) -
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from slimrl.patching.config_fields import config_patches
+from slimrl.patching.guards import finite_step_factory
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.preference import ConcatenatedSpec, concatenated_forward_through_ops
 from slimrl.patching.registry import Patch, original, register
@@ -46,5 +48,6 @@ def slimrl_orpo_concatenated_forward(self, model, batch):
 PATCHES = [
     register(Patch("orpo", TRAINER, "concatenated_forward", slimrl_orpo_concatenated_forward)),
     register(Patch("orpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    register(Patch("orpo", TRAINER, "training_step", finite_step_factory, wrap=True)),
     *(register(p) for p in config_patches("orpo", CONFIG)),
 ]

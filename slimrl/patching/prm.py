@@ -3,6 +3,7 @@
 | TRL attribute            | replaced by                                      |
 |--------------------------|--------------------------------------------------|
 | ``PRMTrainer.__init__``  | legacy keywords (:mod:`slimrl.patching.legacy`)  |
+| ``PRMTrainer.training_step``| NaN/inf stop (:mod:`slimrl.patching.guards`)     |
 
 Process reward modelling (Uesato et al. 2022, https://huggingface.co/papers/2211.14275): a token-classification
 model labels each reasoning step correct/incorrect with cross-entropy over 2 classes at the step separators. The
@@ -12,9 +13,13 @@ legacy keywords are patched.
 
 from __future__ import annotations
 
+from slimrl.patching.guards import finite_step_factory
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
 
 TRAINER = "trl.experimental.prm.prm_trainer:PRMTrainer"
 
-PATCHES = [register(Patch("prm", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True))]
+PATCHES = [
+    register(Patch("prm", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    register(Patch("prm", TRAINER, "training_step", finite_step_factory, wrap=True)),
+]

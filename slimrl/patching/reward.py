@@ -3,6 +3,7 @@
 | TRL attribute               | replaced by                                      |
 |-----------------------------|--------------------------------------------------|
 | ``RewardTrainer.__init__``  | legacy keywords (:mod:`slimrl.patching.legacy`)  |
+| ``RewardTrainer.training_step``| NaN/inf stop (:mod:`slimrl.patching.guards`)     |
 
 Bradley-Terry reward modelling (``L = -log sigmoid(r_chosen - r_rejected [- margin])``, Ouyang et al. 2022,
 https://huggingface.co/papers/2203.02155) on a sequence-classification model: the head outputs one score per
@@ -12,9 +13,13 @@ patched; activation memory is handled by ``FastLanguageModel.get_peft_model``'s 
 
 from __future__ import annotations
 
+from slimrl.patching.guards import finite_step_factory
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
 
 TRAINER = "trl.trainer.reward_trainer:RewardTrainer"
 
-PATCHES = [register(Patch("reward", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True))]
+PATCHES = [
+    register(Patch("reward", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    register(Patch("reward", TRAINER, "training_step", finite_step_factory, wrap=True)),
+]

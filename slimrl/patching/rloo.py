@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from slimrl.patching.config_fields import config_patches
 from slimrl.patching.grpo import logps_and_entropies_through_ops
+from slimrl.patching.guards import finite_step_factory
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
 
@@ -36,5 +37,6 @@ PATCHES = [
     register(Patch("rloo", TRAINER, "_get_per_token_logps_and_entropies",
                    slimrl_rloo_get_per_token_logps_and_entropies, versions="<1.15")),
     register(Patch("rloo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    register(Patch("rloo", TRAINER, "training_step", finite_step_factory, wrap=True)),
     *(register(p) for p in config_patches("rloo", CONFIG)),
 ]

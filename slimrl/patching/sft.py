@@ -3,6 +3,7 @@
 | TRL attribute            | replaced by                                              |
 |--------------------------|----------------------------------------------------------|
 | ``SFTTrainer.__init__``  | legacy keywords (:mod:`slimrl.patching.legacy`)          |
+| ``SFTTrainer.training_step``| NaN/inf stop (:mod:`slimrl.patching.guards`)             |
 | fused-head kernel (TRL >= 1.15) | :mod:`slimrl.patching.fused_head` (shared with DPO, KTO, RLOO) |
 
 SFT: ``nll`` (mean token negative log-likelihood) or ``dft`` (Dynamic Fine-Tuning, Wu et al. 2025,
@@ -15,6 +16,7 @@ TRL 1.16's ``chunked_nll`` is TRL's own chunked path and is left alone; on TRL 1
 from __future__ import annotations
 
 from slimrl.patching.config_fields import config_patches
+from slimrl.patching.guards import finite_step_factory
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
 
@@ -23,5 +25,6 @@ CONFIG = "trl.trainer.sft_config:SFTConfig"
 
 PATCHES = [
     register(Patch("sft", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    register(Patch("sft", TRAINER, "training_step", finite_step_factory, wrap=True)),
     *(register(p) for p in config_patches("sft", CONFIG)),
 ]

@@ -4,6 +4,7 @@
 |---------------------------------|-------------------------------------|
 | ``XPOTrainer._compute_logprobs``| :func:`slimrl_xpo_compute_logprobs` |
 | ``XPOTrainer.__init__``         | legacy keywords (:mod:`slimrl.patching.legacy`)|
+| ``XPOTrainer.training_step``    | NaN/inf stop (:mod:`slimrl.patching.guards`)   |
 
 XPO (Xie et al. 2024, https://huggingface.co/papers/2405.21046): online DPO plus an exploration bonus
 ``alpha * log pi(y_ref | x)`` on the reference model's completions. Each step TRL's ``_compute_logprobs`` runs four
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from slimrl.patching.capture import score_positions, servable_head
+from slimrl.patching.guards import finite_step_factory
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, original, register
 
@@ -56,4 +58,5 @@ def slimrl_xpo_compute_logprobs(self, model, model_data, ref_data, context_lengt
 PATCHES = [
     register(Patch("xpo", TRAINER, "_compute_logprobs", slimrl_xpo_compute_logprobs)),
     register(Patch("xpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
+    register(Patch("xpo", TRAINER, "training_step", finite_step_factory, wrap=True)),
 ]

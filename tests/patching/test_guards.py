@@ -1,0 +1,36 @@
+"""The NaN/inf stop on the other trainers' training_step (GRPO's is in tests/test_bad_input.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from slimrl import PatchFastRL, unpatch
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+PAIRS = [{"prompt": f"{a}+1=", "chosen": str(a + 1), "rejected": str(a + 2)} for a in range(4)]
+
+
+def test_dpo_nan_step_is_stopped_before_the_update(tmp_path):
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    from slimrl.patching.guards import NonFiniteStepError
+
+    model = tiny_llama()
+    PatchFastRL("dpo")
+    try:
+        trainer = DPOTrainer(model=model, ref_model=tiny_llama(), train_dataset=Dataset.from_list(PAIRS),
+                             processing_class=tiny_tokenizer(),
+                             args=DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=2,
+                                            report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+                                            gradient_checkpointing=False))
+        model.model.norm.register_forward_hook(lambda m, a, out: out * float("nan") if torch.is_grad_enabled()
+                                               else out)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        with pytest.raises(NonFiniteStepError, match=r"step 1: the loss is nan; the update was not applied.*no "
+                                                     r"checkpoint was written yet"):
+            trainer.train()
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "weights changed"
+    finally:
+        unpatch()
