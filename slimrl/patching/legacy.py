@@ -96,12 +96,25 @@ def translate_config_kwargs(config_cls: type, kwargs: dict) -> dict:
     return kwargs
 
 
+def check_trainer_inputs(orig_init, args: tuple, kwargs: dict) -> None:
+    """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset`` and a model/config precision
+    mismatch are errors naming the fix (:mod:`slimrl.patching.validation`)."""
+    from slimrl.patching.validation import check_dataset, check_precision
+
+    names = [n for n in inspect.signature(orig_init).parameters if n != "self"]
+    bound = {**dict(zip(names, args)), **kwargs}
+    check_dataset(bound.get("train_dataset"), ())
+    check_precision(bound.get("model"), bound.get("args"))
+
+
 def legacy_trainer_init_factory(orig_init):
-    """A trainer's ``__init__`` that first translates legacy keywords (:func:`translate_trainer_kwargs`)."""
+    """A trainer's ``__init__`` that first translates legacy keywords (:func:`translate_trainer_kwargs`) and checks
+    what needs no compute (:func:`check_trainer_inputs`)."""
 
     @functools.wraps(orig_init)
     def slimrl_legacy_trainer_init(self, *args, **kwargs):
         kwargs = translate_trainer_kwargs(type(self), orig_init, args, kwargs)
+        check_trainer_inputs(orig_init, args, kwargs)
         orig_init(self, *args, **kwargs)
 
     return slimrl_legacy_trainer_init

@@ -34,3 +34,17 @@ def test_dpo_nan_step_is_stopped_before_the_update(tmp_path):
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "weights changed"
     finally:
         unpatch()
+
+
+def test_every_trainer_refuses_an_empty_dataset(tmp_path):
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
+
+    PatchFastRL()
+    try:
+        for trainer_cls, config_cls in ((DPOTrainer, DPOConfig), (KTOTrainer, KTOConfig)):
+            with pytest.raises(ValueError, match="train_dataset is empty: pass a dataset with at least one row"):
+                trainer_cls(model=tiny_llama(), args=config_cls(output_dir=str(tmp_path), use_cpu=True, bf16=False),
+                            train_dataset=Dataset.from_list([]), processing_class=tiny_tokenizer())
+    finally:
+        unpatch()
