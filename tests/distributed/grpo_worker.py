@@ -1,6 +1,9 @@
-"""One patched GRPO step on a tiny model, run by `accelerate launch --num_processes 2` from the test.
+"""One patched GRPO step on a tiny model, run by `accelerate launch --num_processes 2` from the test (or in one
+process with the same global batch: ``--single``).
 
-Writes, per rank, the trainable weights after the step and the prompts the rank's reward function saw.
+Generation is replaced (in this test only) by a deterministic function of the prompt and the sample's index in
+its group, so the two-process and the one-process runs train on the same completions and their updates can be
+compared. Writes, per rank, the trainable weights after the step and the prompts the rank's reward saw.
 """
 
 from __future__ import annotations
@@ -10,7 +13,18 @@ import sys
 from pathlib import Path
 
 
-def main(out: str) -> None:
+def deterministic_completions(prompt_ids: list[list[int]]) -> list[list[int]]:
+    """Six tokens from the prompt's ids and the sample's index among identical prompts, then EOS (id 1)."""
+    seen: dict[tuple, int] = {}
+    out = []
+    for ids in prompt_ids:
+        k = seen.get(tuple(ids), 0)
+        seen[tuple(ids)] = k + 1
+        out.append([3 + (sum(ids) * 7 + k * 13 + j * 5) % 40 for j in range(6)] + [1])
+    return out
+
+
+def main(out: str, single: bool = False) -> None:
     import torch
     from accelerate import PartialState
     from datasets import Dataset
@@ -36,16 +50,21 @@ def main(out: str) -> None:
         seen.extend(prompts)
         return [float(sum(ch.isdigit() for ch in c)) for c in completions]
 
-    args = GRPOConfig(output_dir=str(Path(out) / "run"), per_device_train_batch_size=2, num_generations=2,
+    class FixedGenerationGRPO(GRPOTrainer):
+        def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+            return deterministic_completions(prompt_ids), None
+
+    args = GRPOConfig(output_dir=str(Path(out) / "run"), per_device_train_batch_size=4 if single else 2,
+                      num_generations=2,
                       max_completion_length=8, max_steps=1, learning_rate=0.5, optim="sgd",
                       lr_scheduler_type="constant", report_to="none", use_cpu=True, bf16=False, save_strategy="no",
                       gradient_checkpointing=False, seed=7, temperature=1.2)
     ds = Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5+6=", "7+8="] * 2])
-    trainer = GRPOTrainer(model=model, args=args, reward_funcs=[reward_digits], train_dataset=ds,
+    trainer = FixedGenerationGRPO(model=model, args=args, reward_funcs=[reward_digits], train_dataset=ds,
                           processing_class=tiny_tokenizer())
     trainer.train()
     weights = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-    rank = state.process_index
+    rank = "single" if single else state.process_index
     save_file(weights, str(Path(out) / f"rank{rank}.safetensors"))
     Path(out, f"rank{rank}.json").write_text(json.dumps({
         "world_size": state.num_processes, "prompts": seen,
@@ -53,4 +72,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], single="--single" in sys.argv[2:])
