@@ -24,6 +24,7 @@ import dataclasses
 import functools
 from typing import Any
 
+from slimrl.patching.defaults import apply_config_defaults, record_explicit
 from slimrl.patching.legacy import translate_config_kwargs
 from slimrl.patching.registry import Patch
 
@@ -99,9 +100,12 @@ def config_init_factory(orig_init):
     @functools.wraps(orig_init)
     def slimrl_config_fields_init(self, *args, **kwargs):
         kwargs, mine = pop_extra_fields(type(self), translate_config_kwargs(type(self), dict(kwargs)))
+        user = dict(kwargs)
+        kwargs, changed = apply_config_defaults(type(self), kwargs)
         orig_init(self, *args, **kwargs)
         for name, value in mine.items():
             setattr(self, name, value)
+        record_explicit(self, user, changed)
 
     return slimrl_config_fields_init
 

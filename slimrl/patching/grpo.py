@@ -26,6 +26,12 @@ from slimrl.models.checkpointing import align_trainer_checkpointing
 from slimrl.models.modes import for_inference, for_training
 from slimrl.ops.chunked_logprob import masked_token_logprobs
 from slimrl.patching.config_fields import config_patches, pop_extra_fields
+from slimrl.patching.defaults import (
+    apply_config_defaults,
+    apply_precision_defaults,
+    print_changed_defaults,
+    record_explicit,
+)
 from slimrl.patching.guards import check_finite_step
 from slimrl.patching.legacy import translate_config_kwargs, translate_trainer_kwargs
 from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
@@ -55,10 +61,13 @@ def slimrl_config_init_factory(orig_init):
         kwargs = check_grpo_config_kwargs({**kwargs, "unsloth_grpo_mini_batch": mine["unsloth_grpo_mini_batch"]},
                                           _field_defaults(type(self)))
         kwargs.pop("unsloth_grpo_mini_batch")
+        user = dict(kwargs)
+        kwargs, changed = apply_config_defaults(type(self), kwargs)
         orig_init(self, *args, **kwargs)
         for name, value in mine.items():
             setattr(self, name, value)
         self.vllm_sampling_params = vllm_sampling_params
+        record_explicit(self, user, changed)
 
     return slimrl_config_init
 
@@ -187,12 +196,14 @@ def slimrl_grpo_init_factory(orig_init):
         model = kwargs.get("model", args[0] if args else None)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         check_sequence_budget(model, config)
+        apply_precision_defaults(model, config)
         check_precision(model, config)
         check_dataset(kwargs.get("train_dataset", args[3] if len(args) > 3 else None), ("prompt",))
         if "reward_funcs" in kwargs:
             kwargs["reward_funcs"] = guard_reward_funcs(kwargs["reward_funcs"])
         align_trainer_checkpointing(model, config)  # keep get_peft_model's offload choice when TRL re-enables it
         orig_init(self, *args, **kwargs)
+        print_changed_defaults(self.args)
 
     return slimrl_grpo_init
 

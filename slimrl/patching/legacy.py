@@ -21,6 +21,8 @@ import inspect
 import sys
 import warnings
 
+from slimrl.patching.defaults import print_changed_defaults
+
 # old name -> new name; ``config``/``policy``/``ref_policy`` are TRL 0.12-0.14's PPOTrainer spellings
 TRAINER_RENAMES = {"tokenizer": "processing_class", "config": "args", "policy": "model", "ref_policy": "ref_model"}
 CONFIG_RENAMES = {"max_new_tokens": "max_completion_length"}
@@ -99,11 +101,13 @@ def translate_config_kwargs(config_cls: type, kwargs: dict) -> dict:
 def check_trainer_inputs(orig_init, args: tuple, kwargs: dict) -> None:
     """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset`` and a model/config precision
     mismatch are errors naming the fix (:mod:`slimrl.patching.validation`)."""
+    from slimrl.patching.defaults import apply_precision_defaults
     from slimrl.patching.validation import check_dataset, check_precision
 
     names = [n for n in inspect.signature(orig_init).parameters if n != "self"]
     bound = {**dict(zip(names, args)), **kwargs}
     check_dataset(bound.get("train_dataset"), ())
+    apply_precision_defaults(bound.get("model"), bound.get("args"))
     check_precision(bound.get("model"), bound.get("args"))
 
 
@@ -116,6 +120,7 @@ def legacy_trainer_init_factory(orig_init):
         kwargs = translate_trainer_kwargs(type(self), orig_init, args, kwargs)
         check_trainer_inputs(orig_init, args, kwargs)
         orig_init(self, *args, **kwargs)
+        print_changed_defaults(getattr(self, "args", None))
 
     return slimrl_legacy_trainer_init
 
