@@ -23,20 +23,14 @@ import sys
 import time
 import warnings
 
+from grpo_step import _hwm_mb  # same directory: peak RSS (VmHWM) of this process
+
 RESULT_TAG = "BENCH_RESULT "
 PAIRED = {"dpo", "orpo", "cpo"}
 LORA = dict(r=16, lora_alpha=16, lora_dropout=0.0,
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 WORDS = ("the cat sat on a mat while seven birds sang about numbers rivers and old stone bridges near the sea "
          "every morning people walked slowly to work thinking of bread coffee music and the long summer").split()
-
-
-def _hwm_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _text(tok, n_tokens: int, seed: int) -> str:

@@ -172,44 +172,6 @@ class ChunkedLogProb(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
 
 
-def chunked_logprobs(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    temperature: float = 1.0,
-    *,
-    chunk_rows: int | None = None,
-    num_chunks: int = -1,
-    chunk_multiplier: int | None = None,
-    logit_scale: float = 1.0,
-    softcap: float | None = None,
-    with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-row log-prob of ``targets`` (and entropy) under ``softmax(g(hidden @ weight.T + bias) / temperature)``.
-
-    Shapes: ``hidden [N, H]``, ``weight [V, H]``, ``bias [V]``, ``targets [N]`` (long) -> ``logps [N]`` fp32 and
-    ``entropy [N]`` fp32 or None. ``chunk_rows`` wins over ``num_chunks``; both unset -> automatic
-    (``chunk_multiplier`` divides the automatic size).
-    """
-    if hidden.dim() != 2 or weight.dim() != 2 or hidden.size(1) != weight.size(1):
-        raise ValueError(
-            f"hidden must be [N, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}")
-    if targets.shape != hidden.shape[:1]:
-        raise ValueError(f"targets must be [N]={hidden.size(0)}, got {tuple(targets.shape)}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    n = hidden.size(0)
-    if n == 0:
-        zero = hidden.sum() * 0.0  # keep the graph connected for an all-masked batch
-        empty = zero.float().expand(0)
-        return empty, (empty if with_entropy else None)
-    rows = chunk_rows or rows_per_chunk(n, weight.size(0), hidden.device, num_chunks, chunk_multiplier)
-    logps, ent, *_ = ChunkedLogProb.apply(hidden, weight, bias, targets.long(), float(temperature), int(rows),
-                                          float(logit_scale), softcap, with_entropy, ())
-    return logps, ent
-
-
 def chunked_logprob_outputs(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -228,11 +190,16 @@ def chunked_logprob_outputs(
 
     ``outputs`` names what to compute among ``"entropy"`` and :data:`STATS` (``log_probs`` always). Shapes:
     ``hidden [N, H]`` -> ``(log_probs [N], entropy [N], log_sum_sq_probs [N], mean_logits [N], is_top1 [N] bool)``,
-    ``None`` for what was not asked. Only ``log_probs`` and ``entropy`` carry gradients.
+    ``None`` for what was not asked. Only ``log_probs`` and ``entropy`` carry gradients. ``chunk_rows`` wins over
+    ``num_chunks``; both unset -> automatic (``chunk_multiplier`` divides the automatic size).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.size(1) != weight.size(1):
         raise ValueError(
             f"hidden must be [N, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(f"targets must be [N]={hidden.size(0)}, got {tuple(targets.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     stats = tuple(name for name in STATS if name in outputs)
     n = hidden.size(0)
     if n == 0:
@@ -243,6 +210,27 @@ def chunked_logprob_outputs(
     rows = chunk_rows or rows_per_chunk(n, weight.size(0), hidden.device, num_chunks, chunk_multiplier)
     return ChunkedLogProb.apply(hidden, weight, bias, targets.long(), float(temperature), int(rows),
                                 float(logit_scale), softcap, "entropy" in outputs, stats)
+
+
+def chunked_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+    **chunking,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-row log-prob of ``targets`` (and entropy) under ``softmax(g(hidden @ weight.T + bias) / temperature)``.
+
+    Shapes: ``hidden [N, H]``, ``weight [V, H]``, ``bias [V]``, ``targets [N]`` (long) -> ``logps [N]`` fp32 and
+    ``entropy [N]`` fp32 or None. ``chunking``: ``chunk_rows``, ``num_chunks``, ``chunk_multiplier``,
+    ``logit_scale``, ``softcap`` as in :func:`chunked_logprob_outputs`.
+    """
+    outputs = ("log_probs", "entropy") if with_entropy else ("log_probs",)
+    logps, ent, *_ = chunked_logprob_outputs(hidden, weight, targets, bias, temperature, outputs=outputs, **chunking)
+    return logps, ent
 
 
 def masked_token_logprobs(

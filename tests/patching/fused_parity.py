@@ -16,7 +16,39 @@ import torch
 
 from slimrl import PatchFastRL, unpatch
 
+PAIRS = [
+    {"prompt": "1+2=", "chosen": "3.", "rejected": "12 or 4."},
+    {"prompt": "what is 3+4?", "chosen": "7", "rejected": "34"},
+    {"prompt": "5+6=", "chosen": "11, easy.", "rejected": "56"},
+    {"prompt": "7+8=", "chosen": "15", "rejected": "it is 78?"},
+]
+
 CUMULATIVE = {"num_tokens"}  # running totals over the trainer's life, not per-batch values
+
+
+def experimental(name: str):
+    """``trl.experimental.<name>`` without TRL's experimental-import warning."""
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(f"trl.experimental.{name}")
+
+
+def tiny_model(lora: bool, targets: tuple[str, ...] = ("q_proj", "v_proj")):
+    """The tiny Llama (seed 0), optionally with a LoRA adapter whose A and B are both random (so both get
+    gradient on the first step)."""
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama(seed=0)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(1)
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=list(targets),
+                                                 init_lora_weights=False, task_type="CAUSAL_LM"))
+    return model
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -8,24 +8,15 @@ See tests/patching/fused_parity.py for the method and the tolerance.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from slimrl.compat.trl_info import config_choices, trl_version
-from tests.patching.fused_parity import assert_parity
+from tests.patching.fused_parity import PAIRS, assert_parity, tiny_model
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(trl_version().release < (1, 15), reason="TRL < 1.15 has no fused LM head")
 
 COMMON = dict(per_device_train_batch_size=4, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
               gradient_checkpointing=False, max_steps=1, seed=3)
-
-PAIRS = [
-    {"prompt": "1+2=", "chosen": "3.", "rejected": "12 or 4."},
-    {"prompt": "what is 3+4?", "chosen": "7", "rejected": "34"},
-    {"prompt": "5+6=", "chosen": "11, easy.", "rejected": "56"},
-    {"prompt": "7+8=", "chosen": "15", "rejected": "it is 78?"},
-]
-
 
 def _dpo_loss_types() -> list[str]:
     from trl import DPOConfig
@@ -37,13 +28,7 @@ def dpo_trainer(tmp_path, lora: bool = False, **cfg):
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    model = tiny_llama(seed=0)
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        torch.manual_seed(1)
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                 init_lora_weights=False, task_type="CAUSAL_LM"))
+    model = tiny_model(lora)
     ref = None if lora else tiny_llama(seed=0)  # TRL 1.16 would load the reference from the model's path
     args = DPOConfig(output_dir=str(tmp_path), **{**COMMON, **cfg})
     return DPOTrainer(model=model, ref_model=ref, args=args, train_dataset=Dataset.from_list(PAIRS),

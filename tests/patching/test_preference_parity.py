@@ -7,60 +7,31 @@ tests/patching/fused_parity.py for the method and the 1e-4 tolerance).
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
-import torch
 
 from slimrl.compat.trl_info import config_choices
-from tests.patching.fused_parity import assert_parity
+from tests.patching.fused_parity import PAIRS, assert_parity, experimental, tiny_model
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 COMMON = dict(per_device_train_batch_size=4, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
               gradient_checkpointing=False, max_steps=1, seed=3, max_length=64)
 
-PAIRS = [
-    {"prompt": "1+2=", "chosen": "3.", "rejected": "12 or 4."},
-    {"prompt": "what is 3+4?", "chosen": "7", "rejected": "34"},
-    {"prompt": "5+6=", "chosen": "11, easy.", "rejected": "56"},
-    {"prompt": "7+8=", "chosen": "15", "rejected": "it is 78?"},
-]
-
-
-def _experimental(name: str):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import importlib
-
-        return importlib.import_module(f"trl.experimental.{name}")
-
-
-def _model(lora: bool):
-    model = tiny_llama(seed=0)
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        torch.manual_seed(1)
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                 init_lora_weights=False, task_type="CAUSAL_LM"))
-    return model
-
 
 def orpo_trainer(tmp_path, lora=False, **cfg):
     from datasets import Dataset
 
-    orpo = _experimental("orpo")
+    orpo = experimental("orpo")
     args = orpo.ORPOConfig(output_dir=str(tmp_path), **{**COMMON, **cfg})
-    return orpo.ORPOTrainer(model=_model(lora), args=args, train_dataset=Dataset.from_list(PAIRS),
+    return orpo.ORPOTrainer(model=tiny_model(lora), args=args, train_dataset=Dataset.from_list(PAIRS),
                             processing_class=tiny_tokenizer())
 
 
 def cpo_trainer(tmp_path, lora=False, **cfg):
     from datasets import Dataset
 
-    cpo = _experimental("cpo")
+    cpo = experimental("cpo")
     args = cpo.CPOConfig(output_dir=str(tmp_path), **{**COMMON, **cfg})
-    return cpo.CPOTrainer(model=_model(lora), args=args, train_dataset=Dataset.from_list(PAIRS),
+    return cpo.CPOTrainer(model=tiny_model(lora), args=args, train_dataset=Dataset.from_list(PAIRS),
                           processing_class=tiny_tokenizer())
 
 
@@ -71,7 +42,7 @@ def test_orpo_parity(tmp_path, lora):
 
 
 def _cpo_loss_types() -> list[str]:
-    return config_choices(_experimental("cpo").CPOConfig)
+    return config_choices(experimental("cpo").CPOConfig)
 
 
 @pytest.mark.parametrize("loss_type", _cpo_loss_types())
@@ -88,8 +59,8 @@ def run_online_dpo(tmp_path, lora: bool):
     """Two Online DPO steps (SGD): completions sampled, updates and losses."""
     from datasets import Dataset
 
-    odpo = _experimental("online_dpo")
-    model = _model(lora)
+    odpo = experimental("online_dpo")
+    model = tiny_model(lora)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     seen: list[list[str]] = []
 

@@ -8,8 +8,8 @@ relative error 1e-4 (fp32; see tests/patching/fused_parity.py), same logged loss
 from __future__ import annotations
 
 import pytest
-import torch
 
+from tests.patching.fused_parity import tiny_model
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 PROMPTS = ["1+2=", "what is 3+4?", "5+6=", "7+8="]
@@ -20,13 +20,7 @@ def run_rloo(tmp_path, beta: float, lora: bool):
     from datasets import Dataset
     from trl import RLOOConfig, RLOOTrainer
 
-    model = tiny_llama(seed=0)
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        torch.manual_seed(1)
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
-                                                 init_lora_weights=False, task_type="CAUSAL_LM"))
+    model = tiny_model(lora, targets=("q_proj", "v_proj", "up_proj"))
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     seen: list[list[str]] = []
 

@@ -7,40 +7,12 @@ Skipped under a TRL without these trainers (the suite runs them in the trl 1.12.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 from slimrl.patching import trainer_available
-from tests.patching.fused_parity import assert_parity, rel, slimrl_calls
+from tests.patching.fused_parity import PAIRS, assert_parity, experimental, rel, slimrl_calls, tiny_model
 from tests.tiny import tiny_llama, tiny_tokenizer
-
-PAIRS = [
-    {"prompt": "1+2=", "chosen": "3.", "rejected": "12 or 4."},
-    {"prompt": "what is 3+4?", "chosen": "7", "rejected": "34"},
-    {"prompt": "5+6=", "chosen": "11, easy.", "rejected": "56"},
-    {"prompt": "7+8=", "chosen": "15", "rejected": "it is 78?"},
-]
-
-
-def _experimental(name: str):
-    import importlib
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return importlib.import_module(f"trl.experimental.{name}")
-
-
-def _model(lora: bool):
-    model = tiny_llama(seed=0)
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        torch.manual_seed(1)
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                 init_lora_weights=False, task_type="CAUSAL_LM"))
-    return model
 
 
 @pytest.mark.skipif(not trainer_available("bco"), reason="this TRL has no BCOTrainer (last in 1.12.0)")
@@ -48,13 +20,13 @@ def _model(lora: bool):
 def test_bco_parity(tmp_path, lora):
     from datasets import Dataset
 
-    bco = _experimental("bco")
+    bco = experimental("bco")
     rows = [{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in PAIRS
             for k in ("chosen", "rejected")]
     args = bco.BCOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, report_to="none", use_cpu=True,
                          bf16=False, save_strategy="no", gradient_checkpointing=False, max_steps=1, seed=3,
                          max_length=64)
-    trainer = bco.BCOTrainer(model=_model(lora), ref_model=None if lora else tiny_llama(seed=0), args=args,
+    trainer = bco.BCOTrainer(model=tiny_model(lora), ref_model=None if lora else tiny_llama(seed=0), args=args,
                              train_dataset=Dataset.from_list(rows), processing_class=tiny_tokenizer())
     metrics = assert_parity(trainer, "bco")
     assert {"logits/chosen_sum", "logits/rejected_sum"} <= metrics.keys()
@@ -64,8 +36,8 @@ def run_xpo(tmp_path, lora: bool):
     from datasets import Dataset
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    xpo = _experimental("xpo")
-    model = _model(lora)
+    xpo = experimental("xpo")
+    model = tiny_model(lora)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     torch.manual_seed(5)
     reward_model = LlamaForSequenceClassification(LlamaConfig(
