@@ -26,24 +26,13 @@ from slimrl.models.checkpointing import align_trainer_checkpointing
 from slimrl.models.modes import for_inference, for_training
 from slimrl.ops.chunked_logprob import masked_token_logprobs
 from slimrl.patching.config_fields import config_patches, pop_extra_fields
-from slimrl.patching.defaults import (
-    apply_config_defaults,
-    apply_precision_defaults,
-    print_changed_defaults,
-    record_explicit,
-)
+from slimrl.patching.defaults import apply_config_defaults, print_changed_defaults, record_explicit
 from slimrl.patching.guards import check_finite_step
-from slimrl.patching.legacy import translate_config_kwargs, translate_trainer_kwargs
+from slimrl.patching.legacy import check_trainer_inputs, translate_config_kwargs, translate_trainer_kwargs
 from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
 from slimrl.patching.registry import Patch, original, register
 from slimrl.patching.rewards import guard_reward_funcs
-from slimrl.patching.validation import (
-    check_batch_length,
-    check_dataset,
-    check_grpo_config_kwargs,
-    check_precision,
-    check_sequence_budget,
-)
+from slimrl.patching.validation import check_batch_length, check_grpo_config_kwargs, check_sequence_budget
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 CONFIG = "trl.trainer.grpo_config:GRPOConfig"
@@ -187,8 +176,9 @@ def slimrl_training_step(self, model, inputs, num_items_in_batch=None):
 
 def slimrl_grpo_init_factory(orig_init):
     """``GRPOTrainer.__init__`` preceded by legacy keyword translation (``tokenizer=``, :mod:`slimrl.patching.legacy`),
-    the checks that need no compute (sequence budget vs the model's ``max_seq_length``) and by aligning the config's
-    checkpointing with the model's (offload on CUDA)."""
+    the checks that need no compute (sequence budget vs ``max_seq_length``, dataset, precision), guarded reward
+    functions (:mod:`slimrl.patching.rewards`) and by aligning the config's checkpointing with the model's (offload
+    on CUDA)."""
 
     @functools.wraps(orig_init)
     def slimrl_grpo_init(self, *args, **kwargs):
@@ -196,9 +186,7 @@ def slimrl_grpo_init_factory(orig_init):
         model = kwargs.get("model", args[0] if args else None)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         check_sequence_budget(model, config)
-        apply_precision_defaults(model, config)
-        check_precision(model, config)
-        check_dataset(kwargs.get("train_dataset", args[3] if len(args) > 3 else None), ("prompt",))
+        check_trainer_inputs(orig_init, args, kwargs, required_columns=("prompt",))
         if "reward_funcs" in kwargs:
             kwargs["reward_funcs"] = guard_reward_funcs(kwargs["reward_funcs"])
         align_trainer_checkpointing(model, config)  # keep get_peft_model's offload choice when TRL re-enables it

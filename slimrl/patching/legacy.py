@@ -98,15 +98,16 @@ def translate_config_kwargs(config_cls: type, kwargs: dict) -> dict:
     return kwargs
 
 
-def check_trainer_inputs(orig_init, args: tuple, kwargs: dict) -> None:
-    """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset`` and a model/config precision
-    mismatch are errors naming the fix (:mod:`slimrl.patching.validation`)."""
+def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, required_columns: tuple[str, ...] = ()) -> None:
+    """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset``, one without
+    ``required_columns``, and a model/config precision mismatch (after slimrl's precision defaults) are errors
+    naming the fix (:mod:`slimrl.patching.validation`)."""
     from slimrl.patching.defaults import apply_precision_defaults
     from slimrl.patching.validation import check_dataset, check_precision
 
     names = [n for n in inspect.signature(orig_init).parameters if n != "self"]
     bound = {**dict(zip(names, args)), **kwargs}
-    check_dataset(bound.get("train_dataset"), ())
+    check_dataset(bound.get("train_dataset"), required_columns)
     apply_precision_defaults(bound.get("model"), bound.get("args"))
     check_precision(bound.get("model"), bound.get("args"))
 
@@ -124,12 +125,3 @@ def legacy_trainer_init_factory(orig_init):
 
     return slimrl_legacy_trainer_init
 
-
-def legacy_config_init_factory(orig_init):
-    """A config's ``__init__`` that first translates legacy keywords (:func:`translate_config_kwargs`)."""
-
-    @functools.wraps(orig_init)
-    def slimrl_legacy_config_init(self, *args, **kwargs):
-        orig_init(self, *args, **translate_config_kwargs(type(self), kwargs))
-
-    return slimrl_legacy_config_init
