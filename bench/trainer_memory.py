@@ -5,7 +5,7 @@
 
 Every example is ``--length`` tokens (a ``--prompt-length``-token prompt plus the completion, cut to exactly that
 many tokens), ``8 x length`` tokens per step: 4 pairs (8 sequences) for the paired trainers DPO, ORPO, CPO,
-8 examples for KTO (plus its 8 mismatched KL sequences) and SFT. LoRA r=16 on every projection, fp32,
+8 examples for KTO (plus its 8 mismatched KL sequences), BCO (trl 1.12.0) and SFT. LoRA r=16 on every projection, fp32,
 gradient checkpointing on for both sides (so the ratio is the log-prob path's, not checkpointing's).
 
 * ``trl``: the trainer as TRL ships it, model from ``AutoModelForCausalLM``, adapter through ``peft_config``.
@@ -52,7 +52,7 @@ def _dataset(name: str, tok, length: int, prompt_len: int, n: int):
         prompt, good, bad = _text(tok, prompt_len, i), _text(tok, comp, 100 + i), _text(tok, comp, 200 + i)
         if name in PAIRED:
             rows.append({"prompt": prompt, "chosen": good, "rejected": bad})
-        elif name == "kto":
+        elif name in ("kto", "bco"):
             rows.append({"prompt": prompt, "completion": good if i % 2 else bad, "label": bool(i % 2)})
         else:  # sft
             rows.append({"prompt": prompt, "completion": good})
@@ -77,6 +77,9 @@ def _classes(name: str):
         if name == "cpo":
             from trl.experimental.cpo import CPOConfig, CPOTrainer
             return CPOTrainer, CPOConfig
+        if name == "bco":  # TRL <= 1.12.0
+            from trl.experimental.bco import BCOConfig, BCOTrainer
+            return BCOTrainer, BCOConfig
     raise SystemExit(f"unknown trainer {name!r}")
 
 
