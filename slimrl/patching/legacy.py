@@ -22,6 +22,7 @@ import sys
 import warnings
 
 from slimrl.patching.defaults import print_changed_defaults
+from slimrl.patching.rewards import guard_reward_funcs
 
 # old name -> new name; ``config``/``policy``/``ref_policy`` are TRL 0.12-0.14's PPOTrainer spellings
 TRAINER_RENAMES = {"tokenizer": "processing_class", "config": "args", "policy": "model", "ref_policy": "ref_model"}
@@ -113,13 +114,16 @@ def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, required_columns:
 
 
 def legacy_trainer_init_factory(orig_init):
-    """A trainer's ``__init__`` that first translates legacy keywords (:func:`translate_trainer_kwargs`) and checks
-    what needs no compute (:func:`check_trainer_inputs`)."""
+    """A trainer's ``__init__`` that first translates legacy keywords (:func:`translate_trainer_kwargs`), checks
+    what needs no compute (:func:`check_trainer_inputs`) and guards Python reward functions
+    (:mod:`slimrl.patching.rewards`)."""
 
     @functools.wraps(orig_init)
     def slimrl_legacy_trainer_init(self, *args, **kwargs):
         kwargs = translate_trainer_kwargs(type(self), orig_init, args, kwargs)
         check_trainer_inputs(orig_init, args, kwargs)
+        if kwargs.get("reward_funcs") is not None:  # RLOO, OnlineDPO, XPO: same guard as GRPO's
+            kwargs["reward_funcs"] = guard_reward_funcs(kwargs["reward_funcs"])
         orig_init(self, *args, **kwargs)
         print_changed_defaults(getattr(self, "args", None))
 

@@ -48,3 +48,25 @@ def test_every_trainer_refuses_an_empty_dataset(tmp_path):
                             train_dataset=Dataset.from_list([]), processing_class=tiny_tokenizer())
     finally:
         unpatch()
+
+
+def test_rloo_reward_function_errors_are_named(tmp_path):
+    from datasets import Dataset
+    from trl import RLOOConfig, RLOOTrainer
+
+    def bad_length(completions, **kwargs):
+        return [0.0]
+
+    PatchFastRL("rloo")
+    try:
+        trainer = RLOOTrainer(model=tiny_llama(), reward_funcs=[bad_length],
+                              train_dataset=Dataset.from_list([{"prompt": "1+2="}] * 4),
+                              processing_class=tiny_tokenizer(),
+                              args=RLOOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2,
+                                              num_generations=2, max_completion_length=4, max_steps=1, beta=0.0,
+                                              report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+                                              gradient_checkpointing=False))
+        with pytest.raises(ValueError, match=r"reward function 'bad_length' returned 1 values for 2 completions"):
+            trainer.train()
+    finally:
+        unpatch()
