@@ -93,17 +93,25 @@ def pop_extra_fields(config_cls: type, kwargs: dict) -> tuple[dict, dict]:
     return kwargs, mine
 
 
-def config_init_factory(orig_init):
-    """A TRL config's ``__init__`` that translates legacy keywords (:mod:`slimrl.patching.legacy`) and accepts and
-    validates slimrl's extra fields first."""
+def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...] = ()):
+    """A TRL config's ``__init__`` that translates legacy keywords (:mod:`slimrl.patching.legacy`), accepts and
+    validates slimrl's extra fields, fills slimrl's defaults (:mod:`slimrl.patching.defaults`), then runs TRL's.
+
+    ``check(config_cls, kwargs, extra_fields) -> kwargs``: a trainer's own checks of the keywords, run before TRL's
+    ``__post_init__``. ``extra_attributes``: keywords kept as plain attributes (objects that are not flags, e.g.
+    GRPO's ``vllm_sampling_params``).
+    """
 
     @functools.wraps(orig_init)
     def slimrl_config_fields_init(self, *args, **kwargs):
+        attributes = {name: kwargs.pop(name, None) for name in extra_attributes}
         kwargs, mine = pop_extra_fields(type(self), translate_config_kwargs(type(self), dict(kwargs)))
+        if check is not None:
+            kwargs = check(type(self), kwargs, mine)
         user = dict(kwargs)
         kwargs, changed = apply_config_defaults(type(self), kwargs)
         orig_init(self, *args, **kwargs)
-        for name, value in mine.items():
+        for name, value in {**mine, **attributes}.items():
             setattr(self, name, value)
         record_explicit(self, user, changed)
 
@@ -112,7 +120,7 @@ def config_init_factory(orig_init):
 
 def config_patches(algorithm: str, target: str, init: bool = True) -> list[Patch]:
     """The patches that give ``target`` (a TRL config class) slimrl's fields; ``init=False`` when the trainer's
-    module patches ``__init__`` itself (GRPO) and calls :func:`pop_extra_fields` there."""
+    module patches ``__init__`` itself (GRPO: :func:`config_init_factory` with its own checks)."""
     out = [Patch(algorithm, target, "__dataclass_fields__", extended_fields_factory, wrap=True),
            Patch(algorithm, target, "__annotations__", extended_annotations_factory, wrap=True)]
     if init:

@@ -25,10 +25,10 @@ from slimrl.compat.malloc import recycling_phase
 from slimrl.models.checkpointing import align_trainer_checkpointing
 from slimrl.models.modes import for_inference, for_training
 from slimrl.ops.chunked_logprob import masked_token_logprobs
-from slimrl.patching.config_fields import config_patches, pop_extra_fields
-from slimrl.patching.defaults import apply_config_defaults, print_changed_defaults, record_explicit
+from slimrl.patching.config_fields import config_init_factory, config_patches
+from slimrl.patching.defaults import print_changed_defaults
 from slimrl.patching.guards import check_finite_step
-from slimrl.patching.legacy import check_trainer_inputs, translate_config_kwargs, translate_trainer_kwargs
+from slimrl.patching.legacy import check_trainer_inputs, translate_trainer_kwargs
 from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
 from slimrl.patching.registry import Patch, original, register
 from slimrl.patching.rewards import guard_reward_funcs
@@ -38,33 +38,23 @@ TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 CONFIG = "trl.trainer.grpo_config:GRPOConfig"
 MODULE = "trl.trainer.grpo_trainer"
 
+def _grpo_config_checks(config_cls: type, kwargs: dict, extra_fields: dict) -> dict:
+    """:func:`slimrl.patching.validation.check_grpo_config_kwargs` on a ``GRPOConfig(...)`` call."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(config_cls) if f.default is not dataclasses.MISSING}
+    checked = check_grpo_config_kwargs({**kwargs, "unsloth_grpo_mini_batch": extra_fields["unsloth_grpo_mini_batch"]},
+                                       defaults)
+    checked.pop("unsloth_grpo_mini_batch")
+    return checked
+
+
 def slimrl_config_init_factory(orig_init):
     """``GRPOConfig.__init__`` that also accepts slimrl's fields (:mod:`slimrl.patching.config_fields`:
     ``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``, ``unsloth_grpo_mini_batch``, ``max_seq_length``),
     ``vllm_sampling_params`` and the legacy ``max_new_tokens`` (:mod:`slimrl.patching.legacy`), and checks the
     keywords first (:func:`slimrl.patching.validation.check_grpo_config_kwargs`)."""
-
-    @functools.wraps(orig_init)
-    def slimrl_config_init(self, *args, vllm_sampling_params=None, **kwargs):
-        kwargs, mine = pop_extra_fields(type(self), translate_config_kwargs(type(self), kwargs))  # validated
-        kwargs = check_grpo_config_kwargs({**kwargs, "unsloth_grpo_mini_batch": mine["unsloth_grpo_mini_batch"]},
-                                          _field_defaults(type(self)))
-        kwargs.pop("unsloth_grpo_mini_batch")
-        user = dict(kwargs)
-        kwargs, changed = apply_config_defaults(type(self), kwargs)
-        orig_init(self, *args, **kwargs)
-        for name, value in mine.items():
-            setattr(self, name, value)
-        self.vllm_sampling_params = vllm_sampling_params
-        record_explicit(self, user, changed)
-
-    return slimrl_config_init
-
-
-def _field_defaults(config_cls: type) -> dict:
-    import dataclasses
-
-    return {f.name: f.default for f in dataclasses.fields(config_cls) if f.default is not dataclasses.MISSING}
+    return config_init_factory(orig_init, check=_grpo_config_checks, extra_attributes=("vllm_sampling_params",))
 
 
 def _has_extra_inputs(kwargs: dict) -> bool:
