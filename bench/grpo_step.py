@@ -11,6 +11,12 @@ Each side runs in a fresh subprocess so that its peak RSS (VmHWM) is its own. Co
   the LoRA adapter through ``GRPOTrainer(peft_config=...)``.
 * ``slimrl``: ``PatchFastRL("grpo")`` + ``FastLanguageModel.from_pretrained`` / ``get_peft_model`` with the same
   LoRA settings, same GRPOConfig.
+* ``engine``: as ``slimrl`` with ``fast_inference=True``: generation through slimrl's colocated vLLM engine, the
+  adapter handed over as tensors each step (needs vLLM: ``.venv-vllm``). Lengths forced with vLLM's ``min_tokens``.
+* ``trl-vllm``: TRL alone with ``use_vllm=True`` (colocate): TRL's own vLLM engine, adapter merged and every weight
+  pushed each step.
+
+With the engine modes use ``--steps 2``: the engine starts during the first step; the last step is reported.
 
 The worker also samples RSS every 10 ms and labels it with the phase the trainer is in (generation, no-grad
 log-probs, policy forward, backward, other), so ``--profile`` prints where the peak comes from.
@@ -107,17 +113,24 @@ def worker(args: argparse.Namespace) -> dict:
     path = str(resolve_model_path("SmolLM2-135M-Instruct"))
     lora = dict(r=16, lora_alpha=16, lora_dropout=0.0,
                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    if args.worker == "slimrl":
+    slimrl_side = args.worker in ("slimrl", "engine")
+    if slimrl_side:
         from slimrl import FastLanguageModel, PatchFastRL
 
         PatchFastRL("grpo", FastLanguageModel)
     from trl import GRPOConfig, GRPOTrainer
 
     extra = {}
-    if args.worker == "slimrl":
+    force = {"min_new_tokens": args.length}
+    if args.worker in ("engine", "trl-vllm"):
+        force = {"min_tokens": args.length}  # vLLM's name (TRL hands generation_kwargs to SamplingParams)
+    if args.worker == "trl-vllm":
+        extra.update(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=2048)
+    if slimrl_side:
         from slimrl import FastLanguageModel
 
-        model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=2048)
+        model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=2048,
+                                                       fast_inference=args.worker == "engine", max_lora_rank=16)
         model = FastLanguageModel.get_peft_model(model, **lora)
         extra["unsloth_num_chunks"] = args.num_chunks
     else:
@@ -132,12 +145,12 @@ def worker(args: argparse.Namespace) -> dict:
     cfg = GRPOConfig(
         output_dir="/tmp/slimrl-bench", per_device_train_batch_size=args.generations,
         num_generations=args.generations, max_completion_length=args.length, beta=0.04,
-        generation_kwargs={"min_new_tokens": args.length}, max_steps=args.steps, report_to="none",
+        generation_kwargs=force, max_steps=args.steps, report_to="none",
         logging_steps=1, save_strategy="no", bf16=False, use_cpu=True, seed=0,
         **({} if args.grad_ckpt == "default" else {"gradient_checkpointing": args.grad_ckpt == "on"}),
         **extra,
     )
-    trainer_kwargs = {} if args.worker == "slimrl" else {"peft_config": LoraConfig(task_type="CAUSAL_LM", **lora)}
+    trainer_kwargs = {} if slimrl_side else {"peft_config": LoraConfig(task_type="CAUSAL_LM", **lora)}
     trainer = GRPOTrainer(model=model, args=cfg, reward_funcs=[_reward_len], train_dataset=ds,
                           processing_class=tok, **trainer_kwargs)
     prof.wrap(trainer, "_generate", "generation")
@@ -160,7 +173,9 @@ def worker(args: argparse.Namespace) -> dict:
         trainer.train()
     prof.stop()
     logs = [h for h in trainer.state.log_history if "loss" in h]
+    engine = getattr(getattr(trainer, "vllm_generation", None), "engine", None)
     return {
+        "sync_s": engine.timings["last_sync_s"] if engine is not None else None,
         "mode": args.worker, "peak_rss_mb": _hwm_mb(), "rss_after_load_mb": rss_before,
         "step_s": step_times, "phase_peak_rss_mb": prof.peaks,
         "phase_s": prof.seconds, "loss": logs[-1]["loss"] if logs else None,
@@ -202,10 +217,15 @@ def main() -> None:
             for phase, mb in sorted(r["phase_peak_rss_mb"].items(), key=lambda kv: -kv[1]):
                 secs = r.get("phase_s", {}).get(phase)
                 print(f"    {phase:34} {mb:8.0f} MB" + (f" {secs:8.1f} s" if secs is not None else ""))
-    if "trl" in results and "slimrl" in results:
-        t, s = results["trl"], results["slimrl"]
-        print(f"ratio slimrl/trl: peak RSS {s['peak_rss_mb'] / t['peak_rss_mb']:.2f}x, "
+    for mode, s in results.items():
+        if mode == "trl" or "trl" not in results:
+            continue
+        t = results["trl"]
+        print(f"ratio {mode}/trl: peak RSS {s['peak_rss_mb'] / t['peak_rss_mb']:.2f}x, "
               f"time {s['step_s'][-1] / t['step_s'][-1]:.2f}x")
+        if s.get("sync_s") is not None:
+            share = 100 * s["sync_s"] / s["step_s"][-1]
+            print(f"    {mode}: adapter sync {s['sync_s']:.3f} s = {share:.1f} % of the step")
     print(RESULT_TAG + json.dumps(results))
 
 

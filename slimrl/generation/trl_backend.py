@@ -35,13 +35,29 @@ def engine_of(model: Any) -> Any:
     return None
 
 
+def _user_sampling_kwargs(params: Any) -> dict:
+    """The keywords the user set: recorded by :func:`slimrl.vLLMSamplingParams`, a dict, or (a ``SamplingParams``
+    built directly) the fields that differ from vLLM's defaults."""
+    if params is None:
+        return {}
+    if isinstance(params, dict):
+        return dict(params)
+    recorded = getattr(params, "_slimrl_kwargs", None)
+    if recorded is not None:
+        return dict(recorded)
+    fields = getattr(params, "__struct_fields__", ())
+    default = type(params)()
+    return {f: getattr(params, f) for f in fields
+            if not f.startswith("_") and getattr(params, f) != getattr(default, f)}
+
+
 def sampling_kwargs(trainer_kwargs: dict, user_params: Any, max_completion_length: int) -> dict:
     """vLLM ``SamplingParams`` keywords: the trainer's, then ``vllm_sampling_params``'s, then slimrl's fixed ones.
 
     ``max_tokens`` is capped at ``max_completion_length`` (TRL pads and masks to that length).
     """
     kwargs = dict(trainer_kwargs)
-    user = dict(getattr(user_params, "_slimrl_kwargs", None) or (user_params if isinstance(user_params, dict) else {}))
+    user = _user_sampling_kwargs(user_params)
     for key in _FIXED:
         if key in user and user[key] != _FIXED[key]:
             warnings.warn(f"vllm_sampling_params: {key}={user[key]!r} is ignored (slimrl sets {key}={_FIXED[key]}: "
