@@ -200,8 +200,9 @@ def main() -> None:
         return
     results = {}
     for mode in args.modes.split(","):
-        cmd = [sys.executable, __file__, "--worker", mode] + [
-            a for a in sys.argv[1:] if not a.startswith("--modes") and a not in args.modes.split(",")]
+        forwarded = [a for i, a in enumerate(sys.argv[1:]) if not a.startswith("--modes")
+                     and not (i > 0 and sys.argv[i] == "--modes")]  # drop "--modes X" and "--modes=X"
+        cmd = [sys.executable, __file__, "--worker", mode] + forwarded
         out = subprocess.run(cmd, capture_output=True, text=True)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith(RESULT_TAG)]
         if out.returncode != 0 or not lines:

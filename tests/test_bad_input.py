@@ -107,6 +107,34 @@ def test_dataset_without_prompt_column(tmp_path):
                     train_dataset=Dataset.from_list([{"question": "1+2="}]), processing_class=tiny_tokenizer())
 
 
+def test_preference_dataset_without_chosen_rejected(tmp_path):
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    PatchFastRL("dpo")
+    ds = Dataset.from_list([{"prompt": "1+2=", "good": "3", "bad": "4"}])
+    with pytest.raises(ValueError, match=r"train_dataset has columns \(prompt, good, bad\) but DPOTrainer reads "
+                                         r"\('chosen', 'rejected'\): rename the columns to that layout"):
+        DPOTrainer(model=tiny_llama(), args=DPOConfig(output_dir=str(tmp_path), **CPU), train_dataset=ds,
+                   processing_class=tiny_tokenizer())
+
+
+def test_kto_dataset_without_label_and_a_subclass_reads_its_bases_layout(tmp_path):
+    from datasets import Dataset
+    from trl import KTOConfig, KTOTrainer
+
+    PatchFastRL("kto")
+
+    class MyKTO(KTOTrainer):
+        pass
+
+    ds = Dataset.from_list([{"prompt": "1+2=", "completion": "3"}])
+    with pytest.raises(ValueError, match=r"but KTOTrainer reads \('prompt', 'completion', 'label'\) or "
+                                         r"\('chosen', 'rejected'\)"):
+        MyKTO(model=tiny_llama(), args=KTOConfig(output_dir=str(tmp_path), **CPU), train_dataset=ds,
+              processing_class=tiny_tokenizer())
+
+
 def test_reward_function_that_raises_is_named(tmp_path):
     def score(completions, **kwargs):
         raise KeyError("answer")

@@ -105,15 +105,18 @@ def bound_inputs(orig_init, args: tuple, kwargs: dict) -> dict:
     return {**dict(zip(names, args)), **kwargs}
 
 
-def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, required_columns: tuple[str, ...] = ()) -> None:
+def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, required_columns: tuple[str, ...] = (),
+                         trainer: type | None = None) -> None:
     """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset``, one without
-    ``required_columns``, and a model/config precision mismatch (after slimrl's precision defaults) are errors
-    naming the fix (:mod:`slimrl.patching.validation`)."""
+    ``required_columns`` or without the column layout ``trainer`` reads, and a model/config precision mismatch
+    (after slimrl's precision defaults) are errors naming the fix (:mod:`slimrl.patching.validation`)."""
     from slimrl.patching.defaults import apply_precision_defaults
-    from slimrl.patching.validation import check_dataset, check_precision
+    from slimrl.patching.validation import check_dataset, check_layout, check_precision
 
     bound = bound_inputs(orig_init, args, kwargs)
     check_dataset(bound.get("train_dataset"), required_columns)
+    if trainer is not None:
+        check_layout(bound.get("train_dataset"), trainer)
     apply_precision_defaults(bound.get("model"), bound.get("args"))
     check_precision(bound.get("model"), bound.get("args"))
 
@@ -126,7 +129,7 @@ def legacy_trainer_init_factory(orig_init):
     @functools.wraps(orig_init)
     def slimrl_legacy_trainer_init(self, *args, **kwargs):
         kwargs = translate_trainer_kwargs(type(self), orig_init, args, kwargs)
-        check_trainer_inputs(orig_init, args, kwargs)
+        check_trainer_inputs(orig_init, args, kwargs, trainer=type(self))
         if kwargs.get("reward_funcs") is not None:  # RLOO, OnlineDPO, XPO: same guard as GRPO's
             kwargs["reward_funcs"] = guard_reward_funcs(kwargs["reward_funcs"])
         orig_init(self, *args, **kwargs)

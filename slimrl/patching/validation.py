@@ -144,3 +144,31 @@ def check_dataset(dataset: Any, required: tuple[str, ...], argument: str = "trai
         if missing:
             raise ValueError(f"{argument} has no {missing[0]!r} column (columns: {', '.join(columns) or 'none'}): "
                              f"rename the column holding the {missing[0]}s to {missing[0]!r}")
+
+
+# Column layouts each trainer reads from a raw (not yet tokenized) dataset; a dataset must hold one of them whole.
+# SFT is left to TRL: it also takes a formatting function, a renamed text field and several chat layouts.
+_PAIRED = (("chosen", "rejected"),)  # with or without an explicit "prompt"
+TRAINER_LAYOUTS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "DPOTrainer": _PAIRED, "ORPOTrainer": _PAIRED, "CPOTrainer": _PAIRED, "RewardTrainer": _PAIRED,
+    "KTOTrainer": (("prompt", "completion", "label"), *_PAIRED),
+    "BCOTrainer": (("prompt", "completion", "label"),),
+    "RLOOTrainer": (("prompt",),), "OnlineDPOTrainer": (("prompt",),), "XPOTrainer": (("prompt",),),
+    "PRMTrainer": (("prompt", "completions", "labels"),),
+}
+
+
+def check_layout(dataset: Any, trainer_cls: type, argument: str = "train_dataset") -> None:
+    """``dataset`` holds every column of one of the layouts the trainer reads (a subclass reads its TRL base's;
+    tokenized datasets pass)."""
+    trainer = next((c.__name__ for c in trainer_cls.__mro__ if c.__name__ in TRAINER_LAYOUTS), None)
+    layouts = TRAINER_LAYOUTS.get(trainer)
+    columns = getattr(dataset, "column_names", None)
+    if not layouts or not isinstance(columns, list) or any(c.endswith("input_ids") for c in columns):
+        return
+    if any(all(c in columns for c in layout) for layout in layouts):
+        return
+    wanted = " or ".join("(" + ", ".join(repr(c) for c in layout) + ")" for layout in layouts)
+    raise ValueError(f"{argument} has columns ({', '.join(columns) or 'none'}) but {trainer} reads {wanted}: rename "
+                     f"the columns to that layout (TRL's dataset formats: "
+                     f"https://huggingface.co/docs/trl/dataset_formats)")

@@ -137,3 +137,13 @@ def test_base_weights_shared_where_the_engine_keeps_them(lora_model):
     vllm_embed = engine.llm.collective_rpc(lambda w: w.model_runner.model.model.embed_tokens.base_layer.weight)[0]
     assert embed.data_ptr() == vllm_embed.data_ptr()
     assert model.get_output_embeddings().weight.data_ptr() == embed.data_ptr()  # tied head follows
+
+
+def test_the_engine_opens_no_network_port(lora_model):
+    """In-process engine: no server, no listening socket (distributed init goes through a file)."""
+    import psutil
+
+    model, _ = lora_model
+    assert model.vllm_engine.llm is not None
+    listening = [c for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert listening == []
