@@ -139,7 +139,6 @@ def worker(args: argparse.Namespace) -> dict:
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(path)
-        extra = {}
     prompt = [{"role": "user", "content": "Write a long story about the number five."}]
     ds = Dataset.from_list([{"prompt": prompt}] * 16)
     cfg = GRPOConfig(
@@ -154,6 +153,16 @@ def worker(args: argparse.Namespace) -> dict:
     trainer = GRPOTrainer(model=model, args=cfg, reward_funcs=[_reward_len], train_dataset=ds,
                           processing_class=tok, **trainer_kwargs)
     prof.wrap(trainer, "_generate", "generation")
+    sync_times: list[float] = []
+    if args.worker == "trl-vllm":  # TRL's own sync: merge the adapter, push every weight, unmerge
+        orig_sync = trainer.vllm_generation.sync_weights
+
+        def timed_sync():
+            t0 = time.perf_counter()
+            orig_sync()
+            sync_times.append(time.perf_counter() - t0)
+
+        trainer.vllm_generation.sync_weights = timed_sync
     prof.wrap(trainer, "_get_per_token_logps_and_entropies",
               lambda grad: "policy forward (grad)" if grad else "old/ref log-probs (no grad)")
     prof.wrap(trainer.accelerator, "backward", "backward")
@@ -175,7 +184,7 @@ def worker(args: argparse.Namespace) -> dict:
     logs = [h for h in trainer.state.log_history if "loss" in h]
     engine = getattr(getattr(trainer, "vllm_generation", None), "engine", None)
     return {
-        "sync_s": engine.timings["last_sync_s"] if engine is not None else None,
+        "sync_s": engine.timings["last_sync_s"] if engine is not None else (sync_times[-1] if sync_times else None),
         "mode": args.worker, "peak_rss_mb": _hwm_mb(), "rss_after_load_mb": rss_before,
         "step_s": step_times, "phase_peak_rss_mb": prof.peaks,
         "phase_s": prof.seconds, "loss": logs[-1]["loss"] if logs else None,

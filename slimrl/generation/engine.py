@@ -10,8 +10,9 @@ counted, so ``gpu_memory_utilization="auto"`` can size the KV cache from what is
   no merge, no full-weight push, no file): ``LLM.collective_rpc`` runs :func:`_install_adapter` on the worker, which
   builds vLLM's ``LoRAModel`` from the tensors and puts it in the worker's adapter cache in place of the previous
   one. The generation request then names the id, which the worker finds already loaded.
-* :meth:`SlimrlEngine.standby` / :meth:`SlimrlEngine.resume`: vLLM sleep level 1 on CUDA (the KV cache is freed,
-  weights kept); on CPU, where vLLM has no sleep mode, the KV cache's pages are released to the OS
+* :meth:`SlimrlEngine.standby` / :meth:`SlimrlEngine.resume`: the KV cache is freed between generations, weights
+  kept: on CUDA vLLM's ``release_kv_cache_memory`` (its sleep level 1 where that is missing and no weight is
+  shared); on CPU, where vLLM has no sleep mode, the KV cache's pages are released to the OS
   (:func:`slimrl.generation.memory.release_host_pages`).
 * Base weights are shared with the training model where the engine keeps them in the same layout
   (:func:`slimrl.generation.weights.share_base_weights`).
@@ -103,6 +104,7 @@ class SlimrlEngine:
         self.lora_request: Any = None
         self.adapter_id = 0
         self.asleep = False
+        self._wake_tags: tuple = ()  # what resume() wakes on CUDA (set by standby)
         self.shared_bytes = 0
         self.kv_cache_bytes: int | None = None
         self.phase_peaks: dict[str, int] = {}  # "generation" / "training" -> peak bytes of the last such phase
@@ -185,14 +187,29 @@ class SlimrlEngine:
             return 0
         self.phase_peaks["generation"] = peak_bytes(self.device)
         if self.device.type == "cuda":
-            before = torch.cuda.mem_get_info()[0]
-            self.llm.sleep(level=1)
-            released = torch.cuda.mem_get_info()[0] - before
+            released = self._cuda_standby()
         else:
             released = sum(self.llm.collective_rpc(lambda w: release_host_pages(_kv_cache_tensors(w))))
         self.asleep = True
         reset_peak(self.device)
         return released
+
+    def _cuda_standby(self) -> int:
+        """KV cache only: ``sleep(level=0)`` + ``release_kv_cache_memory()`` where vLLM has it (>= 0.32); its sleep
+        level 1 would also move the weights to the host, under the training model's shared views, so with shared
+        weights and an older vLLM there is no standby. (Not run here: no GPU was lent to the session that wrote it.)
+        """
+        before = torch.cuda.mem_get_info()[0]
+        if hasattr(self.llm, "release_kv_cache_memory"):
+            self.llm.sleep(level=0)
+            self.llm.release_kv_cache_memory()
+            self._wake_tags = (["kv_cache"], ["scheduling"])
+        elif self.shared_bytes == 0:
+            self.llm.sleep(level=1)
+            self._wake_tags = (None,)
+        else:
+            self._wake_tags = ()
+        return torch.cuda.mem_get_info()[0] - before
 
     def resume(self) -> None:
         """Take the KV cache back (before a generation)."""
@@ -200,8 +217,8 @@ class SlimrlEngine:
             return
         self.phase_peaks["training"] = peak_bytes(self.device)
         reset_peak(self.device)
-        if self.device.type == "cuda":
-            self.llm.wake_up(tags=["kv_cache"])
+        for tags in self._wake_tags if self.device.type == "cuda" else ():
+            self.llm.wake_up(tags=tags)
         self.llm.reset_prefix_cache()  # released pages read as zeros: no cached prefix may be reused
         self.asleep = False
 
