@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer generating through the fast_inference engine (real SmolLM2-135M, vLLM's CPU build).
 
-One run serves every check (the engine's start dominates a short run): ``use_vllm`` switched on and shown, TRL's
+One run (8 steps) serves every check: ``use_vllm`` switched on and shown, TRL's
 generation object is slimrl's, one adapter sync per optimizer step (new id each), TRL's own importance-sampling
 metric shows the engine's sampled-token log-probs equal the training model's at every step (so the sync happened
 before each generation), ``vllm_sampling_params`` reaches the engine, phase peaks are logged, and the reward on
@@ -16,7 +16,7 @@ from slimrl.generation import vllm_status
 
 pytestmark = pytest.mark.skipif(vllm_status() is not None, reason=f"vLLM not usable here: {vllm_status()}")
 
-STEPS = 12
+STEPS = 8
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +33,10 @@ def run(tmp_path_factory):
                                                        gpu_memory_utilization="auto")
         model = FastLanguageModel.get_peft_model(model, r=16, lora_alpha=32, use_gradient_checkpointing=False)
         cfg = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("grpo")), per_device_train_batch_size=8,
-                         num_generations=4, max_completion_length=48, max_steps=STEPS, learning_rate=5e-4,
+                         num_generations=4, max_completion_length=32, max_steps=STEPS, learning_rate=5e-4,
                          lr_scheduler_type="constant", beta=0.0, temperature=0.8, seed=3407, report_to="none",
                          use_cpu=True, save_strategy="no", logging_steps=1,
-                         vllm_sampling_params=vLLMSamplingParams(max_tokens=40, n=4))
+                         vllm_sampling_params=vLLMSamplingParams(max_tokens=28, n=4))
         with pytest.warns(UserWarning, match="n=4 is ignored"):
             trainer = GRPOTrainer(model=model, args=cfg, train_dataset=make_arithmetic_dataset(128),
                                   processing_class=tok, reward_funcs=[correctness_reward, format_reward])
@@ -57,7 +57,7 @@ def test_trainer_generates_through_the_engine(run, capsys):
     assert engine.adapter_id == STEPS and engine.timings["syncs"] == STEPS  # one sync per optimizer step
     assert engine.lora_request.lora_int_id == STEPS
     sampling = trainer.vllm_generation.sampling
-    assert sampling["max_tokens"] == 40 and sampling["n"] == 1
+    assert sampling["max_tokens"] == 28 and sampling["n"] == 1
     assert sampling["temperature"] == 0.8  # from the trainer
 
 
@@ -71,7 +71,7 @@ def test_engine_logprobs_match_training_model_at_every_step(run):
     for h in logs:
         assert h["sampling/sampling_logp_difference/mean"] < 1e-3, h
         assert 0.99 < h["sampling/importance_sampling_ratio/mean"] < 1.01, h
-        assert h["completions/max_length"] <= 40  # vllm_sampling_params(max_tokens=40) reached the engine
+        assert h["completions/max_length"] <= 28  # vllm_sampling_params(max_tokens=28) reached the engine
         assert h["memory/generation_peak_mb"] > 100 and h["engine/sync_s"] > 0
     assert all("memory/training_peak_mb" in h for h in logs[1:])
 
@@ -79,5 +79,6 @@ def test_engine_logprobs_match_training_model_at_every_step(run):
 def test_reward_rises_through_the_engine(run):
     trainer, _ = run
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    half = len(rewards) // 2  # per-step rewards of 8 completions are noisy: compare halves
+    first, last = sum(rewards[:half]) / half, sum(rewards[half:]) / (len(rewards) - half)
     assert last > first + 0.1, rewards
