@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 
-RESULT_TAG = "BENCH_RESULT "
+from grpo_step import RESULT_TAG, run_worker  # same directory: one worker in its own process
 
 
 def worker(mode: str, generations: int, length: int) -> dict:
@@ -90,12 +89,7 @@ def main() -> None:
     for mode in args.modes.split(","):
         cmd = [sys.executable, __file__, "--worker", mode, "--generations", str(args.generations),
                "--length", str(args.length)]
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith(RESULT_TAG)]
-        if out.returncode != 0 or not lines:
-            sys.stderr.write(out.stdout[-4000:] + out.stderr[-4000:])
-            raise SystemExit(f"{mode} worker failed (exit {out.returncode})")
-        results[mode] = json.loads(lines[-1][len(RESULT_TAG):])
+        results[mode] = run_worker(cmd, mode)
     print(f"generation, SmolLM2-135M fp32 + LoRA r=16, {args.generations} x {args.length} tokens")
     print(f"{'mode':22} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'vs hf':>6}")
     for mode, r in results.items():

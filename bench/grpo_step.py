@@ -41,6 +41,16 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def run_worker(cmd: list[str], label: str) -> dict:
+    """Run one bench worker in its own process (own peak RSS) and return the JSON it printed after RESULT_TAG."""
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    if out.returncode != 0 or not lines:
+        sys.stderr.write(out.stdout[-4000:] + out.stderr[-4000:])
+        raise SystemExit(f"{label} worker failed (exit {out.returncode})")
+    return json.loads(lines[-1][len(RESULT_TAG):])
+
+
 def _hwm_mb() -> float:
     with open("/proc/self/status") as f:
         for line in f:
@@ -211,13 +221,7 @@ def main() -> None:
     for mode in args.modes.split(","):
         forwarded = [a for i, a in enumerate(sys.argv[1:]) if not a.startswith("--modes")
                      and not (i > 0 and sys.argv[i] == "--modes")]  # drop "--modes X" and "--modes=X"
-        cmd = [sys.executable, __file__, "--worker", mode] + forwarded
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith(RESULT_TAG)]
-        if out.returncode != 0 or not lines:
-            sys.stderr.write(out.stdout[-4000:] + out.stderr[-4000:])
-            raise SystemExit(f"{mode} worker failed (exit {out.returncode})")
-        results[mode] = json.loads(lines[-1][len(RESULT_TAG):])
+        results[mode] = run_worker([sys.executable, __file__, "--worker", mode] + forwarded, mode)
     print(f"GRPO step, SmolLM2-135M, LoRA r=16, beta=0.04, {args.generations} x {args.length} tokens, "
           f"grad-ckpt={args.grad_ckpt}")
     print(f"{'mode':8} {'peak RSS MB':>12} {'s/step':>8} {'loss':>10}")

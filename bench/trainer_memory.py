@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 import warnings
 
-from grpo_step import _hwm_mb  # same directory: peak RSS (VmHWM) of this process
+from grpo_step import RESULT_TAG, _hwm_mb, run_worker  # same directory: peak RSS (VmHWM), one worker process
 
-RESULT_TAG = "BENCH_RESULT "
 PAIRED = {"dpo", "orpo", "cpo"}
 LORA = dict(r=16, lora_alpha=16, lora_dropout=0.0,
             target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
@@ -131,12 +129,7 @@ def worker(args: argparse.Namespace) -> dict:
 def run_side(mode: str, trainer: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--worker", mode, "--trainer", trainer, "--length", str(args.length),
            "--prompt-length", str(args.prompt_length)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith(RESULT_TAG)]
-    if out.returncode != 0 or not lines:
-        sys.stderr.write(out.stdout[-4000:] + out.stderr[-4000:])
-        raise SystemExit(f"{trainer}/{mode} worker failed (exit {out.returncode})")
-    return json.loads(lines[-1][len(RESULT_TAG):])
+    return run_worker(cmd, f"{trainer}/{mode}")
 
 
 def main() -> None:
