@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from slimrl.ops.chunked_logprob import free_bytes  # the free-memory reading the automatic chunking uses
+
 _MADV_DONTNEED = 4
 _TRAINING_RESERVE = 0.25
 
@@ -32,15 +34,6 @@ def kv_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> int:
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     return 2 * text.num_hidden_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
-
-
-def free_bytes(device: torch.device) -> int:
-    """Free memory on ``device``: CUDA's free bytes, or the host's available RAM."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    import psutil
-
-    return psutil.virtual_memory().available
 
 
 def total_bytes(device: torch.device) -> int:
@@ -101,13 +94,6 @@ def resident_bytes() -> int:
     import psutil
 
     return psutil.Process().memory_info().rss
-
-
-def device_bytes(device: torch.device) -> int:
-    """Memory in use now: CUDA allocated bytes on a GPU, the resident set on the host."""
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device)
-    return resident_bytes()
 
 
 def reset_peak(device: torch.device) -> None:

@@ -88,7 +88,6 @@ class SlimrlVLLMGeneration:
         if structured_outputs_regex is not None:
             base["structured_outputs"] = {"regex": structured_outputs_regex}
         self.sampling = sampling_kwargs(base, sampling_params, max_completion_length)
-        self.released_bytes = 0
 
     @property
     def llm(self) -> Any:
@@ -116,7 +115,7 @@ class SlimrlVLLMGeneration:
             kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
         with profiler or nullcontext():
             outputs = self.engine.generate(prompts, SamplingParams(**kwargs))
-        self.released_bytes = self.engine.standby()
+        self.engine.standby()
         from trl.generation.vllm_generation import extract_logprobs
 
         prompt_ids = [o.prompt_token_ids for o in outputs]

@@ -43,13 +43,14 @@ def auto_chunk_rows(n_rows: int, vocab_size: int, device: torch.device) -> int:
     Budget: ``min(64 MiB, free / 32)`` per block (the backward keeps about three such blocks alive), at least 16 rows.
     Free memory is ``torch.cuda.mem_get_info`` on CUDA and ``MemAvailable`` on CPU.
     """
-    free = _free_bytes(device)
+    free = free_bytes(device)
     budget = min(_AUTO_MAX_CHUNK_BYTES, free // 32) if free else _AUTO_MAX_CHUNK_BYTES
     rows = max(_AUTO_MIN_ROWS, budget // (4 * vocab_size))
     return int(max(1, min(n_rows, rows)))
 
 
-def _free_bytes(device: torch.device) -> int:
+def free_bytes(device: torch.device) -> int:
+    """Free memory on ``device``: CUDA's free bytes, or the host's available RAM (``MemAvailable``); 0 if unknown."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     try:
