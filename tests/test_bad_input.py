@@ -44,9 +44,9 @@ def ones(completions, **kwargs):
     return [1.0] * len(completions)
 
 
-@pytest.mark.parametrize("temperature", [0.0, -1.0, 10.0])
+@pytest.mark.parametrize("temperature", [0.0, -1.0, 10.5])
 def test_temperature_out_of_range(tmp_path, temperature):
-    with pytest.raises(ValueError, match=rf"temperature={temperature} is invalid: it must be > 0 and < 10"):
+    with pytest.raises(ValueError, match=rf"temperature={temperature} is invalid: it must be > 0 and <= 10"):
         _config(tmp_path, temperature=temperature)
 
 
@@ -81,7 +81,11 @@ def test_bf16_model_with_fp16():
     from slimrl.patching.validation import check_precision
 
     with pytest.raises(TypeError, match="the model is bfloat16 but the config has fp16=True: set fp16=False"):
-        check_precision(tiny_llama().to(torch.bfloat16), SimpleNamespace(fp16=True, bf16=False))
+        check_precision(tiny_llama().to(torch.bfloat16),
+                        SimpleNamespace(fp16=True, bf16=False, _slimrl_explicit=frozenset({"fp16"})))
+    # TRL's own default (fp16 not written by the user) is never refused
+    check_precision(tiny_llama().to(torch.bfloat16), SimpleNamespace(fp16=True, bf16=False,
+                                                                      _slimrl_explicit=frozenset()))
 
 
 def test_sequence_budget_over_max_seq_length():

@@ -33,3 +33,16 @@ def tiny_llama(seed: int = 0, vocab_size: int = 49, tie: bool = True, **override
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = 1
     return model
+
+
+def tiny_llama_scorer(seed: int = 0, **overrides):
+    """The same 2-layer Llama with a one-score head (``LlamaForSequenceClassification``, num_labels=1): a reward
+    model for RewardTrainer."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    cfg = dict(vocab_size=49, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, eos_token_id=1,
+               bos_token_id=None, num_labels=1)
+    cfg.update(overrides)
+    torch.manual_seed(seed)
+    return LlamaForSequenceClassification(LlamaConfig(**cfg))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,61 @@ class MetricsFileCallback(TrainerCallback):
                 w.writerow([r.get(c, "") for c in CSV_COLUMNS])
 
 
+# (log key, label, format) of the compact line `slimrl train` prints per step, in this order, when logged.
+STEP_LINE = (("loss", "loss", "{:.4f}"), ("reward", "reward", "{:.3f}"), ("kl", "kl", "{:.4f}"),
+             ("completions/mean_length", "len", "{:.1f}"), ("rewards/margins", "margin", "{:.3f}"),
+             ("rewards/accuracies", "acc", "{:.2f}"), ("grad_norm", "grad", "{:.3f}"))
+
+
+class StepLineCallback(TrainerCallback):
+    """One compact line per logged step instead of TRL's raw dictionary (which stays in ``metrics.jsonl`` and
+    ``report_to``): ``step 3/30  loss 0.0123  reward 0.812  kl 0.0012  len 18.4  2.4 s  1732 MB``. Step seconds
+    are wall time since the previous logged step, per step; MB is ``memory/peak_mb`` where the trainer logs it."""
+
+    def __init__(self, stream=None) -> None:
+        self.stream = stream or sys.stdout
+        self._last: tuple[float, int] | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last = (time.perf_counter(), state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs or not state.is_world_process_zero:
+            return
+        now = time.perf_counter()
+        then, step = self._last or (now, state.global_step - 1)
+        self._last = (now, state.global_step)
+        per_step = (now - then) / max(1, state.global_step - step)
+        parts = [f"step {state.global_step}/{state.max_steps}"]
+        parts += [f"{label} {fmt.format(logs[key])}" for key, label, fmt in STEP_LINE
+                  if isinstance(logs.get(key), int | float)]
+        parts.append(f"{per_step:.1f} s")
+        if isinstance(logs.get("memory/peak_mb"), int | float):
+            parts.append(f"{logs['memory/peak_mb']:.0f} MB")
+        print("  ".join(parts), file=self.stream, flush=True)
+
+
+def use_step_lines(trainer) -> None:
+    """Replace the Trainer's log printers (the tqdm bar's dict writer, ``PrinterCallback``) by
+    :class:`StepLineCallback`."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(StepLineCallback())
+
+
+def moving_average(values: list[float], window: int = 5) -> list[float]:
+    """Trailing mean over up to ``window`` values (the first points average what exists so far)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
@@ -78,7 +135,11 @@ def plot_metrics(rows: list[dict], path: str | Path, panels: tuple = PLOTTED) ->
     for ax, (key, title) in zip(axes.flat, panels):
         pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
         if pts:
-            ax.plot(*zip(*pts), marker="o", markersize=3)
+            ax.plot(*zip(*pts), marker="o", markersize=3, label=key)
+            if key == "reward" and len(pts) > 1:  # noisy per step: the trend is what a user reads
+                steps, values = zip(*pts)
+                ax.plot(steps, moving_average(list(values)), linewidth=2, label="moving average (5 steps)")
+                ax.legend(fontsize=8)
         else:
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(title)

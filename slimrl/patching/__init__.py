@@ -89,6 +89,28 @@ def trainer_available(name: str) -> bool:
     return any(_module_exists(info.module) for info in TRAINERS[name])
 
 
+def trainer_and_config(name: str) -> tuple[type, type]:
+    """The installed TRL's (trainer class, config class) for ``name`` (e.g. ``"orpo"`` -> ``ORPOTrainer``,
+    ``ORPOConfig`` from ``trl.experimental.orpo`` on 1.16); :class:`TrainerNotAvailableError` when TRL lacks it."""
+    name = _normalise(name)
+    _require(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # trl.experimental's import warning
+        for info in TRAINERS[name]:
+            if not _module_exists(info.module):
+                continue
+            module = importlib.import_module(info.module)
+            package = importlib.import_module(info.module.rsplit(".", 1)[0]) if info.module.count(".") > 1 else module
+            config_name = info.cls.replace("Trainer", "Config")
+            config = getattr(module, config_name, None) or getattr(package, config_name, None)
+            if config is None:
+                import trl
+
+                config = getattr(trl, config_name)
+            return getattr(module, info.cls), config
+    raise TrainerNotAvailableError(name)  # unreachable: _require checked it
+
+
 def _require(name: str) -> None:
     if trainer_available(name):
         return
@@ -110,19 +132,17 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     Unsloth's call ``PatchFastRL("grpo", FastLanguageModel)`` and not needed.
 
     Raises ValueError for an unknown name and :class:`TrainerNotAvailableError` for a trainer the installed TRL
-    lacks (the message names the release that has it). A trainer slimrl has no patches for yet runs as plain TRL,
-    with a warning saying so. Without CUDA, glibc's malloc is also tuned to return large freed blocks to the OS
-    (:mod:`slimrl.compat.malloc`; ``SLIMRL_MALLOC_TUNING=0`` turns it off).
+    lacks (the message names the release that has it), and
+    :class:`slimrl.patching.registry.PatchTargetMissingError` when a TRL method slimrl replaces on this release is
+    not there (slimrl never installs part of a trainer's patches silently). Without CUDA, glibc's malloc is also
+    tuned to return large freed blocks to the OS (:mod:`slimrl.compat.malloc`; ``SLIMRL_MALLOC_TUNING=0`` turns it
+    off).
     """
     names = [n for n in TRAINERS if trainer_available(n)] if algorithm is None else [_normalise(algorithm)]
     for name in names:
         _require(name)
-        todo = [p for p in patches(name) if p.applies()]
-        if not todo and algorithm is not None:
-            warnings.warn(f"slimrl has no patches for {TRAINERS[name][0].cls} yet; it runs as plain TRL",
-                          stacklevel=2)
-        for p in todo:
-            install(p)
+        for p in patches(name):
+            install(p)  # skips patches for other TRL releases; raises when one for this release has no target
         _ACTIVE.add(name)
     if cpu_training():
         tune_malloc()  # host-memory trainers: give large freed blocks back to the OS (slimrl/compat/malloc.py)
@@ -139,4 +159,5 @@ def unpatch(algorithm: str | None = None) -> None:
                 uninstall(p)
 
 
-__all__ = ["PatchFastRL", "unpatch", "describe", "TRAINERS", "TrainerNotAvailableError", "trainer_available"]
+__all__ = ["PatchFastRL", "unpatch", "describe", "TRAINERS", "TrainerNotAvailableError", "trainer_available",
+           "trainer_and_config"]

@@ -22,9 +22,11 @@ from __future__ import annotations
 import torch
 
 from slimrl.patching.capture import score_positions, servable_head
-from slimrl.patching.guards import finite_step_factory
+from slimrl.patching.config_fields import CHUNK_FIELDS, config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
+from slimrl.patching.registry import LAST_RELEASE_112 as LAST_RELEASE
 from slimrl.patching.registry import Patch, original, register
+from slimrl.patching.steps import training_step_factory
 
 TRAINER = "trl.experimental.bco.bco_trainer:BCOTrainer"
 
@@ -55,9 +57,11 @@ def slimrl_bco_forward(self, model, batch):
            logit_sums[rejected_idx])
     return (*out, outputs.aux_loss) if self.aux_loss_enabled else out
 
+CONFIG = "trl.experimental.bco.bco_config:BCOConfig"
 
 PATCHES = [
-    register(Patch("bco", TRAINER, "forward", slimrl_bco_forward)),
-    register(Patch("bco", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
-    register(Patch("bco", TRAINER, "training_step", finite_step_factory, wrap=True)),
+    register(Patch("bco", TRAINER, "forward", slimrl_bco_forward, versions=LAST_RELEASE)),
+    register(Patch("bco", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True, versions=LAST_RELEASE)),
+    register(Patch("bco", TRAINER, "training_step", training_step_factory, wrap=True, versions=LAST_RELEASE)),
+    *(register(p) for p in config_patches("bco", CONFIG, fields=CHUNK_FIELDS, versions=LAST_RELEASE)),
 ]

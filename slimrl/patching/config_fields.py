@@ -15,6 +15,12 @@ dict objects and ``__init__``.
 | ``unsloth_grpo_mini_batch``      | None    | rows per no-grad log-prob forward (GRPO/RLOO), <= generation batch |
 | ``max_seq_length``               | None    | longest prompt + completion; None = the model's, never above it   |
 
+A config gets only the fields that act on its trainer (each trainer module passes ``fields=``): a field that would
+do nothing there is never silently accepted. Passed with its default value (as Unsloth scripts do), it is dropped;
+with any other value, the config refuses it with a ValueError that says why. ``max_seq_length`` on a config
+without the field but with TRL's ``max_length`` (DPO, KTO, SFT, ORPO, CPO, Reward, ...) is TRL's old name for it:
+renamed with a FutureWarning (:mod:`slimrl.patching.legacy`).
+
 ``vllm_sampling_params`` (an object, not a flag) is accepted by the GRPO config's ``__init__`` as a plain attribute.
 """
 
@@ -56,10 +62,21 @@ def validate_extra(name: str, value: Any) -> Any:
     return value
 
 
-def _new_fields(own: dict) -> dict[str, dataclasses.Field]:
+ALL_FIELDS = tuple(EXTRA_FIELDS)
+CHUNK_FIELDS = ("unsloth_num_chunks", "unsloth_logit_chunk_multiplier")  # trainers whose log-probs run through ops
+# Why a field does nothing on a trainer that does not get it (the refusal names this).
+_NO_EFFECT = {
+    "unsloth_num_chunks": "this trainer has no vocabulary-sized log-prob pass that slimrl chunks",
+    "unsloth_logit_chunk_multiplier": "this trainer has no vocabulary-sized log-prob pass that slimrl chunks",
+    "unsloth_grpo_mini_batch": "only GRPO and RLOO have the no-grad log-prob passes it splits",
+    "max_seq_length": "this trainer has no prompt + completion budget for it to bound",
+}
+
+
+def _new_fields(own: dict, names: tuple[str, ...] = ALL_FIELDS) -> dict[str, dataclasses.Field]:
     fields = {}
     for name, (type_, default, help_text) in EXTRA_FIELDS.items():
-        if name in own:
+        if name in own or name not in names:
             continue  # the config already has it (then TRL's own meaning applies)
         f = dataclasses.field(default=default, metadata={"help": help_text})
         f.name, f.type = name, type_
@@ -68,14 +85,14 @@ def _new_fields(own: dict) -> dict[str, dataclasses.Field]:
     return fields
 
 
-def extended_fields_factory(orig: dict) -> dict:
+def extended_fields_factory(orig: dict, names: tuple[str, ...] = ALL_FIELDS) -> dict:
     """``__dataclass_fields__``: TRL's fields, then slimrl's (a new dict; TRL's is kept for ``unpatch``)."""
-    return {**orig, **_new_fields(orig)}
+    return {**orig, **_new_fields(orig, names)}
 
 
-def extended_annotations_factory(orig: dict) -> dict:
+def extended_annotations_factory(orig: dict, names: tuple[str, ...] = ALL_FIELDS) -> dict:
     """``__annotations__`` with slimrl's field types (``get_type_hints`` reads them for the argument parser)."""
-    return {**orig, **{n: f.type for n, f in _new_fields(orig).items()}}
+    return {**orig, **{n: f.type for n, f in _new_fields(orig, names).items()}}
 
 
 def _trl_field_names(config_cls: type) -> set[str]:
@@ -84,28 +101,41 @@ def _trl_field_names(config_cls: type) -> set[str]:
     return {n for n, f in own.items() if not f.metadata.get("help", "").startswith("slimrl:")}
 
 
-def pop_extra_fields(config_cls: type, kwargs: dict) -> tuple[dict, dict]:
+def pop_extra_fields(config_cls: type, kwargs: dict, names: tuple[str, ...] = ALL_FIELDS) -> tuple[dict, dict]:
     """Split ``kwargs`` into (TRL's keywords, slimrl's validated extra fields with defaults filled in). A name TRL
-    already declares on ``config_cls`` stays TRL's."""
+    already declares on ``config_cls`` stays TRL's. A field not in ``names`` (no effect on this trainer) is dropped
+    when passed at its default and refused otherwise."""
     trl_names = _trl_field_names(config_cls)
-    mine = {name: validate_extra(name, kwargs.pop(name, default))
-            for name, (_, default, _) in EXTRA_FIELDS.items() if name not in trl_names}
+    mine = {}
+    for name, (_, default, _) in EXTRA_FIELDS.items():
+        if name in trl_names or name not in kwargs and name not in names:
+            continue
+        value = kwargs.pop(name, default)
+        if name in names:
+            mine[name] = validate_extra(name, value)
+        elif value != default and not (name == "unsloth_num_chunks" and value is None):
+            from slimrl.compat.trl_info import trl_version
+
+            raise ValueError(f"{config_cls.__name__}({name}={value!r}) has no effect with trl {trl_version()}: "
+                             f"{_NO_EFFECT[name]}; remove it")
     return kwargs, mine
 
 
-def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...] = ()):
+def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...] = (),
+                        fields: tuple[str, ...] = ALL_FIELDS):
     """A TRL config's ``__init__`` that translates legacy keywords (:mod:`slimrl.patching.legacy`), accepts and
     validates slimrl's extra fields, fills slimrl's defaults (:mod:`slimrl.patching.defaults`), then runs TRL's.
 
     ``check(config_cls, kwargs, extra_fields) -> kwargs``: a trainer's own checks of the keywords, run before TRL's
     ``__post_init__``. ``extra_attributes``: keywords kept as plain attributes (objects that are not flags, e.g.
-    GRPO's ``vllm_sampling_params``).
+    GRPO's ``vllm_sampling_params``). ``fields``: the extra fields that act on this trainer (the others are refused
+    unless at their default, :func:`pop_extra_fields`).
     """
 
     @functools.wraps(orig_init)
     def slimrl_config_fields_init(self, *args, **kwargs):
         attributes = {name: kwargs.pop(name, None) for name in extra_attributes}
-        kwargs, mine = pop_extra_fields(type(self), translate_config_kwargs(type(self), dict(kwargs)))
+        kwargs, mine = pop_extra_fields(type(self), translate_config_kwargs(type(self), dict(kwargs)), fields)
         if check is not None:
             kwargs = check(type(self), kwargs, mine)
         user = dict(kwargs)
@@ -118,11 +148,13 @@ def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...]
     return slimrl_config_fields_init
 
 
-def config_patches(algorithm: str, target: str, init: bool = True) -> list[Patch]:
-    """The patches that give ``target`` (a TRL config class) slimrl's fields; ``init=False`` when the trainer's
-    module patches ``__init__`` itself (GRPO: :func:`config_init_factory` with its own checks)."""
-    out = [Patch(algorithm, target, "__dataclass_fields__", extended_fields_factory, wrap=True),
-           Patch(algorithm, target, "__annotations__", extended_annotations_factory, wrap=True)]
-    if init:
-        out.append(Patch(algorithm, target, "__init__", config_init_factory, wrap=True))
-    return out
+def config_patches(algorithm: str, target: str, fields: tuple[str, ...] = ALL_FIELDS, versions: str = ">=1.12",
+                   init=config_init_factory) -> list[Patch]:
+    """The patches that give ``target`` (a TRL config class) slimrl's ``fields`` and its ``__init__`` (legacy
+    keywords, the fields, the bf16 default where TRL's cannot run). ``init``: a factory ``f(orig_init, fields=)``
+    (GRPO passes :func:`config_init_factory` with its own checks)."""
+    return [Patch(algorithm, target, "__dataclass_fields__", functools.partial(extended_fields_factory, names=fields),
+                  wrap=True, versions=versions),
+            Patch(algorithm, target, "__annotations__", functools.partial(extended_annotations_factory, names=fields),
+                  wrap=True, versions=versions),
+            Patch(algorithm, target, "__init__", functools.partial(init, fields=fields), wrap=True, versions=versions)]

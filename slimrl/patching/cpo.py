@@ -15,11 +15,11 @@ changes (:mod:`slimrl.patching.preference`).
 
 from __future__ import annotations
 
-from slimrl.patching.config_fields import config_patches
-from slimrl.patching.guards import finite_step_factory
+from slimrl.patching.config_fields import CHUNK_FIELDS, config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.preference import ConcatenatedSpec, concatenated_forward_through_ops
 from slimrl.patching.registry import Patch, original, register
+from slimrl.patching.steps import training_step_factory
 
 TRAINER = "trl.experimental.cpo.cpo_trainer:CPOTrainer"
 CONFIG = "trl.experimental.cpo.cpo_config:CPOConfig"
@@ -41,6 +41,6 @@ def slimrl_cpo_concatenated_forward(self, model, batch):
 PATCHES = [
     register(Patch("cpo", TRAINER, "concatenated_forward", slimrl_cpo_concatenated_forward)),
     register(Patch("cpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
-    register(Patch("cpo", TRAINER, "training_step", finite_step_factory, wrap=True)),
-    *(register(p) for p in config_patches("cpo", CONFIG)),
+    register(Patch("cpo", TRAINER, "training_step", training_step_factory, wrap=True)),
+    *(register(p) for p in config_patches("cpo", CONFIG, fields=CHUNK_FIELDS)),
 ]

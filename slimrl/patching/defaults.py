@@ -1,68 +1,52 @@
-"""Defaults slimrl changes when the user did not set them, and the one table that says so at trainer start.
+"""The one default slimrl changes in a TRL config, and the table that says so at trainer start.
 
-Unsloth's RL layer retunes many TrainingArguments defaults (DESIGN.md §7). slimrl's promise is TRL's math, so
-it changes only what does not alter the training recipe:
+slimrl's promise is TRL's behaviour: a TRL script trains, logs and saves the same with the patch. So the library
+keeps every TRL default (``logging_steps``, precision, learning rate, batch, optimizer, seed, ...), with exactly two
+exceptions, each listed in the changed-defaults table printed once when the trainer starts:
 
-* ``logging_steps`` 10 -> 1: a metrics row per step (RL runs are short and noisy; Unsloth does the same).
-* ``bf16`` / ``fp16`` from the model's dtype: a float32 model is trained in float32 (TRL >= 1.15 turns bf16
-  autocast on by default, which on a CPU is slower and less exact); a float16 model gets ``fp16`` on CUDA
-  instead of the bf16 that would clash with it.
-
-Kept as TRL's on purpose (they change the result of a run, and a TRL script must train the same with slimrl):
-learning rate, batch size, gradient accumulation, weight decay, warmup, seed, ``num_generations``, and the
-optimizer (``adamw_8bit`` needs bitsandbytes, which is optional here; pass ``optim="adamw_8bit"`` to use it).
+* ``bf16`` where TRL's own default cannot run: TRL >= 1.12 configs default to ``bf16=True``, which transformers
+  refuses at config creation ("Your setup doesn't support bf16/gpu") on a machine without a bf16-capable
+  accelerator unless ``use_cpu=True`` is passed. Scripts written for a GPU (Unsloth's notebooks pass no precision
+  flags) would fail there; when the user passed none of ``bf16``, ``fp16``, ``use_cpu`` and no such device exists,
+  the config is created with ``bf16=False`` (fp32 training, what transformers itself defaults to). Everywhere TRL's
+  default runs (CUDA, XPU, MPS, or ``use_cpu=True``), it is kept.
+* ``use_vllm`` when the user asked for slimrl's engine (``FastLanguageModel.from_pretrained(fast_inference=True)``;
+  :func:`slimrl.patching.generation.apply_engine_defaults`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-# Config defaults slimrl sets at config time when the keyword was not passed: name -> slimrl's value.
-CONFIG_DEFAULTS = {"logging_steps": 1}
+# TRL's configs leave bf16 at None and resolve it to ``not fp16`` in ``__post_init__`` (trl/trainer/base_config.py).
+_PRECISION_FLAGS = ("bf16", "fp16", "use_cpu")
+
+
+def bf16_default_runs() -> bool:
+    """Whether ``bf16=True`` without ``use_cpu`` passes transformers' own check here (the same predicate it uses in
+    ``TrainingArguments.__post_init__``)."""
+    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+    return bool(is_torch_bf16_gpu_available() or is_torch_xla_available())
 
 
 def apply_config_defaults(config_cls: type, kwargs: dict) -> tuple[dict, dict]:
-    """(kwargs with slimrl's defaults filled in, {name: (TRL's default, slimrl's)} of what changed)."""
-    import dataclasses
-
-    trl_defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
-    changed = {}
-    for name, value in CONFIG_DEFAULTS.items():
-        if name not in kwargs and name in trl_defaults and trl_defaults[name] != value:
-            kwargs = {**kwargs, name: value}
-            changed[name] = (trl_defaults[name], value)
-    return kwargs, changed
+    """(kwargs with slimrl's changed defaults filled in, {name: (TRL's default, slimrl's)} of what changed)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
+    if "bf16" not in defaults or any(k in kwargs for k in _PRECISION_FLAGS):
+        return kwargs, {}
+    trl_bf16 = defaults["bf16"] is None or defaults["bf16"] is True  # None: TRL resolves it to True (fp16 unset)
+    if not trl_bf16 or defaults.get("fp16") or defaults.get("use_cpu") or bf16_default_runs():
+        return kwargs, {}
+    return {**kwargs, "bf16": False}, {"bf16": (True, "False (no bf16-capable accelerator; TRL's default would "
+                                                       "fail here without use_cpu=True)")}
 
 
 def record_explicit(config: Any, kwargs: dict, changed: dict) -> None:
     """Remember which keywords the user passed and what slimrl changed (read at trainer start)."""
     config._slimrl_explicit = frozenset(kwargs) - set(changed)
     config._slimrl_changed = dict(changed)
-
-
-def apply_precision_defaults(model: Any, config: Any) -> None:
-    """``bf16`` / ``fp16`` from the model's dtype when the user set neither (see the module docstring)."""
-    import torch
-
-    explicit = getattr(config, "_slimrl_explicit", None)
-    if config is None or model is None or isinstance(model, str) or explicit is None:
-        return
-    if {"bf16", "fp16"} & explicit:
-        return
-    dtype = getattr(model, "dtype", None)
-    new_bf16, new_fp16 = config.bf16, config.fp16
-    if dtype == torch.float32 and config.bf16:
-        new_bf16 = False
-    elif dtype == torch.float16 and config.bf16:
-        new_bf16, new_fp16 = False, torch.cuda.is_available()
-    if (new_bf16, new_fp16) == (config.bf16, config.fp16):
-        return
-    for name, new in (("bf16", new_bf16), ("fp16", new_fp16)):
-        if getattr(config, name) != new:
-            config._slimrl_changed[name] = (getattr(config, name), f"{new} (model is {str(dtype).split('.')[-1]})")
-            setattr(config, name, new)
-    if hasattr(config, "mixed_precision"):  # derived in TrainingArguments.__post_init__ (transformers >= 5)
-        config.mixed_precision = "fp16" if new_fp16 else "bf16" if new_bf16 else "no"
 
 
 def print_changed_defaults(config: Any) -> None:

@@ -19,16 +19,19 @@ legacy keywords added. Use TRL >= 1.15 for the memory savings.
 
 from __future__ import annotations
 
-from slimrl.patching.config_fields import config_patches
-from slimrl.patching.guards import finite_step_factory
+from slimrl.patching.config_fields import CHUNK_FIELDS, config_patches
+from slimrl.patching.fused_head import fused_head_trainer_patches, has_fused_head
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
+from slimrl.patching.steps import training_step_factory
 
 TRAINER = "trl.trainer.dpo_trainer:DPOTrainer"
 CONFIG = "trl.trainer.dpo_config:DPOConfig"
 
 PATCHES = [
     register(Patch("dpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
-    register(Patch("dpo", TRAINER, "training_step", finite_step_factory, wrap=True)),
-    *(register(p) for p in config_patches("dpo", CONFIG)),
+    register(Patch("dpo", TRAINER, "training_step", training_step_factory, wrap=True)),
+    *fused_head_trainer_patches("dpo", TRAINER),
+    # slimrl's chunking acts through the fused head only (TRL >= 1.15); on older TRL the config refuses it
+    *(register(p) for p in config_patches("dpo", CONFIG, fields=CHUNK_FIELDS if has_fused_head() else ())),
 ]

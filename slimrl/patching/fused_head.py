@@ -14,7 +14,11 @@ padding included, in fp32 tiles of 4096 tokens x 32768 vocabulary entries (512 M
 such temporaries alive in its torch fallback). With the patches, only positions with a label (the completion
 tokens) are gathered and projected, through :func:`slimrl.ops.chunked_logprob_outputs` in row blocks sized from
 free memory (<= 64 MiB of fp32 logits each). On CUDA/XPU with Triton, TRL's own kernel is already compact and
-tiled, so the call is handed back to it unchanged (its Triton kernels are not something to redo in torch).
+tiled, so the call is handed back to it unchanged (its Triton kernels are not something to redo in torch), unless
+the running trainer's config sets ``unsloth_num_chunks`` or ``unsloth_logit_chunk_multiplier``: then slimrl's
+kernel runs with that chunking, on every device. The config is read from :func:`slimrl.patching.steps.current_args`
+(each of these trainers' ``training_step`` / ``prediction_step`` is wrapped to set it), since TRL calls the kernel
+without the trainer.
 
 The math is the same (same log-softmax under temperature, soft-cap and logit scale; same entropy, WPO
 ``log_sum_sq_probs``, ``mean_logits`` and ``is_top1`` metrics), so every loss type of these trainers is TRL's
@@ -28,10 +32,20 @@ import torch
 
 from slimrl.ops.chunked_logprob import chunked_logprob_outputs
 from slimrl.patching.registry import Patch, original, register
+from slimrl.patching.steps import current_args
 
 UTILS = "trl.trainer.utils"
 ALGORITHMS = ("dpo", "kto", "sft", "rloo")
 VERSIONS = ">=1.15"  # the fused head (``add_fused_lm_head``) arrived in TRL 1.15
+
+
+def has_fused_head() -> bool:
+    """Whether the installed TRL has the fused LM head (read from its version, without importing TRL)."""
+    from packaging.specifiers import SpecifierSet
+
+    from slimrl.compat.trl_info import trl_version
+
+    return SpecifierSet(VERSIONS).contains(trl_version(), prereleases=True)
 
 
 def _trl_kernel_is_best(device: torch.device) -> bool:
@@ -41,13 +55,20 @@ def _trl_kernel_is_best(device: torch.device) -> bool:
     return bool(_use_triton(device))
 
 
+def chunking_of(args) -> tuple[int, int | None]:
+    """(``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``) of a config; (-1, None) = automatic."""
+    num_chunks = getattr(args, "unsloth_num_chunks", -1)
+    return (-1 if num_chunks is None else num_chunks), getattr(args, "unsloth_logit_chunk_multiplier", None)
+
+
 class SlimrlChunkedLogProbFunction:
     """Drop-in for ``trl.trainer.utils._ChunkedLogProbFunction`` (only ``apply`` is ever called).
 
     ``apply(hidden [N, H], weight [V, H], bias [V] | None, targets [N], temperature, chunk_size, softcap,
     logit_scale, outputs) -> (log_probs [N], entropy | None, log_sum_sq_probs | None, mean_logits | None,
-    is_top1 | None)`` — TRL's contract. ``chunk_size`` is TRL's vocabulary tile; slimrl chunks rows instead and
-    ignores it. ``calls`` counts the calls slimrl's kernel served (tests use it to prove the path ran).
+    is_top1 | None)`` — TRL's contract. ``chunk_size`` is TRL's vocabulary tile; slimrl chunks rows instead:
+    ``unsloth_num_chunks`` / ``unsloth_logit_chunk_multiplier`` of the running trainer choose them
+    (:func:`chunking_of`). ``calls`` counts the calls slimrl's kernel served (tests use it to prove the path ran).
     """
 
     calls = 0
@@ -55,11 +76,14 @@ class SlimrlChunkedLogProbFunction:
     @staticmethod
     def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
               logit_scale=1.0, outputs=("log_probs",)):
-        if _trl_kernel_is_best(hidden.device):
+        num_chunks, multiplier = chunking_of(current_args())
+        chosen = num_chunks != -1 or multiplier is not None  # the user set slimrl's chunking for this trainer
+        if not chosen and _trl_kernel_is_best(hidden.device):
             return original(UTILS, "_ChunkedLogProbFunction").apply(
                 hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs)
         SlimrlChunkedLogProbFunction.calls += 1
         return chunked_logprob_outputs(hidden, weight, targets, bias, float(temperature), outputs=tuple(outputs),
+                                       num_chunks=num_chunks, chunk_multiplier=multiplier,
                                        logit_scale=float(logit_scale), softcap=final_logit_softcapping)
 
 
@@ -74,3 +98,12 @@ PATCHES = [
     register(Patch(ALGORITHMS, UTILS, "_ChunkedLogProbFunction", SlimrlChunkedLogProbFunction, versions=VERSIONS)),
     register(Patch(ALGORITHMS, UTILS, "_use_triton", slimrl_score_valid_positions_only, versions=VERSIONS)),
 ]
+
+
+def fused_head_trainer_patches(algorithm: str, trainer: str) -> list[Patch]:
+    """What a trainer on TRL's fused head needs besides the shared kernel swap: its evaluation runs inside
+    :func:`slimrl.patching.steps.running` too (its ``training_step`` wrapper already does)."""
+    from slimrl.patching.steps import prediction_step_factory
+
+    return [register(Patch(algorithm, trainer, "prediction_step", prediction_step_factory, wrap=True,
+                           versions=VERSIONS))]

@@ -23,15 +23,15 @@ import torch
 
 from slimrl.compat.heads import capture_head_input, logit_transform, plain_linear_head
 from slimrl.compat.malloc import recycling_phase
+from slimrl.compat.memory import peak_window
 from slimrl.models.checkpointing import align_trainer_checkpointing
 from slimrl.models.modes import for_inference, for_training
 from slimrl.ops.chunked_logprob import masked_token_logprobs
-from slimrl.patching.config_fields import config_init_factory, config_patches
+from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, config_patches
 from slimrl.patching.defaults import print_changed_defaults
 from slimrl.patching.generation import apply_engine_defaults, log_engine_metrics, slimrl_vllm_generation_factory
-from slimrl.patching.guards import check_finite_step
+from slimrl.patching.guards import check_finite_step, count_skipped_scaler_step
 from slimrl.patching.legacy import check_trainer_inputs, translate_trainer_kwargs
-from slimrl.patching.metrics import peak_memory_mb, reset_peak_memory
 from slimrl.patching.registry import Patch, original, register
 from slimrl.patching.rewards import guard_reward_funcs
 from slimrl.patching.validation import check_batch_length, check_grpo_config_kwargs, check_sequence_budget
@@ -51,12 +51,13 @@ def _grpo_config_checks(config_cls: type, kwargs: dict, extra_fields: dict) -> d
     return checked
 
 
-def slimrl_config_init_factory(orig_init):
+def slimrl_config_init_factory(orig_init, fields=ALL_FIELDS):
     """``GRPOConfig.__init__`` that also accepts slimrl's fields (:mod:`slimrl.patching.config_fields`:
     ``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``, ``unsloth_grpo_mini_batch``, ``max_seq_length``),
     ``vllm_sampling_params`` and the legacy ``max_new_tokens`` (:mod:`slimrl.patching.legacy`), and checks the
     keywords first (:func:`slimrl.patching.validation.check_grpo_config_kwargs`)."""
-    return config_init_factory(orig_init, check=_grpo_config_checks, extra_attributes=("vllm_sampling_params",))
+    return config_init_factory(orig_init, check=_grpo_config_checks, extra_attributes=("vllm_sampling_params",),
+                               fields=fields)
 
 
 def _has_extra_inputs(kwargs: dict) -> bool:
@@ -151,17 +152,20 @@ def slimrl_training_step(self, model, inputs, num_items_in_batch=None):
     """TRL's ``training_step`` plus two metrics: ``memory/peak_mb`` and ``tokens_per_s``, and a stop on a non-finite
     loss or gradient (:func:`slimrl.patching.guards.check_finite_step`).
 
-    ``memory/peak_mb``: peak device memory allocated during the step on CUDA; on CPU the process's peak RSS so
-    far. ``tokens_per_s``: completion tokens trained in the step / step wall time (generation included).
+    ``memory/peak_mb``: the peak memory of the whole step, generation included (CUDA: allocated bytes; CPU: the
+    process's peak resident set), read through :func:`slimrl.compat.memory.peak_window`, which the engine's
+    standby/resume resets cannot shorten. ``tokens_per_s``: completion tokens trained in the step / step wall time
+    (generation included).
     """
-    reset_peak_memory()
+    count_skipped_scaler_step(self)
     self._slimrl_trained_tokens = 0
     t0 = time.perf_counter()
-    out = original(TRAINER, "training_step")(self, model, inputs, num_items_in_batch)
+    with peak_window(self.accelerator.device) as window:
+        out = original(TRAINER, "training_step")(self, model, inputs, num_items_in_batch)
     check_finite_step(self, model, out)  # before the optimizer can apply a NaN/inf update
     dt = time.perf_counter() - t0
     mode = "train" if self.model.training else "eval"
-    self._metrics[mode]["memory/peak_mb"].append(peak_memory_mb())
+    self._metrics[mode]["memory/peak_mb"].append(window.peak_bytes() / 2**20)
     self._metrics[mode]["tokens_per_s"].append(self._slimrl_trained_tokens / dt if dt > 0 else 0.0)
     log_engine_metrics(self)  # fast_inference engine: phase peaks, sync time (slimrl.patching.generation)
     return out
@@ -179,7 +183,7 @@ def slimrl_grpo_init_factory(orig_init):
         model = kwargs.get("model", args[0] if args else None)
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         check_sequence_budget(model, config)
-        check_trainer_inputs(orig_init, args, kwargs, required_columns=("prompt",))
+        check_trainer_inputs(orig_init, args, kwargs, trainer=type(self))
         apply_engine_defaults(model, config)  # fast_inference engine -> use_vllm (slimrl.patching.generation)
         if "reward_funcs" in kwargs:
             kwargs["reward_funcs"] = guard_reward_funcs(kwargs["reward_funcs"])
@@ -212,8 +216,7 @@ PATCHES = [
     register(Patch("grpo", TRAINER, "__init__", slimrl_grpo_init_factory, wrap=True)),
     register(Patch("grpo", TRAINER, "_get_per_token_logps_and_entropies", slimrl_get_per_token_logps_and_entropies)),
     register(Patch("grpo", TRAINER, "training_step", slimrl_training_step)),
-    register(Patch("grpo", CONFIG, "__init__", slimrl_config_init_factory, wrap=True)),
-    *(register(p) for p in config_patches("grpo", CONFIG, init=False)),
+    *(register(p) for p in config_patches("grpo", CONFIG, init=slimrl_config_init_factory)),
     register(Patch("grpo", MODULE, "unwrap_model_for_generation", slimrl_unwrap_for_generation_factory, wrap=True)),
     register(Patch("grpo", MODULE, "VLLMGeneration", slimrl_vllm_generation_factory, wrap=True, optional=True)),
 ]

@@ -4,10 +4,23 @@
 at the end of the accumulation window), so raising here leaves the weights, the optimizer state and every
 checkpoint already written as they were: the adapter is not corrupted and training can resume from the last
 checkpoint with a fix (a lower learning rate, bf16/fp32 instead of fp16, a bounded reward).
+
+The guard never stops a run that TRL completes for a reason TRL handles itself:
+
+* ``fp16=True`` (a gradient scaler): while the scale calibrates, inf gradients are normal; the scaler sees them
+  after unscaling and skips that optimizer step, so nothing non-finite reaches the weights. Those steps are left
+  to the scaler and counted (:func:`count_skipped_scaler_step`, metric ``fp16/skipped_steps``).
+* float16 *weights* trained without a scaler (e.g. ``model_init_kwargs={"dtype": torch.float16}``): overflow to
+  inf is how that precision behaves and TRL applies the step as it is; slimrl warns once and does not stop.
+
+Everywhere else (fp32 / bf16 weights) a NaN/inf loss or gradient would be written into the weights by the
+optimizer: that is what the guard stops. The check is one fused reduction (``torch._foreach_norm`` over every
+gradient, one host sync), not one sync per parameter.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,39 +39,76 @@ def _last_checkpoint(output_dir: str | None) -> str | None:
     return str(ckpts[-1]) if ckpts else None
 
 
+def scaler_enabled(trainer: Any) -> bool:
+    """Whether the trainer's accelerator scales the loss (``fp16=True`` with a GradScaler)."""
+    scaler = getattr(getattr(trainer, "accelerator", None), "scaler", None)
+    return scaler is not None and bool(getattr(scaler, "is_enabled", lambda: True)())
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element of ``tensors`` is finite: one ``_foreach_norm`` (inf-norm: NaN and inf propagate) per
+    device and dtype, the norms summed in fp32, one host sync."""
+    if not tensors:
+        return True
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    flags = []
+    for group in groups.values():
+        norms = torch._foreach_norm(group, float("inf"))  # one value per tensor, NaN/inf if any element is
+        flags.append(torch.stack([n.float() for n in norms]).isfinite().all())
+    device = flags[0].device
+    return bool(torch.stack([f.to(device) for f in flags]).all())
+
+
 def check_finite_step(trainer: Any, model: torch.nn.Module, loss: torch.Tensor) -> None:
     """Raise :class:`NonFiniteStepError` naming the step and the likely causes when ``loss`` or any gradient of a
-    trainable parameter is not finite (checked after the backward, before the optimizer step)."""
-    what = None
-    if isinstance(loss, torch.Tensor) and not bool(torch.isfinite(loss).all()):
+    trainable parameter is not finite (checked after the backward, before the optimizer step); see the module
+    docstring for the cases left to TRL."""
+    if scaler_enabled(trainer):
+        return
+    params = [(name, p) for name, p in model.named_parameters() if p.grad is not None]
+    grads = [p.grad for _, p in params]
+    loss_ok = not isinstance(loss, torch.Tensor) or all_finite([loss.detach().reshape(-1)])
+    if loss_ok and all_finite(grads):
+        return
+    step = trainer.state.global_step + 1
+    if any(p.dtype == torch.float16 for _, p in params):
+        if not getattr(trainer, "_slimrl_fp16_warned", False):
+            trainer._slimrl_fp16_warned = True
+            warnings.warn(f"step {step}: non-finite loss or gradients with float16 weights (fp16 overflow); TRL "
+                          f"applies the step as it is. Train in bfloat16/float32 or lower the learning rate.",
+                          RuntimeWarning, stacklevel=3)
+        return
+    if not loss_ok:
         what = f"the loss is {loss.item()}"
     else:
-        for name, param in model.named_parameters():
-            if param.grad is not None and not bool(torch.isfinite(param.grad).all()):
-                what = f"the gradient of {name} has NaN/inf values"
-                break
-    if what is None:
-        return
+        name = next(n for n, p in params if not torch.isfinite(p.grad).all())  # only on the failure path
+        what = f"the gradient of {name} has NaN/inf values"
     args = trainer.args
-    step = trainer.state.global_step + 1
     ckpt = _last_checkpoint(getattr(args, "output_dir", None))
     kept = f"the last checkpoint ({ckpt}) is intact: resume from it after the fix" if ckpt else \
         "no checkpoint was written yet"
     raise NonFiniteStepError(
         f"step {step}: {what}; the update was not applied. Likely causes: learning_rate={args.learning_rate} too "
-        f"high, fp16 overflow (fp16={getattr(args, 'fp16', False)}: use bf16 or fp32), a reward function "
-        f"returning huge values, or a corrupt input row. Nothing was changed in the model; {kept}")
+        f"high, a reward function returning huge values, or a corrupt input row. Nothing was changed in the "
+        f"model; {kept}")
 
 
-def finite_step_factory(orig_training_step):
-    """A trainer's ``training_step`` followed by :func:`check_finite_step` (for trainers whose module has no
-    ``training_step`` replacement of its own; GRPO's calls the check itself)."""
-    import functools
-
-    @functools.wraps(orig_training_step)
-    def slimrl_finite_training_step(self, model, inputs, *args, **kwargs):
-        loss = orig_training_step(self, model, inputs, *args, **kwargs)
-        check_finite_step(self, model, loss)
-        return loss
-
-    return slimrl_finite_training_step
+def count_skipped_scaler_step(trainer: Any) -> None:
+    """With a gradient scaler, count the optimizer steps it skipped (non-finite scaled gradients) into the
+    trainer's metrics as ``fp16/skipped_steps`` (a running total). Called at the start of each training step: the
+    previous optimizer step, if one ran since the last call, is the one inspected."""
+    if not scaler_enabled(trainer):
+        return
+    step = trainer.state.global_step
+    stepped = getattr(trainer, "_slimrl_seen_step", step) != step  # an optimizer step ran since the last call
+    trainer._slimrl_seen_step = step
+    if not stepped:
+        return
+    if trainer.accelerator.optimizer_step_was_skipped:
+        trainer._slimrl_skipped_steps = getattr(trainer, "_slimrl_skipped_steps", 0) + 1
+    metrics = getattr(trainer, "_metrics", None)
+    if isinstance(metrics, dict) and isinstance(metrics.get("train"), dict):
+        metrics["train"].setdefault("fp16/skipped_steps", []).append(float(getattr(trainer, "_slimrl_skipped_steps",
+                                                                                   0)))

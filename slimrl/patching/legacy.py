@@ -26,7 +26,9 @@ from slimrl.patching.rewards import guard_reward_funcs
 
 # old name -> new name; ``config``/``policy``/``ref_policy`` are TRL 0.12-0.14's PPOTrainer spellings
 TRAINER_RENAMES = {"tokenizer": "processing_class", "config": "args", "policy": "model", "ref_policy": "ref_model"}
-CONFIG_RENAMES = {"max_new_tokens": "max_completion_length"}
+# max_seq_length: SFTConfig's name for max_length before TRL 0.20, and Unsloth's on every config; GRPO/RLOO keep it
+# as slimrl's own field (their budget check), so the rename applies only where the config has max_length instead.
+CONFIG_RENAMES = {"max_new_tokens": "max_completion_length", "max_seq_length": "max_length"}
 REMOVED_CONFIG_FIELDS = {
     "max_prompt_length": "prompts are truncated together with the completion by max_length",
     "max_target_length": "completions are truncated together with the prompt by max_length",
@@ -105,19 +107,16 @@ def bound_inputs(orig_init, args: tuple, kwargs: dict) -> dict:
     return {**dict(zip(names, args)), **kwargs}
 
 
-def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, required_columns: tuple[str, ...] = (),
-                         trainer: type | None = None) -> None:
-    """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset``, one without
-    ``required_columns`` or without the column layout ``trainer`` reads, and a model/config precision mismatch
-    (after slimrl's precision defaults) are errors naming the fix (:mod:`slimrl.patching.validation`)."""
-    from slimrl.patching.defaults import apply_precision_defaults
+def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, trainer: type | None = None) -> None:
+    """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset``, one without a column layout
+    ``trainer`` accepts, and a model/config precision mismatch the user wrote are errors naming the fix
+    (:mod:`slimrl.patching.validation`)."""
     from slimrl.patching.validation import check_dataset, check_layout, check_precision
 
     bound = bound_inputs(orig_init, args, kwargs)
-    check_dataset(bound.get("train_dataset"), required_columns)
+    check_dataset(bound.get("train_dataset"))
     if trainer is not None:
-        check_layout(bound.get("train_dataset"), trainer)
-    apply_precision_defaults(bound.get("model"), bound.get("args"))
+        check_layout(bound.get("train_dataset"), trainer, bound.get("args"), bound.get("formatting_func"))
     check_precision(bound.get("model"), bound.get("args"))
 
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 import torch
 
 from slimrl.patching.capture import score_positions, servable_head
-from slimrl.patching.guards import finite_step_factory
+from slimrl.patching.config_fields import CHUNK_FIELDS, config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, original, register
+from slimrl.patching.steps import training_step_factory
 
 TRAINER = "trl.experimental.online_dpo.online_dpo_trainer:OnlineDPOTrainer"
 
@@ -47,9 +48,11 @@ def slimrl_online_dpo_forward(self, model, prompt_ids, prompt_mask, completion_i
     logps, _, _ = score_positions(self, model, head, ids, mask, targets, score)  # [B, P + C]
     return logps[:, p - 1:-1]  # [B, C]
 
+CONFIG = "trl.experimental.online_dpo.online_dpo_config:OnlineDPOConfig"
 
 PATCHES = [
     register(Patch("online_dpo", TRAINER, "_forward", slimrl_online_dpo_forward)),
     register(Patch("online_dpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
-    register(Patch("online_dpo", TRAINER, "training_step", finite_step_factory, wrap=True)),
+    register(Patch("online_dpo", TRAINER, "training_step", training_step_factory, wrap=True)),
+    *(register(p) for p in config_patches("online_dpo", CONFIG, fields=CHUNK_FIELDS)),
 ]

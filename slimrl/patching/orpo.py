@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from slimrl.patching.config_fields import config_patches
-from slimrl.patching.guards import finite_step_factory
+from slimrl.patching.config_fields import CHUNK_FIELDS, config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.preference import ConcatenatedSpec, concatenated_forward_through_ops
 from slimrl.patching.registry import Patch, original, register
+from slimrl.patching.steps import training_step_factory
 
 TRAINER = "trl.experimental.orpo.orpo_trainer:ORPOTrainer"
 CONFIG = "trl.experimental.orpo.orpo_config:ORPOConfig"
@@ -48,6 +48,6 @@ def slimrl_orpo_concatenated_forward(self, model, batch):
 PATCHES = [
     register(Patch("orpo", TRAINER, "concatenated_forward", slimrl_orpo_concatenated_forward)),
     register(Patch("orpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
-    register(Patch("orpo", TRAINER, "training_step", finite_step_factory, wrap=True)),
-    *(register(p) for p in config_patches("orpo", CONFIG)),
+    register(Patch("orpo", TRAINER, "training_step", training_step_factory, wrap=True)),
+    *(register(p) for p in config_patches("orpo", CONFIG, fields=CHUNK_FIELDS)),
 ]

@@ -15,9 +15,15 @@ memory-lean RL on one GPU use GRPO or RLOO, which slimrl patches on every suppor
 
 from __future__ import annotations
 
+from slimrl.patching.config_fields import config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
+from slimrl.patching.registry import LAST_RELEASE_112 as LAST_RELEASE
 from slimrl.patching.registry import Patch, register
 
 TRAINER = "trl.experimental.ppo.ppo_trainer:PPOTrainer"
+CONFIG = "trl.experimental.ppo.ppo_config:PPOConfig"
 
-PATCHES = [register(Patch("ppo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True))]
+PATCHES = [
+    register(Patch("ppo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True, versions=LAST_RELEASE)),
+    *(register(p) for p in config_patches("ppo", CONFIG, fields=(), versions=LAST_RELEASE)),
+]

@@ -13,13 +13,17 @@ legacy keywords are patched.
 
 from __future__ import annotations
 
-from slimrl.patching.guards import finite_step_factory
+from slimrl.patching.config_fields import config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
+from slimrl.patching.registry import LAST_RELEASE_112 as LAST_RELEASE
 from slimrl.patching.registry import Patch, register
+from slimrl.patching.steps import training_step_factory
 
 TRAINER = "trl.experimental.prm.prm_trainer:PRMTrainer"
+CONFIG = "trl.experimental.prm.prm_config:PRMConfig"
 
 PATCHES = [
-    register(Patch("prm", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
-    register(Patch("prm", TRAINER, "training_step", finite_step_factory, wrap=True)),
+    register(Patch("prm", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True, versions=LAST_RELEASE)),
+    register(Patch("prm", TRAINER, "training_step", training_step_factory, wrap=True, versions=LAST_RELEASE)),
+    *(register(p) for p in config_patches("prm", CONFIG, fields=(), versions=LAST_RELEASE)),
 ]

@@ -15,6 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _MISSING = object()
+# PPO, BCO, XPO, PRM (trl.experimental) were removed after TRL 1.12.0: their patches declare this range.
+LAST_RELEASE_112 = "<1.13"
+
+
+class PatchTargetMissingError(AttributeError):
+    """A patch applies to the installed TRL release but its target is not there (TRL renamed or removed it)."""
 
 
 @dataclass(frozen=True)
@@ -33,14 +39,33 @@ class Patch:
     replacement: Callable[..., Any]
     versions: str = ">=1.12"
     wrap: bool = False
-    optional: bool = field(default=False)  # skip silently when the attribute does not exist in this TRL
+    optional: bool = field(default=False)  # skip when the attribute does not exist in this TRL (VLLMGeneration)
 
     def resolve(self) -> Any:
+        """The live object named by ``target``; :class:`PatchTargetMissingError` naming the TRL release when the
+        module or class is not there."""
         module_name, _, qualname = self.target.partition(":")
-        obj = importlib.import_module(module_name)
-        for part in filter(None, qualname.split(".")):
-            obj = getattr(obj, part)
+        try:
+            obj = importlib.import_module(module_name)
+            for part in filter(None, qualname.split(".")):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as err:
+            raise PatchTargetMissingError(self._missing(f"{self.target} does not exist ({err})")) from None
         return obj
+
+    def target_exists(self) -> bool:
+        """Whether ``target`` and its ``attribute`` exist in the installed TRL."""
+        try:
+            return hasattr(self.resolve(), self.attribute)
+        except PatchTargetMissingError:
+            return False
+
+    def _missing(self, what: str) -> str:
+        from slimrl.compat.trl_info import trl_version
+
+        return (f"slimrl cannot patch {self.target}.{self.attribute}: {what} in the installed trl {trl_version()}, "
+                f"although the patch is declared for trl{self.versions}. The installed TRL changed this method; "
+                f"install a tested release (pip install 'trl>=1.12,<1.17') or report it to slimrl")
 
     @property
     def algorithms(self) -> tuple[str, ...]:
@@ -90,7 +115,8 @@ def is_installed(patch: Patch) -> bool:
 
 def install(patch: Patch) -> bool:
     """Install one patch; idempotent. Returns False (nothing done) on a TRL outside ``patch.versions`` and for an
-    optional patch whose attribute is absent."""
+    optional patch whose attribute is absent; raises :class:`PatchTargetMissingError` for a patch that applies to
+    this TRL but whose target is not there (never a silent no-op)."""
     if patch.key in _INSTALLED:
         return True
     if not patch.applies():
@@ -99,6 +125,8 @@ def install(patch: Patch) -> bool:
     seen = getattr(obj, patch.attribute, _MISSING)
     if seen is _MISSING and patch.optional:
         return False
+    if seen is _MISSING:
+        raise PatchTargetMissingError(patch._missing(f"{patch.attribute} is not an attribute of {patch.target}"))
     own = obj.__dict__.get(patch.attribute, _MISSING) if hasattr(obj, "__dict__") else _MISSING
     new = patch.replacement(seen) if patch.wrap else patch.replacement
     _INSTALLED[patch.key] = (obj, own, seen)
@@ -125,7 +153,7 @@ def describe() -> list[dict[str, str]]:
             "algorithm": ",".join(p.algorithms),
             "target": p.target,
             "attribute": p.attribute,
-            "replacement": getattr(p.replacement, "__qualname__", repr(p.replacement)),
+            "replacement": getattr(getattr(p.replacement, "func", p.replacement), "__qualname__", repr(p.replacement)),
             "trl": p.versions,
             "installed": "yes" if p.key in _INSTALLED else "no",
         }

@@ -13,13 +13,16 @@ patched; activation memory is handled by ``FastLanguageModel.get_peft_model``'s 
 
 from __future__ import annotations
 
-from slimrl.patching.guards import finite_step_factory
+from slimrl.patching.config_fields import config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
+from slimrl.patching.steps import training_step_factory
 
 TRAINER = "trl.trainer.reward_trainer:RewardTrainer"
+CONFIG = "trl.trainer.reward_config:RewardConfig"
 
 PATCHES = [
     register(Patch("reward", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
-    register(Patch("reward", TRAINER, "training_step", finite_step_factory, wrap=True)),
+    register(Patch("reward", TRAINER, "training_step", training_step_factory, wrap=True)),
+    *(register(p) for p in config_patches("reward", CONFIG, fields=())),
 ]

@@ -15,16 +15,19 @@ TRL 1.16's ``chunked_nll`` is TRL's own chunked path and is left alone; on TRL 1
 
 from __future__ import annotations
 
-from slimrl.patching.config_fields import config_patches
-from slimrl.patching.guards import finite_step_factory
+from slimrl.patching.config_fields import CHUNK_FIELDS, config_patches
+from slimrl.patching.fused_head import fused_head_trainer_patches, has_fused_head
 from slimrl.patching.legacy import legacy_trainer_init_factory
 from slimrl.patching.registry import Patch, register
+from slimrl.patching.steps import training_step_factory
 
 TRAINER = "trl.trainer.sft_trainer:SFTTrainer"
 CONFIG = "trl.trainer.sft_config:SFTConfig"
 
 PATCHES = [
     register(Patch("sft", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
-    register(Patch("sft", TRAINER, "training_step", finite_step_factory, wrap=True)),
-    *(register(p) for p in config_patches("sft", CONFIG)),
+    register(Patch("sft", TRAINER, "training_step", training_step_factory, wrap=True)),
+    *fused_head_trainer_patches("sft", TRAINER),
+    # slimrl's chunking acts through the fused head only (TRL >= 1.15); on older TRL the config refuses it
+    *(register(p) for p in config_patches("sft", CONFIG, fields=CHUNK_FIELDS if has_fused_head() else ())),
 ]

@@ -64,7 +64,7 @@ def _world_size() -> int:
 def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
     """Checks on ``GRPOConfig(...)`` keywords that need no compute; returns the (possibly adjusted) keywords.
 
-    * ``temperature`` must be in (0, 10): ValueError.
+    * ``temperature`` must be in (0, 10]: ValueError (0 divides by zero; TRL would train on NaN).
     * ``learning_rate`` below 1e-7 or above 1: a warning (almost surely a typo, but not impossible).
     * ``per_device_train_batch_size x gradient_accumulation_steps x world size`` not a multiple of
       ``num_generations`` (and no explicit ``generation_batch_size`` / ``steps_per_generation``): the batch size
@@ -80,8 +80,8 @@ def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
         return kwargs.get(name, defaults.get(name))
 
     temperature = get("temperature")
-    if temperature is not None and not 0 < float(temperature) < 10:
-        raise ValueError(f"temperature={temperature} is invalid: it must be > 0 and < 10 (1.0 samples from the "
+    if temperature is not None and not 0 < float(temperature) <= 10:
+        raise ValueError(f"temperature={temperature} is invalid: it must be > 0 and <= 10 (1.0 samples from the "
                          f"model as it is; 0.6-1.0 is usual for GRPO)")
     lr = get("learning_rate")
     if lr is not None and not 1e-7 <= float(lr) <= 1:
@@ -111,22 +111,25 @@ def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
 
 
 def check_precision(model: Any, args: Any) -> None:
-    """A float16 model trained with ``bf16=True`` (or a bfloat16 model with ``fp16=True``) is a TypeError."""
+    """A float16 model with ``bf16=True`` written by the user (or a bfloat16 model with ``fp16=True``) is a TypeError
+    (Unsloth's check: autocast in the other half-precision format is almost surely a mistake). TRL's own default
+    (``bf16`` left unset) is never refused: TRL trains that combination, so slimrl does too."""
     import torch
 
     if model is None or args is None or isinstance(model, str):
         return
+    explicit = getattr(args, "_slimrl_explicit", frozenset())
     dtype = getattr(model, "dtype", None)
-    if dtype == torch.float16 and getattr(args, "bf16", False):
+    if dtype == torch.float16 and getattr(args, "bf16", False) and "bf16" in explicit:
         raise TypeError("the model is float16 but the config has bf16=True: set bf16=False, fp16=True, or load the "
                         "model with dtype=torch.bfloat16")
-    if dtype == torch.bfloat16 and getattr(args, "fp16", False):
+    if dtype == torch.bfloat16 and getattr(args, "fp16", False) and "fp16" in explicit:
         raise TypeError("the model is bfloat16 but the config has fp16=True: set fp16=False, bf16=True, or load the "
                         "model with dtype=torch.float16")
 
 
-def check_dataset(dataset: Any, required: tuple[str, ...], argument: str = "train_dataset") -> None:
-    """The dataset must have rows and the columns the trainer reads."""
+def check_dataset(dataset: Any, argument: str = "train_dataset") -> None:
+    """The dataset must be one split with rows (its columns: :func:`check_layout`)."""
     if dataset is None:
         return
     columns = getattr(dataset, "column_names", None)
@@ -139,35 +142,57 @@ def check_dataset(dataset: Any, required: tuple[str, ...], argument: str = "trai
         empty = False
     if empty:
         raise ValueError(f"{argument} is empty: pass a dataset with at least one row")
-    if columns is not None:
-        missing = [c for c in required if c not in columns]
-        if missing:
-            raise ValueError(f"{argument} has no {missing[0]!r} column (columns: {', '.join(columns) or 'none'}): "
-                             f"rename the column holding the {missing[0]}s to {missing[0]!r}")
 
 
-# Column layouts each trainer reads from a raw (not yet tokenized) dataset; a dataset must hold one of them whole.
-# SFT is left to TRL: it also takes a formatting function, a renamed text field and several chat layouts.
-_PAIRED = (("chosen", "rejected"),)  # with or without an explicit "prompt"
+# Column layouts each trainer accepts, as the installed TRL reads them in its ``_prepare_dataset`` (1.12-1.16): the
+# raw forms (text or conversational: same column names) first, then the pre-tokenized forms that TRL passes through
+# untokenized. A dataset must hold every column of one layout. SFT's depend on its config (see sft_layouts).
+_PAIRED = (("chosen", "rejected"),)  # with or without an explicit "prompt" (TRL extracts the shared prefix)
 TRAINER_LAYOUTS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "DPOTrainer": _PAIRED, "ORPOTrainer": _PAIRED, "CPOTrainer": _PAIRED, "RewardTrainer": _PAIRED,
+    "GRPOTrainer": (("prompt",),), "RLOOTrainer": (("prompt",),), "OnlineDPOTrainer": (("prompt",),),
+    "XPOTrainer": (("prompt",),),
+    "DPOTrainer": _PAIRED, "ORPOTrainer": _PAIRED, "CPOTrainer": _PAIRED,
+    "RewardTrainer": (*_PAIRED, ("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")),
     "KTOTrainer": (("prompt", "completion", "label"), *_PAIRED),
     "BCOTrainer": (("prompt", "completion", "label"),),
-    "RLOOTrainer": (("prompt",),), "OnlineDPOTrainer": (("prompt",),), "XPOTrainer": (("prompt",),),
-    "PRMTrainer": (("prompt", "completions", "labels"),),
+    "PRMTrainer": (("prompt", "completions", "labels"), ("input_ids",)),
+    "SFTTrainer": (),  # from the config: sft_layouts
 }
 
 
-def check_layout(dataset: Any, trainer_cls: type, argument: str = "train_dataset") -> None:
-    """``dataset`` holds every column of one of the layouts the trainer reads (a subclass reads its TRL base's;
-    tokenized datasets pass)."""
-    trainer = next((c.__name__ for c in trainer_cls.__mro__ if c.__name__ in TRAINER_LAYOUTS), None)
-    layouts = TRAINER_LAYOUTS.get(trainer)
+def sft_layouts(args: Any) -> tuple[tuple[str, ...], ...]:
+    """SFTTrainer's layouts: its ``dataset_text_field`` (``"text"``), ``messages`` / ``conversations`` (chat),
+    ``prompt`` + ``completion``, or pre-tokenized ``input_ids``."""
+    text = getattr(args, "dataset_text_field", None) or "text"
+    return ((text,), ("messages",), ("conversations",), ("prompt", "completion"), ("input_ids",))
+
+
+def trainer_layouts(trainer_cls: type, args: Any = None) -> tuple[str | None, tuple[tuple[str, ...], ...]]:
+    """(the TRL trainer name whose layouts apply, its layouts): a subclass reads its TRL base's."""
+    name = next((c.__name__ for c in trainer_cls.__mro__ if c.__name__ in TRAINER_LAYOUTS), None)
+    if name == "SFTTrainer":
+        return name, sft_layouts(args)
+    return name, TRAINER_LAYOUTS.get(name, ())
+
+
+def check_layout(dataset: Any, trainer_cls: type, args: Any = None, formatting_func: Any = None,
+                 argument: str = "train_dataset") -> None:
+    """``dataset`` holds every column of one of the layouts ``trainer_cls`` accepts (:data:`TRAINER_LAYOUTS`).
+    Not checked where TRL itself takes any columns: SFT with a ``formatting_func`` or
+    ``dataset_kwargs={"skip_prepare_dataset": True}``, and datasets without column names (iterable ones)."""
+    trainer, layouts = trainer_layouts(trainer_cls, args)
     columns = getattr(dataset, "column_names", None)
-    if not layouts or not isinstance(columns, list) or any(c.endswith("input_ids") for c in columns):
+    if not layouts or not isinstance(columns, list):
+        return
+    if trainer == "SFTTrainer" and (formatting_func is not None or
+                                    (getattr(args, "dataset_kwargs", None) or {}).get("skip_prepare_dataset")):
         return
     if any(all(c in columns for c in layout) for layout in layouts):
         return
+    if len(layouts) == 1 and len(layouts[0]) == 1:
+        (wanted,) = layouts[0]
+        raise ValueError(f"{argument} has no {wanted!r} column (columns: {', '.join(columns) or 'none'}): rename the "
+                         f"column holding the {wanted}s to {wanted!r}")
     wanted = " or ".join("(" + ", ".join(repr(c) for c in layout) + ")" for layout in layouts)
     raise ValueError(f"{argument} has columns ({', '.join(columns) or 'none'}) but {trainer} reads {wanted}: rename "
                      f"the columns to that layout (TRL's dataset formats: "

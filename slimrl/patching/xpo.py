@@ -18,9 +18,11 @@ from __future__ import annotations
 import torch
 
 from slimrl.patching.capture import score_positions, servable_head
-from slimrl.patching.guards import finite_step_factory
+from slimrl.patching.config_fields import CHUNK_FIELDS, config_patches
 from slimrl.patching.legacy import legacy_trainer_init_factory
+from slimrl.patching.registry import LAST_RELEASE_112 as LAST_RELEASE
 from slimrl.patching.registry import Patch, original, register
+from slimrl.patching.steps import training_step_factory
 
 TRAINER = "trl.experimental.xpo.xpo_trainer:XPOTrainer"
 
@@ -54,9 +56,11 @@ def slimrl_xpo_compute_logprobs(self, model, model_data, ref_data, context_lengt
             ref_on_ref = _completion_logps(self, self.ref_model, ref_head, ref_data, context_length)
     return model_on_model, model_on_ref, ref_on_ref, ref_on_model
 
+CONFIG = "trl.experimental.xpo.xpo_config:XPOConfig"
 
 PATCHES = [
-    register(Patch("xpo", TRAINER, "_compute_logprobs", slimrl_xpo_compute_logprobs)),
-    register(Patch("xpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True)),
-    register(Patch("xpo", TRAINER, "training_step", finite_step_factory, wrap=True)),
+    register(Patch("xpo", TRAINER, "_compute_logprobs", slimrl_xpo_compute_logprobs, versions=LAST_RELEASE)),
+    register(Patch("xpo", TRAINER, "__init__", legacy_trainer_init_factory, wrap=True, versions=LAST_RELEASE)),
+    register(Patch("xpo", TRAINER, "training_step", training_step_factory, wrap=True, versions=LAST_RELEASE)),
+    *(register(p) for p in config_patches("xpo", CONFIG, fields=CHUNK_FIELDS, versions=LAST_RELEASE)),
 ]

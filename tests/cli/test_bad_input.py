@@ -37,7 +37,7 @@ def test_unknown_yaml_key(capsys, tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("max_steps: 2\nlerning_rate: 1\n")
     err = _err(capsys, ["--config", str(cfg)], tmp_path)
-    assert "unknown key 'lerning_rate' in the --config file: did you mean learning_rate?" in err
+    assert f"--config {cfg}: unknown key 'lerning_rate': did you mean learning_rate?" in err
 
 
 def test_missing_dataset_file(capsys, tmp_path):
@@ -67,9 +67,39 @@ def test_reward_spec_without_colon(capsys, tmp_path):
     assert "write it as module:function" in err
 
 
-def test_num_generations_must_divide_the_batch(capsys, tmp_path):
-    err = _err(capsys, ["--per_device_train_batch_size", "6", "--num_generations", "4"], tmp_path)
-    assert "num_generations" in err and "(6)" in err and "Fix: make --per_device_train_batch_size" in err
+def test_batch_is_fixed_as_in_the_python_api(tmp_path):
+    """The CLI parses the patched GRPOConfig: a batch num_generations does not divide is fixed with the same
+    warning as ``GRPOConfig(...)`` in Python (it was an error in the CLI only)."""
+    with pytest.warns(UserWarning, match=r"not a multiple of num_generations=4: slimrl set "
+                                         r"per_device_train_batch_size=4"):
+        _, cfg = train.parse(["--per_device_train_batch_size", "6", "--num_generations", "4",
+                              "--output_dir", str(tmp_path)])
+    assert cfg.per_device_train_batch_size == 4
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "10.5"])
+def test_temperature_is_checked_as_in_the_python_api(capsys, tmp_path, value):
+    err = _err(capsys, ["--temperature", value], tmp_path)
+    assert f"temperature={float(value)} is invalid: it must be > 0 and <= 10" in err
+
+
+def test_cli_after_patchfastrl_in_the_same_process(tmp_path):
+    """A script that patched TRL itself can still call the CLI (its options used to clash with slimrl's
+    config fields: argparse's "conflicting option strings: --unsloth_num_chunks")."""
+    from slimrl import PatchFastRL, unpatch
+
+    PatchFastRL()
+    try:
+        targs, cfg = train.parse(["--unsloth_num_chunks", "4", "--max_seq_length", "256",
+                                  "--output_dir", str(tmp_path)])
+        assert (cfg.unsloth_num_chunks, cfg.max_seq_length, targs.max_seq_length) == (4, 256, 256)
+    finally:
+        unpatch()
+
+
+def test_flag_of_the_wrong_type_is_one_line(capsys, tmp_path):
+    err = _err(capsys, ["--max_steps", "abc"], tmp_path)
+    assert "error: --max_steps: invalid int value: 'abc'" in err
 
 
 def test_completion_longer_than_max_seq_length(capsys, tmp_path):

@@ -87,4 +87,18 @@ def test_dataset_without_the_algorithm_columns(capsys, tmp_path):
     data = _data(tmp_path, "sft")
     assert train.main(["--algorithm", "dpo", "--dataset", str(data), "--output_dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert "no 'chosen' column" in err and "--algorithm dpo needs columns 'prompt', 'chosen', 'rejected'" in err
+    assert f"--dataset {data} has columns (prompt, completion) but DPOTrainer reads ('chosen', 'rejected')" in err
+    assert "(--algorithm dpo)" in err and err.count("\n") == 1
+
+
+def test_dataset_columns_follow_trls_rules(model_dir, capsys):
+    """One column rule set (the trainer's, in slimrl.patching.validation): an SFT dataset with a 'text' column is
+    accepted (the CLI used to demand prompt + completion)."""
+    data = model_dir / "text.jsonl"
+    data.write_text("\n".join(json.dumps({"text": f"{a}+1={a + 1}"}) for a in range(16)))
+    argv = _argv(model_dir, "sft")
+    argv[argv.index("--dataset") + 1] = str(data)
+    try:
+        assert train.main(argv) == 0
+    finally:
+        unpatch()

@@ -47,6 +47,9 @@ def test_run_writes_adapter_metrics_plot_and_summary(setup, capsys):
     out = setup / "run"
     stdout = capsys.readouterr().out
     assert "slimrl train: summary" in stdout and "held-out digits (greedy, 4 rows)" in stdout
+    steps = [line for line in stdout.splitlines() if line.startswith("step ")]
+    assert [s.split()[1] for s in steps] == ["1/4", "2/4", "3/4", "4/4"] and "reward" in steps[0]
+    assert "{'loss'" not in stdout, "TRL's raw log dictionary is printed"
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
     assert (out / "adapter" / "tokenizer.json").is_file()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -190,3 +190,46 @@ def test_chunk_multiplier_divides_the_automatic_size():
     auto = rows_per_chunk(10_000, 49_152, dev)
     assert rows_per_chunk(10_000, 49_152, dev, multiplier=4) == max(1, auto // 4)
     assert rows_per_chunk(100, 49_152, dev, num_chunks=4, multiplier=4) == 25  # explicit N ignores it
+
+
+# Mixed precision: the op fixes one compute dtype in the forward (autocast's, else the promotion of the two input
+# dtypes) and reuses it in the backward, which autograd runs outside the caller's autocast. Tolerance by compute dtype:
+# fp32 1e-5 (as above); bf16 5e-2 and fp16 1e-2 (the inputs are rounded to 8 / 11 mantissa bits before the matmul;
+# logits here are O(3), so their rounding error is ~1e-2 / ~2e-3; softmax stays fp32).
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+TOL = {torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hidden_dtype", DTYPES)
+@pytest.mark.parametrize("weight_dtype", DTYPES)
+def test_every_dtype_pair_under_autocast_on_and_off(hidden_dtype, weight_dtype, autocast):
+    from contextlib import nullcontext
+
+    from slimrl.ops.chunked_logprob import compute_dtype
+
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(19, 24, generator=g).to(hidden_dtype).requires_grad_()
+    weight = (torch.randn(101, 24, generator=g) * 0.5).to(weight_dtype).requires_grad_()
+    targets = torch.randint(0, 101, (19,), generator=g)
+    ctx = torch.autocast("cpu", dtype=autocast) if autocast is not None else nullcontext()
+    with ctx:
+        dtype = compute_dtype(hidden, weight)
+        logps, ent = chunked_logprobs(hidden, weight, targets, None, 0.9, chunk_rows=4, with_entropy=True)
+    expected = autocast or torch.promote_types(hidden_dtype, weight_dtype)
+    assert dtype == expected and logps.dtype == torch.float32
+    w1 = torch.linspace(-1, 2, 19)
+    ((logps * w1).sum() + ent.sum()).backward()  # outside autocast, as autograd runs it
+    assert hidden.grad.dtype == hidden_dtype and weight.grad.dtype == weight_dtype
+
+    # fp64 reference on the inputs as the op sees them (rounded to the compute dtype)
+    h64 = hidden.detach().to(dtype).double().requires_grad_()
+    w64 = weight.detach().to(dtype).double().requires_grad_()
+    rl, re = reference(h64, w64, targets, temperature=0.9)
+    ((rl * w1.double()).sum() + re.sum()).backward()
+    tol = TOL[dtype]
+    torch.testing.assert_close(logps.double(), rl, rtol=tol, atol=tol)
+    torch.testing.assert_close(ent.double(), re, rtol=tol, atol=tol)
+    grad_tol = max(tol, TOL[hidden_dtype], TOL[weight_dtype])  # the gradients are stored in the inputs' dtypes
+    torch.testing.assert_close(hidden.grad.double(), h64.grad, rtol=grad_tol, atol=grad_tol)
+    torch.testing.assert_close(weight.grad.double(), w64.grad, rtol=grad_tol, atol=grad_tol)

@@ -35,29 +35,85 @@ def patched():
     unpatch()
 
 
-def test_every_patched_config_has_the_fields_in_help_flags_and_to_dict(patched, tmp_path):
+def _own_fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.metadata.get("help", "").startswith("slimrl:")}
+
+
+def test_every_patched_config_has_its_fields_in_help_flags_and_to_dict(patched, tmp_path):
     from trl import TrlParser
 
     classes = _config_classes()
     assert {c.__name__ for c in classes} >= {"GRPOConfig", "RLOOConfig", "DPOConfig", "KTOConfig", "SFTConfig",
-                                               "ORPOConfig", "CPOConfig"}
+                                               "ORPOConfig", "CPOConfig", "RewardConfig", "OnlineDPOConfig"}
     for cls in classes:
-        names = {f.name for f in dataclasses.fields(cls)}
-        assert set(EXTRA_FIELDS) <= names, cls.__name__
+        own = _own_fields(cls)
+        if not own:
+            continue  # Reward, PRM, PPO: no field acts there (refused below)
         parser = TrlParser((cls,))
         help_text = parser.format_help()
-        assert "--unsloth_num_chunks" in help_text and "--max_seq_length" in help_text, cls.__name__
-        (cfg,) = parser.parse_args_into_dataclasses(
-            ["--output_dir", str(tmp_path), "--unsloth_num_chunks", "3", "--unsloth_logit_chunk_multiplier", "2",
-             "--max_seq_length", "256", "--use_cpu", "true", "--bf16", "false"])
-        assert (cfg.unsloth_num_chunks, cfg.unsloth_logit_chunk_multiplier, cfg.max_seq_length) == (3, 2, 256)
+        argv = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false"]
+        values = {"unsloth_num_chunks": 3, "unsloth_logit_chunk_multiplier": 2, "max_seq_length": 256,
+                  "unsloth_grpo_mini_batch": None}
+        for name in own:
+            assert f"--{name}" in help_text, (cls.__name__, name)
+            if values[name] is not None:
+                argv += [f"--{name}", str(values[name])]
+        (cfg,) = parser.parse_args_into_dataclasses(argv)
         saved = json.loads(cfg.to_json_string())
-        assert saved["unsloth_num_chunks"] == 3 and saved["max_seq_length"] == 256, cls.__name__
-        if "steps_per_generation" not in names:  # GRPO/RLOO configs reject their own replace() (TRL's post-init)
-            copy = dataclasses.replace(cfg)
+        for name in own:
+            if values[name] is not None:
+                assert getattr(cfg, name) == values[name] and saved[name] == values[name], (cls.__name__, name)
+        if "steps_per_generation" not in _own_fields(cls) | {f.name for f in dataclasses.fields(cls)}:
+            copy = dataclasses.replace(cfg)  # GRPO/RLOO configs reject their own replace() (TRL's post-init)
             assert copy.unsloth_logit_chunk_multiplier == 2, cls.__name__
         default = cls(output_dir=str(tmp_path), **CPU)
-        assert default.unsloth_num_chunks == -1 and default.max_seq_length is None
+        assert default.unsloth_num_chunks == -1
+
+
+def test_fields_follow_what_acts_on_each_trainer(patched):
+    from slimrl.patching import trainer_and_config
+    from slimrl.patching.fused_head import has_fused_head
+
+    chunking = {"unsloth_num_chunks", "unsloth_logit_chunk_multiplier"}
+    expected = {"grpo": set(EXTRA_FIELDS), "rloo": set(EXTRA_FIELDS), "orpo": chunking, "cpo": chunking,
+                "online_dpo": chunking, "reward": set(), "dpo": chunking if has_fused_head() else set(),
+                "kto": chunking if has_fused_head() else set(), "sft": chunking if has_fused_head() else set()}
+    from slimrl.patching import trainer_available
+
+    if trainer_available("bco"):
+        expected.update(bco=chunking, xpo=chunking, prm=set(), ppo=set())
+    for name, fields in expected.items():
+        assert _own_fields(trainer_and_config(name)[1]) == fields, name
+
+
+def test_a_field_that_would_do_nothing_is_refused_unless_default(patched, tmp_path):
+    """Accepted-and-ignored would be a silent no-op: the default (what Unsloth scripts pass) is dropped, any other
+    value is refused with the reason."""
+    from slimrl.patching import trainer_and_config
+
+    reward_config = trainer_and_config("reward")[1]
+    cfg = reward_config(output_dir=str(tmp_path), unsloth_num_chunks=-1, unsloth_grpo_mini_batch=None, **CPU)
+    assert not hasattr(cfg, "unsloth_num_chunks")
+    with pytest.raises(ValueError, match=r"RewardConfig\(unsloth_num_chunks=4\) has no effect with trl .*: "
+                                         r"this trainer has no vocabulary-sized log-prob pass that slimrl chunks; "
+                                         r"remove it"):
+        reward_config(output_dir=str(tmp_path), unsloth_num_chunks=4, **CPU)
+    from trl import DPOConfig
+
+    with pytest.raises(ValueError, match=r"DPOConfig\(unsloth_grpo_mini_batch=2\) has no effect .*only GRPO and RLOO"):
+        DPOConfig(output_dir=str(tmp_path), unsloth_grpo_mini_batch=2, **CPU)
+
+
+def test_max_seq_length_is_max_length_where_the_config_has_it(patched, tmp_path):
+    """SFTConfig(max_seq_length=N) is TRL's old spelling of max_length (and Unsloth's on every config): renamed with
+    the legacy warning, never swallowed."""
+    from trl import DPOConfig, SFTConfig
+
+    for cls in (SFTConfig, DPOConfig):
+        with pytest.warns(FutureWarning, match=rf"{cls.__name__}\(max_seq_length=...\) is deprecated; use "
+                                               r"max_length=..."):
+            cfg = cls(output_dir=str(tmp_path), max_seq_length=77, **CPU)
+        assert cfg.max_length == 77
 
 
 @pytest.mark.parametrize(("name", "value", "message"), [
@@ -66,20 +122,20 @@ def test_every_patched_config_has_the_fields_in_help_flags_and_to_dict(patched, 
     ("max_seq_length", -5, "max_seq_length=-5 is invalid: use an int >= 1 or None"),
 ])
 def test_bad_values_are_named(patched, tmp_path, name, value, message):
-    from trl import DPOConfig
+    from trl import GRPOConfig
 
     with pytest.raises(ValueError, match=message):
-        DPOConfig(output_dir=str(tmp_path), **CPU, **{name: value})
+        GRPOConfig(output_dir=str(tmp_path), **CPU, **{name: value})
 
 
 def test_unpatch_removes_the_fields(tmp_path):
-    from trl import DPOConfig
+    from trl import GRPOConfig
 
-    PatchFastRL("dpo")
+    PatchFastRL("grpo")
     unpatch()
-    assert "unsloth_num_chunks" not in {f.name for f in dataclasses.fields(DPOConfig)}
+    assert "unsloth_num_chunks" not in {f.name for f in dataclasses.fields(GRPOConfig)}
     with pytest.raises(TypeError):
-        DPOConfig(output_dir=str(tmp_path), unsloth_num_chunks=2, **CPU)
+        GRPOConfig(output_dir=str(tmp_path), unsloth_num_chunks=2, **CPU)
 
 
 def test_max_seq_length_defaults_to_the_model_and_never_exceeds_it(patched, tmp_path):

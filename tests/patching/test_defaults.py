@@ -1,15 +1,21 @@
-"""Defaults slimrl changes only when the user did not set them, announced once in a table."""
+"""slimrl keeps TRL's defaults: the only ones it changes are bf16 where TRL's own cannot run (no bf16-capable
+accelerator and no precision flag) and use_vllm with the fast_inference engine, each announced once in a table."""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 
 from slimrl import PatchFastRL, unpatch
+from slimrl.patching import TRAINERS, trainer_and_config, trainer_available
 from tests.tiny import tiny_llama, tiny_tokenizer
 
+NO_ACCELERATOR = not torch.cuda.is_available()
 
-@pytest.fixture(autouse=True)
+
+@pytest.fixture
 def patched():
     PatchFastRL()
     yield
@@ -20,43 +26,90 @@ def _grpo(tmp_path, model, **cfg):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    config = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, use_cpu=True,
-                        max_steps=1, report_to="none", **cfg)
+    config = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
+                        max_completion_length=4, max_steps=2, report_to="none", save_strategy="no",
+                        gradient_checkpointing=False, **cfg)
     return GRPOTrainer(model=model, args=config, reward_funcs=[lambda completions, **k: [1.0] * len(completions)],
-                       train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 2), processing_class=tiny_tokenizer())
+                       train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 4), processing_class=tiny_tokenizer())
 
 
-def test_unset_defaults_are_tuned_and_printed_once(tmp_path, capsys):
-    trainer = _grpo(tmp_path, tiny_llama())
+def _available_configs() -> dict[str, type]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {n: trainer_and_config(n)[1] for n in TRAINERS if trainer_available(n)}
+
+
+@pytest.mark.skipif(not NO_ACCELERATOR, reason="the no-accelerator branch")
+def test_gpu_style_configs_are_created_on_a_cpu(patched, tmp_path, capsys):
+    """Unsloth-style scripts pass no precision flag: TRL's bf16=True default fails at config creation here; with
+    slimrl every patched config is created with bf16 off, and the table says why."""
+    configs = _available_configs()
+    assert len(configs) >= 9
+    for name, cls in configs.items():
+        cfg = cls(output_dir=str(tmp_path))
+        assert cfg.bf16 is False, name
+        assert cfg._slimrl_changed["bf16"][0] is True, name
+    from trl import GRPOConfig
+
+    with pytest.warns(FutureWarning, match="max_new_tokens"):
+        cfg = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=1, num_generations=8, max_new_tokens=32)
+    assert (cfg.bf16, cfg.max_completion_length) == (False, 32)
+    _grpo(tmp_path, tiny_llama())
     out = capsys.readouterr().out
     assert "slimrl: defaults changed (pass them to GRPOConfig to keep TRL's):" in out
-    assert "logging_steps  10 -> 1" in out and "bf16           True -> False (model is float32)" in out
-    assert trainer.args.logging_steps == 1 and trainer.args.bf16 is False
-    assert trainer.accelerator.mixed_precision == "no", "the fp32 model must train without bf16 autocast"
-    from slimrl.patching.defaults import print_changed_defaults
-
-    print_changed_defaults(trainer.args)
-    assert capsys.readouterr().out == "", "the table is printed once per config"
+    assert "bf16  True -> False (no bf16-capable accelerator" in out
 
 
-def test_explicit_values_are_kept_and_not_listed(tmp_path, capsys):
-    trainer = _grpo(tmp_path, tiny_llama(), logging_steps=5, bf16=True)
-    assert trainer.args.logging_steps == 5 and trainer.args.bf16 is True
+@pytest.mark.skipif(not NO_ACCELERATOR, reason="the no-accelerator branch")
+def test_without_slimrl_the_same_configs_fail_here(tmp_path):
+    """What item 1 fixes: TRL's own default cannot run on this machine (so the change above is needed)."""
+    from trl import DPOConfig
+
+    with pytest.raises(ValueError, match="Your setup doesn't support bf16/gpu"):
+        DPOConfig(output_dir=str(tmp_path), beta=0.1)
+
+
+def test_trl_precision_defaults_stay_where_they_run(patched, tmp_path, monkeypatch):
+    """On a bf16-capable device (simulated: transformers' check answers yes) and with use_cpu=True, TRL's default
+    stays: bf16 on, also for an fp32 model, and nothing is listed."""
+    from trl import DPOConfig
+
+    from slimrl.patching import defaults
+
+    monkeypatch.setattr(defaults, "bf16_default_runs", lambda: True)
+    import transformers.training_args as ta
+
+    monkeypatch.setattr(ta, "is_torch_bf16_gpu_available", lambda *a, **k: True)
+    cfg = DPOConfig(output_dir=str(tmp_path), beta=0.1)
+    assert cfg.bf16 is True and not cfg._slimrl_changed
+    monkeypatch.undo()
+
+    trainer = _grpo(tmp_path, tiny_llama(), use_cpu=True)  # fp32 model, TRL's bf16 default
+    assert trainer.args.bf16 is True and "bf16" not in trainer.args._slimrl_changed
+    assert trainer.accelerator.mixed_precision == "bf16", "TRL's bf16 autocast must stay on"
+
+
+def test_explicit_flags_are_kept_and_nothing_is_listed(patched, tmp_path, capsys):
+    trainer = _grpo(tmp_path, tiny_llama(), logging_steps=5, bf16=False, use_cpu=True)
+    assert trainer.args.logging_steps == 5 and trainer.args.bf16 is False
     assert "defaults changed" not in capsys.readouterr().out
 
 
-def test_fp16_model_without_precision_flags_trains_without_bf16(tmp_path):
-    trainer = _grpo(tmp_path, tiny_llama().to(torch.float16))
-    assert trainer.args.bf16 is False and trainer.args.fp16 is torch.cuda.is_available()
+def test_logging_steps_and_log_history_are_trls(tmp_path):
+    """A TRL script reads the final training metrics from ``log_history[-1]`` (merged into the last log at TRL's
+    logging_steps=10): the same keys with and without slimrl."""
+    def keys(tag):
+        trainer = _grpo(tmp_path / tag, tiny_llama(), use_cpu=True, bf16=False)
+        assert trainer.args.logging_steps == 10
+        trainer.train()
+        return set(trainer.state.log_history[-1])
 
-
-def test_other_trainers_get_the_same_defaults(tmp_path, capsys):
-    from datasets import Dataset
-    from trl import DPOConfig, DPOTrainer
-
-    pairs = [{"prompt": "1+1=", "chosen": "2", "rejected": "3"}] * 2
-    trainer = DPOTrainer(model=tiny_llama(), ref_model=tiny_llama(), train_dataset=Dataset.from_list(pairs),
-                         processing_class=tiny_tokenizer(), args=DPOConfig(output_dir=str(tmp_path), use_cpu=True,
-                                                                           report_to="none"))
-    assert trainer.args.logging_steps == 1 and trainer.args.bf16 is False
-    assert "pass them to DPOConfig to keep TRL's" in capsys.readouterr().out
+    plain = keys("trl")
+    PatchFastRL("grpo")
+    try:
+        ours = keys("slimrl")
+    finally:
+        unpatch()
+    assert "reward" in plain and "train_loss" in plain
+    slimrl_metrics = {"memory/peak_mb", "tokens_per_s"}
+    assert ours - slimrl_metrics == plain

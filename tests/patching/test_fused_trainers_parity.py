@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from slimrl.compat.trl_info import config_choices, trl_version
-from tests.patching.fused_parity import PAIRS, assert_parity, tiny_model
+from tests.patching.fused_parity import PAIRS, assert_parity, first_batch, tiny_model
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(trl_version().release < (1, 15), reason="TRL < 1.15 has no fused LM head")
@@ -82,3 +82,49 @@ def test_sft_parity_every_loss_type(tmp_path, loss_type, completion_only):
                          processing_class=tiny_tokenizer())
     assert_parity(trainer, "sft")
 
+
+
+def test_num_chunks_sets_the_fused_head_chunking(tmp_path, monkeypatch):
+    """``unsloth_num_chunks`` / ``unsloth_logit_chunk_multiplier`` on a fused-head trainer's config reach the kernel
+    (training and evaluation), and an explicit value selects slimrl's kernel even where TRL's Triton kernel would
+    run; the loss stays TRL's (same tolerance as above)."""
+    import torch
+
+    from slimrl import PatchFastRL, unpatch
+    from slimrl.patching import fused_head
+
+    seen = []
+    real = fused_head.chunked_logprob_outputs
+
+    def spy(hidden, *args, **kwargs):
+        seen.append((hidden.size(0), kwargs["num_chunks"], kwargs["chunk_multiplier"]))
+        return real(hidden, *args, **kwargs)
+
+    monkeypatch.setattr(fused_head, "chunked_logprob_outputs", spy)
+    trainer = dpo_trainer(tmp_path, per_device_eval_batch_size=4)
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train's loop; the steps run here by hand
+    inputs = first_batch(trainer)
+    torch.manual_seed(0)
+    ref = float(trainer.training_step(trainer.model, dict(inputs)))
+    PatchFastRL("dpo")
+    try:
+        trainer.args.unsloth_num_chunks = 3  # what DPOConfig(unsloth_num_chunks=3) sets while patched
+        trainer.model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        loss = float(trainer.training_step(trainer.model, dict(inputs)))
+        assert seen and all(chunks == 3 for _, chunks, _ in seen), seen
+        assert abs(loss - ref) <= 1e-4 * abs(ref)
+        seen.clear()
+        trainer.prediction_step(trainer.model, dict(inputs), prediction_loss_only=True)
+        assert seen and all(chunks == 3 for _, chunks, _ in seen), "evaluation ignored the config"
+
+        monkeypatch.setattr(fused_head, "_trl_kernel_is_best", lambda device: True)  # a CUDA device with Triton
+        seen.clear()
+        trainer.args.unsloth_num_chunks = -1
+        trainer.training_step(trainer.model, dict(inputs))
+        assert not seen, "automatic chunking must leave TRL's Triton kernel in place"
+        trainer.args.unsloth_logit_chunk_multiplier = 2
+        trainer.training_step(trainer.model, dict(inputs))
+        assert seen and all(mult == 2 for _, _, mult in seen), "an explicit setting must select slimrl's kernel"
+    finally:
+        unpatch()

@@ -70,3 +70,83 @@ def test_rloo_reward_function_errors_are_named(tmp_path):
             trainer.train()
     finally:
         unpatch()
+
+
+def _reward_run(tmp_path, patched: bool, **cfg):
+    from datasets import Dataset
+    from trl import RewardConfig, RewardTrainer
+
+    from tests.tiny import tiny_llama_scorer
+
+    pairs = [{"chosen": f"{a}+1={a + 1}", "rejected": f"{a}+1={a + 2}"} for a in range(16)]
+    if patched:
+        PatchFastRL("reward")
+    try:
+        model = tiny_llama_scorer().to(torch.float16)
+        trainer = RewardTrainer(model=model, train_dataset=Dataset.from_list(pairs), processing_class=tiny_tokenizer(),
+                                args=RewardConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, max_steps=8,
+                                                  learning_rate=0.1, per_device_train_batch_size=2, report_to="none",
+                                                  save_strategy="no", logging_steps=1, **cfg))
+        trainer.train()
+        return trainer.state.log_history
+    finally:
+        if patched:
+            unpatch()
+
+
+def test_fp16_weights_overflow_is_left_to_trl(tmp_path):
+    """TRL's own Reward test trains a float16 model at learning rate 0.1: the weights overflow and TRL completes
+    the run. The guard must not stop what TRL completes (it warns once)."""
+    plain = _reward_run(tmp_path / "trl", patched=False)
+    assert any(row.get("grad_norm") != row.get("grad_norm") for row in plain), "no overflow: the test is vacuous"
+    with pytest.warns(RuntimeWarning, match=r"non-finite loss or gradients with float16 weights"):
+        ours = _reward_run(tmp_path / "slimrl", patched=True)
+    assert [r.get("loss") for r in ours[:-1]] == [r.get("loss") for r in plain[:-1]]
+
+
+class _Scaler:
+    def is_enabled(self):
+        return True
+
+
+def _fake_trainer(scaler=None, skipped=False, step=0):
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    return SimpleNamespace(accelerator=SimpleNamespace(scaler=scaler, optimizer_step_was_skipped=skipped),
+                           state=SimpleNamespace(global_step=step), args=SimpleNamespace(output_dir=None,
+                                                                                          learning_rate=1e-4),
+                           _metrics={"train": defaultdict(list)})
+
+
+def test_scaled_fp16_steps_are_the_scalers_and_counted():
+    """With fp16 loss scaling, inf gradients are how the scale calibrates: the scaler skips those steps, so the
+    guard leaves them alone and counts them (``fp16/skipped_steps``, a running total per optimizer step)."""
+    from slimrl.patching.guards import NonFiniteStepError, check_finite_step, count_skipped_scaler_step
+
+    model = torch.nn.Linear(3, 2)
+    model.weight.grad = torch.full_like(model.weight, float("inf"))
+    check_finite_step(_fake_trainer(scaler=_Scaler()), model, torch.tensor(1.0))  # no stop
+    with pytest.raises(NonFiniteStepError, match=r"step 1: the gradient of weight has NaN/inf values"):
+        check_finite_step(_fake_trainer(), model, torch.tensor(1.0))  # fp32, no scaler: TRL would apply it
+
+    trainer = _fake_trainer(scaler=_Scaler())
+    count_skipped_scaler_step(trainer)  # first step: nothing ran yet
+    for step, skipped in ((1, True), (2, False), (3, True)):
+        trainer.state.global_step, trainer.accelerator.optimizer_step_was_skipped = step, skipped
+        count_skipped_scaler_step(trainer)
+        count_skipped_scaler_step(trainer)  # a second micro-batch of the same step counts nothing
+    assert trainer._metrics["train"]["fp16/skipped_steps"] == [1.0, 1.0, 2.0]
+
+
+def test_finite_check_is_exact_on_every_dtype():
+    from slimrl.patching.guards import all_finite
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        big = torch.full((4,), 60000.0, dtype=dtype)  # finite, but their sum overflows fp16
+        assert all_finite([big, big.clone()])
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            t = torch.zeros(5, dtype=dtype)
+            t[3] = bad
+            assert not all_finite([big, t]), (dtype, bad)
+    assert all_finite([])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
 from slimrl import PatchFastRL, unpatch
@@ -78,14 +76,28 @@ def test_missing_trainer_names_release():
         PatchFastRL(missing[0])
 
 
-def test_unpatched_trainer_warns():
-    name = next((n for n in TRAINERS if trainer_available(n) and not any(p.applies() for p in patches(n))), None)
-    if name is None:
-        pytest.skip("every trainer of this TRL has patches")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        PatchFastRL(name)
-    assert any("runs as plain TRL" in str(w.message) for w in caught)
+def test_every_applying_patch_has_its_target():
+    """On the installed TRL (this test runs in every TRL environment), every patch declared for it resolves: a
+    renamed TRL method fails here, not silently at a user's run."""
+    applying = [p for p in patches() if p.applies()]
+    assert len(applying) > 20
+    missing = [f"{p.target}.{p.attribute}" for p in applying if not p.optional and not p.target_exists()]
+    assert not missing, missing
+
+
+def test_install_refuses_a_missing_target_naming_the_release():
+    from slimrl.compat.trl_info import trl_version
+    from slimrl.patching.registry import Patch, PatchTargetMissingError, install
+
+    gone = Patch("grpo", "trl.trainer.grpo_trainer:GRPOTrainer", "_no_such_method_in_trl", lambda self: None)
+    with pytest.raises(PatchTargetMissingError, match=rf"_no_such_method_in_trl is not an attribute .* installed "
+                                                      rf"trl {trl_version()}"):
+        install(gone)
+    no_module = Patch("grpo", "trl.no_such_module:X", "y", lambda self: None)
+    with pytest.raises(PatchTargetMissingError, match=r"trl.no_such_module:X does not exist"):
+        install(no_module)
+    optional = Patch("grpo", "trl.trainer.grpo_trainer", "_absent_name", lambda o: o, wrap=True, optional=True)
+    assert install(optional) is False
 
 
 def test_bad_num_chunks_is_rejected_before_work():

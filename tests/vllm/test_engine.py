@@ -111,7 +111,7 @@ def test_sampled_tokens_carry_the_training_models_logprobs(lora_model):
 def test_standby_releases_the_kv_cache_and_generation_stays_right(lora_model):
     from vllm import SamplingParams
 
-    from slimrl.generation.memory import resident_bytes
+    from slimrl.compat.memory import resident_bytes
 
     model, tok = lora_model
     engine = model.vllm_engine

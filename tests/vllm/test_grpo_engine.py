@@ -35,7 +35,7 @@ def run(tmp_path_factory):
         cfg = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("grpo")), per_device_train_batch_size=8,
                          num_generations=4, max_completion_length=32, max_steps=STEPS, learning_rate=5e-4,
                          lr_scheduler_type="constant", beta=0.0, temperature=0.8, seed=3407, report_to="none",
-                         use_cpu=True, save_strategy="no", logging_steps=1,
+                         use_cpu=True, bf16=False, save_strategy="no", logging_steps=1,
                          vllm_sampling_params=vLLMSamplingParams(max_tokens=28, n=4))
         with pytest.warns(UserWarning, match="n=4 is ignored"):
             trainer = GRPOTrainer(model=model, args=cfg, train_dataset=make_arithmetic_dataset(128),

@@ -26,7 +26,7 @@ def test_rloo_generates_through_the_engine_one_sync_per_step(tmp_path):
         model = FastLanguageModel.get_peft_model(model, r=8, lora_alpha=16, use_gradient_checkpointing=False)
         cfg = RLOOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
                          max_completion_length=16, max_steps=2, report_to="none", use_cpu=True,
-                         save_strategy="no", logging_steps=1)
+                         bf16=False, save_strategy="no", logging_steps=1)
         trainer = RLOOTrainer(model=model, args=cfg, train_dataset=make_arithmetic_dataset(16),
                               processing_class=tok, reward_funcs=[correctness_reward])
         assert trainer.use_vllm and isinstance(trainer.vllm_generation, SlimrlVLLMGeneration)

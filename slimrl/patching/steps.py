@@ -1,0 +1,62 @@
+"""The ``training_step`` / ``prediction_step`` wrappers every patched trainer shares.
+
+* :func:`running`: while a patched trainer's step runs, its config is the *current* one, so code that TRL calls
+  without the trainer (the fused LM head's kernel, :mod:`slimrl.patching.fused_head`) reads slimrl's fields
+  (``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``) from it.
+* :func:`training_step_factory`: the step inside :func:`running`, then the NaN/inf stop
+  (:func:`slimrl.patching.guards.check_finite_step`); with fp16 loss scaling, the scaler's skipped steps are
+  counted instead (:func:`slimrl.patching.guards.count_skipped_scaler_step`).
+* :func:`prediction_step_factory`: evaluation inside :func:`running`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from slimrl.patching.guards import check_finite_step, count_skipped_scaler_step
+
+_CURRENT_ARGS: ContextVar[Any] = ContextVar("slimrl_current_trainer_args", default=None)
+
+
+@contextmanager
+def running(trainer: Any) -> Iterator[None]:
+    """Make ``trainer.args`` the current config for the duration of a step."""
+    token = _CURRENT_ARGS.set(getattr(trainer, "args", None))
+    try:
+        yield
+    finally:
+        _CURRENT_ARGS.reset(token)
+
+
+def current_args() -> Any:
+    """The config of the patched trainer whose step is running, or None outside one."""
+    return _CURRENT_ARGS.get()
+
+
+def training_step_factory(orig_training_step):
+    """A trainer's ``training_step`` run inside :func:`running`, followed by the NaN/inf stop."""
+
+    @functools.wraps(orig_training_step)
+    def slimrl_training_step(self, model, inputs, *args, **kwargs):
+        count_skipped_scaler_step(self)
+        with running(self):
+            loss = orig_training_step(self, model, inputs, *args, **kwargs)
+        check_finite_step(self, model, loss)
+        return loss
+
+    return slimrl_training_step
+
+
+def prediction_step_factory(orig_prediction_step):
+    """A trainer's ``prediction_step`` (evaluation) run inside :func:`running`."""
+
+    @functools.wraps(orig_prediction_step)
+    def slimrl_prediction_step(self, *args, **kwargs):
+        with running(self):
+            return orig_prediction_step(self, *args, **kwargs)
+
+    return slimrl_prediction_step

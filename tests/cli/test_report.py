@@ -1,0 +1,43 @@
+"""What `slimrl train` shows while and after it trains: one compact line per step, the reward's moving average."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+
+from slimrl.cli.report import StepLineCallback, moving_average, plot_metrics
+
+
+def test_one_compact_line_per_step():
+    out = io.StringIO()
+    cb = StepLineCallback(stream=out)
+    state = SimpleNamespace(global_step=0, max_steps=30, is_world_process_zero=True)
+    cb.on_train_begin(None, state, None)
+    state.global_step = 3
+    cb.on_log(None, state, None, logs={"loss": 0.0123, "reward": 0.8125, "kl": 0.00123, "completions/mean_length":
+                                       18.44, "memory/peak_mb": 1732.4, "learning_rate": 2e-4, "epoch": 0.1})
+    cb.on_log(None, state, None, logs={"train_runtime": 12.0})  # the final summary row: not a step
+    (line,) = out.getvalue().splitlines()
+    assert line.startswith("step 3/30  loss 0.0123  reward 0.812  kl 0.0012  len 18.4  ")
+    assert line.endswith(" s  1732 MB") and "{" not in line
+
+
+def test_moving_average():
+    assert moving_average([1.0, 3.0, 5.0, 7.0], window=2) == [1.0, 2.0, 4.0, 6.0]
+    assert moving_average([]) == []
+
+
+def test_reward_panel_draws_the_moving_average(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    drawn = []
+    real = matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kwargs):
+        drawn.append(kwargs.get("label"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    rows = [{"step": i, "reward": float(i % 3), "kl": 0.01} for i in range(1, 9)]
+    assert plot_metrics(rows, tmp_path / "m.png").stat().st_size > 1000
+    assert "moving average (5 steps)" in drawn and "reward" in drawn
