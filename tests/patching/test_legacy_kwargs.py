@@ -145,3 +145,38 @@ def test_trl012_style_ppo_snippet_runs(tmp_path):
         assert trainer.state.episode >= 4
     finally:
         unpatch()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-accelerator case")
+def test_gpu_style_snippets_train_on_this_cpu(tiny_dir, tmp_path):
+    """Unsloth-style GRPO and DPO scripts, exactly as written for a GPU (no precision flag, no use_cpu,
+    ``tokenizer=``, ``max_new_tokens=``), train here with slimrl patched."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
+
+    PatchFastRL("grpo", FastLanguageModel)
+    PatchFastRL("dpo", FastLanguageModel)
+    try:
+        model, tokenizer = FastLanguageModel.from_pretrained(tiny_dir, max_seq_length=128)
+        model = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = GRPOConfig(output_dir=str(tmp_path / "grpo"), per_device_train_batch_size=1, num_generations=8,
+                              max_new_tokens=32, max_steps=1, report_to="none")
+            trainer = GRPOTrainer(model=model, args=args, tokenizer=tokenizer,
+                                  reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
+                                  train_dataset=Dataset.from_list([{"prompt": f"{a}+1="} for a in range(8)]))
+        trainer.train()
+        assert trainer.state.global_step == 1 and args.bf16 is False
+
+        model, tokenizer = FastLanguageModel.from_pretrained(tiny_dir, max_seq_length=128)
+        model = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dpo = DPOTrainer(model=model, ref_model=None, tokenizer=tokenizer, train_dataset=Dataset.from_list(PAIRS),
+                             args=DPOConfig(output_dir=str(tmp_path / "dpo"), beta=0.1, max_steps=1,
+                                            per_device_train_batch_size=2, report_to="none"))
+        dpo.train()
+        assert dpo.state.global_step == 1
+    finally:
+        unpatch()
