@@ -47,7 +47,7 @@ $(STAMPVLLM): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/slimrl train
+	$(VENV)/bin/slimrl train --overwrite_output_dir true  # a repeated demo starts over in outputs/slimrl-grpo
 
 test: lint test-trl116 test-trl112 test-vllm
 

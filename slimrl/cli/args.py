@@ -52,6 +52,15 @@ class TrainArguments:
                 "correctness and format rewards."})
     resume: str | None = field(default=None, metadata={
         "help": "Continue from a checkpoint: a path, or 'latest' (also: --resume with no value)."})
+    overwrite_output_dir: bool = field(default=False, metadata={
+        "help": "Start over in an --output_dir that holds an earlier run (its checkpoints and adapter are removed)."})
+    truncate_prompts: bool = field(default=False, metadata={
+        "help": "grpo/rloo: cut prompts longer than max_seq_length - max_completion_length to their last tokens "
+                "(conversations: oldest messages first) instead of stopping."})
+    drop_long_prompts: bool = field(default=False, metadata={
+        "help": "grpo/rloo: drop the rows whose prompt is longer than max_seq_length - max_completion_length."})
+    threads: int | None = field(default=None, metadata={
+        "help": "CPU threads for torch (default: the idle cores; OMP_NUM_THREADS also sets it)."})
 
 
 @dataclass

@@ -68,6 +68,8 @@ def _read_file(path: Path, name: str):
     try:
         return datasets.load_dataset(DATA_SUFFIXES[suffix], data_files=str(path), split="train")
     except Exception as err:  # noqa: BLE001  (a malformed file: name it in one line)
+        if "corresponds to no data" in str(err):  # datasets' words for a file without rows ([], a CSV header)
+            raise UsageError(f"--dataset {name}: the file has no rows; it needs at least one") from None
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UsageError(f"--dataset {name}: cannot read it as {DATA_SUFFIXES[suffix]} ({first[:200]})") from None
 
@@ -118,3 +120,59 @@ def load_dataset_arg(targs: TrainArguments, seed: int, trainer_cls: type, cfg: A
     if n_eval > 0:
         return ds.select(range(len(ds) - n_eval)), ds.select(range(len(ds) - n_eval, len(ds)))
     return ds, None
+
+
+def _prompt_ids(tokenizer, prompt) -> list[int]:
+    """Token ids of one prompt as GRPO/RLOO build them (chat template with the generation prompt for a
+    conversation; no special tokens added to plain text)."""
+    if isinstance(prompt, str):
+        return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _shorten(tokenizer, prompt, budget: int):
+    """``prompt`` cut to ``budget`` tokens: plain text keeps its last tokens; a conversation loses its oldest
+    non-system messages (None when even its last message does not fit)."""
+    if isinstance(prompt, str):  # cut the text where its last `budget` tokens start (no decode round trip)
+        if getattr(tokenizer, "is_fast", False):
+            offsets = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            return prompt[offsets[-budget][0]:]
+        return tokenizer.decode(_prompt_ids(tokenizer, prompt)[-budget:])
+    messages = list(prompt)
+    while len(_prompt_ids(tokenizer, messages)) > budget:
+        drop = next((i for i, m in enumerate(messages[:-1]) if m.get("role") != "system"), None)
+        if drop is None:
+            return None
+        messages.pop(drop)
+    return messages
+
+
+def fit_prompts(ds, tokenizer, targs: TrainArguments, completion: int, name: str):
+    """Prompts must leave ``completion`` tokens within ``--max_seq_length``: checked on the tokenized dataset
+    before the model loads. Too long: one line with how many and the longest (and the two ways out), or, with
+    ``--truncate_prompts`` / ``--drop_long_prompts``, the fixed dataset (and a line saying what was done)."""
+    budget = targs.max_seq_length - completion
+    lengths = [len(_prompt_ids(tokenizer, p)) for p in ds["prompt"]]
+    long_rows = [i for i, n in enumerate(lengths) if n > budget]
+    if not long_rows:
+        return ds
+    worst = max(long_rows, key=lambda i: lengths[i])
+    what = (f"{len(long_rows)} of {len(ds)} prompts are longer than the {budget} tokens that --max_seq_length "
+            f"{targs.max_seq_length} - --max_completion_length {completion} leave (longest: {lengths[worst]} "
+            f"tokens, row {worst})")
+    if targs.drop_long_prompts:
+        if len(long_rows) == len(ds):
+            raise UsageError(f"--dataset {name}: every prompt is too long ({what}); raise --max_seq_length")
+        print(f"slimrl train: dropped {what.split(' are ')[0]} that are too long", flush=True)
+        keep = sorted(set(range(len(ds))) - set(long_rows))
+        return ds.select(keep)
+    if targs.truncate_prompts:
+        short = {i: _shorten(tokenizer, ds[i]["prompt"], budget) for i in long_rows}
+        if any(p is None for p in short.values()):
+            raise UsageError(f"--dataset {name}: {what}; a conversation's last message alone is over the budget: "
+                             f"use --drop_long_prompts true or raise --max_seq_length")
+        print(f"slimrl train: truncated {len(long_rows)} prompts to {budget} tokens", flush=True)
+        return ds.map(lambda row, i: {"prompt": short.get(i, row["prompt"])}, with_indices=True)
+    raise UsageError(f"--dataset {name}: {what}; pass --truncate_prompts true, --drop_long_prompts true, or raise "
+                     f"--max_seq_length")

@@ -170,3 +170,42 @@ def fmt_change(before: float | None, after: float | None, digits: int = 3) -> st
     if before is None or after is None:
         return "n/a"
     return f"{before:.{digits}f} -> {after:.{digits}f} ({after - before:+.{digits}f})"
+
+
+def plot_for(out: Path, online: bool) -> Path | None:
+    """``metrics.png`` of the run in ``out`` (online: reward panels; offline: loss/preference panels)."""
+    return plot_metrics(read_metrics(out / "metrics.jsonl"), out / "metrics.png",
+                        PLOTTED if online else PLOTTED_OFFLINE)
+
+
+def print_summary(algorithm: str, steps: int, seconds: float, peak_mb: float, out: Path, plot: Path | None,
+                  key: str, before: dict | None, after: dict | None, eval_rows: int,
+                  resume_from: Path | None) -> dict[str, Any]:
+    """The summary table `slimrl train` prints at the end; returns the same facts as a dict."""
+    rows = read_metrics(out / "metrics.jsonl")
+    summary = {
+        "steps": steps, "time_s": seconds, "peak_memory_mb": peak_mb, "algorithm": algorithm,
+        "train_reward_start": mean_of(rows, "reward", first=True),
+        "train_reward_end": mean_of(rows, "reward", first=False),
+        "train_loss_start": mean_of(rows, "loss", first=True), "train_loss_end": mean_of(rows, "loss", first=False),
+        "eval_before": before, "eval_after": after, "adapter": str(out / "adapter"),
+        "metrics": str(out / "metrics.jsonl"), "plot": str(plot) if plot else None,
+        "resumed_from": str(resume_from) if resume_from else None,
+    }
+    items = [("algorithm", algorithm), ("steps", steps), ("time", f"{seconds:.0f} s"),
+             ("peak memory", f"{peak_mb:.0f} MB")]
+    if summary["train_reward_start"] is not None:
+        items.append(("train reward (first 5 -> last 5 steps)", fmt_change(summary["train_reward_start"],
+                                                                           summary["train_reward_end"])))
+    else:
+        items.append(("train loss (first 5 -> last 5 steps)", fmt_change(summary["train_loss_start"],
+                                                                         summary["train_loss_end"])))
+    if before and after:
+        items += [(f"held-out {key} (greedy, {eval_rows} rows)", fmt_change(before[key], after[key])),
+                  ("held-out total reward (greedy)", fmt_change(before["reward"], after["reward"]))]
+    items += [("adapter + tokenizer", out / "adapter"), ("checkpoints", f"{out}/checkpoint-*"),
+              ("metrics", f"{out}/metrics.jsonl, metrics.csv"), ("plot", plot or "matplotlib not installed")]
+    if resume_from:
+        items.append(("resumed from", resume_from))
+    print("\nslimrl train: summary\n" + summary_table(items), flush=True)
+    return summary

@@ -7,26 +7,40 @@ and so are slimrl's options (:class:`TrainArguments`). With no arguments: SmolLM
 arithmetic word problems (rewards for the right number and for the ``<answer>`` tag; for the offline algorithms,
 the right answer vs a near miss), greedy eval on a held-out split before and after.
 
-Order of work: parse -> validate everything that needs no model (one clear line on error, exit 2) -> load the
-model -> eval -> train (checkpoints every ``save_steps``; ``--resume`` continues) -> eval -> save adapter,
-tokenizer, metrics, plot -> summary table.
+Order of work: parse (through the patched config) -> check everything that needs no model: options, the output
+directory (writable, locked for this run, no earlier run replaced unasked), rewards, dataset, the checkpoint to
+resume, the model source, prompt lengths (one clear line on error, exit 2) -> load the model -> eval -> train
+(checkpoints every ``save_steps``; ``--resume`` continues) -> eval -> save adapter, tokenizer, metrics, plot ->
+summary table. Ctrl-C or SIGTERM stops with a line saying what was saved; a reward function or NaN/inf failure
+is one line too (exit 1), its traceback in ``<output_dir>/slimrl-error.log``.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
+import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
 from slimrl.cli.args import ALGORITHMS, ONLINE, TrainArguments, UsageError, parse
-from slimrl.cli.data import load_dataset_arg, load_rewards
+from slimrl.cli.data import fit_prompts, load_dataset_arg, load_rewards
 from slimrl.cli.evaluate import greedy_eval
+from slimrl.cli.outputs import (
+    RunRecordCallback,
+    check_output_dir,
+    check_resume_matches,
+    checkpoints,
+    pick_checkpoint,
+    refuse_earlier_run,
+    run_lock,
+    run_record,
+)
 
 __all__ = ["main", "parse", "run", "UsageError", "TrainArguments", "ALGORITHMS"]
-
-
-# ---------------------------------------------------------------- validation before the model loads
+ERROR_LOG = "slimrl-error.log"
 
 
 def memory_fraction(value: str) -> float | str:
@@ -51,6 +65,19 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
     if targs.reward and algorithm not in ONLINE:
         raise UsageError(f"--reward: --algorithm {algorithm} learns from its dataset, not from reward functions; "
                          f"drop --reward or use --algorithm {' / '.join(ONLINE)}")
+    if targs.dataset is None and targs.train_size < 1:
+        raise UsageError(f"--train_size {targs.train_size}: the built-in task needs at least 1 training problem")
+    for name in ("eval_size", "eval_max_new_tokens"):
+        if getattr(targs, name) < 0:
+            raise UsageError(f"--{name} {getattr(targs, name)}: must be >= 0")
+    if targs.lora_r < 1:
+        raise UsageError(f"--lora_r {targs.lora_r}: the LoRA rank must be >= 1")
+    if targs.threads is not None and targs.threads < 1:
+        raise UsageError(f"--threads {targs.threads}: must be >= 1")
+    if cfg.learning_rate <= 0:  # the library warns about 0 (refuses < 0): `slimrl train` refuses both
+        raise UsageError(f"--learning_rate {cfg.learning_rate}: must be > 0 (e.g. 2e-4 for LoRA)")
+    if targs.truncate_prompts and targs.drop_long_prompts:
+        raise UsageError("--truncate_prompts and --drop_long_prompts: pass one of them")
     if algorithm in ONLINE and cfg.max_completion_length >= targs.max_seq_length:
         raise UsageError(f"--max_completion_length {cfg.max_completion_length} leaves no room for the prompt in "
                          f"--max_seq_length {targs.max_seq_length}; lower the first or raise the second")
@@ -61,129 +88,145 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
     memory_fraction(targs.gpu_memory_utilization)
 
 
-def resolve_resume(targs: TrainArguments, output_dir: str) -> str | None:
-    """The checkpoint to resume from: ``latest`` = the newest complete ``checkpoint-N`` in ``output_dir``."""
-    if targs.resume is None:
-        return None
-    if targs.resume != "latest":
-        if not Path(targs.resume).is_dir():
-            raise UsageError(f"--resume {targs.resume}: no such checkpoint directory")
-        return targs.resume
-    ckpts = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]),
-                   reverse=True) if Path(output_dir).is_dir() else []
-    for ckpt in ckpts:
-        if (ckpt / "trainer_state.json").is_file() and any(ckpt.glob("adapter_model.safetensors")):
-            return str(ckpt)
-    raise UsageError(f"--resume: no complete checkpoint in {output_dir}; run without --resume to start")
+def resolve_model(targs: TrainArguments) -> Path:
+    """``--model`` as a local directory (built-in alias, .gguf, directory, hub cache or download); one line for a
+    path that does not exist, a directory without config.json, an incomplete GGUF, an unreachable hub id."""
+    from slimrl.models.loader import resolve_model_path
+
+    try:
+        return resolve_model_path(targs.model)
+    except (FileNotFoundError, ValueError) as err:
+        message = str(err).replace(f"model_name={targs.model!r}", "").lstrip(" :")
+        raise UsageError(f"--model {targs.model}: {message}") from None
 
 
 # ---------------------------------------------------------------- the run
 
 
-def run(targs: TrainArguments, cfg: Any) -> dict[str, Any]:
-    """Everything after parsing; returns the summary as a dict (also printed)."""
-    from slimrl import FastLanguageModel
+def run(targs: TrainArguments, cfg: Any, deferred: list | None = None) -> dict[str, Any]:
+    """Everything after parsing; returns the summary as a dict (also printed). ``deferred``: warnings recorded
+    while parsing, shown once the options are known to be valid (an error is then one line, not a warning too)."""
     from slimrl.patching import trainer_and_config
 
-    algorithm = targs.algorithm
-    trainer_cls = trainer_and_config(algorithm)[0]  # patched by parse()
+    trainer_cls = trainer_and_config(targs.algorithm)[0]  # patched by parse()
     validate(targs, cfg)
-    rewards = load_rewards(targs.reward)
-    train_ds, eval_ds = load_dataset_arg(targs, cfg.seed, trainer_cls, cfg)
-    resume_from = resolve_resume(targs, cfg.output_dir)
+    for w in deferred or ():
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    out = check_output_dir(cfg.output_dir)
+    with run_lock(out):
+        refuse_earlier_run(out, resume=targs.resume is not None, overwrite=targs.overwrite_output_dir)
+        rewards = load_rewards(targs.reward)
+        train_ds, eval_ds = load_dataset_arg(targs, cfg.seed, trainer_cls, cfg)
+        record = run_record(targs.algorithm, targs.lora_r, targs.model)
+        resume_from = pick_checkpoint(targs.resume, out) if targs.resume else None
+        if resume_from is not None:
+            check_resume_matches(resume_from, record)
+        model_path = resolve_model(targs)
+        if targs.algorithm in ONLINE:
+            from transformers import AutoTokenizer
 
+            tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+            train_ds = fit_prompts(train_ds, tokenizer, targs, cfg.max_completion_length,
+                                   targs.dataset or "built-in task")
+        from slimrl.compat.threads import apply_threads
+
+        print(apply_threads(targs.threads), flush=True)
+        return train_and_report(targs, cfg, trainer_cls, out, model_path, rewards, train_ds, eval_ds, resume_from,
+                                record)
+
+
+def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewards, train_ds, eval_ds,
+                     resume_from: Path | None, record: dict) -> dict[str, Any]:
+    """Load, evaluate, train, evaluate, save, report (every input already checked)."""
     import torch
 
-    from slimrl.cli.report import (
-        PLOTTED,
-        PLOTTED_OFFLINE,
-        MetricsFileCallback,
-        fmt_change,
-        mean_of,
-        plot_metrics,
-        read_metrics,
-        summary_table,
-        use_step_lines,
-    )
+    from slimrl import FastLanguageModel
+    from slimrl.cli.report import MetricsFileCallback, plot_for, print_summary, use_step_lines
     from slimrl.compat.memory import peak_window
 
-    run_window = peak_window(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    window = run_window.__enter__()  # the run's peak, through every step's own window
-
     t_start = time.time()
-    model, tokenizer = FastLanguageModel.from_pretrained(
-        targs.model, max_seq_length=targs.max_seq_length, load_in_4bit=targs.load_in_4bit,
-        fast_inference=targs.fast_inference, max_lora_rank=targs.lora_r,
-        gpu_memory_utilization=memory_fraction(targs.gpu_memory_utilization))
-    gc_mode: str | bool = {"true": True, "false": False}.get(targs.use_gradient_checkpointing.lower(),
-                                                              targs.use_gradient_checkpointing.lower())
-    model = FastLanguageModel.get_peft_model(model, r=targs.lora_r, lora_alpha=targs.lora_alpha,
-                                             lora_dropout=targs.lora_dropout, use_gradient_checkpointing=gc_mode,
-                                             random_state=cfg.seed)
-    out = Path(cfg.output_dir)
-    before = greedy_eval(model, tokenizer, eval_ds, rewards, targs.eval_max_new_tokens) if eval_ds else None
-    online = {"reward_funcs": rewards} if algorithm in ONLINE else {}
-    trainer = trainer_cls(model=model, args=cfg, train_dataset=train_ds, processing_class=tokenizer,
-                          callbacks=[MetricsFileCallback(out)], **online)
-    use_step_lines(trainer)
-    trainer.train(resume_from_checkpoint=resume_from)
-    after = greedy_eval(model, tokenizer, eval_ds, rewards, targs.eval_max_new_tokens) if eval_ds else None
-    adapter_dir = out / "adapter"
-    trainer.save_model(str(adapter_dir))
-    tokenizer.save_pretrained(str(adapter_dir))
-    rows = read_metrics(out / "metrics.jsonl")
-    plot = plot_metrics(rows, out / "metrics.png", PLOTTED if algorithm in ONLINE else PLOTTED_OFFLINE)
-    key = rewards[0].__name__
-    summary = {
-        "steps": trainer.state.global_step,
-        "time_s": time.time() - t_start,
-        "peak_memory_mb": window.peak_bytes() / 2**20,
-        "algorithm": algorithm,
-        "train_reward_start": mean_of(rows, "reward", first=True),
-        "train_reward_end": mean_of(rows, "reward", first=False),
-        "train_loss_start": mean_of(rows, "loss", first=True),
-        "train_loss_end": mean_of(rows, "loss", first=False),
-        "eval_before": before,
-        "eval_after": after,
-        "adapter": str(adapter_dir),
-        "metrics": str(out / "metrics.jsonl"),
-        "plot": str(plot) if plot else None,
-        "resumed_from": resume_from,
-    }
-    items = [
-        ("algorithm", algorithm),
-        ("steps", summary["steps"]),
-        ("time", f"{summary['time_s']:.0f} s"),
-        ("peak memory", f"{summary['peak_memory_mb']:.0f} MB"),
-    ]
-    if algorithm in ONLINE:
-        items.append(("train reward (first 5 -> last 5 steps)", fmt_change(summary["train_reward_start"],
-                                                                           summary["train_reward_end"])))
-    else:
-        items.append(("train loss (first 5 -> last 5 steps)", fmt_change(summary["train_loss_start"],
-                                                                         summary["train_loss_end"])))
-    if before and after:
-        items += [(f"held-out {key} (greedy, {len(eval_ds)} rows)", fmt_change(before[key], after[key])),
-                  ("held-out total reward (greedy)", fmt_change(before["reward"], after["reward"]))]
-    items += [("adapter + tokenizer", adapter_dir), ("checkpoints", f"{out}/checkpoint-*"),
-              ("metrics", f"{out}/metrics.jsonl, metrics.csv"), ("plot", plot or "matplotlib not installed")]
-    if resume_from:
-        items.append(("resumed from", resume_from))
-    print("\nslimrl train: summary\n" + summary_table(items), flush=True)
-    run_window.__exit__(None, None, None)
-    return summary
+    with peak_window(torch.device("cuda" if torch.cuda.is_available() else "cpu")) as window:
+        model, tokenizer = FastLanguageModel.from_pretrained(
+            str(model_path), max_seq_length=targs.max_seq_length, load_in_4bit=targs.load_in_4bit,
+            fast_inference=targs.fast_inference, max_lora_rank=targs.lora_r,
+            gpu_memory_utilization=memory_fraction(targs.gpu_memory_utilization))
+        gc_mode: str | bool = {"true": True, "false": False}.get(targs.use_gradient_checkpointing.lower(),
+                                                                  targs.use_gradient_checkpointing.lower())
+        model = FastLanguageModel.get_peft_model(model, r=targs.lora_r, lora_alpha=targs.lora_alpha,
+                                                 lora_dropout=targs.lora_dropout, use_gradient_checkpointing=gc_mode,
+                                                 random_state=cfg.seed)
+        if resume_from is not None:
+            check_resume_matches(resume_from, record, sorted(model.peft_config["default"].target_modules))
+        before = greedy_eval(model, tokenizer, eval_ds, rewards, targs.eval_max_new_tokens) if eval_ds else None
+        online = {"reward_funcs": rewards} if targs.algorithm in ONLINE else {}
+        trainer = trainer_cls(model=model, args=cfg, train_dataset=train_ds, processing_class=tokenizer,
+                              callbacks=[MetricsFileCallback(out), RunRecordCallback(record)], **online)
+        if len(trainer.train_dataset) == 0:  # TRL dropped every row (e.g. all longer than max_length)
+            raise UsageError(f"--dataset {targs.dataset or 'built-in task'}: no row is left after TRL's "
+                             f"preprocessing (every row is longer than --max_length {getattr(cfg, 'max_length', '?')}"
+                             f"?); raise --max_length")
+        use_step_lines(trainer)
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        after = greedy_eval(model, tokenizer, eval_ds, rewards, targs.eval_max_new_tokens) if eval_ds else None
+        adapter_dir = out / "adapter"
+        trainer.save_model(str(adapter_dir))
+        tokenizer.save_pretrained(str(adapter_dir))
+        plot = plot_for(out, targs.algorithm in ONLINE)
+        return print_summary(targs.algorithm, trainer.state.global_step, time.time() - t_start,
+                             window.peak_bytes() / 2**20, out, plot, rewards[0].__name__, before, after,
+                             len(eval_ds) if eval_ds else 0, resume_from)
+
+
+def _interrupted_message(cfg: Any) -> str:
+    out = Path(getattr(cfg, "output_dir", "") or ".")
+    saved = [c for c in checkpoints(out) if (c / "trainer_state.json").is_file()] if out.is_dir() else []
+    if saved:
+        return (f"slimrl train: interrupted; the checkpoints written so far are intact (newest: {saved[0]}): "
+                f"continue with `slimrl train --resume` (same options)")
+    return "slimrl train: interrupted before the first checkpoint; nothing was saved yet (run again to start over)"
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from slimrl.patching.guards import NonFiniteStepError
+    from slimrl.patching.rewards import RewardFunctionError, RewardOutputError
+
+    cfg = None
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
-        targs, cfg = parse(argv)
-        run(targs, cfg)
+        with warnings.catch_warnings(record=True) as held:
+            targs, cfg = parse(argv)
+        run(targs, cfg, deferred=held)
     except UsageError as err:
         print(f"slimrl train: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("slimrl train: interrupted; the checkpoints written so far are intact: continue with "
-              "`slimrl train --resume` (same options)", file=sys.stderr)
+        print(_interrupted_message(cfg), file=sys.stderr)
         return 130
+    except (RewardFunctionError, RewardOutputError, NonFiniteStepError) as err:
+        log = Path(cfg.output_dir) / ERROR_LOG
+        try:
+            log.write_text(traceback.format_exc())
+            where = f" (traceback: {log})"
+        except OSError:
+            where = ""
+        print(f"slimrl train: error: {err}{where}", file=sys.stderr)
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

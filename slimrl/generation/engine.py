@@ -198,7 +198,7 @@ class SlimrlEngine:
     def _cuda_standby(self) -> int:
         """KV cache only: ``sleep(level=0)`` + ``release_kv_cache_memory()`` where vLLM has it (>= 0.32); its sleep
         level 1 would also move the weights to the host, under the training model's shared views, so with shared
-        weights and an older vLLM there is no standby. (Not run here: no GPU was lent to the session that wrote it.)
+        weights and an older vLLM there is no standby. (Covered on CPU only by the tests: no CUDA test machine.)
         """
         before = torch.cuda.mem_get_info()[0]
         if hasattr(self.llm, "release_kv_cache_memory"):

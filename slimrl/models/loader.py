@@ -11,8 +11,9 @@ Order of resolution for ``model_name``:
    ``token``, ``revision``, ``cache_dir`` and ``local_files_only`` mean what they mean to transformers; with
    ``HF_HUB_OFFLINE=1`` or ``local_files_only=True`` and nothing cached, one line says so.
 
-A GGUF file is dequantized once by transformers and cached as safetensors under ``SLIMRL_CACHE``
-(default ``~/.cache/slimrl``); later loads read the cached copy in a fraction of a second.
+A GGUF file is checked for completeness, dequantized once by transformers and cached as safetensors under
+``SLIMRL_CACHE`` (default ``~/.cache/slimrl``), keyed by the file's content hash (the same model installed in several
+virtual environments is one copy); later loads read the cached copy in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -47,10 +48,61 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
+def content_hash(path: Path) -> str:
+    """SHA-256 of the file's bytes, remembered per (path, size, mtime) in ``SLIMRL_CACHE/hashes.json`` so a file is
+    read once."""
+    stat = path.stat()
+    memo_key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    memo = cache_root() / "hashes.json"
+    try:
+        known = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if memo_key in known:
+        return known[memo_key]
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    known[memo_key] = digest.hexdigest()
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f"hashes.json.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(known))
+        tmp.replace(memo)
+    except OSError:
+        pass  # a read-only cache: hash again next time
+    return known[memo_key]
+
+
 def _gguf_cache_dir(gguf: Path) -> Path:
-    stat = gguf.stat()
-    key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:12]
-    return cache_root() / f"{gguf.stem}-{key}"
+    return cache_root() / f"{gguf.stem}-{content_hash(gguf)[:16]}"
+
+
+def check_gguf(path: Path) -> None:
+    """``path`` is a complete GGUF file (magic, header, tensor table, and every tensor's bytes present): else a
+    ValueError naming it, before any dequantization."""
+    problem = None
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            problem = "it does not start with the GGUF magic bytes"
+        else:
+            import gguf as gguf_lib
+
+            reader = gguf_lib.GGUFReader(str(path))
+            if not reader.tensors:
+                problem = "it has a header but no tensors"
+            else:
+                end = max(int(t.data_offset) + int(t.n_bytes) for t in reader.tensors)
+                if end > path.stat().st_size:
+                    problem = f"its tensors need {end} bytes but the file has {path.stat().st_size}"
+    except (ValueError, IndexError, KeyError, OSError, EOFError) as err:
+        problem = f"reading it failed ({type(err).__name__})"
+    if problem:
+        raise ValueError(f"{path} is not a complete GGUF file: {problem}; download it again (a truncated download "
+                         f"or copy is the usual cause)")
 
 
 def materialize_gguf(gguf: Path) -> Path:
@@ -62,6 +114,7 @@ def materialize_gguf(gguf: Path) -> Path:
     out = _gguf_cache_dir(gguf)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
+    check_gguf(gguf)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype="float32")

@@ -141,11 +141,35 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     names = [n for n in TRAINERS if trainer_available(n)] if algorithm is None else [_normalise(algorithm)]
     for name in names:
         _require(name)
+    _warn_if_built_before([n for n in names if n not in _ACTIVE])
+    for name in names:
         for p in patches(name):
             install(p)  # skips patches for other TRL releases; raises when one for this release has no target
         _ACTIVE.add(name)
     if cpu_training():
         tune_malloc()  # host-memory trainers: give large freed blocks back to the OS (slimrl/compat/malloc.py)
+
+
+def _warn_if_built_before(names: list[str]) -> None:
+    """Trainers of ``names`` built before this patch skipped slimrl's construction-time work but will run its
+    methods: say so (one scan of the live objects, only for trainer classes whose TRL module is imported)."""
+    import gc
+    import sys
+
+    classes = {getattr(sys.modules[info.module], info.cls): name for name in names for info in TRAINERS[name]
+               if info.module in sys.modules and hasattr(sys.modules[info.module], info.cls)}
+    if not classes:
+        return
+    gc.collect()  # unreachable trainers of earlier runs do not count
+    built: dict[type, int] = {}
+    for obj in gc.get_objects():
+        cls = next((c for c in type(obj).__mro__ if c in classes), None)  # type(): no lazy __class__ lookups
+        if cls is not None:
+            built[cls] = built.get(cls, 0) + 1
+    for cls, count in built.items():
+        warnings.warn(f"PatchFastRL({classes[cls]!r}) ran after {count} {cls.__name__} object(s) were built: they "
+                      f"missed slimrl's checks and hooks at construction but now run its patched methods (a mix of "
+                      f"both); build the trainer after PatchFastRL", UserWarning, stacklevel=3)
 
 
 def unpatch(algorithm: str | None = None) -> None:

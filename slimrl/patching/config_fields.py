@@ -33,6 +33,7 @@ from typing import Any
 from slimrl.patching.defaults import apply_config_defaults, record_explicit
 from slimrl.patching.legacy import translate_config_kwargs
 from slimrl.patching.registry import Patch
+from slimrl.patching.validation import check_learning_rate
 
 EXTRA_FIELDS: dict[str, tuple[Any, Any, str]] = {
     "unsloth_num_chunks": (int, -1, "slimrl: row chunks of the log-prob pass (-1: chosen from free memory)."),
@@ -121,6 +122,21 @@ def pop_extra_fields(config_cls: type, kwargs: dict, names: tuple[str, ...] = AL
     return kwargs, mine
 
 
+def _field_defaults(config_cls: type) -> dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(config_cls) if f.default is not dataclasses.MISSING}
+
+
+def generation_config_checks(config_cls: type, kwargs: dict, extra_fields: dict) -> dict:
+    """GRPO's and RLOO's config checks (:func:`slimrl.patching.validation.check_grpo_config_kwargs`): temperature,
+    completion length, the batch vs ``num_generations`` fix, ``unsloth_grpo_mini_batch``."""
+    from slimrl.patching.validation import check_grpo_config_kwargs
+
+    mini = extra_fields.get("unsloth_grpo_mini_batch")
+    checked = check_grpo_config_kwargs({**kwargs, "unsloth_grpo_mini_batch": mini}, _field_defaults(config_cls))
+    checked.pop("unsloth_grpo_mini_batch")
+    return checked
+
+
 def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...] = (),
                         fields: tuple[str, ...] = ALL_FIELDS):
     """A TRL config's ``__init__`` that translates legacy keywords (:mod:`slimrl.patching.legacy`), accepts and
@@ -136,6 +152,7 @@ def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...]
     def slimrl_config_fields_init(self, *args, **kwargs):
         attributes = {name: kwargs.pop(name, None) for name in extra_attributes}
         kwargs, mine = pop_extra_fields(type(self), translate_config_kwargs(type(self), dict(kwargs)), fields)
+        check_learning_rate(kwargs, _field_defaults(type(self)))
         if check is not None:
             kwargs = check(type(self), kwargs, mine)
         user = dict(kwargs)

@@ -27,36 +27,25 @@ from slimrl.compat.memory import peak_window
 from slimrl.models.checkpointing import align_trainer_checkpointing
 from slimrl.models.modes import for_inference, for_training
 from slimrl.ops.chunked_logprob import masked_token_logprobs
-from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, config_patches
+from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, config_patches, generation_config_checks
 from slimrl.patching.defaults import print_changed_defaults
 from slimrl.patching.generation import apply_engine_defaults, log_engine_metrics, slimrl_vllm_generation_factory
 from slimrl.patching.guards import check_finite_step, count_skipped_scaler_step
 from slimrl.patching.legacy import check_trainer_inputs, translate_trainer_kwargs
 from slimrl.patching.registry import Patch, original, register
 from slimrl.patching.rewards import guard_reward_funcs
-from slimrl.patching.validation import check_batch_length, check_grpo_config_kwargs, check_sequence_budget
+from slimrl.patching.validation import check_batch_length, check_sequence_budget
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 CONFIG = "trl.trainer.grpo_config:GRPOConfig"
 MODULE = "trl.trainer.grpo_trainer"
-
-def _grpo_config_checks(config_cls: type, kwargs: dict, extra_fields: dict) -> dict:
-    """:func:`slimrl.patching.validation.check_grpo_config_kwargs` on a ``GRPOConfig(...)`` call."""
-    import dataclasses
-
-    defaults = {f.name: f.default for f in dataclasses.fields(config_cls) if f.default is not dataclasses.MISSING}
-    checked = check_grpo_config_kwargs({**kwargs, "unsloth_grpo_mini_batch": extra_fields["unsloth_grpo_mini_batch"]},
-                                       defaults)
-    checked.pop("unsloth_grpo_mini_batch")
-    return checked
-
 
 def slimrl_config_init_factory(orig_init, fields=ALL_FIELDS):
     """``GRPOConfig.__init__`` that also accepts slimrl's fields (:mod:`slimrl.patching.config_fields`:
     ``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``, ``unsloth_grpo_mini_batch``, ``max_seq_length``),
     ``vllm_sampling_params`` and the legacy ``max_new_tokens`` (:mod:`slimrl.patching.legacy`), and checks the
     keywords first (:func:`slimrl.patching.validation.check_grpo_config_kwargs`)."""
-    return config_init_factory(orig_init, check=_grpo_config_checks, extra_attributes=("vllm_sampling_params",),
+    return config_init_factory(orig_init, check=generation_config_checks, extra_attributes=("vllm_sampling_params",),
                                fields=fields)
 
 

@@ -20,6 +20,10 @@ class RewardFunctionError(RuntimeError):
     """A reward function raised; the message names it and the first prompt of the batch."""
 
 
+class RewardOutputError(ValueError):
+    """A reward function returned the wrong number of values, or NaN/inf; the message names it."""
+
+
 def _short(value: Any, limit: int = 160) -> str:
     text = repr(value[-1]["content"] if isinstance(value, list) and value and isinstance(value[-1], dict)
                 and "content" in value[-1] else value)
@@ -45,15 +49,15 @@ def guarded_reward(fn):
             n = len(completions)
             got = len(out) if hasattr(out, "__len__") else None
             if got != n:
-                raise ValueError(f"reward function {name!r} returned {got if got is not None else type(out).__name__}"
-                                 f" values for {n} completions: return a list with one float (or None) per "
-                                 f"completion")
+                shown = got if got is not None else type(out).__name__
+                raise RewardOutputError(f"reward function {name!r} returned {shown} values for {n} completions: "
+                                        f"return a list with one float (or None) per completion")
         for i, value in enumerate(out):
             if value is not None and not math.isfinite(float(value)):
                 where = f" (prompt {_short(prompts[i])})" if i < len(prompts) else ""
-                raise ValueError(f"reward function {name!r} returned {float(value)} for completion {i}{where}: "
-                                 f"return a finite float, or None to leave that completion unscored by "
-                                 f"{name!r}")
+                raise RewardOutputError(f"reward function {name!r} returned {float(value)} for completion "
+                                        f"{i}{where}: return a finite float, or None to leave that completion "
+                                        f"unscored by {name!r}")
         return out
 
     slimrl_guarded_reward.__slimrl_guarded__ = True

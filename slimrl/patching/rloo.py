@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from slimrl.patching.config_fields import config_patches
+from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, config_patches, generation_config_checks
 from slimrl.patching.fused_head import fused_head_trainer_patches, has_fused_head
 from slimrl.patching.generation import (
     apply_engine_defaults,
@@ -79,6 +79,12 @@ def slimrl_rloo_training_step_factory(orig_step):
     return engine_metrics_step_factory(training_step_factory(orig_step))
 
 
+def rloo_config_init_factory(orig_init, fields=ALL_FIELDS):
+    """``RLOOConfig.__init__`` with slimrl's fields and GRPO's generation checks (temperature, completion length,
+    batch vs ``num_generations``, ``unsloth_grpo_mini_batch``)."""
+    return config_init_factory(orig_init, check=generation_config_checks, fields=fields)
+
+
 PATCHES = [
     register(Patch("rloo", TRAINER, "_get_per_token_logps_and_entropies",
                    slimrl_rloo_get_per_token_logps_and_entropies)),
@@ -86,5 +92,5 @@ PATCHES = [
     register(Patch("rloo", TRAINER, "__init__", slimrl_rloo_init_factory, wrap=True)),
     register(Patch("rloo", MODULE, "VLLMGeneration", slimrl_vllm_generation_factory, wrap=True, optional=True)),
     register(Patch("rloo", TRAINER, "training_step", slimrl_rloo_training_step_factory, wrap=True)),
-    *(register(p) for p in config_patches("rloo", CONFIG)),
+    *(register(p) for p in config_patches("rloo", CONFIG, init=rloo_config_init_factory)),
 ]

@@ -61,11 +61,28 @@ def _world_size() -> int:
         return 1
 
 
+def check_learning_rate(kwargs: dict, defaults: dict) -> None:
+    """Every patched config: ``learning_rate`` below 0 is a ValueError (torch refuses it, but only once the model is
+    loaded and the optimizer built); outside [1e-7, 1] (0 included) a warning (almost surely a typo, not
+    impossible)."""
+    import warnings
+
+    lr = kwargs.get("learning_rate", defaults.get("learning_rate"))
+    if lr is None:
+        return
+    if float(lr) < 0:
+        raise ValueError(f"learning_rate={lr} is invalid: it must be >= 0 (e.g. 1e-5 for LoRA; 0 trains nothing)")
+    if not 1e-7 <= float(lr) <= 1:
+        warnings.warn(f"learning_rate={lr} is outside [1e-7, 1]: check it (LoRA usually runs at 5e-6 to 5e-4)",
+                      UserWarning, stacklevel=5)
+
+
 def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
-    """Checks on ``GRPOConfig(...)`` keywords that need no compute; returns the (possibly adjusted) keywords.
+    """Checks on ``GRPOConfig(...)`` / ``RLOOConfig(...)`` keywords that need no compute; returns the (possibly
+    adjusted) keywords.
 
     * ``temperature`` must be in (0, 10]: ValueError (0 divides by zero; TRL would train on NaN).
-    * ``learning_rate`` below 1e-7 or above 1: a warning (almost surely a typo, but not impossible).
+    * ``max_completion_length`` below 1: ValueError (nothing to generate).
     * ``per_device_train_batch_size x gradient_accumulation_steps x world size`` not a multiple of
       ``num_generations`` (and no explicit ``generation_batch_size`` / ``steps_per_generation``): the batch size
       is set to ``num_generations``, with a warning saying so (Unsloth's behaviour, so that
@@ -83,10 +100,10 @@ def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
     if temperature is not None and not 0 < float(temperature) <= 10:
         raise ValueError(f"temperature={temperature} is invalid: it must be > 0 and <= 10 (1.0 samples from the "
                          f"model as it is; 0.6-1.0 is usual for GRPO)")
-    lr = get("learning_rate")
-    if lr is not None and not 1e-7 <= float(lr) <= 1:
-        warnings.warn(f"learning_rate={lr} is outside [1e-7, 1]: check it (LoRA GRPO usually runs at 5e-6 to 5e-4)",
-                      UserWarning, stacklevel=4)
+    completion = get("max_completion_length")
+    if completion is not None and int(completion) < 1:
+        raise ValueError(f"max_completion_length={completion} is invalid: it must be >= 1 (the tokens each "
+                         f"completion may have)")
     n_gen = get("num_generations")
     explicit_generation = kwargs.get("generation_batch_size") is not None or \
         kwargs.get("steps_per_generation") is not None
@@ -95,7 +112,7 @@ def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
         warnings.warn(f"per_device_train_batch_size={batch} x gradient_accumulation_steps={accum} x "
                       f"{_world_size()} process(es) is not a multiple of num_generations={n_gen}: slimrl set "
                       f"per_device_train_batch_size={n_gen} (one prompt's {n_gen} completions per device step)",
-                      UserWarning, stacklevel=4)
+                      UserWarning, stacklevel=5)
         kwargs = {**kwargs, "per_device_train_batch_size": n_gen}
         batch = n_gen
     mini = kwargs.get("unsloth_grpo_mini_batch")

@@ -109,4 +109,4 @@ def test_completion_longer_than_max_seq_length(capsys, tmp_path):
 
 def test_resume_without_checkpoint(capsys, tmp_path):
     err = _err(capsys, ["--resume"], tmp_path)
-    assert "--resume: no complete checkpoint" in err
+    assert "--resume: no intact checkpoint" in err

@@ -36,7 +36,7 @@ def _argv(tmp_path: Path, out: str, steps: int = 4) -> list[str]:
             "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "8",
             "--max_seq_length", "64", "--eval_size", "4", "--eval_max_new_tokens", "6", "--learning_rate", "0.05",
             "--use_gradient_checkpointing", "false", "--output_dir", str(tmp_path / out), "--save_total_limit", "5",
-            "--disable_tqdm", "true"]
+            "--disable_tqdm", "true", "--threads", "1"]
 
 
 def test_run_writes_adapter_metrics_plot_and_summary(setup, capsys):

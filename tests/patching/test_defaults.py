@@ -62,7 +62,7 @@ def test_gpu_style_configs_are_created_on_a_cpu(patched, tmp_path, capsys):
 
 @pytest.mark.skipif(not NO_ACCELERATOR, reason="the no-accelerator branch")
 def test_without_slimrl_the_same_configs_fail_here(tmp_path):
-    """What item 1 fixes: TRL's own default cannot run on this machine (so the change above is needed)."""
+    """Why the change above is needed: without slimrl, TRL's own default cannot run on a machine like this."""
     from trl import DPOConfig
 
     with pytest.raises(ValueError, match="Your setup doesn't support bf16/gpu"):

@@ -1,0 +1,210 @@
+"""``--output_dir`` of ``slimrl train``: writable, one run at a time, nothing of an earlier run replaced silently,
+and ``--resume`` only from a checkpoint that loads and matches the run.
+
+* :func:`check_output_dir`: not a file, not under a file, writable (checked by writing).
+* :func:`run_lock`: ``.slimrl.lock`` (pid, host, start time) while a run is alive; a second run on the directory
+  stops with one line; a lock whose process is gone (``kill -9``) is taken over with a warning.
+* :func:`refuse_earlier_run`: checkpoints or an adapter already there need ``--resume`` or
+  ``--overwrite_output_dir true`` (which then clears them before training, so the directory never mixes runs).
+* :func:`pick_checkpoint`: ``--resume``'s checkpoint after checking every file loads (JSON, safetensors,
+  torch zip archives); a damaged newest one is named and skipped for the newest intact one. The run it belongs
+  to (``slimrl_run.json``: algorithm, LoRA rank, target modules) must match this one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+import warnings
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from slimrl.cli.args import UsageError
+
+LOCK = ".slimrl.lock"
+RUN_FILE = "slimrl_run.json"  # written into every checkpoint: what a resume must match
+RUN_OUTPUTS = ("adapter", "metrics.jsonl", "metrics.csv", "metrics.png", "slimrl-error.log")
+
+
+def check_output_dir(path: str) -> Path:
+    """``path`` can hold the run's files: UsageError naming the problem otherwise."""
+    out = Path(path).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--output_dir {path}: is a file; pass a directory (it is created if missing)")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"--output_dir {path}: {parent} is a file, so nothing can be created under it; "
+                                 f"pass another directory")
+            break
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".slimrl-write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(f"--output_dir {path}: cannot write there ({err.strerror or err}); pass a writable "
+                         f"directory") from None
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def run_lock(out: Path) -> Iterator[None]:
+    """Hold ``out/.slimrl.lock`` for the run (see the module docstring)."""
+    lock = out / LOCK
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                held = json.loads(lock.read_text())
+            except (OSError, ValueError):
+                held = {}
+            pid, host = held.get("pid"), held.get("host")
+            if isinstance(pid, int) and host == me["host"] and not _alive(pid):
+                warnings.warn(f"{lock}: the run that held it (pid {pid}, started {held.get('started')}) is gone; "
+                              f"taking the directory over", UserWarning, stacklevel=3)
+                lock.unlink(missing_ok=True)
+                continue
+            who = f"pid {pid} on {host}" if pid else "another process"
+            raise UsageError(f"--output_dir {out}: another slimrl train ({who}, started {held.get('started', '?')})"
+                             f" is writing there; wait for it, pick another --output_dir, or delete {lock} if that "
+                             f"run is gone") from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        break
+    try:
+        yield
+    finally:
+        try:
+            if json.loads(lock.read_text()).get("pid") == me["pid"]:
+                lock.unlink()
+        except (OSError, ValueError):
+            pass
+
+
+def checkpoints(out: Path) -> list[Path]:
+    """``checkpoint-N`` directories of ``out``, newest first."""
+    found = [p for p in out.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[-1]), reverse=True)
+
+
+def refuse_earlier_run(out: Path, resume: bool, overwrite: bool) -> None:
+    """An earlier run's checkpoints/adapter need ``--resume`` or ``--overwrite_output_dir true`` (then cleared)."""
+    earlier = [p.name for p in checkpoints(out)] + [n for n in ("adapter",) if (out / n).exists()]
+    if not earlier or resume:
+        return
+    if overwrite:
+        for ckpt in checkpoints(out):
+            shutil.rmtree(ckpt)
+        for name in RUN_OUTPUTS:
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        return
+    shown = ", ".join(sorted(earlier)[:3]) + (" ..." if len(earlier) > 3 else "")
+    raise UsageError(f"--output_dir {out} already holds an earlier run ({shown}): continue it with --resume, or "
+                     f"pass --overwrite_output_dir true to replace it")
+
+
+def damaged_file(ckpt: Path) -> str | None:
+    """The first file of ``ckpt`` that does not load (JSON, safetensors, torch zip archive), or None."""
+    from safetensors import safe_open
+
+    if not (ckpt / "trainer_state.json").is_file():
+        return "trainer_state.json (missing)"
+    for path in sorted(ckpt.iterdir()):
+        if not path.is_file():
+            continue
+        try:
+            if path.suffix == ".json":
+                json.loads(path.read_text())
+            elif path.suffix == ".safetensors":
+                with safe_open(str(path), framework="pt") as f:
+                    for key in f.keys():
+                        f.get_slice(key)[:]  # every tensor's bytes are there
+            elif path.suffix in (".pt", ".pth", ".bin"):
+                with zipfile.ZipFile(path) as archive:
+                    if archive.testzip() is not None:
+                        raise zipfile.BadZipFile("CRC mismatch")
+        except Exception as err:  # noqa: BLE001  (any failure to load is damage)
+            return f"{path.name} ({type(err).__name__})"
+    return None
+
+
+def pick_checkpoint(resume: str, out: Path) -> Path:
+    """The checkpoint ``--resume`` continues from (see the module docstring)."""
+    if resume != "latest":
+        ckpt = Path(resume).expanduser()
+        if not ckpt.is_dir():
+            raise UsageError(f"--resume {resume}: no such checkpoint directory")
+        bad = damaged_file(ckpt)
+        if bad:
+            raise UsageError(f"--resume {resume}: {bad} is damaged; pass an intact checkpoint or --resume latest")
+        return ckpt
+    for ckpt in checkpoints(out):
+        bad = damaged_file(ckpt)
+        if bad is None:
+            return ckpt
+        warnings.warn(f"--resume: {ckpt.name} is damaged ({bad} does not load); trying an older checkpoint",
+                      UserWarning, stacklevel=2)
+    raise UsageError(f"--resume: no intact checkpoint in {out}; run without --resume to start over")
+
+
+def run_record(algorithm: str, lora_r: int, model: str) -> dict[str, Any]:
+    return {"algorithm": algorithm, "lora_r": lora_r, "model": model}
+
+
+def check_resume_matches(ckpt: Path, record: dict[str, Any], target_modules: list[str] | None = None) -> None:
+    """The checkpoint was written by a run like this one (algorithm, LoRA rank, target modules)."""
+    saved = {}
+    if (ckpt / RUN_FILE).is_file():
+        saved = json.loads((ckpt / RUN_FILE).read_text())
+    adapter = json.loads((ckpt / "adapter_config.json").read_text()) if (ckpt / "adapter_config.json").is_file() \
+        else {}
+    mismatches = []
+    if saved.get("algorithm") not in (None, record["algorithm"]):
+        mismatches.append(f"--algorithm {saved['algorithm']} there, {record['algorithm']} now")
+    rank = adapter.get("r", saved.get("lora_r"))
+    if rank is not None and rank != record["lora_r"]:
+        mismatches.append(f"--lora_r {rank} there, {record['lora_r']} now")
+    if target_modules is not None and adapter.get("target_modules") is not None and \
+            sorted(adapter["target_modules"]) != sorted(target_modules):
+        mismatches.append(f"LoRA target modules {sorted(adapter['target_modules'])} there, {sorted(target_modules)} "
+                          f"now")
+    if mismatches:
+        raise UsageError(f"--resume {ckpt}: the checkpoint is from a different run ({'; '.join(mismatches)}); "
+                         f"resume with the same options, or start over with --overwrite_output_dir true")
+
+
+class RunRecordCallback(TrainerCallback):
+    """Writes :data:`RUN_FILE` into every checkpoint (what a later ``--resume`` is checked against)."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+
+    def on_save(self, args, state, control, **kwargs):
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and ckpt.is_dir():
+            (ckpt / RUN_FILE).write_text(json.dumps(self.record))
