@@ -55,7 +55,7 @@ test-trl116: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-trl112: $(STAMP112)
-	$(VENV112)/bin/python -m pytest -q -p no:cacheprovider tests/ops tests/patching tests/models tests/e2e
+	$(VENV112)/bin/python -m pytest -q -p no:cacheprovider tests/ops tests/compat tests/patching tests/models tests/e2e
 
 test-vllm: $(STAMPVLLM)
 	$(VENVVLLM)/bin/python -m pytest -q -p no:cacheprovider tests/vllm

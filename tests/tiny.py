@@ -46,3 +46,7 @@ def tiny_llama_scorer(seed: int = 0, **overrides):
     cfg.update(overrides)
     torch.manual_seed(seed)
     return LlamaForSequenceClassification(LlamaConfig(**cfg))
+
+
+# Config keywords every CPU test passes (no reporting, fp32 on the CPU, no checkpoints written).
+CPU_ARGS = dict(report_to="none", use_cpu=True, bf16=False, save_strategy="no")

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ONLINE = ("grpo", "rloo")  # learn from reward functions on sampled completions
-PAIRED = ("dpo", "orpo", "cpo")  # prompt / chosen / rejected
-ALGORITHMS = (*ONLINE, *PAIRED, "kto", "sft")
+from slimrl.patching.specs import CLI_KINDS  # the trainers table says which trainers the CLI runs
+
+ALGORITHMS = tuple(CLI_KINDS)
+ONLINE = tuple(n for n, kind in CLI_KINDS.items() if kind == "online")  # learn from reward functions
+PAIRED = tuple(n for n, kind in CLI_KINDS.items() if kind == "paired")  # prompt / chosen / rejected
 
 
 class UsageError(Exception):

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slimrl.cli.args import ONLINE, PAIRED, TrainArguments, UsageError
+from slimrl.cli.args import ONLINE, TrainArguments, UsageError
+from slimrl.patching.specs import CLI_KINDS
 
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -86,8 +87,7 @@ def load_dataset_arg(targs: TrainArguments, seed: int, trainer_cls: type, cfg: A
         if algorithm in ONLINE:
             train = make_arithmetic_dataset(targs.train_size, seed=seed)
         else:
-            kind = "paired" if algorithm in PAIRED else "unpaired" if algorithm == "kto" else "sft"
-            train = make_preference_dataset(targs.train_size, kind=kind, seed=seed)
+            train = make_preference_dataset(targs.train_size, kind=CLI_KINDS[algorithm], seed=seed)
         held = make_arithmetic_dataset(targs.eval_size, seed=seed + 1) if targs.eval_size > 0 else None
         return train, held
     import datasets

@@ -197,7 +197,7 @@ def _on_sigterm(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from slimrl.patching.guards import NonFiniteStepError
-    from slimrl.patching.rewards import RewardFunctionError, RewardOutputError
+    from slimrl.patching.reward_guard import RewardFunctionError, RewardOutputError
 
     cfg = None
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None

@@ -2,60 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
-from dataclasses import dataclass
 
 from slimrl.compat.malloc import cpu_training, tune_malloc
 from slimrl.compat.trl_info import check_trl_supported
-from slimrl.patching import (  # noqa: F401  (each module declares its patches)
-    bco,
-    cpo,
-    dpo,
-    fused_head,
-    grpo,
-    kto,
-    online_dpo,
-    orpo,
-    ppo,
-    prm,
-    reward,
-    rloo,
-    sft,
-    xpo,
-)
 from slimrl.patching.registry import describe, install, patches, uninstall
+from slimrl.patching.specs import TRAINERS, TrainerSpec, register_all
 
 check_trl_supported()  # import-time message when the installed TRL is outside the supported range
+register_all()
 
 # Algorithms patched now: a patch several trainers share stays until the last of them is unpatched.
 _ACTIVE: set[str] = set()
-
-
-@dataclass(frozen=True)
-class TrainerInfo:
-    module: str  # where the installed TRL keeps it (1.16 layout first, then the 1.12 one)
-    cls: str
-    last_release: str | None = None  # last TRL release that has it, when newer ones removed it
-
-
-TRAINERS: dict[str, tuple[TrainerInfo, ...]] = {
-    "grpo": (TrainerInfo("trl.trainer.grpo_trainer", "GRPOTrainer"),),
-    "dpo": (TrainerInfo("trl.trainer.dpo_trainer", "DPOTrainer"),),
-    "kto": (TrainerInfo("trl.trainer.kto_trainer", "KTOTrainer"),),
-    "orpo": (TrainerInfo("trl.experimental.orpo", "ORPOTrainer"),
-             TrainerInfo("trl.trainer.orpo_trainer", "ORPOTrainer")),
-    "cpo": (TrainerInfo("trl.experimental.cpo", "CPOTrainer"), TrainerInfo("trl.trainer.cpo_trainer", "CPOTrainer")),
-    "sft": (TrainerInfo("trl.trainer.sft_trainer", "SFTTrainer"),),
-    "reward": (TrainerInfo("trl.trainer.reward_trainer", "RewardTrainer"),),
-    "rloo": (TrainerInfo("trl.trainer.rloo_trainer", "RLOOTrainer"),),
-    "online_dpo": (TrainerInfo("trl.experimental.online_dpo", "OnlineDPOTrainer"),
-                   TrainerInfo("trl.trainer.online_dpo_trainer", "OnlineDPOTrainer")),
-    "ppo": (TrainerInfo("trl.experimental.ppo", "PPOTrainer", "1.12.0"),),
-    "bco": (TrainerInfo("trl.experimental.bco", "BCOTrainer", "1.12.0"),),
-    "xpo": (TrainerInfo("trl.experimental.xpo", "XPOTrainer", "1.12.0"),),
-    "prm": (TrainerInfo("trl.experimental.prm", "PRMTrainer", "1.12.0"),),
-}
 
 
 class TrainerNotAvailableError(ImportError):
@@ -75,40 +33,17 @@ def _normalise(algorithm: str) -> str:
     return name
 
 
-def _module_exists(module: str) -> bool:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            return False
-
-
 def trainer_available(name: str) -> bool:
     """Whether the installed TRL ships the trainer for ``name``."""
-    return any(_module_exists(info.module) for info in TRAINERS[name])
+    return TRAINERS[name].available()
 
 
 def trainer_and_config(name: str) -> tuple[type, type]:
     """The installed TRL's (trainer class, config class) for ``name`` (e.g. ``"orpo"`` -> ``ORPOTrainer``,
-    ``ORPOConfig`` from ``trl.experimental.orpo`` on 1.16); :class:`TrainerNotAvailableError` when TRL lacks it."""
+    ``ORPOConfig`` from ``trl.experimental.orpo``); :class:`TrainerNotAvailableError` when TRL lacks it."""
     name = _normalise(name)
     _require(name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # trl.experimental's import warning
-        for info in TRAINERS[name]:
-            if not _module_exists(info.module):
-                continue
-            module = importlib.import_module(info.module)
-            package = importlib.import_module(info.module.rsplit(".", 1)[0]) if info.module.count(".") > 1 else module
-            config_name = info.cls.replace("Trainer", "Config")
-            config = getattr(module, config_name, None) or getattr(package, config_name, None)
-            if config is None:
-                import trl
-
-                config = getattr(trl, config_name)
-            return getattr(module, info.cls), config
-    raise TrainerNotAvailableError(name)  # unreachable: _require checked it
+    return TRAINERS[name].classes()
 
 
 def _require(name: str) -> None:
@@ -116,8 +51,8 @@ def _require(name: str) -> None:
         return
     from importlib.metadata import version
 
-    last = TRAINERS[name][0].last_release
-    cls = TRAINERS[name][0].cls
+    last = TRAINERS[name].last_release
+    cls = TRAINERS[name].trainer_class_name
     hint = f"the last TRL release that has it is {last}: pip install 'trl=={last}'" if last else \
         "install a TRL release that has it"
     raise TrainerNotAvailableError(f"{cls} is not in the installed trl {version('trl')}; {hint}")
@@ -156,8 +91,9 @@ def _warn_if_built_before(names: list[str]) -> None:
     import gc
     import sys
 
-    classes = {getattr(sys.modules[info.module], info.cls): name for name in names for info in TRAINERS[name]
-               if info.module in sys.modules and hasattr(sys.modules[info.module], info.cls)}
+    classes = {getattr(sys.modules[s.trainer_module], s.trainer_class_name): s.name
+               for s in (TRAINERS[n] for n in names)
+               if s.trainer_module in sys.modules and hasattr(sys.modules[s.trainer_module], s.trainer_class_name)}
     if not classes:
         return
     gc.collect()  # unreachable trainers of earlier runs do not count
@@ -183,5 +119,5 @@ def unpatch(algorithm: str | None = None) -> None:
                 uninstall(p)
 
 
-__all__ = ["PatchFastRL", "unpatch", "describe", "TRAINERS", "TrainerNotAvailableError", "trainer_available",
-           "trainer_and_config"]
+__all__ = ["PatchFastRL", "unpatch", "describe", "TRAINERS", "TrainerSpec", "TrainerNotAvailableError",
+           "trainer_available", "trainer_and_config"]

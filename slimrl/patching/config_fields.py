@@ -19,7 +19,7 @@ A config gets only the fields that act on its trainer (each trainer module passe
 do nothing there is never silently accepted. Passed with its default value (as Unsloth scripts do), it is dropped;
 with any other value, the config refuses it with a ValueError that says why. ``max_seq_length`` on a config
 without the field but with TRL's ``max_length`` (DPO, KTO, SFT, ORPO, CPO, Reward, ...) is TRL's old name for it:
-renamed with a FutureWarning (:mod:`slimrl.patching.legacy`).
+renamed with a FutureWarning (:mod:`slimrl.patching.keywords`).
 
 ``vllm_sampling_params`` (an object, not a flag) is accepted by the GRPO config's ``__init__`` as a plain attribute.
 """
@@ -31,7 +31,7 @@ import functools
 from typing import Any
 
 from slimrl.patching.defaults import apply_config_defaults, record_explicit
-from slimrl.patching.legacy import translate_config_kwargs
+from slimrl.patching.keywords import translate_config_kwargs
 from slimrl.patching.registry import Patch
 from slimrl.patching.validation import check_learning_rate
 
@@ -139,7 +139,7 @@ def generation_config_checks(config_cls: type, kwargs: dict, extra_fields: dict)
 
 def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...] = (),
                         fields: tuple[str, ...] = ALL_FIELDS):
-    """A TRL config's ``__init__`` that translates legacy keywords (:mod:`slimrl.patching.legacy`), accepts and
+    """A TRL config's ``__init__`` that translates legacy keywords (:mod:`slimrl.patching.keywords`), accepts and
     validates slimrl's extra fields, fills slimrl's defaults (:mod:`slimrl.patching.defaults`), then runs TRL's.
 
     ``check(config_cls, kwargs, extra_fields) -> kwargs``: a trainer's own checks of the keywords, run before TRL's

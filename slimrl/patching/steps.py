@@ -1,7 +1,7 @@
 """The ``training_step`` / ``prediction_step`` wrappers every patched trainer shares.
 
 * :func:`running`: while a patched trainer's step runs, its config is the *current* one, so code that TRL calls
-  without the trainer (the fused LM head's kernel, :mod:`slimrl.patching.fused_head`) reads slimrl's fields
+  without the trainer (the fused LM head's kernel, :mod:`slimrl.patching.routes.fused_head`) reads slimrl's fields
   (``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``) from it.
 * :func:`training_step_factory`: the step inside :func:`running`, then the NaN/inf stop
   (:func:`slimrl.patching.guards.check_finite_step`); with fp16 loss scaling, the scaler's skipped steps are

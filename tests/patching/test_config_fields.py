@@ -28,11 +28,6 @@ def _config_classes() -> list[type]:
     return out
 
 
-@pytest.fixture
-def patched():
-    PatchFastRL()
-    yield
-    unpatch()
 
 
 def _own_fields(cls) -> set[str]:
@@ -72,7 +67,7 @@ def test_every_patched_config_has_its_fields_in_help_flags_and_to_dict(patched, 
 
 def test_fields_follow_what_acts_on_each_trainer(patched):
     from slimrl.patching import trainer_and_config
-    from slimrl.patching.fused_head import has_fused_head
+    from slimrl.patching.routes.fused_head import has_fused_head
 
     chunking = {"unsloth_num_chunks", "unsloth_logit_chunk_multiplier"}
     expected = {"grpo": set(EXTRA_FIELDS), "rloo": set(EXTRA_FIELDS), "orpo": chunking, "cpo": chunking,

@@ -15,11 +15,6 @@ from tests.tiny import tiny_llama, tiny_tokenizer
 NO_ACCELERATOR = not torch.cuda.is_available()
 
 
-@pytest.fixture
-def patched():
-    PatchFastRL()
-    yield
-    unpatch()
 
 
 def _grpo(tmp_path, model, **cfg):

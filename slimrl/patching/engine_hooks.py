@@ -1,0 +1,90 @@
+"""Generation through the model's slimrl engine (``fast_inference=True``) in the GRPO and RLOO trainers.
+
+Two pieces, used by :mod:`slimrl.patching.trainers.grpo` and :mod:`slimrl.patching.trainers.rloo`:
+
+* :func:`slimrl_vllm_generation_factory` replaces the name ``VLLMGeneration`` in the trainer's module (TRL looks it
+  up there when ``use_vllm=True``): for a PEFT model that carries an engine, in colocate mode, it returns
+  :class:`slimrl.generation.trl_backend.SlimrlVLLMGeneration`; otherwise TRL's own class, unchanged.
+* :func:`apply_engine_defaults`: with an engine on the model and ``use_vllm`` not passed, ``use_vllm`` becomes True
+  (as Unsloth users expect from ``fast_inference=True``), shown in the changed-defaults table; the config's
+  ``vllm_sampling_params`` is handed to the engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+from slimrl.generation.trl_backend import SlimrlVLLMGeneration, engine_of
+
+
+def _is_peft(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def slimrl_vllm_generation_factory(orig_cls):
+    """TRL's ``VLLMGeneration`` constructor, answered by the model's engine where there is one."""
+
+    @functools.wraps(orig_cls, updated=())
+    def VLLMGeneration(model: Any = None, accelerator: Any = None, processing_class: Any = None, *args: Any,
+                       **kwargs: Any) -> Any:  # noqa: N802 - stands in for the class name TRL calls
+        engine = engine_of(model)
+        mode = kwargs.get("mode", "colocate")
+        if engine is not None and mode == "colocate" and _is_peft(accelerator.unwrap_model(model)):
+            if kwargs.get("max_num_seqs") and engine.llm is None:
+                engine.max_num_seqs = kwargs["max_num_seqs"]  # the generation batch: KV cache sized for it
+            return SlimrlVLLMGeneration(engine, model, accelerator,
+                                        sampling_params=getattr(engine, "sampling_params", None), **kwargs)
+        if engine is not None:
+            why = "vllm_mode='server'" if mode != "colocate" else "the model has no LoRA adapter"
+            warnings.warn(f"fast_inference engine not used ({why}); TRL's own vLLM path generates", stacklevel=2)
+        return orig_cls(model, accelerator, processing_class, *args, **kwargs)
+
+    return VLLMGeneration
+
+
+def apply_engine_defaults(model: Any, config: Any) -> None:
+    """``use_vllm=True`` when the model has a slimrl engine and the user did not pass ``use_vllm``."""
+    engine = engine_of(model)
+    if engine is None or config is None or not hasattr(config, "use_vllm"):
+        return
+    engine.sampling_params = getattr(config, "vllm_sampling_params", None)
+    explicit = getattr(config, "_slimrl_explicit", None) or frozenset()
+    if config.use_vllm or "use_vllm" in explicit:
+        return
+    config.use_vllm = True
+    changed = getattr(config, "_slimrl_changed", None)
+    if changed is not None:
+        changed["use_vllm"] = (False, "True (fast_inference engine)")
+
+
+def log_engine_metrics(trainer: Any) -> None:
+    """Engine metrics into the trainer's log (``_metrics``): peak memory of the last generation and training phases
+    (MiB; CUDA allocated, or the host's peak resident set on CPU), adapter sync time and the adapter id."""
+    backend = getattr(trainer, "vllm_generation", None)
+    metrics = getattr(trainer, "_metrics", None)
+    if not isinstance(backend, SlimrlVLLMGeneration) or metrics is None:
+        return
+    engine = backend.engine
+    row = metrics["train" if trainer.model.training else "eval"]
+    for phase, peak in engine.phase_peaks.items():
+        row[f"memory/{phase}_peak_mb"].append(peak / 2**20)
+    row["engine/sync_s"].append(engine.timings["last_sync_s"])
+    row["engine/adapter_id"].append(float(engine.adapter_id))
+
+
+def engine_metrics_step_factory(orig_training_step):
+    """A trainer's ``training_step`` followed by :func:`log_engine_metrics` (RLOO; GRPO's step calls it itself)."""
+
+    @functools.wraps(orig_training_step)
+    def slimrl_engine_metrics_training_step(self, *args, **kwargs):
+        loss = orig_training_step(self, *args, **kwargs)
+        log_engine_metrics(self)
+        return loss
+
+    return slimrl_engine_metrics_training_step

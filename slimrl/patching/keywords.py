@@ -1,0 +1,103 @@
+"""Keywords from older TRL releases that common scripts (Unsloth notebooks among them) still pass.
+
+Each is accepted with a one-line ``FutureWarning`` that names the new spelling, then handed to TRL as TRL spells
+it today:
+
+* trainers: ``tokenizer=`` -> ``processing_class=``; ``config=`` -> ``args=``, ``policy=`` -> ``model=``,
+  ``ref_policy=`` -> ``ref_model=`` (old PPO scripts);
+  config fields passed to the trainer (``DPOTrainer(..., beta=0.1, max_length=1024)``, TRL < 0.12) -> set on
+  ``args``; ``max_prompt_length`` / ``max_target_length``, which TRL 1.12+ configs no longer have (prompt and
+  completion are truncated together by ``max_length``), are dropped with a warning that says so.
+* generation configs (GRPO, RLOO): ``max_new_tokens=`` -> ``max_completion_length=``.
+
+Anything else TRL does not know still raises TRL's own ``TypeError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+import warnings
+
+# old name -> new name; ``config``/``policy``/``ref_policy`` are TRL 0.12-0.14's PPOTrainer spellings
+TRAINER_RENAMES = {"tokenizer": "processing_class", "config": "args", "policy": "model", "ref_policy": "ref_model"}
+# max_seq_length: SFTConfig's name for max_length before TRL 0.20, and Unsloth's on every config; GRPO/RLOO keep it
+# as slimrl's own field (their budget check), so the rename applies only where the config has max_length instead.
+CONFIG_RENAMES = {"max_new_tokens": "max_completion_length", "max_seq_length": "max_length"}
+REMOVED_CONFIG_FIELDS = {
+    "max_prompt_length": "prompts are truncated together with the completion by max_length",
+    "max_target_length": "completions are truncated together with the prompt by max_length",
+}
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, FutureWarning, stacklevel=4)
+
+
+def _config_class(trainer_cls: type) -> type | None:
+    """The config dataclass that goes with ``trainer_cls`` (``DPOTrainer`` -> ``DPOConfig``)."""
+    name = trainer_cls.__name__.replace("Trainer", "Config")
+    for module_name in (trainer_cls.__module__, trainer_cls.__module__.rsplit(".", 1)[0], "trl"):
+        module = sys.modules.get(module_name)
+        found = getattr(module, name, None) if module else None
+        if isinstance(found, type) and dataclasses.is_dataclass(found):
+            return found
+    return None
+
+
+def translate_trainer_kwargs(trainer_cls: type, orig_init, args: tuple, kwargs: dict) -> dict:
+    """Rewrite legacy keywords in a trainer constructor call (before any work); returns new kwargs."""
+    params = inspect.signature(orig_init).parameters
+    accepts_var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    kwargs = dict(kwargs)
+    cls = trainer_cls.__name__
+    for old, new in TRAINER_RENAMES.items():
+        if old in kwargs and old not in params and new in params:
+            if new in kwargs:
+                raise TypeError(f"{cls}: pass {new}= only (got both {old}= and {new}=; {old}= is its old name)")
+            _warn(f"{cls}({old}=...) is deprecated; use {new}=... (slimrl passed it on as {new})")
+            kwargs[new] = kwargs.pop(old)
+    if accepts_var_kw:
+        return kwargs
+    config_cls = _config_class(trainer_cls)
+    fields = config_cls.__dataclass_fields__ if config_cls else {}
+    moved = {k: kwargs.pop(k) for k in list(kwargs) if k not in params and k in fields}
+    for key in [k for k in kwargs if k not in params and k in REMOVED_CONFIG_FIELDS]:
+        kwargs.pop(key)
+        _warn(f"{cls}({key}=...) is ignored: {config_cls.__name__ if config_cls else 'the config'} in this TRL has "
+              f"no {key} ({REMOVED_CONFIG_FIELDS[key]})")
+    if moved:
+        positional = [n for n in params if n != "self"]
+        config = kwargs.get("args")
+        if config is None and "args" in positional and positional.index("args") < len(args):
+            config = args[positional.index("args")]
+        names = ", ".join(f"{k}=" for k in moved)
+        if config is None:
+            config = config_cls(**moved)
+            kwargs["args"] = config
+        else:
+            for key, value in moved.items():
+                setattr(config, key, value)
+        _warn(f"{cls}({names}...) is deprecated; set them on {config_cls.__name__}(...) "
+              f"(slimrl set them on args)")
+    return kwargs
+
+
+def translate_config_kwargs(config_cls: type, kwargs: dict) -> dict:
+    """Rewrite legacy keywords in a config constructor call (``max_new_tokens`` -> ``max_completion_length``)."""
+    kwargs = dict(kwargs)
+    fields = config_cls.__dataclass_fields__
+    for old, new in CONFIG_RENAMES.items():
+        if old in kwargs and old not in fields and new in fields:
+            if new in kwargs:
+                raise TypeError(f"{config_cls.__name__}: pass {new}= only (got both {old}= and {new}=)")
+            _warn(f"{config_cls.__name__}({old}=...) is deprecated; use {new}=... (slimrl passed it on as {new})")
+            kwargs[new] = kwargs.pop(old)
+    return kwargs
+
+
+def bound_inputs(orig_init, args: tuple, kwargs: dict) -> dict:
+    """``{parameter name: value}`` of a trainer constructor call (positional arguments named)."""
+    names = [n for n in inspect.signature(orig_init).parameters if n != "self"]
+    return {**dict(zip(names, args)), **kwargs}

@@ -1,0 +1,106 @@
+"""The fused-head route: one kernel swap for every TRL >= 1.15 trainer built on TRL's fused LM head (DPO, KTO, SFT,
+RLOO; the trainers whose spec lists this route in :mod:`slimrl.patching.specs`).
+
+These trainers call ``add_fused_lm_head`` on the policy (and reference) model and then ``model(...,
+fused_lm_head=True)``; the patched forward (``trl.trainer.utils.add_fused_lm_head._fused_forward``) looks up two
+``trl.trainer.utils`` module globals *at call time*:
+
+| TRL attribute                               | replaced by                                   |
+|---------------------------------------------|-----------------------------------------------|
+| ``trl.trainer.utils._ChunkedLogProbFunction`` | :class:`SlimrlChunkedLogProbFunction`         |
+| ``trl.trainer.utils._use_triton``           | :func:`slimrl_score_valid_positions_only`     |
+
+What changes, and why it helps. Off Triton devices (CPU, MPS, ...) TRL 1.16 scores *every* position, prompt and
+padding included, in fp32 tiles of 4096 tokens x 32768 vocabulary entries (512 MiB per tile, with three or four
+such temporaries alive in its torch fallback). With the patches, only positions with a label (the completion
+tokens) are gathered and projected, through :func:`slimrl.ops.chunked_logprob_outputs` in row blocks sized from
+free memory (<= 64 MiB of fp32 logits each). On CUDA/XPU with Triton, TRL's own kernel is already compact and
+tiled, so the call is handed back to it unchanged (its Triton kernels are not something to redo in torch), unless
+the running trainer's config sets ``unsloth_num_chunks`` or ``unsloth_logit_chunk_multiplier``: then slimrl's
+kernel runs with that chunking, on every device. The config is read from :func:`slimrl.patching.steps.current_args`
+(each of these trainers' ``training_step`` / ``prediction_step`` is wrapped to set it), since TRL calls the kernel
+without the trainer.
+
+The math is the same (same log-softmax under temperature, soft-cap and logit scale; same entropy, WPO
+``log_sum_sq_probs``, ``mean_logits`` and ``is_top1`` metrics), so every loss type of these trainers is TRL's
+own code, fed the same numbers. The GRPO patch (:mod:`slimrl.patching.trainers.grpo`) does not go through the fused head
+at all; it projects the captured LM-head input itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slimrl.ops.chunked_logprob import chunked_logprob_outputs
+from slimrl.patching.registry import Patch, original
+from slimrl.patching.steps import current_args, prediction_step_factory
+
+UTILS = "trl.trainer.utils"
+VERSIONS = ">=1.15"  # the fused head (``add_fused_lm_head``) arrived in TRL 1.15
+
+
+def has_fused_head() -> bool:
+    """Whether the installed TRL has the fused LM head (read from its version, without importing TRL)."""
+    from packaging.specifiers import SpecifierSet
+
+    from slimrl.compat.trl_info import trl_version
+
+    return SpecifierSet(VERSIONS).contains(trl_version(), prereleases=True)
+
+
+def _trl_kernel_is_best(device: torch.device) -> bool:
+    """TRL's Triton kernel on CUDA/XPU: already compact and tiled, so slimrl hands the call back to it."""
+    from trl.kernels.chunked_logprob import _use_triton
+
+    return bool(_use_triton(device))
+
+
+def chunking_of(args) -> tuple[int, int | None]:
+    """(``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``) of a config; (-1, None) = automatic."""
+    num_chunks = getattr(args, "unsloth_num_chunks", -1)
+    return (-1 if num_chunks is None else num_chunks), getattr(args, "unsloth_logit_chunk_multiplier", None)
+
+
+class SlimrlChunkedLogProbFunction:
+    """Drop-in for ``trl.trainer.utils._ChunkedLogProbFunction`` (only ``apply`` is ever called).
+
+    ``apply(hidden [N, H], weight [V, H], bias [V] | None, targets [N], temperature, chunk_size, softcap,
+    logit_scale, outputs) -> (log_probs [N], entropy | None, log_sum_sq_probs | None, mean_logits | None,
+    is_top1 | None)`` — TRL's contract. ``chunk_size`` is TRL's vocabulary tile; slimrl chunks rows instead:
+    ``unsloth_num_chunks`` / ``unsloth_logit_chunk_multiplier`` of the running trainer choose them
+    (:func:`chunking_of`). ``calls`` counts the calls slimrl's kernel served (tests use it to prove the path ran).
+    """
+
+    calls = 0
+
+    @staticmethod
+    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
+              logit_scale=1.0, outputs=("log_probs",)):
+        num_chunks, multiplier = chunking_of(current_args())
+        chosen = num_chunks != -1 or multiplier is not None  # the user set slimrl's chunking for this trainer
+        if not chosen and _trl_kernel_is_best(hidden.device):
+            return original(UTILS, "_ChunkedLogProbFunction").apply(
+                hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs)
+        SlimrlChunkedLogProbFunction.calls += 1
+        return chunked_logprob_outputs(hidden, weight, targets, bias, float(temperature), outputs=tuple(outputs),
+                                       num_chunks=num_chunks, chunk_multiplier=multiplier,
+                                       logit_scale=float(logit_scale), softcap=final_logit_softcapping)
+
+
+def slimrl_score_valid_positions_only(device: torch.device) -> bool:
+    """Replaces ``trl.trainer.utils._use_triton`` where the fused forward asks it whether to gather the valid
+    (label != -100) positions before projecting: always yes, since slimrl's kernel has no recompilation cost for
+    a varying row count. (The name is only read by ``_fused_forward`` in that module.)"""
+    return True
+
+
+def kernel_patches(algorithms: tuple[str, ...]) -> list[Patch]:
+    """The kernel swap, shared by ``algorithms`` (installed while any of them is patched)."""
+    return [Patch(algorithms, UTILS, "_ChunkedLogProbFunction", SlimrlChunkedLogProbFunction, versions=VERSIONS),
+            Patch(algorithms, UTILS, "_use_triton", slimrl_score_valid_positions_only, versions=VERSIONS)]
+
+
+def prediction_step_patch(algorithm: str, trainer: str) -> Patch:
+    """A fused-head trainer's evaluation runs inside :func:`slimrl.patching.steps.running` too (its
+    ``training_step`` wrapper already does), so the kernel reads the config's chunking there as well."""
+    return Patch(algorithm, trainer, "prediction_step", prediction_step_factory, wrap=True, versions=VERSIONS)

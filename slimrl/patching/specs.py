@@ -1,0 +1,213 @@
+"""The one table of trainers slimrl patches (:data:`TRAINERS`), and everything derived from it.
+
+A :class:`TrainerSpec` says, for one TRL trainer: where TRL keeps it and its config, which TRL releases have it,
+the dataset layouts it accepts, which log-prob route serves it, which of slimrl's config fields act on it, the
+hooks its ``__init__`` runs, its ``training_step`` wrapper, the patches specific to it (its module in
+``slimrl/patching/trainers/``), and how ``slimrl train`` and the README present it. From the table come:
+
+* the registry entries every trainer shares (:func:`spec_patches`: ``__init__`` checks, ``training_step`` guard,
+  config fields and ``__init__``) plus each trainer's own, registered by :func:`register_all`;
+* ``PatchFastRL``'s names and availability checks (:mod:`slimrl.patching`);
+* the dataset layouts of :mod:`slimrl.patching.validation`;
+* ``slimrl train``'s algorithms (:data:`CLI_KINDS`);
+* the fused-head kernel swap's users (:func:`fused_head_users`);
+* the README's trainer table (:func:`readme_table`; a test fails when the README's copy is stale) and
+  ``python -m slimrl.patching``'s listing (through the registry).
+
+Adding a trainer: write ``trainers/<name>.py`` (its ``TRAINER``, ``CONFIG`` and specific ``PATCHES``), add its row
+here, add its parity test. See docs/ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, config_init_factory, config_patches
+from slimrl.patching.engine_hooks import apply_engine_defaults
+from slimrl.patching.registry import Patch, register
+from slimrl.patching.routes import fused_head
+from slimrl.patching.steps import training_step_factory
+from slimrl.patching.trainer_init import trainer_init_factory
+from slimrl.patching.trainers import bco, cpo, dpo, grpo, kto, online_dpo, orpo, ppo, prm, reward, rloo, sft, xpo
+from slimrl.patching.validation import check_sequence_budget, sft_layouts
+
+Layouts = tuple[tuple[str, ...], ...]
+ROUTES = {
+    "method capture": "`_get_per_token_logps_and_entropies` through `slimrl.ops` (routes/method_capture.py)",
+    "score positions": "the LM head bypassed, only scored positions projected (routes/score_positions.py)",
+    "fused head": "TRL's fused LM head with slimrl's kernel: labelled positions only, small row blocks "
+                  "(routes/fused_head.py)",
+}
+PAIRED: Layouts = (("chosen", "rejected"),)  # with or without an explicit "prompt" (TRL extracts the prefix)
+PROMPT: Layouts = (("prompt",),)
+LAST_RELEASE_112 = "<1.13"  # PPO, BCO, XPO, PRM were removed after TRL 1.12.0
+
+
+def _align_checkpointing(model: Any, args: Any) -> None:
+    from slimrl.models.checkpointing import align_trainer_checkpointing
+
+    align_trainer_checkpointing(model, args)
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """One trainer slimrl patches (see the module docstring)."""
+
+    name: str  # PatchFastRL's name for it
+    trainer: str  # "module:Class" in every supported release
+    config: str  # "module:Class"
+    releases: str = ">=1.12"  # TRL releases that have it (PEP 440); its patches apply only there
+    last_release: str | None = None  # named when a newer TRL lacks it
+    layouts: Layouts | Callable[[Any], Layouts] = ()  # dataset column layouts (raw, then pre-tokenized)
+    routes: tuple[str, ...] = ()  # keys of ROUTES, per TRL release range (see `note`)
+    note: str = ""  # README: what slimrl does for it
+    parity_test: str = "—"  # README: where its exactness is tested
+    fields: tuple[str, ...] = ()  # slimrl config fields that act on it (the others are refused unless default)
+    config_init: Callable = config_init_factory  # factory(orig_init, fields=) for its config's __init__
+    init_hooks: tuple[Callable[[Any, Any], None], ...] = ()  # run as hook(model, args) before TRL's __init__
+    training_step: Callable | None = training_step_factory  # factory for its training_step (None: not patched)
+    patches: tuple[Patch, ...] = field(default=())  # its own, from trainers/<name>.py
+    cli: str | None = None  # slimrl train: "online" | "paired" | "unpaired" | "sft" (None: not offered)
+
+    @property
+    def trainer_module(self) -> str:
+        return self.trainer.partition(":")[0]
+
+    @property
+    def trainer_class_name(self) -> str:
+        return self.trainer.partition(":")[2]
+
+    def available(self) -> bool:
+        """Whether the installed TRL ships this trainer."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # trl.experimental's import warning
+            try:
+                return importlib.util.find_spec(self.trainer_module) is not None
+            except ModuleNotFoundError:
+                return False
+
+    def classes(self) -> tuple[type, type]:
+        """(trainer class, config class) of the installed TRL."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = []
+            for target in (self.trainer, self.config):
+                module, _, name = target.partition(":")
+                out.append(getattr(importlib.import_module(module), name))
+        return out[0], out[1]
+
+    def dataset_layouts(self, args: Any = None) -> Layouts:
+        return self.layouts(args) if callable(self.layouts) else self.layouts
+
+
+TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
+    TrainerSpec("grpo", grpo.TRAINER, grpo.CONFIG, layouts=PROMPT, routes=("method capture",),
+                note=ROUTES["method capture"],
+                parity_test="all 8 loss types × beta, `tests/patching/test_grpo_parity.py`",
+                fields=ALL_FIELDS, config_init=grpo.grpo_config_init_factory,
+                init_hooks=(check_sequence_budget, apply_engine_defaults, _align_checkpointing),
+                training_step=grpo.grpo_training_step_factory, patches=tuple(grpo.PATCHES), cli="online"),
+    TrainerSpec("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=("fused head",),
+                note=ROUTES["fused head"] + " on TRL ≥ 1.15; on 1.12 TRL's own `_compute_loss` (full logits)",
+                parity_test="every DPO loss type (15), LoRA, WPO, `test_fused_trainers_parity.py`",
+                fields=CHUNK_FIELDS if fused_head.has_fused_head() else (), patches=tuple(dpo.PATCHES), cli="paired"),
+    TrainerSpec("kto", kto.TRAINER, kto.CONFIG, layouts=(("prompt", "completion", "label"), *PAIRED),
+                routes=("fused head",), note=ROUTES["fused head"] + " on TRL ≥ 1.15; on 1.12 TRL's own",
+                parity_test="both loss types, `test_fused_trainers_parity.py`",
+                fields=CHUNK_FIELDS if fused_head.has_fused_head() else (), patches=tuple(kto.PATCHES),
+                cli="unpaired"),
+    TrainerSpec("orpo", orpo.TRAINER, orpo.CONFIG, layouts=PAIRED, routes=("score positions",),
+                note="`concatenated_forward` without the `[2B, T, V]` logits: " + ROUTES["score positions"],
+                parity_test="full and LoRA, `test_preference_parity.py`", fields=CHUNK_FIELDS,
+                patches=tuple(orpo.PATCHES), cli="paired"),
+    TrainerSpec("cpo", cpo.TRAINER, cpo.CONFIG, layouts=PAIRED, routes=("score positions",),
+                note="`concatenated_forward` without the `[2B, T, V]` logits: " + ROUTES["score positions"],
+                parity_test="every CPO loss type (5), `test_preference_parity.py`", fields=CHUNK_FIELDS,
+                patches=tuple(cpo.PATCHES), cli="paired"),
+    TrainerSpec("sft", sft.TRAINER, sft.CONFIG, layouts=sft_layouts, routes=("fused head",),
+                note=ROUTES["fused head"] + " on TRL ≥ 1.15; `chunked_nll` stays TRL's own",
+                parity_test="nll and dft, completion-only or not, `test_fused_trainers_parity.py`",
+                fields=CHUNK_FIELDS if fused_head.has_fused_head() else (), patches=tuple(sft.PATCHES), cli="sft"),
+    TrainerSpec("reward", reward.TRAINER, reward.CONFIG,
+                layouts=(*PAIRED, ("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")),
+                note="none needed: a one-score head, no vocabulary-sized tensor; checks and guards only"),
+    TrainerSpec("rloo", rloo.TRAINER, rloo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
+                note=ROUTES["fused head"] + " on TRL ≥ 1.15; " + ROUTES["method capture"] + " on 1.12",
+                parity_test="two steps with generation, old log-probs and KL, `tests/patching/test_rloo_parity.py`",
+                fields=ALL_FIELDS, config_init=rloo.rloo_config_init_factory,
+                init_hooks=(check_sequence_budget, apply_engine_defaults),
+                training_step=rloo.rloo_training_step_factory, patches=tuple(rloo.PATCHES), cli="online"),
+    TrainerSpec("online_dpo", online_dpo.TRAINER, online_dpo.CONFIG, layouts=PROMPT, routes=("score positions",),
+                note="`_forward`: " + ROUTES["score positions"],
+                parity_test="two training steps, `test_preference_parity.py`", fields=CHUNK_FIELDS,
+                patches=tuple(online_dpo.PATCHES)),
+    TrainerSpec("ppo", ppo.TRAINER, ppo.CONFIG, releases=LAST_RELEASE_112, last_release="1.12.0",
+                note="none: TRL 1.12's PPO runs one `train()` loop over full logits; slimrl does not rewrite it; "
+                     "legacy keywords and checks only", training_step=None),
+    TrainerSpec("bco", bco.TRAINER, bco.CONFIG, releases=LAST_RELEASE_112, last_release="1.12.0",
+                layouts=(("prompt", "completion", "label"),), routes=("score positions",),
+                note="`forward`: " + ROUTES["score positions"], parity_test="`test_trl112_trainers_parity.py`",
+                fields=CHUNK_FIELDS, patches=tuple(bco.PATCHES)),
+    TrainerSpec("xpo", xpo.TRAINER, xpo.CONFIG, releases=LAST_RELEASE_112, last_release="1.12.0", layouts=PROMPT,
+                routes=("score positions",), note="`_compute_logprobs`: " + ROUTES["score positions"],
+                parity_test="two steps, `test_trl112_trainers_parity.py`", fields=CHUNK_FIELDS,
+                patches=tuple(xpo.PATCHES)),
+    TrainerSpec("prm", prm.TRAINER, prm.CONFIG, releases=LAST_RELEASE_112, last_release="1.12.0",
+                layouts=(("prompt", "completions", "labels"), ("input_ids",)),
+                note="none needed: a 2-class token head; checks and guards only"),
+)}
+
+CLI_KINDS = {name: spec.cli for name, spec in TRAINERS.items() if spec.cli}  # slimrl train's algorithms
+
+
+def fused_head_users() -> tuple[str, ...]:
+    """The trainers whose log-probs go through TRL's fused head on some supported release."""
+    return tuple(name for name, spec in TRAINERS.items() if "fused head" in spec.routes)
+
+
+def spec_patches(spec: TrainerSpec) -> list[Patch]:
+    """Every patch of one trainer: the shared ones (``__init__``, ``training_step``, config fields and
+    ``__init__``) and its own; all limited to the TRL releases that have it."""
+    out = [Patch(spec.name, spec.trainer, "__init__", _init_factory(spec), wrap=True)]
+    if spec.training_step is not None:
+        out.append(Patch(spec.name, spec.trainer, "training_step", spec.training_step, wrap=True))
+    out += config_patches(spec.name, spec.config, fields=spec.fields, init=spec.config_init)
+    out += spec.patches
+    if spec.releases != ">=1.12":
+        out = [dataclasses.replace(p, versions=spec.releases) for p in out]
+    return out
+
+
+def _init_factory(spec: TrainerSpec) -> Callable:
+    hooks = spec.init_hooks
+
+    def trainer_init(orig_init):
+        return trainer_init_factory(orig_init, hooks)
+
+    trainer_init.__qualname__ = "trainer_init_factory"
+    return trainer_init
+
+
+def register_all() -> None:
+    """Register the table's patches (at ``import slimrl.patching``)."""
+    for spec in TRAINERS.values():
+        for patch in spec_patches(spec):
+            register(patch)
+    for patch in fused_head.kernel_patches(fused_head_users()):
+        register(patch)
+
+
+def readme_table() -> str:
+    """The README's trainer table (Markdown), from :data:`TRAINERS`."""
+    rows = ["| trainer | TRL | what slimrl does | parity test (loss + gradients vs TRL alone, ≤ 1e-4) |",
+            "|---|---|---|---|"]
+    for spec in TRAINERS.values():
+        releases = "1.12 only (removed after)" if spec.last_release else "1.12 – 1.16"
+        rows.append(f"| {spec.trainer_class_name} | {releases} | {spec.note} | {spec.parity_test} |")
+    return "\n".join(rows)

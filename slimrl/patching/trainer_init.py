@@ -1,0 +1,53 @@
+"""The ``__init__`` every patched trainer gets (one wrapper, registered for each trainer by
+:mod:`slimrl.patching.specs`), in this order, all before TRL builds anything:
+
+1. legacy keywords translated (``tokenizer=`` and friends, :mod:`slimrl.patching.keywords`);
+2. the inputs checked (:func:`check_trainer_inputs`): dataset rows and column layout, precision the user wrote;
+3. the trainer's own hooks from its spec, each ``hook(model, args)`` (GRPO/RLOO: the ``max_seq_length`` budget,
+   the engine's ``use_vllm`` default, the checkpointing alignment);
+4. Python reward functions guarded (:mod:`slimrl.patching.reward_guard`);
+5. TRL's ``__init__``, then the changed-defaults table (:mod:`slimrl.patching.defaults`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from slimrl.patching.defaults import print_changed_defaults
+from slimrl.patching.keywords import bound_inputs, translate_trainer_kwargs
+from slimrl.patching.reward_guard import guard_reward_funcs
+
+Hook = Callable[[Any, Any], None]
+
+
+def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, trainer: type | None = None) -> None:
+    """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset``, one without a column layout
+    ``trainer`` accepts, and a model/config precision mismatch the user wrote are errors naming the fix
+    (:mod:`slimrl.patching.validation`)."""
+    from slimrl.patching.validation import check_dataset, check_layout, check_precision
+
+    bound = bound_inputs(orig_init, args, kwargs)
+    check_dataset(bound.get("train_dataset"))
+    if trainer is not None:
+        check_layout(bound.get("train_dataset"), trainer, bound.get("args"), bound.get("formatting_func"))
+    check_precision(bound.get("model"), bound.get("args"))
+
+
+def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = ()):
+    """A trainer's ``__init__`` preceded by steps 1-4 of the module docstring."""
+
+    @functools.wraps(orig_init)
+    def slimrl_trainer_init(self, *args, **kwargs):
+        kwargs = translate_trainer_kwargs(type(self), orig_init, args, kwargs)
+        check_trainer_inputs(orig_init, args, kwargs, trainer=type(self))
+        bound = bound_inputs(orig_init, args, kwargs)  # every argument by name (positional ones too)
+        for hook in hooks:
+            hook(bound.get("model"), bound.get("args"))
+        if bound.get("reward_funcs") is not None:  # GRPO, RLOO, OnlineDPO, XPO
+            bound["reward_funcs"] = guard_reward_funcs(bound["reward_funcs"])
+        orig_init(self, **bound)
+        print_changed_defaults(getattr(self, "args", None))
+
+    return slimrl_trainer_init

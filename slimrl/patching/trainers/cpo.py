@@ -1,0 +1,34 @@
+"""Patches for TRL's ``CPOTrainer`` (``trl.experimental.cpo``; the same code in TRL 1.12 and 1.16).
+
+CPO (Xu et al. 2024, https://huggingface.co/papers/2401.08417): ``L = L_pref + cpo_alpha * NLL(chosen)``, with
+``L_pref`` one of TRL's ``sigmoid``, ``hinge``, ``ipo``, ``simpo`` (SimPO, Meng et al. 2024,
+https://huggingface.co/papers/2405.14734: length-averaged log-probs and a target margin) or ``alphapo`` (run as
+``simpo`` with ``alpha``). ``cpo_loss`` and ``get_batch_loss_metrics`` stay TRL's; only the forward that feeds them
+changes (:mod:`slimrl.patching.routes.score_positions`).
+"""
+
+from __future__ import annotations
+
+from slimrl.patching.registry import Patch, original
+from slimrl.patching.routes.score_positions import ConcatenatedSpec, concatenated_forward_through_ops
+
+TRAINER = "trl.experimental.cpo.cpo_trainer:CPOTrainer"
+CONFIG = "trl.experimental.cpo.cpo_config:CPOConfig"
+
+CPO_SPEC = ConcatenatedSpec(
+    padding_value=lambda trainer: trainer.pad_token_id,
+    # the NLL term reads the completion labels of the chosen rows, and is a constant 0 when cpo_alpha == 0
+    nll_labels=lambda trainer, cat: None if trainer.cpo_alpha == 0 else cat["concatenated_labels"],
+    average_log_prob=lambda trainer: trainer.loss_type in ("ipo", "simpo"),
+    logits_drop_last=False,
+)
+
+
+def slimrl_cpo_concatenated_forward(self, model, batch):
+    """TRL's ``CPOTrainer.concatenated_forward`` without the ``[2B, T, V]`` logits (same outputs)."""
+    return concatenated_forward_through_ops(self, model, batch, CPO_SPEC, original(TRAINER, "concatenated_forward"))
+
+
+PATCHES = [
+    Patch("cpo", TRAINER, "concatenated_forward", slimrl_cpo_concatenated_forward),
+]

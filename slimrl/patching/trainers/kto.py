@@ -1,0 +1,18 @@
+"""KTO (Ethayarajh et al. 2024, https://huggingface.co/papers/2402.01306): unpaired desirable/undesirable examples,
+``L = w_d (1 - sigmoid(beta (r - z_ref)))`` for desirable and ``w_u (1 - sigmoid(beta (z_ref - r)))`` for
+undesirable ones, ``r`` the policy/reference log-ratio and ``z_ref`` a KL estimate from mismatched pairs; TRL's own
+``kto`` and ``apo_zero_unpaired`` losses. From TRL 1.15 the log-probs (policy, reference and the KL pass) come from
+TRL's fused head, whose kernel slimrl swaps. TRL 1.12 reads full logits inside ``_compute_loss`` (log-probs and
+metrics in one method), which slimrl leaves as TRL's.
+"""
+
+from __future__ import annotations
+
+from slimrl.patching.routes.fused_head import prediction_step_patch
+
+TRAINER = "trl.trainer.kto_trainer:KTOTrainer"
+CONFIG = "trl.trainer.kto_config:KTOConfig"
+
+# the log-probs come from TRL's fused head (TRL >= 1.15), whose kernel routes/fused_head.py swaps for every
+# trainer on it; evaluation reads the config's chunking too
+PATCHES = [prediction_step_patch("kto", TRAINER)]

@@ -1,0 +1,46 @@
+"""Patches for TRL's ``OnlineDPOTrainer`` (``trl.experimental.online_dpo``; TRL 1.12 and 1.16).
+
+Online DPO (Guo et al. 2024, https://huggingface.co/papers/2402.04792) samples two completions per prompt, ranks
+them with a judge or reward model and applies the DPO loss to the pair. TRL's ``_forward`` computes the per-token
+log-probs of the completions from ``output.logits.log_softmax(-1)``: a ``[B, P + C, V]`` logits tensor plus its
+fp32 log-softmax, for the policy (with gradient) and the reference. The replacement captures the LM head's input
+and projects the completion positions through :func:`slimrl.ops.chunked_logprobs` in row blocks. Like TRL, it
+returns log-probs at *every* completion position, padding included (TRL's entropy metric reads them unmasked).
+
+Delegates to TRL's ``_forward`` for vision inputs, an empty prompt, and heads that are not a plain ``nn.Linear``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slimrl.patching.registry import Patch, original
+from slimrl.patching.routes.score_positions import score_positions, servable_head
+
+TRAINER = "trl.experimental.online_dpo.online_dpo_trainer:OnlineDPOTrainer"
+
+
+def slimrl_online_dpo_forward(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                              vision_inputs=None):
+    """TRL's ``_forward``: log-probs ``[B, C]`` of ``completion_ids`` after the (left-truncated) prompt."""
+    head = servable_head(self, model)
+    truncate = max(prompt_ids.size(1) + completion_ids.size(1) - self.max_length, 0)
+    if head is None or vision_inputs is not None or prompt_ids.size(1) - truncate <= 0:
+        return original(TRAINER, "_forward")(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                             vision_inputs)
+    prompt_ids, prompt_mask = prompt_ids[:, truncate:], prompt_mask[:, truncate:]  # same truncation as TRL
+    ids = torch.cat((prompt_ids, completion_ids), dim=1)  # [B, P + C]
+    mask = torch.cat((prompt_mask, completion_mask), dim=1)  # [B, P + C]
+    p = prompt_ids.size(1)
+    targets = torch.zeros_like(ids)  # [B, P + C]
+    targets[:, p - 1:-1] = completion_ids  # position t predicts token t + 1
+    score = torch.zeros_like(ids, dtype=torch.bool)
+    score[:, p - 1:-1] = True  # every completion position, padding included (as TRL)
+    logps, _, _ = score_positions(self, model, head, ids, mask, targets, score)  # [B, P + C]
+    return logps[:, p - 1:-1]  # [B, C]
+
+CONFIG = "trl.experimental.online_dpo.online_dpo_config:OnlineDPOConfig"
+
+PATCHES = [
+    Patch("online_dpo", TRAINER, "_forward", slimrl_online_dpo_forward),
+]

@@ -1,0 +1,17 @@
+"""Patches for TRL's ``PPOTrainer`` (``trl.experimental.ppo``; the last release that has it is TRL 1.12.0).
+
+PPO (Schulman et al. 2017, https://huggingface.co/papers/1707.06347, with the RLHF recipe of Ouyang et al. 2022):
+clipped policy ratio plus a clipped value loss, per-token KL penalty to the reference in the reward. In TRL 1.12
+everything happens inside ``PPOTrainer.train``, one ~350-line loop that keeps the generation scores
+``[B, C, V]``, runs the reference and the policy with full logits and reads those logits again for the entropy
+metric. There is no method boundary below ``train`` that carries the log-probs, so slimrl does not replace that
+path (doing so would mean rewriting TRL's loop): PPO trains as TRL does, and old PPO scripts keep working. For
+memory-lean RL on one GPU use GRPO or RLOO, which slimrl patches on every supported TRL.
+"""
+
+from __future__ import annotations
+
+TRAINER = "trl.experimental.ppo.ppo_trainer:PPOTrainer"
+CONFIG = "trl.experimental.ppo.ppo_config:PPOConfig"
+
+PATCHES: list = []  # only the shared patches (slimrl.patching.specs)

@@ -1,0 +1,14 @@
+"""Patches for TRL's ``PRMTrainer`` (``trl.experimental.prm``; the last release that has it is TRL 1.12.0).
+
+Process reward modelling (Uesato et al. 2022, https://huggingface.co/papers/2211.14275): a token-classification
+model labels each reasoning step correct/incorrect with cross-entropy over 2 classes at the step separators. The
+head is ``[H, num_labels]``, not vocabulary-sized, so there is nothing for :mod:`slimrl.ops` to avoid; only the
+legacy keywords are patched.
+"""
+
+from __future__ import annotations
+
+TRAINER = "trl.experimental.prm.prm_trainer:PRMTrainer"
+CONFIG = "trl.experimental.prm.prm_config:PRMConfig"
+
+PATCHES: list = []  # only the shared patches (slimrl.patching.specs)

@@ -1,0 +1,14 @@
+"""Patches for TRL's ``RewardTrainer`` (TRL 1.12 and 1.16).
+
+Bradley-Terry reward modelling (``L = -log sigmoid(r_chosen - r_rejected [- margin])``, Ouyang et al. 2022,
+https://huggingface.co/papers/2203.02155) on a sequence-classification model: the head outputs one score per
+sequence, so there is no vocabulary-sized tensor for :mod:`slimrl.ops` to avoid. Only the legacy keywords are
+patched; activation memory is handled by ``FastLanguageModel.get_peft_model``'s checkpointing.
+"""
+
+from __future__ import annotations
+
+TRAINER = "trl.trainer.reward_trainer:RewardTrainer"
+CONFIG = "trl.trainer.reward_config:RewardConfig"
+
+PATCHES: list = []  # only the shared patches (slimrl.patching.specs)

@@ -1,0 +1,44 @@
+"""Fixtures every test folder shares.
+
+* ``patched``: every trainer the installed TRL has patched for the test (``grpo_patched``: GRPO only);
+* every test ends with TRL restored (``unpatch()``), so no test leaks patches into the next;
+* ``tiny_model_dir``: a directory with the 2-layer tiny Llama and its character tokenizer (tests/tiny.py), the shape
+  ``FastLanguageModel.from_pretrained`` and ``slimrl train --model`` read.
+
+``tests.tiny.CPU_ARGS`` holds the config keywords every CPU test passes to a TRL config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slimrl import PatchFastRL, unpatch
+from tests.tiny import tiny_llama, tiny_tokenizer
+
+
+@pytest.fixture(autouse=True)
+def _trl_restored():
+    yield
+    unpatch()
+
+
+@pytest.fixture
+def patched():
+    PatchFastRL()
+    yield
+
+
+@pytest.fixture
+def grpo_patched():
+    PatchFastRL("grpo")
+    yield
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path) -> Path:
+    path = tmp_path / "tiny-model"
+    tiny_llama().save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path

@@ -1,0 +1,142 @@
+"""Shared helpers for the patched-vs-unpatched parity tests.
+
+:func:`assert_patched_equals_unpatched`: a training run (generation included) done twice from the same seed, with TRL
+alone and after ``PatchFastRL`` (``unpatch`` after): same sampled completions, same parameter updates (SGD, so an
+update is proportional to its gradient), same logged losses.
+
+:func:`assert_parity`: one trainer and one batch. The fused-head patches (:mod:`slimrl.patching.routes.fused_head`)
+act at call time, so the same trainer object and the same batch are run twice: once with TRL alone, once after
+``PatchFastRL``; loss, every parameter gradient and the metrics TRL logs from the fused outputs (entropy, mean
+logits, top-1 accuracy, WPO weights) must agree.
+
+Tolerance: relative error <= 1e-4 (fp32; the two kernels sum the vocabulary in different tile orders, ~1e-6
+relative per reduction, accumulated through a 2-layer backward).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from slimrl import PatchFastRL, unpatch
+
+PAIRS = [
+    {"prompt": "1+2=", "chosen": "3.", "rejected": "12 or 4."},
+    {"prompt": "what is 3+4?", "chosen": "7", "rejected": "34"},
+    {"prompt": "5+6=", "chosen": "11, easy.", "rejected": "56"},
+    {"prompt": "7+8=", "chosen": "15", "rejected": "it is 78?"},
+]
+
+CUMULATIVE = {"num_tokens"}  # running totals over the trainer's life, not per-batch values
+
+
+def experimental(name: str):
+    """``trl.experimental.<name>`` without TRL's experimental-import warning."""
+    import importlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(f"trl.experimental.{name}")
+
+
+def tiny_model(lora: bool, targets: tuple[str, ...] = ("q_proj", "v_proj")):
+    """The tiny Llama (seed 0), optionally with a LoRA adapter whose A and B are both random (so both get
+    gradient on the first step)."""
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama(seed=0)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(1)
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=list(targets),
+                                                 init_lora_weights=False, task_type="CAUSAL_LM"))
+    return model
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp(min=1e-12))
+
+
+def first_batch(trainer) -> dict:
+    batch = next(iter(trainer.get_train_dataloader()))
+    return trainer._prepare_inputs(batch)
+
+
+def _metric_store(trainer) -> dict:
+    """Where the trainer keeps per-step metrics: ``_metrics`` (TRL's stable trainers) or ``_stored_metrics``."""
+    store = getattr(trainer, "_metrics", None) or trainer._stored_metrics
+    return store["train"]
+
+
+def loss_and_grads(trainer, inputs: dict) -> tuple[float, dict[str, torch.Tensor], dict[str, float]]:
+    model = trainer.model
+    model.train()
+    model.zero_grad(set_to_none=True)
+    store = _metric_store(trainer)
+    for values in store.values():
+        values.clear()
+    torch.manual_seed(0)
+    loss = trainer.compute_loss(model, dict(inputs))
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    metrics = {k: float(sum(v) / len(v)) for k, v in store.items() if v and k not in CUMULATIVE}
+    return float(loss), grads, metrics
+
+
+def slimrl_calls() -> int:
+    """How many times slimrl's log-prob paths served a call (the fused-head kernel, the captured forward)."""
+    from slimrl.patching.routes.fused_head import SlimrlChunkedLogProbFunction
+    from slimrl.patching.routes.score_positions import score_positions
+
+    return SlimrlChunkedLogProbFunction.calls + score_positions.calls
+
+
+def assert_parity(trainer, algorithm: str, rtol: float = 1e-4) -> dict[str, float]:
+    """TRL alone, then patched, on the same trainer and batch; returns the patched metrics."""
+    unpatch()
+    inputs = first_batch(trainer)
+    ref_loss, ref_grads, ref_metrics = loss_and_grads(trainer, inputs)
+    calls = slimrl_calls()
+    PatchFastRL(algorithm)
+    try:
+        loss, grads, metrics = loss_and_grads(trainer, inputs)
+    finally:
+        unpatch()
+    assert slimrl_calls() > calls, "slimrl's log-prob path was not used"
+    assert math.isfinite(ref_loss)
+    assert ref_grads and any(g.abs().max() > 0 for g in ref_grads.values()), "no gradient: the test would be vacuous"
+    assert abs(loss - ref_loss) <= rtol * max(abs(ref_loss), 1e-3), f"loss {loss} vs TRL {ref_loss}"
+    assert grads.keys() == ref_grads.keys()
+    for name, ref in ref_grads.items():
+        assert rel(grads[name], ref) <= rtol, f"{name}: relative error {rel(grads[name], ref):.2e}"
+    assert metrics.keys() == ref_metrics.keys()
+    for key, ref in ref_metrics.items():
+        assert abs(metrics[key] - ref) <= rtol * max(abs(ref), 1.0), f"metric {key}: {metrics[key]} vs TRL {ref}"
+    return metrics
+
+
+def assert_patched_equals_unpatched(run, algorithm: str, tmp_path, rtol: float = 1e-4):
+    """``run(out_dir) -> (completions seen, {param: update}, logged losses, trainer)``, first with TRL alone, then
+    patched; asserts slimrl's path ran, the run is not vacuous, and updates/losses agree within ``rtol`` (relative);
+    returns the patched trainer."""
+    import pytest
+
+    unpatch()
+    ref_seen, ref_deltas, ref_losses, _ = run(tmp_path / "trl")
+    calls = slimrl_calls()
+    PatchFastRL(algorithm)
+    try:
+        seen, deltas, losses, trainer = run(tmp_path / "slim")
+    finally:
+        unpatch()
+    used = slimrl_calls() > calls or getattr(trainer, "_slimrl_trained_tokens", 0) > 0
+    assert used, "slimrl's log-prob path was not used"
+    assert seen == ref_seen, "patched run sampled different completions"
+    assert any(d.abs().max() > 0 for d in ref_deltas.values()), "no update happened: the test would be vacuous"
+    for name, ref in ref_deltas.items():
+        assert rel(deltas[name], ref) <= rtol, f"{name}: relative error {rel(deltas[name], ref):.2e}"
+    assert losses == pytest.approx(ref_losses, rel=rtol, abs=1e-6)
+    return trainer
