@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -37,8 +36,9 @@ RESULT_TAG = "BENCH_RESULT "
 
 
 def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    from slimrl.compat.memory import resident_bytes
+
+    return resident_bytes() / 2**20
 
 
 def run_worker(cmd: list[str], label: str) -> dict:
@@ -52,11 +52,12 @@ def run_worker(cmd: list[str], label: str) -> dict:
 
 
 def _hwm_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    """This worker's peak resident set (MiB): slimrl's one peak reader, never reset in a bench worker."""
+    import torch
+
+    from slimrl.compat.memory import peak_bytes
+
+    return peak_bytes(torch.device("cpu")) / 2**20
 
 
 class PhaseProfiler:

@@ -17,18 +17,23 @@ import torch
 _OPEN: list[PeakWindow] = []
 
 
+def _proc_kib(path: str, key: str) -> int | None:
+    """A ``key:  N kB`` line of a /proc file, in bytes (None where the file or key is missing: not Linux)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def free_bytes(device: torch.device) -> int:
     """Free memory on ``device``: CUDA's free bytes, or the host's available RAM (``MemAvailable``); 0 if unknown."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _proc_kib("/proc/meminfo", "MemAvailable") or 0
 
 
 def total_bytes(device: torch.device) -> int:
@@ -56,14 +61,8 @@ def peak_bytes(device: torch.device) -> int:
     (VmHWM)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) if _cuda(device) else 0
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resident_bytes()
+    peak = _proc_kib("/proc/self/status", "VmHWM")
+    return resident_bytes() if peak is None else peak
 
 
 def reset_peak(device: torch.device) -> None:

@@ -30,8 +30,7 @@ def _default_dtype() -> torch.dtype:
     return torch.float32
 
 
-# bitsandbytes runs NF4 on CPU from its multi-backend releases; checked here with 0.50.2 + torch 2.13.0+cpu
-# (SmolLM2-135M loads at 159 MB instead of 538 MB and generates).
+# bitsandbytes runs NF4 on CPU from its multi-backend releases (0.50 and later).
 _BNB_CPU_MIN = "0.50.0"
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from slimrl import PatchFastRL, unpatch
@@ -128,8 +131,6 @@ def test_shared_patch_stays_until_last_user_is_unpatched():
 
 def test_readme_trainer_table_is_generated_from_the_specs():
     """The README's trainer table is :func:`slimrl.patching.specs.readme_table` (regenerate it from there)."""
-    from pathlib import Path
-
     from slimrl.patching.specs import readme_table
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -146,3 +147,7 @@ def test_every_spec_names_real_trl_objects():
             continue
         trainer, config = spec.classes()
         assert trainer.__name__ == spec.trainer_class_name and config.__name__.endswith("Config"), name
+    root = Path(__file__).resolve().parents[2]
+    for spec in TRAINERS.values():  # the README names each parity test: it must exist
+        for path in re.findall(r"`(tests/[\w/]+\.py)`", spec.parity_test):
+            assert (root / path).is_file(), (spec.name, path)
