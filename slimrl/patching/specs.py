@@ -46,7 +46,8 @@ ROUTES = {
 }
 PAIRED: Layouts = (("chosen", "rejected"),)  # with or without an explicit "prompt" (TRL extracts the prefix)
 PROMPT: Layouts = (("prompt",),)
-LAST_RELEASE_112 = "<1.13"  # PPO, BCO, XPO, PRM were removed after TRL 1.12.0
+LAST_RELEASE_112 = "<1.13"  # PPO was removed after TRL 1.12.0
+LAST_RELEASE_113 = "<1.14"  # BCO, XPO, PRM after 1.13.0
 
 
 def _align_checkpointing(model: Any, args: Any) -> None:
@@ -151,16 +152,16 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
     TrainerSpec("ppo", ppo.TRAINER, ppo.CONFIG, releases=LAST_RELEASE_112, last_release="1.12.0",
                 note="none: TRL 1.12's PPO runs one `train()` loop over full logits; slimrl does not rewrite it; "
                      "legacy keywords and checks only", training_step=None),
-    TrainerSpec("bco", bco.TRAINER, bco.CONFIG, releases=LAST_RELEASE_112, last_release="1.12.0",
+    TrainerSpec("bco", bco.TRAINER, bco.CONFIG, releases=LAST_RELEASE_113, last_release="1.13.0",
                 layouts=(("prompt", "completion", "label"),), routes=("score positions",),
                 note="`forward`: " + ROUTES["score positions"],
                 parity_test="`tests/patching/trainers/test_bco_and_xpo.py`",
                 fields=CHUNK_FIELDS, patches=tuple(bco.PATCHES)),
-    TrainerSpec("xpo", xpo.TRAINER, xpo.CONFIG, releases=LAST_RELEASE_112, last_release="1.12.0", layouts=PROMPT,
+    TrainerSpec("xpo", xpo.TRAINER, xpo.CONFIG, releases=LAST_RELEASE_113, last_release="1.13.0", layouts=PROMPT,
                 routes=("score positions",), note="`_compute_logprobs`: " + ROUTES["score positions"],
                 parity_test="two steps, `tests/patching/trainers/test_bco_and_xpo.py`", fields=CHUNK_FIELDS,
                 patches=tuple(xpo.PATCHES)),
-    TrainerSpec("prm", prm.TRAINER, prm.CONFIG, releases=LAST_RELEASE_112, last_release="1.12.0",
+    TrainerSpec("prm", prm.TRAINER, prm.CONFIG, releases=LAST_RELEASE_113, last_release="1.13.0",
                 layouts=(("prompt", "completions", "labels"), ("input_ids",)),
                 note="none needed: a 2-class token head; checks and guards only"),
 )}
@@ -210,6 +211,7 @@ def readme_table() -> str:
     rows = ["| trainer | TRL | what slimrl does | parity test (loss + gradients vs TRL alone, ≤ 1e-4) |",
             "|---|---|---|---|"]
     for spec in TRAINERS.values():
-        releases = "1.12 only (removed after)" if spec.last_release else "1.12 – 1.16"
+        releases = f"1.12 – {spec.last_release.rsplit('.', 1)[0]} (removed after)" if spec.last_release else \
+            "1.12 – 1.16"
         rows.append(f"| {spec.trainer_class_name} | {releases} | {spec.note} | {spec.parity_test} |")
     return "\n".join(rows)

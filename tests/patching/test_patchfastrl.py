@@ -116,7 +116,7 @@ def test_bad_num_chunks_is_rejected_before_work():
 
 
 def test_shared_patch_stays_until_last_user_is_unpatched():
-    shared = [p for p in patches("dpo") if "sft" in p.algorithms and p.applies()]
+    shared = [p for p in patches("dpo") if "sft" in p.algorithms and p.applies() and p.target_exists()]
     if not shared:
         pytest.skip("no patch shared by DPO and SFT on this TRL")
     PatchFastRL("dpo")
@@ -151,3 +151,31 @@ def test_every_spec_names_real_trl_objects():
     for spec in TRAINERS.values():  # the README names each parity test: it must exist
         for path in re.findall(r"`(tests/[\w/]+\.py)`", spec.parity_test):
             assert (root / path).is_file(), (spec.name, path)
+
+
+def test_a_trainer_whose_methods_are_gone_is_refused_whole(monkeypatch):
+    """A TRL newer than slimrl's tests renamed a method: that trainer is refused by name (nothing of it installed);
+    PatchFastRL() patches the others and says which it refused."""
+    from trl import GRPOTrainer
+
+    from slimrl.patching.registry import PatchTargetMissingError
+
+    monkeypatch.delattr(GRPOTrainer, "_get_per_token_logps_and_entropies")
+    with pytest.raises(PatchTargetMissingError, match=r"GRPOTrainer: trl.trainer.grpo_trainer:GRPOTrainer."
+                                                      r"_get_per_token_logps_and_entropies"):
+        PatchFastRL("grpo")
+    assert not any(is_installed(p) for p in patches("grpo"))
+    with pytest.warns(UserWarning, match=r"cannot patch these trainers .* the other trainers are patched"):
+        PatchFastRL()
+    assert not any(is_installed(p) for p in patches("grpo") if "dpo" not in p.algorithms)
+    assert all(is_installed(p) for p in patches("sft") if p.applies() and p.target_exists())
+
+
+def test_newer_trl_than_tested_warns_naming_verify():
+    from packaging.version import Version
+
+    from slimrl.compat.trl_info import check_trl_supported
+
+    with pytest.warns(UserWarning, match=r"trl 1.17.0 is newer than the releases slimrl is tested with .* run "
+                                         r"`slimrl verify`"):
+        assert not check_trl_supported(Version("1.17.0"))

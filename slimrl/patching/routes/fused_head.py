@@ -49,9 +49,15 @@ def has_fused_head() -> bool:
 
 
 def _trl_kernel_is_best(device: torch.device) -> bool:
-    """TRL's Triton kernel on CUDA/XPU: already compact and tiled, so slimrl hands the call back to it."""
-    from trl.kernels.chunked_logprob import _use_triton
-
+    """TRL's Triton kernel on CUDA/XPU: already compact and tiled, so slimrl hands the call back to it. TRL 1.15
+    has no kernel at all without Triton (``_ChunkedLogProbFunction = None``: its fused-head trainers cannot run on
+    a CPU); 1.16 decides with ``_use_triton`` and falls back to torch elsewhere."""
+    if original(UTILS, "_ChunkedLogProbFunction") is None:
+        return False
+    try:
+        from trl.kernels.chunked_logprob import _use_triton
+    except ImportError:  # TRL 1.15: the kernel module is Triton only
+        return device.type in ("cuda", "xpu")
     return bool(_use_triton(device))
 
 
@@ -97,7 +103,9 @@ def slimrl_score_valid_positions_only(device: torch.device) -> bool:
 def kernel_patches(algorithms: tuple[str, ...]) -> list[Patch]:
     """The kernel swap, shared by ``algorithms`` (installed while any of them is patched)."""
     return [Patch(algorithms, UTILS, "_ChunkedLogProbFunction", SlimrlChunkedLogProbFunction, versions=VERSIONS),
-            Patch(algorithms, UTILS, "_use_triton", slimrl_score_valid_positions_only, versions=VERSIONS)]
+            # TRL 1.15 always gathers the valid positions (no `_use_triton` to answer there)
+            Patch(algorithms, UTILS, "_use_triton", slimrl_score_valid_positions_only, versions=VERSIONS,
+                  optional=True)]
 
 
 def prediction_step_patch(algorithm: str, trainer: str) -> Patch:

@@ -1,4 +1,4 @@
-"""Patches for TRL's ``BCOTrainer`` (``trl.experimental.bco``; the last release that has it is TRL 1.12.0).
+"""Patches for TRL's ``BCOTrainer`` (``trl.experimental.bco``; the last release that has it is TRL 1.13.0).
 
 BCO (Jung et al. 2024, https://huggingface.co/papers/2404.04656): binary classifier optimisation on unpaired
 (prompt, completion, label) data, ``L = -log sigmoid(beta * r_chosen - delta) - log sigmoid(-(beta * r_rejected -

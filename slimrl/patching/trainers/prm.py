@@ -1,4 +1,4 @@
-"""Patches for TRL's ``PRMTrainer`` (``trl.experimental.prm``; the last release that has it is TRL 1.12.0).
+"""Patches for TRL's ``PRMTrainer`` (``trl.experimental.prm``; the last release that has it is TRL 1.13.0).
 
 Process reward modelling (Uesato et al. 2022, https://huggingface.co/papers/2211.14275): a token-classification
 model labels each reasoning step correct/incorrect with cross-entropy over 2 classes at the step separators. The

@@ -1,4 +1,4 @@
-"""Patches for TRL's ``XPOTrainer`` (``trl.experimental.xpo``; the last release that has it is TRL 1.12.0).
+"""Patches for TRL's ``XPOTrainer`` (``trl.experimental.xpo``; the last release that has it is TRL 1.13.0).
 
 XPO (Xie et al. 2024, https://huggingface.co/papers/2405.21046): online DPO plus an exploration bonus
 ``alpha * log pi(y_ref | x)`` on the reference model's completions. Each step TRL's ``_compute_logprobs`` runs four

@@ -1,4 +1,4 @@
-"""BCO and XPO (in TRL up to 1.12.0): patched vs unpatched, on the TRL release that has them.
+"""BCO and XPO (in TRL up to 1.13.0): patched vs unpatched, on the TRL release that has them.
 
 BCO: one batch, same trainer, loss + gradients + logged metrics (tests/patching/parity.py, 1e-4).
 XPO: two training steps with generation, SGD updates within relative error 1e-4, same logged losses.
@@ -15,7 +15,7 @@ from tests.patching.parity import PAIRS, assert_parity, experimental, tiny_model
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 
-@pytest.mark.skipif(not trainer_available("bco"), reason="this TRL has no BCOTrainer (last in 1.12.0)")
+@pytest.mark.skipif(not trainer_available("bco"), reason="this TRL has no BCOTrainer (last in 1.13.0)")
 @pytest.mark.parametrize("lora", [False, True])
 def test_bco_parity(tmp_path, lora):
     from datasets import Dataset
@@ -56,7 +56,7 @@ def run_xpo(tmp_path, lora: bool):
     return [], deltas, losses, trainer  # completions: XPO samples inside its step, compared through the updates
 
 
-@pytest.mark.skipif(not trainer_available("xpo"), reason="this TRL has no XPOTrainer (last in 1.12.0)")
+@pytest.mark.skipif(not trainer_available("xpo"), reason="this TRL has no XPOTrainer (last in 1.13.0)")
 @pytest.mark.parametrize("lora", [False, True])
 def test_xpo_parity_two_steps(tmp_path, lora):
     from tests.patching.parity import assert_patched_equals_unpatched

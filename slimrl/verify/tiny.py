@@ -1,0 +1,79 @@
+"""Tiny random models for ``slimrl verify``: the default tiny Llama with a character tokenizer, or a shrunk copy of
+the user's model config (same architecture, vocabulary, head tying, soft-capping; 2 layers, narrow), built from the
+config only (no weights read)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 +-=?.,<>/")
+SPECIAL = ["<pad>", "<eos>", "<unk>"]
+HIDDEN, HEADS, KV_HEADS, LAYERS, FFN = 64, 4, 2, 2, 128
+
+
+def char_tokenizer():
+    """Character-level fast tokenizer: 3 specials + 46 characters (vocab 49, not a power of two)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def default_config():
+    """The tiny Llama: 2 layers, hidden 64, vocab 49, tied head, fp32."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=len(SPECIAL) + len(CHARS), hidden_size=HIDDEN, intermediate_size=FFN,
+                       num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                       max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1,
+                       bos_token_id=None, dtype="float32")
+
+
+def shrink(config: Any) -> Any:
+    """``config`` with 2 layers and a narrow width; everything that changes the head's math kept (vocabulary, head
+    tying, logit soft-capping and scaling, architecture)."""
+    import copy
+
+    small = copy.deepcopy(config)
+    text = small.get_text_config() if hasattr(small, "get_text_config") else small
+    text.num_hidden_layers = LAYERS
+    text.hidden_size = HIDDEN
+    text.num_attention_heads = HEADS
+    if getattr(text, "num_key_value_heads", None) is not None:
+        text.num_key_value_heads = KV_HEADS
+    if getattr(text, "head_dim", None) is not None:
+        text.head_dim = HIDDEN // HEADS
+    for name in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"):
+        if getattr(text, name, None) is not None:
+            setattr(text, name, FFN)
+    for name in ("layer_types", "sliding_window_pattern"):  # per-layer lists follow the layer count
+        value = getattr(text, name, None)
+        if isinstance(value, list):
+            setattr(text, name, value[:LAYERS])
+    if getattr(text, "max_window_layers", None) is not None:
+        text.max_window_layers = LAYERS
+    return small
+
+
+def build(config: Any, seed: int, kind: str = "causal", dtype: torch.dtype = torch.float32):
+    """A random model of ``config`` (``kind``: "causal" LM, or "scorer": one-score sequence classifier)."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    if kind == "scorer":
+        import copy
+
+        config = copy.deepcopy(config)
+        config.num_labels = 1
+        model = AutoModelForSequenceClassification.from_config(config, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    pad = getattr(config, "pad_token_id", None)
+    if pad is not None and getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = pad
+    return model
