@@ -7,6 +7,7 @@
 from slimrl.models import FastLanguageModel
 from slimrl.patching import PatchFastRL, unpatch
 from slimrl.sampling import vLLMSamplingParams
+from slimrl.verify import verify  # `slimrl.verify(...)`: the patch proven exact on your setup (slimrl verify)
 
-__all__ = ["FastLanguageModel", "PatchFastRL", "unpatch", "vLLMSamplingParams"]
+__all__ = ["FastLanguageModel", "PatchFastRL", "unpatch", "vLLMSamplingParams", "verify"]
 __version__ = "0.1.0"

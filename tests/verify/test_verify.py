@@ -11,8 +11,9 @@ from slimrl.verify import TOLERANCE, format_table, verify
 
 
 def test_rows_pass_and_the_table_says_why_the_tolerance():
-    rows = verify(["grpo"], loss_type="dapo") + \
-        verify(["sft"], loss_type="nll")
+    import slimrl
+
+    rows = verify(["grpo"], loss_type="dapo") + slimrl.verify(["sft"], loss_type="nll")  # the Python API
     assert [(r.trainer, r.loss_type, r.passed) for r in rows] == [("grpo", "dapo", True), ("sft", "nll", True)]
     assert all(0 < r.grad_err < TOLERANCE[torch.float32] for r in rows), "no gradient compared: vacuous"
     table = format_table(rows)
