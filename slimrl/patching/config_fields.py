@@ -14,6 +14,10 @@ dict objects and ``__init__``.
 | ``unsloth_logit_chunk_multiplier`` | None  | divide the automatic chunk size by this (smaller logits blocks)    |
 | ``unsloth_grpo_mini_batch``      | None    | rows per no-grad log-prob forward (GRPO/RLOO), <= generation batch |
 | ``max_seq_length``               | None    | longest prompt + completion; None = the model's, never above it   |
+| ``slimrl_reuse_old_logps``       | True    | GRPO + vLLM IS correction: old log-probs from the policy forward  |
+|                                  |         | when the policy cannot have changed (no extra no-grad pass)        |
+| ``slimrl_length_groups``         | True    | GRPO log-prob forwards: rows grouped by length, padding cut        |
+| ``slimrl_token_budget``          | None    | tokens per grouped forward; None = TRL's rows x padded length      |
 
 A config gets only the fields that act on its trainer (each trainer module passes ``fields=``): a field that would
 do nothing there is never silently accepted. Passed with its default value (as Unsloth scripts do), it is dropped;
@@ -43,6 +47,13 @@ EXTRA_FIELDS: dict[str, tuple[Any, Any, str]] = {
                                                   "the generation batch."),
     "max_seq_length": (int | None, None, "slimrl: longest prompt + completion; unset = the model's max_seq_length "
                                          "(FastLanguageModel), never above it."),
+    "slimrl_reuse_old_logps": (bool, True, "slimrl: with vLLM's importance-sampling correction, take the old "
+                                           "log-probs from the policy forward when the policy cannot have changed "
+                                           "(skips a no-grad pass; GRPO)."),
+    "slimrl_length_groups": (bool, True, "slimrl: log-prob forwards over rows grouped by completion length, "
+                                         "trailing padding cut (GRPO)."),
+    "slimrl_token_budget": (int | None, None, "slimrl: tokens per log-prob forward when grouping by length "
+                                              "(None: the trainer's own rows x padded length)."),
 }
 
 
@@ -57,13 +68,18 @@ def validate_extra(name: str, value: Any) -> Any:
         if not (positive_int(value) or value == -1) or isinstance(value, bool):
             raise ValueError(f"unsloth_num_chunks={value!r} is invalid: use -1 (chosen from free memory) or an int "
                              f">= 1 (number of row chunks for the log-prob pass)")
-    elif name in ("unsloth_logit_chunk_multiplier", "max_seq_length", "unsloth_grpo_mini_batch"):
+    elif name in ("slimrl_reuse_old_logps", "slimrl_length_groups"):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} is invalid: use true or false")
+    elif name in ("unsloth_logit_chunk_multiplier", "max_seq_length", "unsloth_grpo_mini_batch",
+                  "slimrl_token_budget"):
         if value is not None and not positive_int(value):
             raise ValueError(f"{name}={value!r} is invalid: use an int >= 1 or None")
     return value
 
 
 ALL_FIELDS = tuple(EXTRA_FIELDS)
+ONLINE_FIELDS = ALL_FIELDS[:4]  # RLOO: the chunking, mini-batch and sequence budget; the GRPO levers are GRPO's
 CHUNK_FIELDS = ("unsloth_num_chunks", "unsloth_logit_chunk_multiplier")  # trainers whose log-probs run through ops
 # Why a field does nothing on a trainer that does not get it (the refusal names this).
 _NO_EFFECT = {
@@ -71,6 +87,9 @@ _NO_EFFECT = {
     "unsloth_logit_chunk_multiplier": "this trainer has no vocabulary-sized log-prob pass that slimrl chunks",
     "unsloth_grpo_mini_batch": "only GRPO and RLOO have the no-grad log-prob passes it splits",
     "max_seq_length": "this trainer has no prompt + completion budget for it to bound",
+    "slimrl_reuse_old_logps": "only GRPO has the vLLM importance-sampling pass it skips",
+    "slimrl_length_groups": "only GRPO's log-prob forwards are grouped by length",
+    "slimrl_token_budget": "only GRPO's log-prob forwards are grouped by length",
 }
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, config_init_factory, config_patches
+from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, ONLINE_FIELDS, config_init_factory, config_patches
 from slimrl.patching.engine_hooks import apply_engine_defaults
 from slimrl.patching.registry import Patch, register
 from slimrl.patching.routes import fused_head
@@ -142,7 +142,7 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
     TrainerSpec("rloo", rloo.TRAINER, rloo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; " + ROUTES["method capture"] + " on 1.12",
                 parity_test="two steps with generation, old log-probs and KL, `tests/patching/trainers/test_rloo.py`",
-                fields=ALL_FIELDS, config_init=rloo.rloo_config_init_factory,
+                fields=ONLINE_FIELDS, config_init=rloo.rloo_config_init_factory,
                 init_hooks=(check_sequence_budget, apply_engine_defaults),
                 training_step=rloo.rloo_training_step_factory, patches=tuple(rloo.PATCHES), cli="online"),
     TrainerSpec("online_dpo", online_dpo.TRAINER, online_dpo.CONFIG, layouts=PROMPT, routes=("score positions",),

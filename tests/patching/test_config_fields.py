@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from slimrl import PatchFastRL, unpatch
-from slimrl.patching.config_fields import EXTRA_FIELDS
+from slimrl.patching.config_fields import EXTRA_FIELDS, ONLINE_FIELDS
 from slimrl.patching.registry import patches
 
 CPU = dict(report_to="none", use_cpu=True, bf16=False)
@@ -48,7 +48,8 @@ def test_every_patched_config_has_its_fields_in_help_flags_and_to_dict(patched, 
         help_text = parser.format_help()
         argv = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false"]
         values = {"unsloth_num_chunks": 3, "unsloth_logit_chunk_multiplier": 2, "max_seq_length": 256,
-                  "unsloth_grpo_mini_batch": None}
+                  "unsloth_grpo_mini_batch": None, "slimrl_reuse_old_logps": False, "slimrl_length_groups": False,
+                  "slimrl_token_budget": 4096}
         for name in own:
             assert f"--{name}" in help_text, (cls.__name__, name)
             if values[name] is not None:
@@ -70,7 +71,7 @@ def test_fields_follow_what_acts_on_each_trainer(patched):
     from slimrl.patching.routes.fused_head import has_fused_head
 
     chunking = {"unsloth_num_chunks", "unsloth_logit_chunk_multiplier"}
-    expected = {"grpo": set(EXTRA_FIELDS), "rloo": set(EXTRA_FIELDS), "orpo": chunking, "cpo": chunking,
+    expected = {"grpo": set(EXTRA_FIELDS), "rloo": set(ONLINE_FIELDS), "orpo": chunking, "cpo": chunking,
                 "online_dpo": chunking, "reward": set(), "dpo": chunking if has_fused_head() else set(),
                 "kto": chunking if has_fused_head() else set(), "sft": chunking if has_fused_head() else set()}
     from slimrl.patching import trainer_available

@@ -5,7 +5,11 @@ policy with grad on the wrapped model; old and reference no-grad passes with ``b
 ``[B, C]`` of the completion tokens under ``softmax(logits / self.temperature)`` with the model's logit scaling and
 soft-capping, 0 at padding, and the entropies ``[B, C]`` (with gradient, for TRL's entropy bonus) when asked. The
 wrapped model is called (DDP/accelerate hooks run) with ``logits_to_keep = C + 1``; its LM head input is captured
-and projected chunk by chunk, only at real completion positions, so ``[B, C, V]`` logits never exist.
+and projected chunk by chunk, only at real completion positions, so ``[B, C, V]`` logits never exist. The rows of
+a call run in length groups (:func:`length_groups`): sorted by completion length and cut into forwards within a
+token budget, each forward cut after its group's longest completion, so padding is not computed (TRL pads every
+row to the batch's longest completion); the results return in the caller's row order, so TRL's loss and its
+normalisation see the same tensors.
 
 Cases the capture cannot serve go to the trainer's own method: vision-language inputs, MoE aux loss, and heads
 that are not a plain ``nn.Linear`` (LoRA on the head, ZeRO-3 partitioned, quantized).
@@ -45,9 +49,61 @@ def logps_and_entropies_through_ops(target: str, self, model, input_ids, attenti
                                   batch_size, compute_entropy)
 
 
+FORWARD_COST_TOKENS = {"cpu": 16, "cuda": 4096}  # a forward's fixed cost, in tokens' worth of compute
+
+
+def length_groups(lengths: list[int], prompt_width: int, budget: int, forward_cost: int) -> list[list[int]]:
+    """Rows cut into forwards by completion length: rows sorted longest first, consecutive runs as groups, chosen
+    (dynamic programme over the sorted order) to minimise ``sum_g n_g * (P + C_g) + forward_cost * G`` (the padded
+    tokens computed plus a fixed cost per forward) with ``n_g * (P + C_g) <= budget`` tokens per forward (a single
+    row is always allowed). ``C_g`` is the group's longest completion: the columns after it are padding for every
+    row of the group and are cut, which is exact for a causal model (no real token attends to later positions)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    width = [prompt_width + max(lengths[i], 1) for i in order]  # the group's padded width if row i leads it
+    n = len(order)
+    if n > 256:  # greedy beyond that: the programme is O(n^2) in Python
+        groups, start = [], 0
+        for j in range(1, n + 1):
+            if j == n or (j + 1 - start) * width[start] > budget:
+                groups.append(order[start:j])
+                start = j
+        return [g for g in groups if g]
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j - 1, -1, -1):  # group = sorted rows i..j-1, led (widest) by row i
+            if j - i > 1 and (j - i) * width[i] > budget:
+                break
+            cost = best[i] + (j - i) * width[i] + forward_cost
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], n
+    while j > 0:
+        groups.append(order[cut[j]:j])
+        j = cut[j]
+    return groups[::-1]
+
+
+def _groups_for(self, attention_mask: torch.Tensor, logits_to_keep: int,
+                batch_size: int) -> list[tuple[list[int], int]]:
+    """The forwards of one call as (rows, completion columns kept): TRL's fixed row batches at the full width, or
+    (``slimrl_length_groups``, default) length groups within ``slimrl_token_budget`` tokens per forward (default:
+    TRL's own ``batch_size`` rows x padded width), each cut after its longest completion."""
+    rows = attention_mask.size(0)
+    if not getattr(self.args, "slimrl_length_groups", True):
+        return [(list(range(s, min(s + batch_size, rows))), logits_to_keep) for s in range(0, rows, batch_size)]
+    valid = attention_mask[:, -logits_to_keep:].bool()  # [B, C]
+    last = logits_to_keep - valid.flip(-1).int().argmax(-1)  # [B]: 1 + index of the last real completion token
+    lengths = torch.where(valid.any(-1), last, 0).tolist()
+    prompt_width = attention_mask.size(1) - logits_to_keep
+    budget = getattr(self.args, "slimrl_token_budget", None) or batch_size * attention_mask.size(1)
+    cost = FORWARD_COST_TOKENS.get(attention_mask.device.type, FORWARD_COST_TOKENS["cuda"])
+    return [(g, max(1, max(lengths[i] for i in g))) for g in length_groups(lengths, prompt_width, budget, cost)]
+
+
 def _logps_through_ops(self, model, config, head, input_ids, attention_mask, logits_to_keep, batch_size,
                        compute_entropy):
-    """The capture + :mod:`slimrl.ops` path of :func:`logps_and_entropies_through_ops`."""
+    """The capture + :mod:`slimrl.ops` path of :func:`logps_and_entropies_through_ops`, one forward per row group
+    (:func:`_groups_for`); the results are put back in the caller's row order, 0 at the cut padding."""
     check_batch_length(self.model, input_ids.size(1))
     scale, softcap = logit_transform(config)
     num_chunks = getattr(self.args, "unsloth_num_chunks", -1)
@@ -55,15 +111,17 @@ def _logps_through_ops(self, model, config, head, input_ids, attention_mask, log
     mini = getattr(self.args, "unsloth_grpo_mini_batch", None)
     if mini and not torch.is_grad_enabled():  # no-grad passes: fewer rows per forward, lower activation peak
         batch_size = min(batch_size, mini)
-    all_logps, all_entropies = [], []
-    for start in range(0, input_ids.size(0), batch_size):
-        ids = input_ids[start:start + batch_size]  # [b, P + C]
-        mask = attention_mask[start:start + batch_size]  # [b, P + C]
+    prompt_width = input_ids.size(1) - logits_to_keep
+    all_logps, all_entropies, order = [], [], []
+    for rows, keep in _groups_for(self, attention_mask, logits_to_keep, batch_size):
+        index = torch.tensor(rows, device=input_ids.device)
+        ids = input_ids[index, :prompt_width + keep]  # [b, P + C_g]
+        mask = attention_mask[index, :prompt_width + keep]  # [b, P + C_g]
         with capture_head_input(head) as captured, self.accelerator.autocast():
-            model(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1, use_cache=False)
-        hidden = captured[-1][:, :-1]  # [b, C, H]: position t predicts token t + 1
-        targets = ids[:, -logits_to_keep:]  # [b, C]
-        valid = mask[:, -logits_to_keep:].bool()  # [b, C]
+            model(input_ids=ids, attention_mask=mask, logits_to_keep=keep + 1, use_cache=False)
+        hidden = captured[-1][:, :-1]  # [b, C_g, H]: position t predicts token t + 1
+        targets = ids[:, -keep:]  # [b, C_g]
+        valid = mask[:, -keep:].bool()  # [b, C_g]
         weight, bias = head.weight, head.bias
         if hasattr(weight, "full_tensor"):  # FSDP2 DTensor
             weight = weight.full_tensor()
@@ -77,10 +135,14 @@ def _logps_through_ops(self, model, config, head, input_ids, attention_mask, log
                 num_chunks=num_chunks, chunk_multiplier=getattr(self.args, "unsloth_logit_chunk_multiplier", None),
                 logit_scale=scale, softcap=softcap, with_entropy=compute_entropy,
             )
-        all_logps.append(logps)
+        pad = logits_to_keep - keep
+        all_logps.append(torch.nn.functional.pad(logps, (0, pad)))  # [b, C]
         if compute_entropy:
-            all_entropies.append(entropy)
+            all_entropies.append(torch.nn.functional.pad(entropy, (0, pad)))  # [b, C]
+        order.extend(rows)
         if torch.is_grad_enabled():
             self._slimrl_trained_tokens = getattr(self, "_slimrl_trained_tokens", 0) + int(valid.sum())
-    entropies = torch.cat(all_entropies, dim=0) if compute_entropy else None
-    return torch.cat(all_logps, dim=0), entropies, None
+    back = torch.argsort(torch.tensor(order, device=input_ids.device))  # [B]: caller's row -> position in groups
+    logps = torch.cat(all_logps, dim=0)[back]  # [B, C]
+    entropies = torch.cat(all_entropies, dim=0)[back] if compute_entropy else None
+    return logps, entropies, None

@@ -6,7 +6,8 @@ route (:mod:`slimrl.patching.routes.method_capture`).
 
 What only GRPO gets (the shared patches come from :mod:`slimrl.patching.specs`): the log-prob method, the step
 metrics (``memory/peak_mb``, ``tokens_per_s``), the model switched to inference mode for generation, and the
-fast_inference engine in place of TRL's ``VLLMGeneration``.
+fast_inference engine in place of TRL's ``VLLMGeneration``, and the vLLM importance-sampling correction without
+TRL's extra no-grad pass where it equals the policy forward (:mod:`slimrl.patching.old_logps`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from slimrl.compat.memory import peak_window
 from slimrl.models.modes import for_inference, for_training
 from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
 from slimrl.patching.engine_hooks import log_engine_metrics, slimrl_vllm_generation_factory
+from slimrl.patching.old_logps import compute_loss_factory, fill_importance_ratio, generate_and_score_factory
 from slimrl.patching.registry import Patch
 from slimrl.patching.routes.method_capture import logps_and_entropies_through_ops
 from slimrl.patching.steps import training_step_factory
@@ -42,9 +44,12 @@ def slimrl_get_per_token_logps_and_entropies(self, model, input_ids: torch.Tenso
                                              logits_to_keep: int, batch_size: int | None = None,
                                              compute_entropy: bool = False, compute_aux_loss: bool = False,
                                              **multimodal) -> tuple[torch.Tensor, torch.Tensor | None, None]:
-    """TRL's method through the method-capture route: log-probs ``[B, C]`` (and entropies ``[B, C]``)."""
-    return logps_and_entropies_through_ops(TRAINER, self, model, input_ids, attention_mask, logits_to_keep,
-                                           batch_size, compute_entropy, compute_aux_loss, **multimodal)
+    """TRL's method through the method-capture route: log-probs ``[B, C]`` (and entropies ``[B, C]``); the policy's
+    call also fills the vLLM IS ratio where the old-log-prob pass was skipped (:mod:`slimrl.patching.old_logps`)."""
+    out = logps_and_entropies_through_ops(TRAINER, self, model, input_ids, attention_mask, logits_to_keep,
+                                          batch_size, compute_entropy, compute_aux_loss, **multimodal)
+    fill_importance_ratio(self, out[0])
+    return out
 
 
 def grpo_step_metrics_factory(orig_training_step):
@@ -96,4 +101,6 @@ PATCHES = [
     Patch("grpo", TRAINER, "_get_per_token_logps_and_entropies", slimrl_get_per_token_logps_and_entropies),
     Patch("grpo", MODULE, "unwrap_model_for_generation", slimrl_unwrap_for_generation_factory, wrap=True),
     Patch("grpo", MODULE, "VLLMGeneration", slimrl_vllm_generation_factory, wrap=True, optional=True),
+    Patch("grpo", TRAINER, "_generate_and_score_completions", generate_and_score_factory, wrap=True),
+    Patch("grpo", TRAINER, "_compute_loss", compute_loss_factory, wrap=True),
 ]
