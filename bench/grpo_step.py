@@ -18,6 +18,14 @@ Each side runs in a fresh subprocess so that its peak RSS (VmHWM) is its own. Co
 
 With the engine modes use ``--steps 2``: the engine starts during the first step; the last step is reported.
 
+Levers (the speed issue), one row each in the same run: a slimrl mode may end in ``/noreuse`` (TRL's old-log-prob
+pass kept: ``slimrl_reuse_old_logps=False``), ``/nogroups`` (TRL's fixed row batches at the full padded width:
+``slimrl_length_groups=False``) or ``/nolevers`` (both), e.g. ``--modes trl,engine/nolevers,engine/noreuse,engine``.
+
+``--mixed``: completion lengths drawn uniformly from 16..``--length`` per completion (seeded, the same on every
+side), instead of all forced to ``--length``: a logits processor ends each row with EOS at its length (HF generate),
+per-row ``min_tokens = max_tokens`` (the engine).
+
 The worker also samples RSS every 10 ms and labels it with the phase the trainer is in (generation, no-grad
 log-probs, policy forward, backward, other), so ``--profile`` prints where the peak comes from.
 """
@@ -111,6 +119,65 @@ def _reward_len(completions, **kwargs):
     return [float(len(c[0]["content"]) if isinstance(c, list) else len(c)) / 100.0 for c in completions]
 
 
+def mixed_lengths(rows: int, longest: int, call: int) -> list[int]:
+    """The per-row completion lengths of one generation call in ``--mixed`` runs (16..longest, seeded)."""
+    import random
+
+    rng = random.Random(1000 + call)
+    return [rng.randint(16, longest) for _ in range(rows)]
+
+
+def force_mixed_lengths(longest: int, eos_id: int) -> None:
+    """HF generate: every call gets a logits processor that bans EOS before a row's drawn length and forces it there.
+    (Bench-only: TRL's generate call takes no logits processor.)"""
+    import torch
+    from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList
+
+    calls = [0]
+
+    class ForceLengths(LogitsProcessor):
+        def __init__(self, lengths: list[int], prompt_width: int) -> None:
+            self.lengths, self.prompt_width = lengths, prompt_width
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            step = input_ids.shape[1] - self.prompt_width  # tokens generated so far
+            for row, length in enumerate(self.lengths):
+                if step + 1 < length:
+                    scores[row, eos_id] = -float("inf")
+                else:
+                    scores[row, :] = -float("inf")
+                    scores[row, eos_id] = 0.0
+            return scores
+
+    orig = GenerationMixin.generate
+
+    def generate(self, inputs=None, *args, **kwargs):
+        ids = kwargs.get("input_ids", inputs)
+        lengths = mixed_lengths(ids.shape[0], longest, calls[0])
+        calls[0] += 1
+        kwargs["logits_processor"] = LogitsProcessorList([ForceLengths(lengths, ids.shape[1])])
+        return orig(self, inputs, *args, **kwargs)
+
+    GenerationMixin.generate = generate
+
+
+def force_mixed_lengths_engine(engine, longest: int) -> None:
+    """The engine: one SamplingParams per row with ``min_tokens = max_tokens`` = its drawn length."""
+    orig, calls = engine.generate, [0]
+
+    def generate(prompt_token_ids, sampling_params, *args, **kwargs):
+        lengths = mixed_lengths(len(prompt_token_ids), longest, calls[0])
+        calls[0] += 1
+        per_row = []
+        for n in lengths:
+            p = sampling_params.clone()
+            p.min_tokens, p.max_tokens = n, n
+            per_row.append(p)
+        return orig(prompt_token_ids, per_row, *args, **kwargs)
+
+    engine.generate = generate
+
+
 def worker(args: argparse.Namespace) -> dict:
     import torch
 
@@ -124,7 +191,8 @@ def worker(args: argparse.Namespace) -> dict:
     path = str(resolve_model_path("SmolLM2-135M-Instruct"))
     lora = dict(r=16, lora_alpha=16, lora_dropout=0.0,
                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    slimrl_side = args.worker in ("slimrl", "engine")
+    base, _, off = args.worker.partition("/")
+    slimrl_side = base in ("slimrl", "engine")
     if slimrl_side:
         from slimrl import FastLanguageModel, PatchFastRL
 
@@ -133,17 +201,25 @@ def worker(args: argparse.Namespace) -> dict:
 
     extra = {}
     force = {"min_new_tokens": args.length}
-    if args.worker in ("engine", "trl-vllm"):
+    if base in ("engine", "trl-vllm"):
         force = {"min_tokens": args.length}  # vLLM's name (TRL hands generation_kwargs to SamplingParams)
-    if args.worker == "trl-vllm":
+    if args.mixed:
+        if base == "trl-vllm":
+            raise SystemExit("--mixed is not available for trl-vllm (TRL's own vLLM call takes no per-row lengths)")
+        force = {}
+    if base == "trl-vllm":
         extra.update(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=2048)
     if slimrl_side:
         from slimrl import FastLanguageModel
 
         model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=2048,
-                                                       fast_inference=args.worker == "engine", max_lora_rank=16)
+                                                       fast_inference=base == "engine", max_lora_rank=16)
         model = FastLanguageModel.get_peft_model(model, **lora)
         extra["unsloth_num_chunks"] = args.num_chunks
+        if off in ("noreuse", "nolevers"):
+            extra["slimrl_reuse_old_logps"] = False
+        if off in ("nogroups", "nolevers"):
+            extra["slimrl_length_groups"] = False
     else:
         from peft import LoraConfig
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -165,7 +241,13 @@ def worker(args: argparse.Namespace) -> dict:
                           processing_class=tok, **trainer_kwargs)
     prof.wrap(trainer, "_generate", "generation")
     sync_times: list[float] = []
-    if args.worker == "trl-vllm":  # TRL's own sync: merge the adapter, push every weight, unmerge
+    if args.mixed:
+        engine = getattr(model, "vllm_engine", None)
+        if engine is not None:
+            force_mixed_lengths_engine(engine, args.length)
+        else:
+            force_mixed_lengths(args.length, tok.eos_token_id)
+    if base == "trl-vllm":  # TRL's own sync: merge the adapter, push every weight, unmerge
         orig_sync = trainer.vllm_generation.sync_weights
 
         def timed_sync():
@@ -213,6 +295,7 @@ def main() -> None:
     ap.add_argument("--grad-ckpt", choices=["default", "on", "off"], default="default")
     ap.add_argument("--num-chunks", type=int, default=-1)
     ap.add_argument("--profile", action="store_true", help="print peak RSS per phase")
+    ap.add_argument("--mixed", action="store_true", help="completion lengths drawn from 16..--length")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -225,9 +308,10 @@ def main() -> None:
         results[mode] = run_worker([sys.executable, __file__, "--worker", mode] + forwarded, mode)
     print(f"GRPO step, SmolLM2-135M, LoRA r=16, beta=0.04, {args.generations} x {args.length} tokens, "
           f"grad-ckpt={args.grad_ckpt}")
-    print(f"{'mode':8} {'peak RSS MB':>12} {'s/step':>8} {'loss':>10}")
+    print(f"{'mode':16} {'peak RSS MB':>12} {'s/step':>8} {'loss':>10} {'mean len':>9}")
     for mode, r in results.items():
-        print(f"{mode:8} {r['peak_rss_mb']:12.0f} {r['step_s'][-1]:8.1f} {r['loss']!s:>10}")
+        print(f"{mode:16} {r['peak_rss_mb']:12.0f} {r['step_s'][-1]:8.1f} {r['loss']!s:>10} "
+              f"{r['completion_len']!s:>9}")
         if args.profile:
             for phase, mb in sorted(r["phase_peak_rss_mb"].items(), key=lambda kv: -kv[1]):
                 secs = r.get("phase_s", {}).get(phase)

@@ -40,7 +40,18 @@ def run(tmp_path_factory):
         with pytest.warns(UserWarning, match="n=4 is ignored"):
             trainer = GRPOTrainer(model=model, args=cfg, train_dataset=make_arithmetic_dataset(128),
                                   processing_class=tok, reward_funcs=[correctness_reward, format_reward])
+        no_grad_calls = []
+        method = trainer._get_per_token_logps_and_entropies
+
+        def counted(*args, **kwargs):
+            if not torch.is_grad_enabled():
+                no_grad_calls.append(1)  # beta=0: no reference pass; TRL's old-log-prob pass would be one per step
+            return method(*args, **kwargs)
+
+        trainer._get_per_token_logps_and_entropies = counted
         trainer.train()
+        del trainer._get_per_token_logps_and_entropies
+        trainer.no_grad_calls = len(no_grad_calls)
         yield trainer, model
     finally:
         unpatch()
@@ -82,3 +93,40 @@ def test_reward_rises_through_the_engine(run):
     half = len(rewards) // 2  # per-step rewards of 8 completions are noisy: compare halves
     first, last = sum(rewards[:half]) / half, sum(rewards[half:]) / (len(rewards) - half)
     assert last > first + 0.1, rewards
+
+
+def test_no_old_log_prob_pass_and_the_same_loss_as_trls_pass(run):
+    """Lever 1 of the speed issue with the real engine: the run skipped TRL's no-grad old-log-prob pass at every
+    step (IS metrics still logged, above), and on one fresh generation batch the loss, gradients and IS ratio from
+    the policy forward equal TRL's branch (its pass run on the same batch). Tolerance: relative 1e-4 (fp32; the
+    pass and the policy forward are the same forward, batched the same, measured ~1e-6)."""
+    from slimrl import PatchFastRL
+    from slimrl.patching.old_logps import _Window
+
+    trainer, model = run
+    PatchFastRL("grpo")  # every test ends unpatched (conftest); the trainer's class methods are patched again
+    assert trainer.no_grad_calls == 0
+    trainer.model.train()
+    raw = next(iter(trainer.get_train_dataloader()))
+    trainer.args.slimrl_reuse_old_logps = False
+    try:
+        batch = trainer._generate_and_score_completions(raw)  # TRL's branch: its pass, its IS ratio
+    finally:
+        trainer.args.slimrl_reuse_old_logps = True
+    assert "old_per_token_logps" in batch and "importance_sampling_ratio" in batch
+
+    def loss_and_grads(inputs):
+        model.zero_grad(set_to_none=True)
+        loss = trainer.compute_loss(model, inputs)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    trl_loss, trl_grads = loss_and_grads(dict(batch))
+    mine = {k: v for k, v in batch.items() if k not in ("old_per_token_logps", "importance_sampling_ratio")}
+    trainer._slimrl_is_window = _Window(micro_batches=1)
+    loss, grads = loss_and_grads(mine)
+    assert torch.allclose(mine["importance_sampling_ratio"], batch["importance_sampling_ratio"], rtol=1e-4, atol=1e-6)
+    assert abs(float(loss - trl_loss)) <= 1e-4 * max(abs(float(trl_loss)), 1e-3)
+    assert trl_grads and grads.keys() == trl_grads.keys()
+    for name, g in trl_grads.items():
+        assert float((grads[name] - g).norm() / g.norm().clamp(min=1e-12)) <= 1e-4, name
