@@ -87,14 +87,17 @@ def _batch(rows=12, prompt=6, completion=40):
     return ids, mask
 
 
-def _logps_and_grads(trainer, ids, mask, completion, batch_size):
+def _logps_and_grads(trainer, ids, mask, completion, batch_size, entropy_grad=True):
+    """Log-probs, entropies (at real positions) and the gradients of a weighted sum of both; ``entropy_grad=False``
+    where TRL's own entropies carry no gradient (TRL 1.12: entropies are only a metric and a mask there)."""
     model = trainer.model
     model.zero_grad(set_to_none=True)
     logps, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, completion, batch_size=batch_size,
                                                                compute_entropy=True)
     valid = mask[:, -completion:].bool()
     w = torch.linspace(-1, 1, valid.numel()).view_as(valid)
-    ((logps * w)[valid].sum() + (ent * w.flip(0))[valid].sum()).backward()
+    ent_term = ent if entropy_grad else ent.detach()
+    ((logps * w)[valid].sum() + (ent_term * w.flip(0))[valid].sum()).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return logps.detach() * valid, ent.detach() * valid, grads
 
@@ -104,7 +107,9 @@ def test_grouped_forwards_equal_trls_full_width_batches(tmp_path, batch_size):
     trainer = _trainer(tmp_path)
     ids, mask = _batch()
     unpatch()
-    ref = _logps_and_grads(trainer, ids, mask, 40, batch_size)
+    probe = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 40, compute_entropy=True)[1]
+    entropy_grad = probe.requires_grad  # TRL's entropies: differentiable (1.16) or a detached metric (1.12)
+    ref = _logps_and_grads(trainer, ids, mask, 40, batch_size, entropy_grad)
     PatchFastRL("grpo")
     calls = []
     import slimrl.patching.routes.method_capture as mc
@@ -112,11 +117,11 @@ def test_grouped_forwards_equal_trls_full_width_batches(tmp_path, batch_size):
     orig = mc.length_groups
     mc.length_groups = lambda *a: calls.append(orig(*a)) or calls[-1]
     try:
-        grouped = _logps_and_grads(trainer, ids, mask, 40, batch_size)
+        grouped = _logps_and_grads(trainer, ids, mask, 40, batch_size, entropy_grad)
     finally:
         mc.length_groups = orig
     trainer.args.slimrl_length_groups = False
-    full = _logps_and_grads(trainer, ids, mask, 40, batch_size)
+    full = _logps_and_grads(trainer, ids, mask, 40, batch_size, entropy_grad)
     assert len(calls[0]) > 1, "one group: the test would not exercise the cut"
     for mine, name in ((grouped, "grouped"), (full, "full width")):
         assert rel(mine[0], ref[0]) <= 1e-4 and rel(mine[1], ref[1]) <= 1e-4, name
