@@ -20,7 +20,8 @@ With the engine modes use ``--steps 2``: the engine starts during the first step
 
 Levers (the speed issue), one row each in the same run: a slimrl mode may end in ``/noreuse`` (TRL's old-log-prob
 pass kept: ``slimrl_reuse_old_logps=False``), ``/nogroups`` (TRL's fixed row batches at the full padded width:
-``slimrl_length_groups=False``) or ``/nolevers`` (both), e.g. ``--modes trl,engine/nolevers,engine/noreuse,engine``.
+``slimrl_length_groups=False``), ``/nolevers`` (both) or ``/thp`` (malloc's mmap-ed blocks on transparent huge
+pages, see ``run_worker``), e.g. ``--modes trl,engine/nolevers,engine/noreuse,engine``.
 
 ``--mixed``: completion lengths drawn uniformly from 16..``--length`` per completion (seeded, the same on every
 side), instead of all forced to ``--length``: a logits processor ends each row with EOS at its length (HF generate),
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -50,8 +52,13 @@ def _rss_mb() -> float:
 
 
 def run_worker(cmd: list[str], label: str) -> dict:
-    """Run one bench worker in its own process (own peak RSS) and return the JSON it printed after RESULT_TAG."""
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    """Run one bench worker in its own process (own peak RSS) and return the JSON it printed after RESULT_TAG.
+    A mode with ``/thp`` runs with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (malloc's mmap-ed blocks on
+    transparent huge pages: 2 MiB page faults instead of 4 KiB ones; read by glibc at process start)."""
+    env = dict(os.environ)
+    if "thp" in label.split("/")[1:]:
+        env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith(RESULT_TAG)]
     if out.returncode != 0 or not lines:
         sys.stderr.write(out.stdout[-4000:] + out.stderr[-4000:])
@@ -191,7 +198,7 @@ def worker(args: argparse.Namespace) -> dict:
     path = str(resolve_model_path("SmolLM2-135M-Instruct"))
     lora = dict(r=16, lora_alpha=16, lora_dropout=0.0,
                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    base, _, off = args.worker.partition("/")
+    base, *flags = args.worker.split("/")
     slimrl_side = base in ("slimrl", "engine")
     if slimrl_side:
         from slimrl import FastLanguageModel, PatchFastRL
@@ -216,9 +223,9 @@ def worker(args: argparse.Namespace) -> dict:
                                                        fast_inference=base == "engine", max_lora_rank=16)
         model = FastLanguageModel.get_peft_model(model, **lora)
         extra["unsloth_num_chunks"] = args.num_chunks
-        if off in ("noreuse", "nolevers"):
+        if {"noreuse", "nolevers"} & set(flags):
             extra["slimrl_reuse_old_logps"] = False
-        if off in ("nogroups", "nolevers"):
+        if {"nogroups", "nolevers"} & set(flags):
             extra["slimrl_length_groups"] = False
     else:
         from peft import LoraConfig

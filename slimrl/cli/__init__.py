@@ -15,11 +15,16 @@ commands:
 
 
 def main(argv: list[str] | None = None) -> int:
+    entry_point = argv is None  # the console script / python -m slimrl (not a call from Python)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
+    if command == "train" and entry_point:
+        from slimrl.compat.malloc import restart_with_huge_pages
+
+        restart_with_huge_pages()  # malloc's large blocks on huge pages (glibc reads this only at start)
     if command == "train":
         from slimrl.cli.train import main as train_main
 

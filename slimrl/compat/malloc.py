@@ -12,6 +12,12 @@ generation and every no-grad pass run under :func:`recycling_phase`, which recyc
 the heap afterwards. It is applied by ``PatchFastRL`` on Linux/glibc when no CUDA device is used;
 ``SLIMRL_MALLOC_TUNING=0`` turns it off and ``SLIMRL_MMAP_THRESHOLD`` (bytes) changes the threshold. ``unpatch``
 leaves it in place (it changes no numerics).
+
+Those page faults are 4 KiB each: a 26 MiB activation costs ~6,600 of them every time it is allocated.
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (glibc >= 2.35) puts malloc's mmap-ed blocks on transparent huge pages
+(2 MiB faults; measured 7x fewer faults and half the time for an allocation-bound loop). glibc reads it only at
+process start, so ``slimrl train`` restarts itself once with it (:func:`restart_with_huge_pages`); a Python script
+gets it by being started with that variable set (README).
 """
 
 from __future__ import annotations
@@ -78,6 +84,37 @@ def recycling_phase() -> Iterator[None]:
     finally:
         libc.malloc_trim(0)  # give the free pages inside the heap back (madvise), not only its top
         libc.mallopt(M_MMAP_THRESHOLD, _applied)
+
+
+HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
+
+
+def huge_pages_possible() -> bool:
+    """glibc >= 2.35 on Linux with transparent huge pages not switched off, and slimrl's malloc tuning not off."""
+    if os.environ.get("SLIMRL_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    libc = _load_libc()
+    try:
+        libc.gnu_get_libc_version.restype = ctypes.c_char_p
+        major, minor = (int(x) for x in libc.gnu_get_libc_version().decode().split(".")[:2])
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp = f.read()
+    except (AttributeError, OSError, ValueError):
+        return False
+    return (major, minor) >= (2, 35) and "[never]" not in thp
+
+
+def restart_with_huge_pages() -> None:
+    """Replace this process by the same command with ``GLIBC_TUNABLES`` + ``glibc.malloc.hugetlb=1`` (once: a
+    process that has it, or where it cannot act, returns at once). Only for a program's entry point, before any
+    work: ``os.execve`` keeps the process id, the terminal and the arguments (``sys.orig_argv``)."""
+    current = os.environ.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in current or not huge_pages_possible():
+        return
+    env = {**os.environ, "GLIBC_TUNABLES": f"{current}:{HUGETLB_TUNABLE}" if current else HUGETLB_TUNABLE}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, sys.orig_argv, env)
 
 
 def cpu_training() -> bool:

@@ -52,12 +52,7 @@ def translate_trainer_kwargs(trainer_cls: type, orig_init, args: tuple, kwargs: 
     accepts_var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
     kwargs = dict(kwargs)
     cls = trainer_cls.__name__
-    for old, new in TRAINER_RENAMES.items():
-        if old in kwargs and old not in params and new in params:
-            if new in kwargs:
-                raise TypeError(f"{cls}: pass {new}= only (got both {old}= and {new}=; {old}= is its old name)")
-            _warn(f"{cls}({old}=...) is deprecated; use {new}=... (slimrl passed it on as {new})")
-            kwargs[new] = kwargs.pop(old)
+    _rename(kwargs, TRAINER_RENAMES, params, cls, old_name_note=True)
     if accepts_var_kw:
         return kwargs
     config_cls = _config_class(trainer_cls)
@@ -87,14 +82,20 @@ def translate_trainer_kwargs(trainer_cls: type, orig_init, args: tuple, kwargs: 
 def translate_config_kwargs(config_cls: type, kwargs: dict) -> dict:
     """Rewrite legacy keywords in a config constructor call (``max_new_tokens`` -> ``max_completion_length``)."""
     kwargs = dict(kwargs)
-    fields = config_cls.__dataclass_fields__
-    for old, new in CONFIG_RENAMES.items():
-        if old in kwargs and old not in fields and new in fields:
-            if new in kwargs:
-                raise TypeError(f"{config_cls.__name__}: pass {new}= only (got both {old}= and {new}=)")
-            _warn(f"{config_cls.__name__}({old}=...) is deprecated; use {new}=... (slimrl passed it on as {new})")
-            kwargs[new] = kwargs.pop(old)
+    _rename(kwargs, CONFIG_RENAMES, config_cls.__dataclass_fields__, config_cls.__name__)
     return kwargs
+
+
+def _rename(kwargs: dict, renames: dict[str, str], known, owner: str, old_name_note: bool = False) -> None:
+    """In place: each old keyword the callee does not know but whose new name it does becomes the new one (with a
+    FutureWarning); both passed is a TypeError."""
+    for old, new in renames.items():
+        if old in kwargs and old not in known and new in known:
+            if new in kwargs:
+                note = f"; {old}= is its old name" if old_name_note else ""
+                raise TypeError(f"{owner}: pass {new}= only (got both {old}= and {new}={note})")
+            _warn(f"{owner}({old}=...) is deprecated; use {new}=... (slimrl passed it on as {new})")
+            kwargs[new] = kwargs.pop(old)
 
 
 def bound_inputs(orig_init, args: tuple, kwargs: dict) -> dict:

@@ -24,8 +24,8 @@ import torch
 
 from slimrl import PatchFastRL, unpatch
 from slimrl.compat.trl_info import grpo_loss_types
-from tests.patching.parity import rel
-from tests.tiny import tiny_llama, tiny_tokenizer
+from tests.patching.parity import rel, tiny_model
+from tests.tiny import tiny_tokenizer
 
 IS_MODES = ["sequence_mask", "sequence_truncate", "token_mask", "token_truncate"]
 
@@ -64,13 +64,9 @@ def run(tmp_path, loss_type="grpo", mode="sequence_mask", **overrides):
     """Two GRPO steps with the fake vLLM; returns (completions, LoRA updates, losses, sampling metrics, no-grad
     log-prob calls)."""
     from datasets import Dataset
-    from peft import LoraConfig, get_peft_model
     from trl import GRPOConfig, GRPOTrainer
 
-    model = tiny_llama(seed=0)
-    torch.manual_seed(1)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
-                                             init_lora_weights=False, task_type="CAUSAL_LM"))
+    model = tiny_model(lora=True, targets=("q_proj", "v_proj", "up_proj"))
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     seen: list[list[str]] = []
 
