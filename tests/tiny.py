@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import torch
 
-CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 +-=?.,<>/")
-SPECIAL = ["<pad>", "<eos>", "<unk>"]
-
 
 def tiny_tokenizer():
-    """Character-level fast tokenizer: vocab of 3 specials + 46 characters."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """Character-level fast tokenizer: vocab of 3 specials + 46 characters (slimrl verify's own)."""
+    from slimrl.verify.tiny import char_tokenizer
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    return tok
+    return char_tokenizer()
 
 
 def tiny_llama(seed: int = 0, vocab_size: int = 49, tie: bool = True, **overrides):

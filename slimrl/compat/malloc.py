@@ -52,10 +52,15 @@ def _load_libc() -> ctypes.CDLL | None:
     return _libc
 
 
+def _tuning_allowed() -> bool:
+    """Linux, and the user did not turn slimrl's malloc tuning off (``SLIMRL_MALLOC_TUNING=0``)."""
+    return os.environ.get("SLIMRL_MALLOC_TUNING", "1") != "0" and sys.platform.startswith("linux")
+
+
 def tune_malloc(threshold: int | None = None) -> int | None:
     """Set glibc's mmap threshold (bytes); returns the value in force, or None where it does not apply."""
     global _applied
-    if os.environ.get("SLIMRL_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+    if not _tuning_allowed():
         return None
     if threshold is None:
         threshold = int(os.environ.get("SLIMRL_MMAP_THRESHOLD", DEFAULT_THRESHOLD))
@@ -91,7 +96,7 @@ HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
 
 def huge_pages_possible() -> bool:
     """glibc >= 2.35 on Linux with transparent huge pages not switched off, and slimrl's malloc tuning not off."""
-    if os.environ.get("SLIMRL_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+    if not _tuning_allowed():
         return False
     libc = _load_libc()
     try:

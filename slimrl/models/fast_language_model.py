@@ -31,7 +31,7 @@ def _default_dtype() -> torch.dtype:
 
 
 # bitsandbytes runs NF4 on CPU from its multi-backend releases (0.50 and later).
-_BNB_CPU_MIN = "0.50.0"
+BNB_CPU_MIN = "0.50.0"
 
 
 def _bitsandbytes_works() -> bool:
@@ -44,7 +44,7 @@ def _bitsandbytes_works() -> bool:
         return True
     from packaging.version import Version
 
-    return Version(bitsandbytes.__version__) >= Version(_BNB_CPU_MIN)
+    return Version(bitsandbytes.__version__) >= Version(BNB_CPU_MIN)
 
 
 def default_target_modules(model: torch.nn.Module) -> list[str]:
@@ -111,7 +111,7 @@ class FastLanguageModel:
                     load_kwargs.setdefault("device_map", "cpu")
             else:
                 warnings.warn(f"load_in_4bit=True needs bitsandbytes (CUDA, or CPU with bitsandbytes>="
-                              f"{_BNB_CPU_MIN}: pip install 'slimrl[quant]'); loading {model_name!r} unquantized "
+                              f"{BNB_CPU_MIN}: pip install 'slimrl[quant]'); loading {model_name!r} unquantized "
                               f"in {torch_dtype} instead", stacklevel=2)
         if not (gpu_memory_utilization == "auto" or isinstance(gpu_memory_utilization, int | float)
                 and 0 < gpu_memory_utilization < 1):

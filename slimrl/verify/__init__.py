@@ -75,6 +75,7 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
 
     from slimrl import PatchFastRL, unpatch
     from slimrl.patching import trainer_and_config
+    from slimrl.patching.routes import served_calls
 
     unpatch()
     if patched:
@@ -94,18 +95,11 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
 
     trainer.add_callback(FirstGradients())
     trainer.remove_callback(PrinterCallback)  # the table is the output, not TRL's log dictionaries
-    calls = _slimrl_calls()
+    calls = served_calls()
     trainer.train()
     return {"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
             "grads": grads, "updates": {n: p.detach() - before[n] for n, p in params.items()},
-            "used": _slimrl_calls() > calls or getattr(trainer, "_slimrl_trained_tokens", 0) > 0}
-
-
-def _slimrl_calls() -> int:
-    from slimrl.patching.routes.fused_head import SlimrlChunkedLogProbFunction
-    from slimrl.patching.routes.score_positions import score_positions
-
-    return SlimrlChunkedLogProbFunction.calls + score_positions.calls
+            "used": served_calls() > calls or getattr(trainer, "_slimrl_trained_tokens", 0) > 0}
 
 
 def compare(name: str, loss_type: str, setup: Setup) -> Row:
@@ -137,7 +131,9 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
         problem = "no update in TRL's run (the comparison would be vacuous)"
     elif ours["grads"].keys() != ref["grads"].keys():
         problem = "different parameters got gradients"
-    uses_ops = bool(__import__("slimrl.patching.specs", fromlist=["TRAINERS"]).TRAINERS[name].routes)
+    from slimrl.patching.specs import TRAINERS
+
+    uses_ops = bool(TRAINERS[name].routes)
     if not problem and uses_ops and not ours["used"] and _route_applies(name):
         problem = "slimrl's log-prob path did not run"
     return Row(name, loss_type, loss_err, grad_err, update_err, tol, time.perf_counter() - t0, problem)

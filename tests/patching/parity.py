@@ -20,6 +20,7 @@ import math
 import torch
 
 from slimrl import PatchFastRL, unpatch
+from slimrl.patching.routes import served_calls
 
 PAIRS = [
     {"prompt": "1+2=", "chosen": "3.", "rejected": "12 or 4."},
@@ -86,26 +87,18 @@ def loss_and_grads(trainer, inputs: dict) -> tuple[float, dict[str, torch.Tensor
     return float(loss), grads, metrics
 
 
-def slimrl_calls() -> int:
-    """How many times slimrl's log-prob paths served a call (the fused-head kernel, the captured forward)."""
-    from slimrl.patching.routes.fused_head import SlimrlChunkedLogProbFunction
-    from slimrl.patching.routes.score_positions import score_positions
-
-    return SlimrlChunkedLogProbFunction.calls + score_positions.calls
-
-
 def assert_parity(trainer, algorithm: str, rtol: float = 1e-4) -> dict[str, float]:
     """TRL alone, then patched, on the same trainer and batch; returns the patched metrics."""
     unpatch()
     inputs = first_batch(trainer)
     ref_loss, ref_grads, ref_metrics = loss_and_grads(trainer, inputs)
-    calls = slimrl_calls()
+    calls = served_calls()
     PatchFastRL(algorithm)
     try:
         loss, grads, metrics = loss_and_grads(trainer, inputs)
     finally:
         unpatch()
-    assert slimrl_calls() > calls, "slimrl's log-prob path was not used"
+    assert served_calls() > calls, "slimrl's log-prob path was not used"
     assert math.isfinite(ref_loss)
     assert ref_grads and any(g.abs().max() > 0 for g in ref_grads.values()), "no gradient: the test would be vacuous"
     assert abs(loss - ref_loss) <= rtol * max(abs(ref_loss), 1e-3), f"loss {loss} vs TRL {ref_loss}"
@@ -126,13 +119,13 @@ def assert_patched_equals_unpatched(run, algorithm: str, tmp_path, rtol: float =
 
     unpatch()
     ref_seen, ref_deltas, ref_losses, _ = run(tmp_path / "trl")
-    calls = slimrl_calls()
+    calls = served_calls()
     PatchFastRL(algorithm)
     try:
         seen, deltas, losses, trainer = run(tmp_path / "slim")
     finally:
         unpatch()
-    used = slimrl_calls() > calls or getattr(trainer, "_slimrl_trained_tokens", 0) > 0
+    used = served_calls() > calls or getattr(trainer, "_slimrl_trained_tokens", 0) > 0
     assert used, "slimrl's log-prob path was not used"
     assert seen == ref_seen, "patched run sampled different completions"
     assert any(d.abs().max() > 0 for d in ref_deltas.values()), "no update happened: the test would be vacuous"

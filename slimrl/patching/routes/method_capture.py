@@ -67,7 +67,7 @@ def length_groups(lengths: list[int], prompt_width: int, budget: int, forward_co
             if j == n or (j + 1 - start) * width[start] > budget:
                 groups.append(order[start:j])
                 start = j
-        return [g for g in groups if g]
+        return groups
     best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
     for j in range(1, n + 1):
         for i in range(j - 1, -1, -1):  # group = sorted rows i..j-1, led (widest) by row i
