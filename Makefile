@@ -19,7 +19,16 @@ STAMPVLLM := $(VENVVLLM)/.installed
 # running `slimrl verify --all --tiny` and the check that every patch declared for it finds its target.
 TRL_MATRIX := 1.13.0 1.14.2 1.15.0
 
-.PHONY: demo test test-trl116 test-trl112 test-trl-matrix test-vllm lint install clean
+# Wheels for the lent GPU machine (Python 3.12, no package registry, at most 64 MiB carried per command): what it
+# lacks (trl, datasets, dill, multiprocess, liger-kernel, bitsandbytes, fsspec) and slimrl itself; installed there
+# by bench/gpu_setup.sh. GPU_EXTRA names more wheels to bring (e.g. pandas) if that machine turns out to lack them.
+GPU_WHEELS := .gpu-wheels
+GPU_EXTRA ?=
+GPU_PLATFORMS := --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none --platform any \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+	--platform manylinux2014_x86_64
+
+.PHONY: demo test test-gpu gpu-wheels test-trl116 test-trl112 test-trl-matrix test-vllm lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,6 +87,19 @@ test-trl-matrix: $(STAMP)
 
 test-vllm: $(STAMPVLLM)
 	$(VENVVLLM)/bin/python -m pytest -q -p no:cacheprovider tests/vllm
+
+# CUDA tests (skipped where there is no CUDA device); on the GPU machine after bench/gpu_setup.sh:
+# `make test-gpu PY=python3`.
+test-gpu:
+	$(PY) -m pytest -q -p no:cacheprovider tests/gpu
+
+gpu-wheels: $(STAMP)
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(PIP) download -q --no-deps --only-binary=:all: $(GPU_PLATFORMS) -d $(GPU_WHEELS) "trl==1.16.0" \
+	  "datasets==5.2.0" "dill==0.4.1" "multiprocess==0.70.19" "fsspec==2026.9.0" "liger-kernel==0.8.5" \
+	  "bitsandbytes==0.50.2" $(GPU_EXTRA)
+	$(PIP) wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS) .
+	@du -sh $(GPU_WHEELS); test $$(du -sm $(GPU_WHEELS) | cut -f1) -lt 60 || { echo "over the 64 MiB a command carries"; exit 1; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check slimrl tests bench examples

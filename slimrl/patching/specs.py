@@ -50,12 +50,6 @@ LAST_RELEASE_112 = "<1.13"  # PPO was removed after TRL 1.12.0
 LAST_RELEASE_113 = "<1.14"  # BCO, XPO, PRM after 1.13.0
 
 
-def _align_checkpointing(model: Any, args: Any) -> None:
-    from slimrl.models.checkpointing import align_trainer_checkpointing
-
-    align_trainer_checkpointing(model, args)
-
-
 @dataclass(frozen=True)
 class TrainerSpec:
     """One trainer slimrl patches (see the module docstring)."""
@@ -112,7 +106,7 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                 note=ROUTES["method capture"],
                 parity_test="all 8 loss types × beta, `tests/patching/trainers/test_grpo.py`",
                 fields=ALL_FIELDS, config_init=grpo.grpo_config_init_factory,
-                init_hooks=(check_sequence_budget, apply_engine_defaults, _align_checkpointing),
+                init_hooks=(check_sequence_budget, apply_engine_defaults),
                 training_step=grpo.grpo_training_step_factory, patches=tuple(grpo.PATCHES), cli="online"),
     TrainerSpec("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=("fused head",),
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; on 1.12 TRL's own `_compute_loss` (full logits)",

@@ -4,7 +4,7 @@
 1. legacy keywords translated (``tokenizer=`` and friends, :mod:`slimrl.patching.keywords`);
 2. the inputs checked (:func:`check_trainer_inputs`): dataset rows and column layout, precision the user wrote;
 3. the trainer's own hooks from its spec, each ``hook(model, args)`` (GRPO/RLOO: the ``max_seq_length`` budget,
-   the engine's ``use_vllm`` default, the checkpointing alignment);
+   the engine's ``use_vllm`` default);
 4. Python reward functions guarded (:mod:`slimrl.patching.reward_guard`);
 5. TRL's ``__init__``, then the changed-defaults table (:mod:`slimrl.patching.defaults`).
 """

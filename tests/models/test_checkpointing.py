@@ -1,4 +1,5 @@
-"""Activation checkpointing modes: same gradients as no checkpointing; offload chosen only where it helps."""
+"""Activation checkpointing modes: same gradients as no checkpointing; offload chosen only where it helps, its
+copies bit-exact, and kept through the Trainer's re-enable."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from slimrl import FastLanguageModel
-from slimrl.models import checkpointing
+from slimrl.models import checkpointing, offload
 
 
 def _grads(model_dir, mode):
@@ -39,34 +40,41 @@ def test_slimrl_mode_on_cpu_is_plain_and_says_so(tiny_model_dir, caplog):
     assert "plain checkpointing (no CUDA device" in caplog.text
 
 
-class _Args:
-    def __init__(self, on=True, kwargs=None):
-        self.activation_checkpointing = self.gradient_checkpointing = on
-        self.activation_checkpointing_kwargs = self.gradient_checkpointing_kwargs = kwargs
+def _layer_funcs(model):
+    return [layer._gradient_checkpointing_func for layer in model.get_base_model().model.layers]
 
 
-def _model(mode):
-    m = torch.nn.Linear(1, 1)
-    m.slimrl_config = {"gradient_checkpointing": mode}
-    return m
+def test_offloaded_checkpointing_is_bit_exact_and_prefetches(tiny_model_dir, monkeypatch):
+    """The offloader's bookkeeping (pack -> host copy, unpack with one layer of look-ahead) on CPU, where its copies
+    are synchronous: every layer input goes through it and the gradients equal plain checkpointing bit for bit."""
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)  # the tiny model's layer inputs are a few KB
+    _, ref = _grads(tiny_model_dir, True)
+    model, _ = FastLanguageModel.from_pretrained(str(tiny_model_dir))
+    model = FastLanguageModel.get_peft_model(model, r=4, use_gradient_checkpointing=True, init_lora_weights=False)
+    base = model.get_base_model()
+    offloader = offload.install(base)
+    base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})  # as Trainer does
+    assert all(getattr(f, "slimrl_offloader", None) is offloader for f in _layer_funcs(model))
+    model.train()
+    ids = torch.randint(0, 49, (3, 21), generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids, labels=ids).loss.backward()
+    layers = len(base.model.layers)
+    assert offloader.packed >= layers and offloader.fetched_ahead >= layers - 1
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(p.grad, ref[name]), name
+    offload.uninstall(base)
+    base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    assert not any(hasattr(f, "slimrl_offloader") for f in _layer_funcs(model))
 
 
-def test_trainer_config_gets_offload_only_for_slimrl_on_cuda(monkeypatch):
-    monkeypatch.setattr(checkpointing.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(checkpointing, "offload_supported", lambda: True)
-    args = _Args(kwargs={"use_reentrant": False})
-    checkpointing.align_trainer_checkpointing(_model("slimrl"), args)
-    assert args.activation_checkpointing_kwargs == {"use_reentrant": False, "offload": True}
-    assert args.gradient_checkpointing_kwargs == args.activation_checkpointing_kwargs
-
-    for mode, args in [(True, _Args()), ("slimrl", _Args(on=False)), ("slimrl", _Args(kwargs={"offload": False}))]:
-        before = dict(args.activation_checkpointing_kwargs or {})
-        checkpointing.align_trainer_checkpointing(_model(mode), args)
-        assert dict(args.activation_checkpointing_kwargs or {}) == before  # plain mode, GC off, or user's choice
-
-
-def test_no_offload_without_cuda(monkeypatch):
-    monkeypatch.setattr(checkpointing.torch.cuda, "is_available", lambda: False)
-    args = _Args()
-    checkpointing.align_trainer_checkpointing(_model("slimrl"), args)
-    assert args.activation_checkpointing_kwargs is None
+def test_slimrl_mode_installs_the_offload_only_on_cuda(tiny_model_dir, monkeypatch):
+    model, _ = FastLanguageModel.from_pretrained(str(tiny_model_dir))
+    model = FastLanguageModel.get_peft_model(model, r=4, use_gradient_checkpointing="slimrl")
+    assert not any(hasattr(f, "slimrl_offloader") for f in _layer_funcs(model))  # CPU: plain
+    for mode, offloaded in [(True, False), ("unsloth", True)]:
+        model, _ = FastLanguageModel.from_pretrained(str(tiny_model_dir))
+        with monkeypatch.context() as m:
+            m.setattr(checkpointing.torch.cuda, "is_available", lambda: True)
+            model = FastLanguageModel.get_peft_model(model, r=4, use_gradient_checkpointing=mode)
+        assert all(hasattr(f, "slimrl_offloader") == offloaded for f in _layer_funcs(model)), mode

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install the wheels `make gpu-wheels` put in .gpu-wheels/ on the lent GPU machine (no package registry there):
+#   bash bench/gpu_setup.sh && python3 bench/gpu_grpo.py --help
+# --no-deps: that machine's torch, transformers, peft, accelerate, pyarrow stay as they are (its transformers may be
+# older than the floor slimrl declares; `slimrl doctor` and the CUDA tests say if that matters). The import check
+# below names any module still missing: add its wheel with `make gpu-wheels GPU_EXTRA=<name>` on the build machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+$PY -m pip install -q --no-index --no-deps --find-links .gpu-wheels .gpu-wheels/*.whl
+$PY - <<'PY'
+import importlib
+import sys
+
+missing = []
+for name in ("trl", "datasets", "liger_kernel", "bitsandbytes", "slimrl", "peft", "accelerate"):
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - report every failure, not only ImportError
+        missing.append(f"{name}: {type(exc).__name__}: {exc}")
+import torch
+import transformers
+
+print(f"torch {torch.__version__} cuda={torch.cuda.is_available()} transformers {transformers.__version__}")
+if missing:
+    sys.exit("cannot import:\n  " + "\n  ".join(missing))
+print("GPU machine ready: python3 bench/gpu_grpo.py, make test-gpu PY=python3")
+PY

@@ -1,0 +1,156 @@
+"""CUDA tests (``make test-gpu``; skipped where there is no CUDA device).
+
+* the op against fp64 on CUDA: fp32 inputs at rtol/atol 1e-5 (no TF32: torch's default fp32 matmul precision is
+  "highest"), bf16 at 3e-2 (8 mantissa bits; softmax in fp32), the tolerances of the CPU op tests;
+* GRPO patched vs unpatched on CUDA (fp32, relative 1e-4 on the LoRA updates, as on CPU);
+* a QLoRA (NF4) GRPO step;
+* fp16 with loss scaling: an inf-gradient step is the scaler's to skip, slimrl's guard does not stop it;
+* the precision defaults stay TRL's on CUDA;
+* offloaded activation checkpointing: same gradients as GPU-resident checkpointing, less peak memory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_op_against_fp64_on_cuda(dtype, tol):
+    from slimrl.ops import chunked_logprobs
+    from tests.ops.test_chunked_logprob import make, reference
+
+    hidden, weight, _, targets = make(n=300, h=64, v=1031, dtype=dtype)
+    h = hidden.detach().to(CUDA).requires_grad_()
+    w = weight.detach().to(CUDA).requires_grad_()
+    logps, ent = chunked_logprobs(h, w, targets.to(CUDA), temperature=0.8, chunk_rows=64, with_entropy=True)
+    h64 = hidden.detach().double().requires_grad_()
+    w64 = weight.detach().double().requires_grad_()
+    rl, re = reference(h64, w64, targets, temperature=0.8)
+    torch.testing.assert_close(logps.double().cpu(), rl, rtol=tol, atol=tol)
+    torch.testing.assert_close(ent.double().cpu(), re, rtol=tol, atol=tol)
+    (logps.sum() + 0.5 * ent.sum()).backward()
+    (rl.sum() + 0.5 * re.sum()).backward()
+    torch.testing.assert_close(h.grad.double().cpu(), h64.grad, rtol=tol, atol=tol)
+    torch.testing.assert_close(w.grad.double().cpu(), w64.grad, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_grpo_patched_equals_trl_on_cuda(tmp_path, loss_type):
+    from tests.patching.trainers.test_grpo import check_parity
+
+    trainer = check_parity(tmp_path, loss_type, 0.04, use_cpu=False)
+    assert next(trainer.model.parameters()).device.type == "cuda"
+
+
+def _grpo(tmp_path, model, tok, **overrides):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    ds = Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5+6=", "7+8="]])
+
+    def reward_digits(completions, **kwargs):
+        return [float(sum(ch.isdigit() for ch in c)) for c in completions]
+
+    cfg = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+               max_steps=2, learning_rate=1e-3, report_to="none", save_strategy="no", logging_steps=1, seed=0)
+    cfg.update(overrides)
+    return GRPOTrainer(model=model, args=GRPOConfig(**cfg), reward_funcs=[reward_digits], train_dataset=ds,
+                       processing_class=tok)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes")
+def test_qlora_grpo_step(tmp_path, tiny_model_dir, grpo_patched):
+    from slimrl import FastLanguageModel
+
+    model, tok = FastLanguageModel.from_pretrained(str(tiny_model_dir), load_in_4bit=True)
+    assert any(type(m).__name__ == "Linear4bit" for m in model.modules()), "the base is not 4-bit"
+    model = FastLanguageModel.get_peft_model(model, r=4, init_lora_weights=False)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    trainer = _grpo(tmp_path, model, tok)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters() if n in before)
+
+
+def test_fp16_scaler_skips_an_inf_step_and_the_guard_lets_it(tmp_path, grpo_patched):
+    """fp32 weights, fp16 autocast with a GradScaler: the first backward gets an inf gradient (as a too-large loss
+    scale gives); the scaler skips that step, training goes on, slimrl counts it in ``fp16/skipped_steps``."""
+    from tests.tiny import tiny_llama, tiny_tokenizer
+
+    model = tiny_llama(seed=0)
+    calls = [0]
+
+    def inf_once(grad):
+        calls[0] += 1
+        return grad * float("inf") if calls[0] == 1 else grad
+
+    model.model.layers[0].mlp.down_proj.weight.register_hook(inf_once)
+    trainer = _grpo(tmp_path, model, tiny_tokenizer(), fp16=True, bf16=False, gradient_checkpointing=False)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 2 and calls[0] >= 2
+    assert logs[-1]["fp16/skipped_steps"] >= 1
+
+
+def test_precision_defaults_stay_trls_on_cuda(tmp_path):
+    from trl import GRPOConfig
+
+    from slimrl import PatchFastRL, unpatch
+
+    ref = GRPOConfig(output_dir=str(tmp_path))
+    PatchFastRL("grpo")
+    try:
+        cfg = GRPOConfig(output_dir=str(tmp_path))
+    finally:
+        unpatch()
+    assert (cfg.bf16, cfg.fp16) == (ref.bf16, ref.fp16)
+    assert not {"bf16", "fp16"} & set(getattr(cfg, "_slimrl_changed", {}))
+
+
+def _checkpointed_grads(model, ids, offloaded: bool):
+    from slimrl.models import offload
+
+    base = model.get_base_model()
+    offload.uninstall(base)
+    if offloaded:
+        offload.install(base)
+    base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    model.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    model(input_ids=ids, labels=ids).loss.backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - start
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, peak
+
+
+def test_offloaded_checkpointing_exact_and_lighter_on_cuda():
+    """8 layers, 4 x 2048 tokens, hidden 512: each layer input is 16 MiB in fp32. Offloaded, they live in pinned
+    host memory: the peak drops by most of the 7 that GPU-resident checkpointing keeps while the last recomputes.
+    Gradients: the copies are bit-exact, so only the kernels' own run-to-run order can differ (1e-6 relative)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=4096)
+    model = get_peft_model(LlamaForCausalLM(cfg).to(CUDA), LoraConfig(r=8, target_modules=["q_proj", "v_proj"],
+                                                                       init_lora_weights=False))
+    model.train()
+    ids = torch.randint(0, 1000, (4, 2048), device=CUDA)
+    ref, ref_peak = _checkpointed_grads(model, ids, offloaded=False)
+    got, peak = _checkpointed_grads(model, ids, offloaded=True)
+    assert model.get_base_model()._set_gradient_checkpointing.slimrl_offloader.packed >= 8
+    for name, g in ref.items():
+        torch.testing.assert_close(got[name], g, rtol=1e-6, atol=1e-8)
+    layer_input = 4 * 2048 * 512 * 4
+    assert peak < ref_peak - 3 * layer_input, (peak, ref_peak)
