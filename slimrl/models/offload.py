@@ -24,6 +24,7 @@ Trainer's own at ``train()``, gets the offloading checkpoint function. :func:`un
 from __future__ import annotations
 
 import functools
+import weakref
 from contextlib import nullcontext
 from typing import Any
 
@@ -33,12 +34,15 @@ MIN_BYTES = 1 << 20  # smaller saved tensors are not worth a copy
 
 
 class _Handle:
-    """One offloaded tensor: its host copy, where it came from, and the device copy once fetched."""
+    """One offloaded tensor: its host copy, where it came from, the device copy once fetched, and a weak reference
+    to the handle packed before it (the look-ahead). Only autograd's graph holds a handle: when the backward has
+    used it (or the graph is dropped) its host copy is freed."""
 
-    __slots__ = ("host", "device", "stored", "fetched", "ready", "prev")
+    __slots__ = ("host", "device", "fetched", "ready", "prev", "__weakref__")
 
-    def __init__(self, host: torch.Tensor, device: torch.device, stored: Any, prev: _Handle | None) -> None:
-        self.host, self.device, self.stored, self.prev = host, device, stored, prev
+    def __init__(self, host: torch.Tensor, device: torch.device, prev: _Handle | None) -> None:
+        self.host, self.device = host, device
+        self.prev = weakref.ref(prev) if prev is not None else None
         self.fetched: torch.Tensor | None = None
         self.ready: Any = None  # CUDA event the fetch recorded
 
@@ -52,7 +56,7 @@ class Offloader:
 
     def __init__(self) -> None:
         self.stream: Any = None
-        self.last: _Handle | None = None  # the last tensor packed: the next one's look-ahead predecessor
+        self._last: weakref.ref | None = None  # the last handle packed: the next one's look-ahead predecessor
         self.packed = self.fetched_ahead = 0  # counters for tests and benches
 
     def _side_stream(self, device: torch.device) -> Any:
@@ -74,8 +78,9 @@ class Offloader:
         else:
             host.copy_(t)
         self.packed += 1
-        self.last = _Handle(host, t.device, (t.requires_grad,), self.last)
-        return self.last
+        handle = _Handle(host, t.device, self._last() if self._last is not None else None)
+        self._last = weakref.ref(handle)
+        return handle
 
     def _fetch(self, h: _Handle) -> None:
         """Start the host -> device copy of ``h`` (on the side stream on CUDA)."""
@@ -93,8 +98,9 @@ class Offloader:
         if not isinstance(h, _Handle):
             return h
         self._fetch(h)
-        if h.prev is not None and h.prev.fetched is None:  # look-ahead: the layer recomputed next
-            self._fetch(h.prev)
+        prev = h.prev() if h.prev is not None else None
+        if prev is not None and prev.fetched is None:  # look-ahead: the layer recomputed next
+            self._fetch(prev)
             self.fetched_ahead += 1
         t, h.fetched = h.fetched, None  # a second unpack (retain_graph) fetches again from the host copy
         if h.ready is not None:

@@ -60,6 +60,7 @@ def test_offloaded_checkpointing_is_bit_exact_and_prefetches(tiny_model_dir, mon
     model(input_ids=ids, labels=ids).loss.backward()
     layers = len(base.model.layers)
     assert offloader.packed >= layers and offloader.fetched_ahead >= layers - 1
+    assert offloader._last is not None and offloader._last() is None, "host copies outlive the backward (a leak)"
     for name, p in model.named_parameters():
         if p.requires_grad:
             assert torch.equal(p.grad, ref[name]), name
