@@ -47,9 +47,23 @@ def enable_checkpointing(model: Any, mode: str | bool) -> None:
     elif mode in OFFLOAD_MODES:
         logger.info("use_gradient_checkpointing=%r: plain checkpointing (no CUDA device: activations already live "
                     "in host memory)", mode)
-    if has_activation_checkpointing_enable():
-        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    turn_on(base)
     if hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()
+
+
+def turn_on(base: Any, every_n_layers: int = 1) -> None:
+    """Non-reentrant checkpointing on a transformers model through its own API (``activation_checkpointing_enable``,
+    or ``gradient_checkpointing_enable`` before transformers had it), then only every ``every_n_layers``-th decoder
+    layer left checkpointed (what transformers' ``every_n_layers`` does where it exists)."""
+    kwargs = {"use_reentrant": False}
+    if has_activation_checkpointing_enable():
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if every_n_layers > 1:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        layers = [m for m in base.modules() if isinstance(m, GradientCheckpointingLayer)]
+        for i, layer in enumerate(layers):
+            layer.gradient_checkpointing = i % every_n_layers == 0

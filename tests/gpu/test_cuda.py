@@ -116,13 +116,13 @@ def test_precision_defaults_stay_trls_on_cuda(tmp_path):
 
 
 def _checkpointed_grads(model, ids, offloaded: bool):
-    from slimrl.models import offload
+    from slimrl.models import checkpointing, offload
 
     base = model.get_base_model()
     offload.uninstall(base)
     if offloaded:
         offload.install(base)
-    base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    checkpointing.turn_on(base)
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

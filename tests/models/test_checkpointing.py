@@ -53,7 +53,7 @@ def test_offloaded_checkpointing_is_bit_exact_and_prefetches(tiny_model_dir, mon
     model = FastLanguageModel.get_peft_model(model, r=4, use_gradient_checkpointing=True, init_lora_weights=False)
     base = model.get_base_model()
     offloader = offload.install(base)
-    base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})  # as Trainer does
+    checkpointing.turn_on(base)  # as the Trainer does at train()
     assert all(getattr(f, "slimrl_offloader", None) is offloader for f in _layer_funcs(model))
     model.train()
     ids = torch.randint(0, 49, (3, 21), generator=torch.Generator().manual_seed(0))
@@ -65,7 +65,7 @@ def test_offloaded_checkpointing_is_bit_exact_and_prefetches(tiny_model_dir, mon
         if p.requires_grad:
             assert torch.equal(p.grad, ref[name]), name
     offload.uninstall(base)
-    base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    checkpointing.turn_on(base)
     assert not any(hasattr(f, "slimrl_offloader") for f in _layer_funcs(model))
 
 
@@ -79,3 +79,10 @@ def test_slimrl_mode_installs_the_offload_only_on_cuda(tiny_model_dir, monkeypat
             m.setattr(checkpointing.torch.cuda, "is_available", lambda: True)
             model = FastLanguageModel.get_peft_model(model, r=4, use_gradient_checkpointing=mode)
         assert all(hasattr(f, "slimrl_offloader") == offloaded for f in _layer_funcs(model)), mode
+
+
+def test_every_nth_layer(tiny_model_dir):
+    model, _ = FastLanguageModel.from_pretrained(str(tiny_model_dir))
+    base = model.model
+    checkpointing.turn_on(base, every_n_layers=2)
+    assert [layer.gradient_checkpointing for layer in base.layers] == [True, False]

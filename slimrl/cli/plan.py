@@ -1,0 +1,86 @@
+"""``slimrl plan``: predicted peak memory per phase and step time, from the model's config only (thin: the model is
+:mod:`slimrl.planning`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: write true or false")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="slimrl plan", description="Predict a run's peak memory per phase and its step "
+                                "time before any weight loads (the model's config.json only).")
+    p.add_argument("--model", default="SmolLM2-135M-Instruct",
+                   help="local directory, .gguf file, hub id in the local cache, or the built-in alias")
+    p.add_argument("--algorithm", default="grpo", help="grpo (default), rloo, dpo, kto, orpo, cpo, sft")
+    p.add_argument("--per_device_train_batch_size", type=int, default=8)
+    p.add_argument("--num_generations", type=int, default=8)
+    p.add_argument("--max_prompt_length", type=int, default=64)
+    p.add_argument("--max_completion_length", type=int, default=256)
+    p.add_argument("--lora_r", type=int, default=16, help="LoRA rank; 0 = full fine-tuning")
+    p.add_argument("--load_in_4bit", type=_bool, default=False)
+    p.add_argument("--gradient_checkpointing", default="slimrl", help="true, false, slimrl (default) or selective")
+    p.add_argument("--fast_inference", type=_bool, default=False)
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--budget", default=None, help="memory budget, e.g. 20GB: adds fits, recommended settings and the "
+                                                  "longest completion that fits")
+    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0 adds the reference pass)")
+    p.add_argument("--json", action="store_true", help="the plan as one JSON object")
+    return p
+
+
+def format_plan(data: dict[str, Any]) -> str:
+    s = data["settings"]
+    lines = [f"slimrl plan: {s['model']}, {s['algorithm']}, {s['per_device_train_batch_size']} rows x "
+             f"({s['max_prompt_length']} + {s['max_completion_length']}) tokens, LoRA r={s['lora_r']}, "
+             f"checkpointing {s['gradient_checkpointing']}, {'engine' if s['fast_inference'] else 'HF generate'}, "
+             f"{s['device']}", "", f"  {'phase':24} {'memory':>10} {'time':>9}"]
+    for name, nbytes in data["phases"].items():
+        secs = data["step_split"].get(name)
+        lines.append(f"  {name:24} {nbytes / 2**30:8.2f} GB {'' if secs is None else f'{secs:7.1f} s'}")
+    lines.append(f"  {'predicted peak':24} {data['peak_bytes'] / 2**30:8.2f} GB {data['step_seconds']:7.1f} s/step")
+    if "fits" in data:
+        lines.append(f"\n  budget {data['budget_bytes'] / 2**30:.2f} GB: {'fits' if data['fits'] else 'does NOT fit'}; "
+                     f"fastest settings that fit: {data.get('recommended')}; longest completion that fits: "
+                     f"{data.get('max_completion_length_that_fits')}")
+    lines += [f"  {note}" for note in data.get("notes", [])]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+
+    def error(message: str):
+        print(f"slimrl plan: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+    p.error = error
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as done:
+        return int(done.code or 0)
+    import warnings
+
+    from slimrl.planning import PlanInputError, plan
+
+    kwargs = {k: v for k, v in vars(args).items() if k != "json"}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = plan(**kwargs)
+    except (PlanInputError, FileNotFoundError) as exc:
+        print(f"slimrl plan: error: {exc}", file=sys.stderr)
+        return 2
+    data = result.to_json()
+    print(json.dumps(data, indent=2) if args.json else format_plan(data))
+    return 0

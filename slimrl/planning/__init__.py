@@ -1,0 +1,6 @@
+"""Memory and time model of a training run, before any weight loads (``slimrl plan``)."""
+
+from slimrl.planning.config import PlanInputError
+from slimrl.planning.plan import Plan, plan
+
+__all__ = ["Plan", "PlanInputError", "plan"]

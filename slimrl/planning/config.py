@@ -1,0 +1,43 @@
+"""The model's ``config.json`` only, never its weights: a local directory, the built-in alias, or a hub id already in
+the local Hugging Face cache (``slimrl plan`` downloads nothing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class PlanInputError(ValueError):
+    """Bad input to the planner: one line naming the option and the fix."""
+
+
+def load_config(model: str) -> Any:
+    """``transformers`` config of ``model`` (see the module docstring)."""
+    from transformers import AutoConfig
+
+    from slimrl.models import loader
+
+    if model.lower() in (loader.SMOLLM2_ALIAS.lower(), f"huggingfacetb/{loader.SMOLLM2_ALIAS.lower()}"):
+        gguf = loader.smollm2_gguf_path()
+        cached = loader._gguf_cache_dir(gguf) / "config.json"
+        if cached.is_file():
+            return AutoConfig.from_pretrained(cached.parent)
+        return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)  # metadata only
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise PlanInputError(f"--model {model}: the directory has no config.json; pass a model directory")
+        return AutoConfig.from_pretrained(path)
+    if path.is_file() and path.suffix == ".gguf":
+        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    if loader._looks_like_a_path(model):
+        raise PlanInputError(f"--model {model}: no such file or directory; pass a model directory, a .gguf file, a "
+                             f"hub id in the local cache, or {loader.SMOLLM2_ALIAS}")
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(model, "config.json")
+    if not isinstance(found, str):
+        raise PlanInputError(f"--model {model}: config.json is not in the local Hugging Face cache (slimrl plan "
+                             f"downloads nothing); fetch it first (`hf download {model} config.json`) or pass a "
+                             f"local directory")
+    return AutoConfig.from_pretrained(Path(found).parent)

@@ -1,0 +1,335 @@
+"""``slimrl.plan``: predicted peak memory per phase and step time of a training run, before any weight loads.
+
+Memory (bytes) = runtime + weights + adapter state + the largest phase x the allocator factor, where
+
+* **runtime**: on CPU the resident size of a fresh process that has imported torch, transformers, PEFT, TRL and
+  slimrl (measured once with the calibration, :mod:`slimrl.planning.timing`); on CUDA 0 (``max_memory_allocated``
+  does not count the CUDA context);
+* **weights**: every parameter of the model built from its config on the meta device, in the load dtype (fp32 on
+  CPU, bf16 on CUDA) or NF4 (0.516 bytes per parameter of the decoder's linear layers, the rest 16-bit);
+* **adapter**: LoRA parameters (fp32) + their gradients + AdamW's two moments = 16 bytes per LoRA parameter;
+* **phases**, each measured by running slimrl's code path on the meta device (:mod:`slimrl.planning.trace`):
+  ``generation`` (HF generate: the prefill's peak or the KV cache of the whole sequence plus one layer's regrowth;
+  the engine: its KV cache, as slimrl sizes it), ``logprobs_no_grad`` (old/reference passes, ``unsloth_grpo_mini_batch``
+  rows at a time), ``policy_forward`` (what the forward keeps for the backward under the checkpointing policy) and
+  ``backward`` (the peak of forward + backward: recompute and head chunks included).
+
+Time: :mod:`slimrl.planning.timing`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from slimrl.planning.config import PlanInputError, load_config
+from slimrl.planning.timing import calibrate, decode_seconds, forward_flops
+
+ALGORITHMS = ("grpo", "rloo", "dpo", "kto", "orpo", "cpo", "sft")
+ONLINE = ("grpo", "rloo")
+PAIRED = ("dpo", "orpo", "cpo")  # chosen and rejected rows in one forward
+WITH_REFERENCE = ("dpo", "kto")  # a frozen reference model's no-grad pass
+CHECKPOINTING = ("true", "false", "slimrl", "selective")
+NF4_BYTES = 0.516  # 4 bits + one 8-bit absmax per 64 weights + one fp32 per 256 absmax blocks (double quant)
+# Resident bytes per live byte beyond the tensors themselves: allocator caching (CUDA) and fragmentation (CPU).
+ALLOCATOR_FACTOR = {"cpu": 1.10, "cuda": 1.05}
+
+
+@dataclass
+class Plan:
+    """What :func:`plan` predicts (bytes and seconds); ``to_json`` gives the ``slimrl plan --json`` object."""
+
+    settings: dict[str, Any]
+    peak_bytes: int
+    phases: dict[str, int]
+    step_seconds: float
+    step_split: dict[str, float]
+    fits: bool | None = None
+    budget_bytes: int | None = None
+    recommended: dict[str, Any] | None = None
+    max_completion_length_that_fits: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.budget_bytes is None:  # the budget's answers only when a budget was given (then also when None)
+            for key in ("fits", "budget_bytes", "recommended", "max_completion_length_that_fits"):
+                data.pop(key)
+        return data
+
+
+def parse_bytes(text: str) -> int:
+    """``"20GB"``, ``"20 GiB"``, ``"512MB"``, ``"1.5T"`` -> bytes (GB = GiB = 2**30, as ``nvidia-smi`` counts)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", str(text).lower())
+    if not m:
+        raise PlanInputError(f"--budget {text!r}: not a size; write e.g. 20GB or 512MB")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+def _shape(config: Any) -> dict[str, int]:
+    text = getattr(config, "text_config", None) or config
+    heads = text.num_attention_heads
+    return {"layers": text.num_hidden_layers, "hidden": text.hidden_size, "vocab": text.vocab_size,
+            "heads": heads, "kv_heads": getattr(text, "num_key_value_heads", None) or heads,
+            "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads}
+
+
+def _checkpoint_every(mode: str, every: int | None) -> int:
+    if mode == "false":
+        return 0
+    if mode == "selective":
+        return every or 2
+    return 1
+
+
+def _weights(model: Any, load_in_4bit: bool, dtype: torch.dtype) -> tuple[int, int, int]:
+    """(weight bytes, non-embedding parameters, LoRA parameters)."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    weight_bytes = params = lora = 0
+    embed = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    counted: set[int] = set()  # a tied head is the embedding's parameter: once
+    for name, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) in counted:
+                continue
+            counted.add(id(p))
+            if "lora_" in name or "lora_" in pname:
+                lora += p.numel()
+                continue
+            quantized = load_in_4bit and isinstance(module, torch.nn.Linear) and ".layers." in f".{name}."
+            weight_bytes += int(p.numel() * (NF4_BYTES if quantized else size))
+            if id(p) not in embed:
+                params += p.numel()
+    return weight_bytes, params, lora
+
+
+def plan(model: str = "SmolLM2-135M-Instruct", *, algorithm: str = "grpo", per_device_train_batch_size: int = 8,
+         num_generations: int = 8, max_prompt_length: int = 64, max_completion_length: int = 256,
+         lora_r: int = 16, load_in_4bit: bool = False, gradient_checkpointing: str = "slimrl",
+         checkpoint_every: int | None = None, fast_inference: bool = False, device: str = "cpu",
+         budget: str | int | None = None, beta: float = 0.0, unsloth_grpo_mini_batch: int | None = None,
+         gpu_memory_utilization: float = 0.5, chunk_rows: int | None = None, search: bool = True) -> Plan:
+    """Predict a run's peak memory per phase and its step time (see the module docstring); with ``budget``, whether
+    it fits, the fastest settings that fit and the longest completion that fits."""
+    settings = dict(model=model, algorithm=algorithm, per_device_train_batch_size=per_device_train_batch_size,
+                    num_generations=num_generations, max_prompt_length=max_prompt_length,
+                    max_completion_length=max_completion_length, lora_r=lora_r, load_in_4bit=load_in_4bit,
+                    gradient_checkpointing=str(gradient_checkpointing).lower(), fast_inference=fast_inference,
+                    device=device, beta=beta, unsloth_grpo_mini_batch=unsloth_grpo_mini_batch)
+    _check(settings)
+    config = load_config(model)
+    budget_bytes = parse_bytes(budget) if isinstance(budget, str) else budget
+    result = _predict(config, settings, checkpoint_every, gpu_memory_utilization, chunk_rows)
+    if budget_bytes is None:
+        return result
+    result.budget_bytes = budget_bytes
+    result.fits = result.peak_bytes <= budget_bytes
+    if result.phases["weights"] + result.phases["runtime"] > budget_bytes:
+        need = (result.phases["weights"] + result.phases["runtime"]) / 2**30
+        raise PlanInputError(f"--budget {budget}: below the weights and runtime alone ({need:.2f} GiB); raise the "
+                             f"budget{'' if load_in_4bit else ' or pass --load_in_4bit true'}")
+    if search:
+        result.recommended = _fastest_fitting(config, settings, budget_bytes, gpu_memory_utilization, chunk_rows)
+        result.max_completion_length_that_fits = _longest_fitting(config, settings, budget_bytes,
+                                                                  gpu_memory_utilization, chunk_rows)
+        if not result.fits:
+            over = (result.peak_bytes - budget_bytes) / 2**30
+            fix = (f"use {result.recommended}" if result.recommended else
+                   f"max_completion_length <= {result.max_completion_length_that_fits}"
+                   if result.max_completion_length_that_fits else "a smaller batch or a 4-bit base")
+            result.notes.append(f"does not fit: {over:.2f} GiB over the budget; {fix}")
+    return result
+
+
+def _check(s: dict[str, Any]) -> None:
+    if s["algorithm"] not in ALGORITHMS:
+        raise PlanInputError(f"--algorithm {s['algorithm']!r}: unknown; choose one of {', '.join(ALGORITHMS)}")
+    if s["gradient_checkpointing"] not in CHECKPOINTING:
+        raise PlanInputError(f"--gradient_checkpointing {s['gradient_checkpointing']!r}: choose one of "
+                             f"{', '.join(CHECKPOINTING)}")
+    if s["device"] not in ("cpu", "cuda"):
+        raise PlanInputError(f"--device {s['device']!r}: choose cpu or cuda")
+    for name in ("per_device_train_batch_size", "num_generations", "max_prompt_length", "max_completion_length"):
+        if not isinstance(s[name], int) or s[name] < 1:
+            raise PlanInputError(f"--{name} {s[name]!r}: must be a positive integer")
+    if not isinstance(s["lora_r"], int) or s["lora_r"] < 0:
+        raise PlanInputError(f"--lora_r {s['lora_r']!r}: must be 0 (full fine-tuning) or a positive rank")
+
+
+_MODELS: dict[tuple, Any] = {}
+_TRACES: dict[tuple, Any] = {}
+
+
+def _memo(store: dict, key: tuple, make: Any) -> Any:
+    """One meta model / trace per distinct input within a search (the config object is part of the key)."""
+    if key not in store:
+        if len(store) > 64:
+            store.clear()
+        store[key] = make()
+    return store[key]
+
+
+def _predict(config: Any, s: dict[str, Any], checkpoint_every: int | None, utilization: float,
+             chunk_rows: int | None) -> Plan:
+    from slimrl.generation.memory import kv_bytes_per_token
+    from slimrl.ops.chunked_logprob import auto_chunk_rows
+    from slimrl.planning import trace
+
+    dev = s["device"]
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    shape = _shape(config)
+    every = _checkpoint_every(s["gradient_checkpointing"], checkpoint_every)
+    weight_bytes, params, lora = _memo(_MODELS, (id(config), "weights", dtype, s["lora_r"], s["load_in_4bit"]),
+                                       lambda: _weights(trace.meta_model(config, dtype, s["lora_r"], 0),
+                                                        s["load_in_4bit"], dtype))
+    if not s["lora_r"]:  # full fine-tuning: fp32 master copy of gradients and two moments per weight
+        lora = params
+    prompt, completion = s["max_prompt_length"], s["max_completion_length"]
+    rows = s["per_device_train_batch_size"] * (2 if s["algorithm"] in PAIRED else 1)
+    mini = min(s["unsloth_grpo_mini_batch"] or rows, rows)
+    chunk = chunk_rows or auto_chunk_rows(rows * completion, shape["vocab"], torch.device("cpu"))
+    phases: dict[str, int] = {}
+    phases["runtime"] = calibrate(dev, dtype).runtime_bytes if dev == "cpu" else 0
+    phases["weights"] = weight_bytes
+    phases["adapter_and_optimizer"] = 16 * lora
+    kv_token = kv_bytes_per_token(config, dtype)
+
+    def layered(name: str, run: Any) -> tuple[int, ...]:
+        """``run(model)`` on models of 2n and 3n decoder layers (n: the checkpointing period), extrapolated to the
+        full depth: past the first layer every figure is affine in the number of identical layers."""
+        n = max(every, 1)
+        small, double = (_memo(_TRACES, (id(config), name, k, dtype, s["lora_r"], every),
+                               lambda k=k: run(_memo(_MODELS, (id(config), k, dtype, s["lora_r"], every),
+                                                     lambda k=k: trace.meta_model(_with_layers(config, k), dtype,
+                                                                                  s["lora_r"], every))))
+                         for k in (2 * n, 3 * n))
+        return tuple(int(a + (b - a) * (shape["layers"] - 2 * n) / n) for a, b in zip(small, double, strict=True))
+
+    if s["algorithm"] in ONLINE:
+        if s["fast_inference"]:
+            wanted = kv_token * rows * (prompt + completion)
+            if dev == "cuda" and torch.cuda.is_available():
+                from slimrl.compat.memory import total_bytes
+
+                phases["generation"] = max(int(total_bytes(torch.device("cuda")) * utilization) - weight_bytes,
+                                           wanted)
+            else:
+                phases["generation"] = wanted
+        else:
+            kv = kv_token * rows * (prompt + completion)
+            regrow = kv // shape["layers"]  # HF's cache grows by concatenation, one layer at a time
+            decode = 3 * rows * shape["vocab"] * 4  # last-position logits, fp32, and sampling's copies
+            (prefill,) = layered(f"prefill {rows} {prompt}", lambda m: (trace.trace_prefill(m, rows, prompt),))
+            phases["generation"] = max(prefill, kv + regrow + decode)
+    passes = _no_grad_passes(s)
+    if passes:
+        _, peak = layered(f"no grad {mini} {prompt} {completion} {chunk}",
+                          lambda m: trace.trace_logprob_pass(m, mini, prompt, completion, grad=False,
+                                                             entropy=False, chunk_rows=chunk))
+        phases["logprobs_no_grad"] = peak
+    entropy = s["algorithm"] == "grpo"
+    kept, peak = layered(f"grad {rows} {prompt} {completion} {chunk} {entropy}",
+                         lambda m: trace.trace_logprob_pass(m, rows, prompt, completion, grad=True,
+                                                            entropy=entropy, chunk_rows=chunk))
+    phases["policy_forward"] = kept
+    phases["backward"] = peak
+    transient = max(v for k, v in phases.items() if k not in ("runtime", "weights", "adapter_and_optimizer"))
+    peak_bytes = int(phases["runtime"] + phases["weights"] + phases["adapter_and_optimizer"]
+                     + transient * ALLOCATOR_FACTOR[dev])
+    split = _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, dtype)
+    return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases, step_seconds=sum(split.values()),
+                step_split=split)
+
+
+def _with_layers(config: Any, layers: int) -> Any:
+    import copy
+
+    small = copy.deepcopy(config)
+    text = getattr(small, "text_config", None) or small
+    text.num_hidden_layers = layers
+    if getattr(text, "layer_types", None):
+        text.layer_types = list(text.layer_types)[:layers]
+    return small
+
+
+def _no_grad_passes(s: dict[str, Any]) -> int:
+    """No-grad log-prob passes per step: the reference model's (beta > 0, or DPO/KTO), none for the old policy
+    (slimrl reuses the policy's log-probs when ``num_iterations`` is 1)."""
+    if s["algorithm"] in WITH_REFERENCE:
+        return 1
+    return 1 if s["algorithm"] in ONLINE and s["beta"] > 0 else 0
+
+
+def _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, dtype):
+    tp = calibrate(s["device"], dtype)
+    layers, hidden, vocab = shape["layers"], shape["hidden"], shape["vocab"]
+    tokens, context = rows * (prompt + completion), prompt + completion
+    fwd = forward_flops(tokens, context, rows * completion, params=params, layers=layers, hidden=hidden,
+                        vocab=vocab)
+    split: dict[str, float] = {}
+    if s["algorithm"] in ONLINE:
+        prefill = forward_flops(rows * prompt, prompt, 0, params=params, layers=layers, hidden=hidden, vocab=vocab)
+        split["generation"] = prefill / tp.flops_per_s + decode_seconds(
+            completion, rows, params=params, weight_bytes=weight_bytes, kv_bytes_per_token=kv_token,
+            context=context, layers=layers, tp=tp)
+    if passes:
+        split["logprobs_no_grad"] = passes * fwd / tp.flops_per_s
+    split["policy_forward"] = fwd / tp.flops_per_s
+    recompute = (1.0 / every) if every else 0.0
+    split["backward"] = (1.0 + recompute) * fwd / tp.flops_per_s
+    return split
+
+
+def _fastest_fitting(config, s, budget, utilization, chunk_rows) -> dict[str, Any] | None:
+    """The fastest of: no checkpointing, every 2nd layer checkpointed, every layer (fewest recomputes first); in each,
+    TRL's no-grad batch first, and halved ``unsloth_grpo_mini_batch`` only while the no-grad pass is the peak."""
+    rows = s["per_device_train_batch_size"]
+    for mode, every in (("false", None), ("selective", 2), ("slimrl", None)):
+        mini = None
+        while True:
+            p = _predict(config, dict(s, gradient_checkpointing=mode, unsloth_grpo_mini_batch=mini), every,
+                         utilization, chunk_rows)
+            if p.peak_bytes <= budget:
+                out = {"gradient_checkpointing": mode, "unsloth_grpo_mini_batch": mini}
+                return {**out, "checkpoint_every_n_layers": every} if every else out
+            transient = {k: v for k, v in p.phases.items() if k not in ("runtime", "weights", "adapter_and_optimizer")}
+            if max(transient, key=transient.get) != "logprobs_no_grad" or (mini or rows) == 1:
+                break
+            mini = max(1, (mini or rows) // 2)
+    return None
+
+
+def _longest_fitting(config, s, budget, utilization, chunk_rows, step: int = 64) -> int | None:
+    """Largest ``max_completion_length`` (multiple of ``step``) whose prediction fits. Memory is close to affine in
+    the length at fixed rows: two predictions give a first guess, which is then bracketed and bisected exactly."""
+    memo: dict[int, bool] = {}
+
+    def fits(k: int) -> bool:  # k steps of completion
+        if k not in memo:
+            memo[k] = _predict(config, dict(s, max_completion_length=k * step), None, utilization,
+                               chunk_rows).peak_bytes <= budget
+        return memo[k]
+
+    pa = _predict(config, dict(s, max_completion_length=step), None, utilization, chunk_rows).peak_bytes
+    memo[1] = pa <= budget
+    if not memo[1]:
+        return None
+    pb = _predict(config, dict(s, max_completion_length=16 * step), None, utilization, chunk_rows).peak_bytes
+    memo[16] = pb <= budget
+    guess = max(1, int(1 + (budget - pa) / max((pb - pa) / 15, 1.0)))
+    lo, hi, width = (guess, None, 1) if fits(guess) else (None, guess, 1)
+    while lo is None:  # walk down until a length fits (1 fits)
+        lo = max(1, hi - width) if fits(max(1, hi - width)) else None
+        if lo is None:
+            hi, width = max(1, hi - width), width * 2
+    while hi is None:  # walk up until one does not
+        hi = lo + width if not fits(lo + width) else None
+        if hi is None:
+            lo, width = lo + width, width * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * step

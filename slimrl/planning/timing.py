@@ -1,0 +1,123 @@
+"""Step time from FLOPs and bytes per phase, divided by this machine's measured throughput.
+
+Calibration (once per device and thread count, cached as JSON under ``SLIMRL_CACHE``, default ``~/.cache/slimrl``):
+a ``[4096, 1024] x [1024, 1024]`` matmul (the shape of a projection over a batch of tokens) in the compute dtype
+for about a second (FLOP/s), a sum over a 256 MiB tensor (memory read bandwidth, bytes/s) and 2000 tiny ops (the
+fixed cost of an eager op); and, in a fresh process, the resident size after importing torch, transformers, PEFT,
+TRL and slimrl (the runtime every training process carries before its first tensor). About 8 s on a 2-core CPU.
+
+Model, per phase (``N`` = non-embedding parameters, ``T`` = prompt + completion tokens, ``L`` completion tokens):
+
+* forward: ``2 N`` FLOPs per token + attention ``4 x layers x hidden x T/2`` per token (causal) + the head on the
+  scored tokens ``2 x hidden x vocab``;
+* backward: the gradient to the activations costs one forward, checkpointed layers recompute their forward once more
+  (LoRA weight gradients are negligible);
+* generation (HF ``generate``, and the engine): prefill is a forward of the prompts; each of ``L`` decode steps reads
+  every weight and the KV cache once (memory bound at small batches) or does ``2 N`` FLOPs per row, whichever is
+  slower.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+# Eager PyTorch ops one decoder layer runs per decode step with a LoRA adapter on its 7 projections (HF generate):
+# 7 x (base matmul, A, B, scale, add) + norms, rotary, attention, cache update, residuals.
+OPS_PER_LAYER_STEP = 70
+
+
+@dataclass(frozen=True)
+class Throughput:
+    flops_per_s: float
+    bytes_per_s: float
+    seconds_per_op: float = 0.0  # the fixed cost of one eager op (dispatch, allocation): decode steps are made of them
+    runtime_bytes: int = 0  # resident size of a fresh process that imported torch, transformers, PEFT, TRL, slimrl
+
+
+def _cache_file(device: str, dtype: torch.dtype):
+    from slimrl.models.loader import cache_root
+
+    return cache_root() / f"throughput-v3-{device}-{str(dtype).split('.')[-1]}-{torch.get_num_threads()}t.json"
+
+
+def calibrate(device: str, dtype: torch.dtype, seconds: float = 1.0) -> Throughput:
+    """Measured (or cached) throughput of ``device`` (see the module docstring)."""
+    path = _cache_file(device, dtype)
+    try:
+        data = json.loads(path.read_text())
+        return Throughput(**data)
+    except (OSError, ValueError, KeyError):
+        pass
+    dev = torch.device(device)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    m, n = (4096, 1024) if dev.type == "cpu" else (16384, 8192)
+    a = torch.randn(m, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    a @ b  # warm-up
+    sync()
+    runs, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        runs += 1
+        sync()
+    flops = 2 * m * n * n * runs / (time.perf_counter() - t0)
+    tiny = torch.ones(1, 64, device=dev)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        tiny = tiny + 1.0
+    sync()
+    per_op = (time.perf_counter() - t0) / 2000
+    big = torch.ones(64 * 2**20, device=dev)  # 256 MiB of fp32
+    big.sum()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(4):
+        big.sum()
+    sync()
+    bandwidth = 4 * big.numel() * 4 / (time.perf_counter() - t0)
+    result = Throughput(flops, bandwidth, per_op, _runtime_bytes())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(asdict(result)))
+        tmp.replace(path)
+    except OSError:
+        pass
+    return result
+
+
+def _runtime_bytes() -> int:
+    import subprocess
+    import sys
+
+    code = ("import warnings; warnings.simplefilter('ignore'); import torch, transformers, peft, trl, slimrl; "
+            "from slimrl.compat.memory import resident_bytes; print(resident_bytes())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
+
+
+def forward_flops(tokens: int, context: int, scored: int, *, params: int, layers: int, hidden: int,
+                  vocab: int) -> float:
+    """FLOPs of a forward over ``tokens`` tokens of sequences of ``context`` tokens, ``scored`` of them through the
+    head."""
+    return tokens * (2 * params + 4 * layers * hidden * context / 2) + scored * 2 * hidden * vocab
+
+
+def decode_seconds(steps: int, rows: int, *, params: int, weight_bytes: int, kv_bytes_per_token: int,
+                   context: int, layers: int, tp: Throughput) -> float:
+    """``steps`` decode steps of ``rows`` sequences: each reads the weights and the KV cache (average length
+    ``context - steps/2``), or computes ``2 N`` FLOPs per row, whichever takes longer, plus the fixed cost of its
+    eager ops (:data:`OPS_PER_LAYER_STEP` per layer)."""
+    read = weight_bytes + rows * kv_bytes_per_token * max(context - steps // 2, 1)
+    fixed = OPS_PER_LAYER_STEP * layers * tp.seconds_per_op
+    return steps * (max(read / tp.bytes_per_s, 2 * params * rows / tp.flops_per_s) + fixed)

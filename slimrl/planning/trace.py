@@ -1,0 +1,129 @@
+"""Peak live tensor bytes of slimrl's own code paths, measured by running them on the meta device.
+
+A meta tensor has a shape, a dtype and a storage size but no data, so the real model (built from its config on
+``torch.device("meta")``, LoRA adapter and checkpointing included) runs its real forward and backward at the real
+batch shape in well under a second and allocates nothing. :class:`LiveBytes` (a ``TorchDispatchMode``) adds the
+storage bytes of every tensor an op creates and subtracts them when that storage dies; its peak is the peak of live
+activations, saved tensors, gradients and temporaries of the pass, exactly as the code path creates them (what
+checkpointing keeps, what the chunked head allocates per block). Weights and optimizer state exist before the pass
+and are counted separately (:mod:`slimrl.planning.memory`).
+
+Two things are not op outputs and so are not seen: the allocator's slack (caching on CUDA, fragmentation on CPU;
+a measured factor in :mod:`slimrl.planning.memory`) and kernels' internal workspaces (small).
+
+transformers checks some masks with ``.all()``/``.item()``, which a meta tensor cannot answer; during the trace its
+``masking_utils.is_tracing`` answers yes, so it takes the branch it takes under ``torch.compile`` (the plain causal
+mask), the one a batch without padding takes anyway.
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import ExitStack
+from typing import Any
+from unittest import mock
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LiveBytes(TorchDispatchMode):
+    """Live and peak bytes of the storages ops create while the mode is on; the storages of ``existing`` tensors
+    (weights, buffers: counted elsewhere) are not counted when an op returns a view of them (``W.t()``)."""
+
+    def __init__(self, existing: Any = ()) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self._seen: weakref.WeakSet = weakref.WeakSet(t.untyped_storage() for t in existing)
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                if storage not in self._seen:
+                    self._seen.add(storage)
+                    nbytes = storage.nbytes()
+                    self.live += nbytes
+                    weakref.finalize(storage, self._free, nbytes)
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+def meta_model(config: Any, dtype: torch.dtype, lora_r: int, checkpoint_every: int = 0) -> Any:
+    """The model on the meta device with a LoRA adapter of rank ``lora_r`` (0: none) and checkpointing of every
+    ``checkpoint_every``-th decoder layer (0: off)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if lora_r:
+        from peft import LoraConfig, get_peft_model
+
+        names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        targets = [t for t in LORA_TARGETS if t in names] or sorted(names - {"lm_head"})
+        model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_r, target_modules=targets))
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if checkpoint_every:
+        from slimrl.models.checkpointing import turn_on
+
+        turn_on(base, checkpoint_every)
+    model.train()
+    return model
+
+
+def _state(model: Any) -> list[torch.Tensor]:
+    return [*model.parameters(), *model.buffers()]
+
+
+def _tracing() -> ExitStack:
+    import transformers.masking_utils as masking
+
+    stack = ExitStack()
+    if hasattr(masking, "is_tracing"):
+        stack.enter_context(mock.patch.object(masking, "is_tracing", lambda *a, **k: True))
+    return stack
+
+
+def trace_logprob_pass(model: Any, rows: int, prompt: int, completion: int, *, grad: bool, entropy: bool,
+                       chunk_rows: int) -> tuple[int, int]:
+    """One log-prob pass as slimrl runs it (backbone, completion positions through the chunked head, and with
+    ``grad`` the backward of their sum): (bytes live after the forward, peak bytes)."""
+    from slimrl.ops import chunked_logprobs
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    backbone, head = base.get_decoder(), base.get_output_embeddings()
+    ids = torch.zeros(rows, prompt + completion, dtype=torch.long, device="meta")  # [B, T]
+    with _tracing(), torch.set_grad_enabled(grad), LiveBytes(_state(model)) as live:
+        hidden = backbone(input_ids=ids, use_cache=False).last_hidden_state  # [B, T, H]
+        kept = hidden[:, -completion - 1:-1].reshape(-1, hidden.size(-1))  # [B*L, H]
+        targets = torch.zeros(kept.size(0), dtype=torch.long, device="meta")
+        logps, ent = chunked_logprobs(kept, head.weight, targets, getattr(head, "bias", None), 1.0,
+                                      chunk_rows=chunk_rows, with_entropy=entropy)
+        del hidden, kept
+        after_forward = live.live
+        if grad:
+            loss = logps.sum() + (ent.sum() * 0 if ent is not None else 0)
+            del logps, ent
+            loss.backward()
+    return after_forward, live.peak
+
+
+def trace_prefill(model: Any, rows: int, prompt: int) -> int:
+    """Peak bytes of generation's prefill (no grad, KV cache kept) of ``rows`` prompts of ``prompt`` tokens."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    ids = torch.zeros(rows, prompt, dtype=torch.long, device="meta")
+    was = base.training
+    base.eval()
+    try:
+        with _tracing(), torch.no_grad(), LiveBytes(_state(model)) as live:
+            out = base(input_ids=ids, use_cache=True, logits_to_keep=1)
+            del out
+    finally:
+        base.train(was)
+    return live.peak
