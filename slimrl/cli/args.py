@@ -41,7 +41,7 @@ class TrainArguments:
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
     use_gradient_checkpointing: str = field(default="slimrl", metadata={
-        "help": "'slimrl' (offloaded on CUDA), 'true' or 'false'."})
+        "help": "'slimrl' (offloaded on CUDA), 'selective' (every 2nd layer), 'true' or 'false'."})
     dataset: str | None = field(default=None, metadata={
         "help": "JSON/JSONL/CSV/parquet file or a datasets name in the local cache, in the algorithm's layout "
                 "(grpo/rloo: a 'prompt' column). Default: built-in arithmetic word problems."})

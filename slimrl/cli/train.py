@@ -59,9 +59,9 @@ def memory_fraction(value: str) -> float | str:
 def validate(targs: TrainArguments, cfg: Any) -> None:
     """What the config's own checks cannot see: slimrl's options against each other and the config."""
     algorithm = targs.algorithm
-    if targs.use_gradient_checkpointing.lower() not in ("slimrl", "unsloth", "true", "false"):
-        raise UsageError(f"--use_gradient_checkpointing {targs.use_gradient_checkpointing}: use slimrl, true "
-                         f"or false")
+    if targs.use_gradient_checkpointing.lower() not in ("slimrl", "unsloth", "selective", "true", "false"):
+        raise UsageError(f"--use_gradient_checkpointing {targs.use_gradient_checkpointing}: use slimrl, selective, "
+                         f"true or false")
     if targs.reward and algorithm not in ONLINE:
         raise UsageError(f"--reward: --algorithm {algorithm} learns from its dataset, not from reward functions; "
                          f"drop --reward or use --algorithm {' / '.join(ONLINE)}")

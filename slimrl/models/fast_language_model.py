@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from slimrl.generation.engine import SlimrlEngine, vllm_status
+from slimrl.models.checkpointing import MODES as CHECKPOINTING_MODES
 from slimrl.models.checkpointing import enable_checkpointing
 from slimrl.models.loader import resolve_model_path
 from slimrl.models.modes import for_inference, for_training
@@ -162,7 +163,8 @@ class FastLanguageModel:
         ``target_modules=None`` targets every attention and MLP projection of the architecture.
         ``use_gradient_checkpointing``: True checkpoints every decoder layer (non-reentrant); ``"slimrl"`` also
         keeps the checkpointed layer inputs in pinned host memory on CUDA (plain checkpointing on CPU, where there
-        is no device memory to save; see :mod:`slimrl.models.checkpointing`); False leaves it off.
+        is no device memory to save; see :mod:`slimrl.models.checkpointing`); ``"selective"`` checkpoints only every
+        ``checkpoint_every_n_layers``-th decoder layer (default 2); False leaves it off.
         ``random_state`` seeds the adapter initialisation.
         """
         from peft import LoraConfig, get_peft_model
@@ -173,15 +175,18 @@ class FastLanguageModel:
         if max_rank is not None and r > max_rank:
             raise ValueError(f"r={r} is larger than max_lora_rank={max_rank} given to from_pretrained; "
                              f"raise max_lora_rank to at least {r} or lower r")
-        if use_gradient_checkpointing not in ("slimrl", "unsloth", True, False):
-            raise ValueError(f"use_gradient_checkpointing must be 'slimrl', True or False, got "
+        if use_gradient_checkpointing not in CHECKPOINTING_MODES:
+            raise ValueError(f"use_gradient_checkpointing must be 'slimrl', 'selective', True or False, got "
                              f"{use_gradient_checkpointing!r}")
+        every = kwargs.pop("checkpoint_every_n_layers", 2)
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"checkpoint_every_n_layers must be a positive int, got {every!r}")
         targets = target_modules or default_target_modules(model)
         torch.manual_seed(random_state)
         config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias,
                             target_modules=targets, task_type="CAUSAL_LM", **kwargs)
         peft_model = get_peft_model(model, config)
-        enable_checkpointing(peft_model, use_gradient_checkpointing)
+        enable_checkpointing(peft_model, use_gradient_checkpointing, every)
         model.slimrl_config = {**getattr(model, "slimrl_config", {}),
                                "gradient_checkpointing": use_gradient_checkpointing}
         for attr in ("max_seq_length", "slimrl_config", "slimrl_tokenizer", "vllm_engine",

@@ -16,9 +16,8 @@ run on the compute stream (the step waits for every copy). Here:
 The values are copied bit for bit, so the gradients equal those of plain checkpointing exactly (tests). Tensors
 under :data:`MIN_BYTES` (masks, rotary tables, the checkpoint's dummy) and parameters stay where they are.
 
-How it is installed: :func:`install` wraps the model's ``_set_gradient_checkpointing`` (transformers' one place that
-hands every layer its checkpoint function, since 4.35) on the instance, so every later (re-)enable, including the
-Trainer's own at ``train()``, gets the offloading checkpoint function. :func:`uninstall` restores it.
+How it is installed: :func:`slimrl.models.checkpointing.install_policy` wraps the model's checkpoint function with
+:func:`offloaded` at every (re-)enable, the Trainer's own at ``train()`` included.
 """
 
 from __future__ import annotations
@@ -124,30 +123,3 @@ def offloaded(checkpoint_func: Any, offloader: Offloader) -> Any:
 
     checkpoint_offloaded.slimrl_offloader = offloader
     return checkpoint_offloaded
-
-
-def install(base: Any, offloader: Offloader | None = None) -> Offloader:
-    """Make every checkpoint function ``base`` (a transformers model) hands its layers offload (idempotent)."""
-    current = base.__dict__.get("_set_gradient_checkpointing")
-    if current is not None and hasattr(current, "slimrl_offloader"):
-        return current.slimrl_offloader
-    offloader = offloader or Offloader()
-    original = base._set_gradient_checkpointing  # bound method of the class
-
-    @functools.wraps(original)
-    def set_gradient_checkpointing(enable: bool = True, gradient_checkpointing_func: Any = None,
-                                   **kwargs: Any) -> Any:
-        if enable and gradient_checkpointing_func is not None:
-            gradient_checkpointing_func = offloaded(gradient_checkpointing_func, offloader)
-        if gradient_checkpointing_func is None:
-            return original(enable=enable, **kwargs)
-        return original(enable=enable, gradient_checkpointing_func=gradient_checkpointing_func, **kwargs)
-
-    set_gradient_checkpointing.slimrl_offloader = offloader
-    base._set_gradient_checkpointing = set_gradient_checkpointing
-    return offloader
-
-
-def uninstall(base: Any) -> None:
-    """Back to transformers' own checkpoint functions at the next enable."""
-    base.__dict__.pop("_set_gradient_checkpointing", None)

@@ -116,12 +116,12 @@ def test_precision_defaults_stay_trls_on_cuda(tmp_path):
 
 
 def _checkpointed_grads(model, ids, offloaded: bool):
-    from slimrl.models import checkpointing, offload
+    from slimrl.models import checkpointing
 
     base = model.get_base_model()
-    offload.uninstall(base)
+    checkpointing.uninstall_policy(base)
     if offloaded:
-        offload.install(base)
+        checkpointing.install_policy(base, offload=True)
     checkpointing.turn_on(base)
     model.zero_grad(set_to_none=True)
     torch.cuda.synchronize()

@@ -52,7 +52,7 @@ def test_offloaded_checkpointing_is_bit_exact_and_prefetches(tiny_model_dir, mon
     model, _ = FastLanguageModel.from_pretrained(str(tiny_model_dir))
     model = FastLanguageModel.get_peft_model(model, r=4, use_gradient_checkpointing=True, init_lora_weights=False)
     base = model.get_base_model()
-    offloader = offload.install(base)
+    offloader = checkpointing.install_policy(base, offload=True)
     checkpointing.turn_on(base)  # as the Trainer does at train()
     assert all(getattr(f, "slimrl_offloader", None) is offloader for f in _layer_funcs(model))
     model.train()
@@ -64,7 +64,7 @@ def test_offloaded_checkpointing_is_bit_exact_and_prefetches(tiny_model_dir, mon
     for name, p in model.named_parameters():
         if p.requires_grad:
             assert torch.equal(p.grad, ref[name]), name
-    offload.uninstall(base)
+    checkpointing.uninstall_policy(base)
     checkpointing.turn_on(base)
     assert not any(hasattr(f, "slimrl_offloader") for f in _layer_funcs(model))
 
@@ -81,8 +81,17 @@ def test_slimrl_mode_installs_the_offload_only_on_cuda(tiny_model_dir, monkeypat
         assert all(hasattr(f, "slimrl_offloader") == offloaded for f in _layer_funcs(model)), mode
 
 
-def test_every_nth_layer(tiny_model_dir):
-    model, _ = FastLanguageModel.from_pretrained(str(tiny_model_dir))
-    base = model.model
-    checkpointing.turn_on(base, every_n_layers=2)
-    assert [layer.gradient_checkpointing for layer in base.layers] == [True, False]
+def test_selective_checkpointing_is_exact_and_kept_through_the_trainers_enable(tiny_model_dir):
+    """``"selective"``: every 2nd layer checkpointed (the tiny model has 2: [on, off]), still after the Trainer's
+    own enable (every layer), and the gradients equal no checkpointing's (1e-6 relative: the same kernels)."""
+    _, ref = _grads(tiny_model_dir, False)
+    model, got = _grads(tiny_model_dir, "selective")
+    base = model.get_base_model()
+    assert [layer.gradient_checkpointing for layer in base.model.layers] == [True, False]
+    checkpointing.turn_on(base)  # what the Trainer does at train()
+    assert [layer.gradient_checkpointing for layer in base.model.layers] == [True, False]
+    for name, g in ref.items():
+        torch.testing.assert_close(got[name], g, rtol=1e-6, atol=1e-7)
+    with pytest.raises(ValueError, match="checkpoint_every_n_layers must be a positive int"):
+        FastLanguageModel.get_peft_model(FastLanguageModel.from_pretrained(str(tiny_model_dir))[0], r=4,
+                                         use_gradient_checkpointing="selective", checkpoint_every_n_layers=0)
