@@ -129,7 +129,12 @@ def worker(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     from datasets import Dataset
 
-    path = model_dir(args.shape, args.cache, args.device)
+    if args.model:
+        from slimrl.models.loader import resolve_model_path
+
+        path = str(resolve_model_path(args.model))
+    else:
+        path = model_dir(args.shape, args.cache, args.device)
     if side.startswith("slimrl"):
         from slimrl import FastLanguageModel, PatchFastRL
 
@@ -139,12 +144,13 @@ def worker(args: argparse.Namespace) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    lora = dict(r=64, lora_alpha=64, lora_dropout=0.0, target_modules=LORA_TARGETS)
+    lora = dict(r=args.lora_r, lora_alpha=args.lora_r, lora_dropout=0.0, target_modules=LORA_TARGETS)
     trainer_kwargs = {}
     if side.startswith("slimrl"):
         model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=args.prompt_length + args.length,
                                                        dtype=dtype, load_in_4bit=args.quant == "qlora")
-        ckpt = True if side == "slimrl/resident" else "slimrl"
+        ckpt = {"true": True, "false": False}.get(args.ckpt, args.ckpt)
+        ckpt = True if side == "slimrl/resident" else ckpt
         model = FastLanguageModel.get_peft_model(model, **lora, use_gradient_checkpointing=ckpt)
     else:
         quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
@@ -155,12 +161,16 @@ def worker(args: argparse.Namespace) -> dict:
         trainer_kwargs["peft_config"] = LoraConfig(task_type="CAUSAL_LM", **lora)
     if not args.generate:
         replace_sampling(args.length, [i for i in range(len(tok)) if i not in tok.all_special_ids])
-    ds = Dataset.from_list([{"prompt": "a" * args.prompt_length}] * 64)  # char tokenizer: one token per char
+    unit = " a" if len(tok(" a" * 4).input_ids) == 4 else "a"  # one token each: BPE's " a", the char tokenizer's "a"
+    prompt = unit * args.prompt_length
+    prompt_tokens = len(tok(prompt).input_ids)
+    ds = Dataset.from_list([{"prompt": prompt}] * 64)
     cfg = GRPOConfig(
         output_dir="/tmp/slimrl-gpu-bench", per_device_train_batch_size=args.generations,
         num_generations=args.generations, max_completion_length=args.length, max_steps=args.steps,
         generation_kwargs={"min_new_tokens": args.length} if args.generate else {}, report_to="none",
         logging_steps=1, save_strategy="no", seed=0, use_liger_kernel=side == "trl-liger",
+        **({"gradient_checkpointing": False} if args.ckpt == "false" else {}),
         **({"bf16": True} if args.device == "cuda" else {"bf16": False, "use_cpu": True}),
     )
     trainer = GRPOTrainer(model=model, args=cfg, reward_funcs=[_reward_spread], train_dataset=ds,
@@ -187,7 +197,8 @@ def worker(args: argparse.Namespace) -> dict:
     peak = _peak_bytes(args.device)
     logs = [h for h in trainer.state.log_history if "loss" in h]
     return {
-        "side": side, "length": args.length, "peak_gb": peak / 2**30, "step_s": step_s,
+        "side": side, "length": args.length, "prompt_tokens": prompt_tokens, "peak_gb": peak / 2**30,
+        "peak_bytes": peak, "step_s": step_s,
         "fits": not args.cap_gb or peak <= args.cap_gb * 2**30, "loss": logs[-1]["loss"] if logs else None,
         "grad_norm": logs[-1].get("grad_norm") if logs else None,
         "completion_len": logs[-1].get("completions/mean_length") if logs else None,
@@ -204,7 +215,8 @@ def _has(module: str) -> bool:
 def run_worker(args: argparse.Namespace, side: str, length: int) -> dict:
     """``side`` at completion length ``length`` in its own process; its result dict."""
     cmd = [sys.executable, __file__, "--worker", side, "--length", str(length)]
-    for name in ("shape", "quant", "generations", "prompt_length", "steps", "device", "cache", "cap_gb"):
+    for name in ("shape", "quant", "generations", "prompt_length", "steps", "device", "cache", "cap_gb", "model",
+                 "lora_r", "ckpt"):
         value = getattr(args, name)
         if value is not None:
             cmd += [f"--{name.replace('_', '-')}", str(value)]
@@ -235,6 +247,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-1.5b")
     ap.add_argument("--tiny", action="store_true", help="the tiny shape, short lengths (smoke test)")
+    ap.add_argument("--model", default=None, help="a real model (path, hub id in the cache or the alias) instead of "
+                                                  "a random-init shape")
+    ap.add_argument("--lora-r", type=int, default=64)
+    ap.add_argument("--ckpt", choices=["slimrl", "selective", "true", "false"], default="slimrl",
+                    help="slimrl's use_gradient_checkpointing (slimrl sides); false also turns TRL's off")
     ap.add_argument("--quant", choices=["bf16", "qlora"], default="bf16")
     ap.add_argument("--sides", default=",".join(SIDES[:3]))
     ap.add_argument("--generations", type=int, default=8)
@@ -268,7 +285,8 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = set(sides) - set(SIDES)
     if unknown:
         raise SystemExit(f"--sides: unknown {sorted(unknown)}; choose from {', '.join(SIDES)}")
-    model_dir(args.shape, args.cache, args.device)  # built once, before the sides run
+    if not args.model:
+        model_dir(args.shape, args.cache, args.device)  # built once, before the sides run
     results: dict[str, dict] = {}
     for side in sides:
         if args.fit:

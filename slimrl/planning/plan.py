@@ -1,9 +1,9 @@
 """``slimrl.plan``: predicted peak memory per phase and step time of a training run, before any weight loads.
 
-Memory (bytes) = runtime + weights + adapter state + the largest phase x the allocator factor, where
+Memory (bytes) = runtime + weights + adapter state + the largest phase, where
 
-* **runtime**: on CPU the resident size of a fresh process that has imported torch, transformers, PEFT, TRL and
-  slimrl (measured once with the calibration, :mod:`slimrl.planning.timing`); on CUDA 0 (``max_memory_allocated``
+* **runtime**: on CPU the resident size of a fresh process that has imported what a training process imports
+  (measured once with the calibration, :mod:`slimrl.planning.timing`); on CUDA 0 (``max_memory_allocated``
   does not count the CUDA context);
 * **weights**: every parameter of the model built from its config on the meta device, in the load dtype (fp32 on
   CPU, bf16 on CUDA) or NF4 (0.516 bytes per parameter of the decoder's linear layers, the rest 16-bit);
@@ -13,6 +13,11 @@ Memory (bytes) = runtime + weights + adapter state + the largest phase x the all
   the engine: its KV cache, as slimrl sizes it), ``logprobs_no_grad`` (old/reference passes, ``unsloth_grpo_mini_batch``
   rows at a time), ``policy_forward`` (what the forward keeps for the backward under the checkpointing policy) and
   ``backward`` (the peak of forward + backward: recompute and head chunks included).
+
+No allocator factor: on CUDA the prediction is of allocated bytes (what ``max_memory_allocated`` reports, the
+caching allocator's reserve not included); on CPU slimrl returns freed blocks to the OS during the gradient passes
+(:mod:`slimrl.compat.malloc`), and resident size tracked live bytes within the error of ``bench/plan_accuracy.py``
+(docs/BENCHMARKS.md), so none is added.
 
 Time: :mod:`slimrl.planning.timing`.
 """
@@ -34,8 +39,6 @@ PAIRED = ("dpo", "orpo", "cpo")  # chosen and rejected rows in one forward
 WITH_REFERENCE = ("dpo", "kto")  # a frozen reference model's no-grad pass
 CHECKPOINTING = ("true", "false", "slimrl", "selective")
 NF4_BYTES = 0.516  # 4 bits + one 8-bit absmax per 64 weights + one fp32 per 256 absmax blocks (double quant)
-# Resident bytes per live byte beyond the tensors themselves: allocator caching (CUDA) and fragmentation (CPU).
-ALLOCATOR_FACTOR = {"cpu": 1.10, "cuda": 1.05}
 
 
 @dataclass
@@ -237,8 +240,7 @@ def _predict(config: Any, s: dict[str, Any], checkpoint_every: int | None, utili
     phases["policy_forward"] = kept
     phases["backward"] = peak
     transient = max(v for k, v in phases.items() if k not in ("runtime", "weights", "adapter_and_optimizer"))
-    peak_bytes = int(phases["runtime"] + phases["weights"] + phases["adapter_and_optimizer"]
-                     + transient * ALLOCATOR_FACTOR[dev])
+    peak_bytes = int(phases["runtime"] + phases["weights"] + phases["adapter_and_optimizer"] + transient)
     split = _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, dtype)
     return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases, step_seconds=sum(split.values()),
                 step_split=split)

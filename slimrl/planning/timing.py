@@ -4,7 +4,8 @@ Calibration (once per device and thread count, cached as JSON under ``SLIMRL_CAC
 a ``[4096, 1024] x [1024, 1024]`` matmul (the shape of a projection over a batch of tokens) in the compute dtype
 for about a second (FLOP/s), a sum over a 256 MiB tensor (memory read bandwidth, bytes/s) and 2000 tiny ops (the
 fixed cost of an eager op); and, in a fresh process, the resident size after importing torch, transformers, PEFT,
-TRL and slimrl (the runtime every training process carries before its first tensor). About 8 s on a 2-core CPU.
+TRL, datasets and slimrl with its patch applied (the runtime every training process carries before its first
+tensor). About 8 s on a 2-core CPU.
 
 Model, per phase (``N`` = non-embedding parameters, ``T`` = prompt + completion tokens, ``L`` completion tokens):
 
@@ -42,7 +43,7 @@ class Throughput:
 def _cache_file(device: str, dtype: torch.dtype):
     from slimrl.models.loader import cache_root
 
-    return cache_root() / f"throughput-v3-{device}-{str(dtype).split('.')[-1]}-{torch.get_num_threads()}t.json"
+    return cache_root() / f"throughput-v4-{device}-{str(dtype).split('.')[-1]}-{torch.get_num_threads()}t.json"
 
 
 def calibrate(device: str, dtype: torch.dtype, seconds: float = 1.0) -> Throughput:
@@ -100,8 +101,10 @@ def _runtime_bytes() -> int:
     import subprocess
     import sys
 
-    code = ("import warnings; warnings.simplefilter('ignore'); import torch, transformers, peft, trl, slimrl; "
-            "from slimrl.compat.memory import resident_bytes; print(resident_bytes())")
+    code = ("import warnings; warnings.simplefilter('ignore'); import datasets, torch, transformers, peft, trl; "
+            "from trl import GRPOConfig, GRPOTrainer; from slimrl import FastLanguageModel, PatchFastRL; "
+            "PatchFastRL('grpo', FastLanguageModel); from slimrl.compat.memory import resident_bytes; "
+            "print(resident_bytes())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
 

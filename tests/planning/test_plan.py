@@ -48,6 +48,15 @@ def test_meta_trace_counts_what_checkpointing_keeps():
     assert kept[0] > 4 * kept[1]
 
 
+def test_attention_is_traced_as_a_fused_kernel():
+    """The real kernels (flash / memory-efficient, CPU and CUDA) keep no [B, heads, T, T] scores; the meta trace
+    must not either: without checkpointing, twice the tokens keep about twice the bytes (the math form: ~3x here)."""
+    model = trace.meta_model(_config(), torch.float32, 8, 0)
+    short, _ = trace.trace_logprob_pass(model, 4, 16, 112, grad=True, entropy=True, chunk_rows=64)
+    long, _ = trace.trace_logprob_pass(model, 4, 16, 240, grad=True, entropy=True, chunk_rows=64)
+    assert 1.8 < long / short < 2.2, long / short
+
+
 def test_weights_views_are_not_counted_as_new_memory():
     model = trace.meta_model(_config(), torch.float32, 0, 0)
     with trace.LiveBytes(trace._state(model)) as live:
