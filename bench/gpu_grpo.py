@@ -31,12 +31,15 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-RESULT_TAG = "BENCH_RESULT "
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grpo_step import RESULT_TAG  # noqa: E402 - the bench directory is not a package
+from grpo_step import run_worker as run_process  # noqa: E402
+
 SIDES = ("trl", "trl-liger", "slimrl", "slimrl/resident")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -221,12 +224,7 @@ def run_worker(args: argparse.Namespace, side: str, length: int) -> dict:
         if value is not None:
             cmd += [f"--{name.replace('_', '-')}", str(value)]
     cmd += ["--generate"] if args.generate else []
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith(RESULT_TAG)]
-    if not lines:
-        sys.stderr.write(out.stdout[-4000:] + out.stderr[-4000:])
-        raise SystemExit(f"{side} worker at length {length} failed (exit {out.returncode})")
-    return json.loads(lines[-1][len(RESULT_TAG):])
+    return run_process(cmd, f"{side} at length {length}")
 
 
 def longest_fitting(fits: Callable[[int], bool], lo: int, hi: int, step: int) -> int | None:

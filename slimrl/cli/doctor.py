@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from slimrl.cli.oneline import parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,16 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast_inference", action="store_true", help="check what fast_inference=True needs")
     p.add_argument("--load_in_4bit", action="store_true", help="check what load_in_4bit=True needs")
     p.add_argument("--device", choices=("cpu", "cuda"), help="check that this device can be used")
-
-    def error(message: str):
-        print(f"slimrl doctor: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-    p.error = error
-    try:
-        args = p.parse_args(argv)
-    except SystemExit as done:  # --help (0) or a parse error (2, one line)
-        return int(done.code or 0)
+    args = parse(p, argv)
+    if isinstance(args, int):  # --help (0) or a parse error (2, one line)
+        return args
     import warnings
 
     from slimrl.verify.doctor import format_report, report

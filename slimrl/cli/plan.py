@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
+
+from slimrl.cli.oneline import fail, parse
 
 
 def _bool(text: str) -> bool:
@@ -58,17 +59,9 @@ def format_plan(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser()
-
-    def error(message: str):
-        print(f"slimrl plan: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-    p.error = error
-    try:
-        args = p.parse_args(argv)
-    except SystemExit as done:
-        return int(done.code or 0)
+    args = parse(parser(), argv)
+    if isinstance(args, int):  # --help (0) or a parse error (2, one line)
+        return args
     import warnings
 
     from slimrl.planning import PlanInputError, plan
@@ -79,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             warnings.simplefilter("ignore")
             result = plan(**kwargs)
     except (PlanInputError, FileNotFoundError) as exc:
-        print(f"slimrl plan: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("slimrl plan", str(exc))
     data = result.to_json()
     print(json.dumps(data, indent=2) if args.json else format_plan(data))
     return 0

@@ -7,6 +7,8 @@ import argparse
 import sys
 import warnings
 
+from slimrl.cli.oneline import fail, parse
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="slimrl verify", description=(
@@ -22,24 +24,17 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--full", action="store_true", help="the real model (slow; default model: SmolLM2-135M)")
     p.add_argument("--device", default="cpu", help="cpu (fp32) or cuda (bf16)")
     p.add_argument("--quiet", action="store_true", help="only the table")
-
-    def error(message: str):
-        raise SystemExit(_fail(message))
-
-    p.error = error
     return p
 
 
 def _fail(message: str) -> int:
-    print(f"slimrl verify: error: {message}", file=sys.stderr)
-    return 2
+    return fail("slimrl verify", message)
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as done:  # --help (0) or a parse error already printed as one line (2)
-        return int(done.code or 0)
+    args = parse(build_parser(), argv)
+    if isinstance(args, int):  # --help (0) or a parse error already printed as one line (2)
+        return args
     if args.all and args.algorithm:
         return _fail("--all and --algorithm: pass one of them")
     from slimrl.verify import VerifyError, format_table, verify

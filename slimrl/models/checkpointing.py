@@ -102,7 +102,6 @@ def install_policy(base: Any, *, offload: bool, every_n_layers: int = 1) -> offl
         return result
 
     set_gradient_checkpointing.slimrl_offloader = offloader
-    set_gradient_checkpointing.slimrl_every_n_layers = every_n_layers
     base._set_gradient_checkpointing = set_gradient_checkpointing
     return offloader
 

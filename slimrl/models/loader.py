@@ -144,9 +144,8 @@ def resolve_model_path(model_name: str, gguf_file: str | None = None, *, revisio
     """Return a local directory holding ``config.json`` + weights for ``model_name`` (see the module docstring)."""
     if not isinstance(model_name, str) or not model_name:
         raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
-    if model_name.lower() in (SMOLLM2_ALIAS.lower(), f"huggingfacetb/{SMOLLM2_ALIAS.lower()}") and gguf_file is None:
-        if not Path(model_name).exists():
-            return materialize_gguf(smollm2_gguf_path())
+    if is_builtin_alias(model_name) and gguf_file is None:
+        return materialize_gguf(smollm2_gguf_path())
     path = Path(model_name).expanduser()
     if gguf_file is not None:
         gguf = path / gguf_file if path.is_dir() else Path(gguf_file)
@@ -167,6 +166,12 @@ def resolve_model_path(model_name: str, gguf_file: str | None = None, *, revisio
     return hub_snapshot(model_name, revision=revision, token=token, cache_dir=cache_dir,
                         local_files_only=local_files_only, use_safetensors=use_safetensors,
                         trust_remote_code=trust_remote_code)
+
+
+def is_builtin_alias(name: str) -> bool:
+    """``name`` means the embedded SmolLM2 (its alias or hub id), unless a local path of that name exists."""
+    return name.lower() in (SMOLLM2_ALIAS.lower(), f"huggingfacetb/{SMOLLM2_ALIAS.lower()}") \
+        and not Path(name).exists()
 
 
 def _looks_like_a_path(name: str) -> bool:

@@ -17,7 +17,7 @@ def load_config(model: str) -> Any:
 
     from slimrl.models import loader
 
-    if model.lower() in (loader.SMOLLM2_ALIAS.lower(), f"huggingfacetb/{loader.SMOLLM2_ALIAS.lower()}"):
+    if loader.is_builtin_alias(model):
         gguf = loader.smollm2_gguf_path()
         cached = loader._gguf_cache_dir(gguf) / "config.json"
         if cached.is_file():

@@ -39,6 +39,7 @@ PAIRED = ("dpo", "orpo", "cpo")  # chosen and rejected rows in one forward
 WITH_REFERENCE = ("dpo", "kto")  # a frozen reference model's no-grad pass
 CHECKPOINTING = ("true", "false", "slimrl", "selective")
 NF4_BYTES = 0.516  # 4 bits + one 8-bit absmax per 64 weights + one fp32 per 256 absmax blocks (double quant)
+PERSISTENT = ("runtime", "weights", "adapter_and_optimizer")  # held for the whole run; the rest are phases
 
 
 @dataclass
@@ -74,18 +75,20 @@ def parse_bytes(text: str) -> int:
 
 def _shape(config: Any) -> dict[str, int]:
     text = getattr(config, "text_config", None) or config
-    heads = text.num_attention_heads
-    return {"layers": text.num_hidden_layers, "hidden": text.hidden_size, "vocab": text.vocab_size,
-            "heads": heads, "kv_heads": getattr(text, "num_key_value_heads", None) or heads,
-            "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads}
+    return {"layers": text.num_hidden_layers, "hidden": text.hidden_size, "vocab": text.vocab_size}
 
 
-def _checkpoint_every(mode: str, every: int | None) -> int:
-    if mode == "false":
+def _checkpoint_every(s: dict[str, Any]) -> int:
+    """The checkpointing period of the settings: 0 off, 1 every layer, n every n-th (selective, default 2)."""
+    if s["gradient_checkpointing"] == "false":
         return 0
-    if mode == "selective":
-        return every or 2
+    if s["gradient_checkpointing"] == "selective":
+        return s["checkpoint_every_n_layers"] or 2
     return 1
+
+
+def _largest_phase(phases: dict[str, int]) -> str:
+    return max((k for k in phases if k not in PERSISTENT), key=phases.get)
 
 
 def _weights(model: Any, load_in_4bit: bool, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -120,12 +123,13 @@ def plan(model: str = "SmolLM2-135M-Instruct", *, algorithm: str = "grpo", per_d
     settings = dict(model=model, algorithm=algorithm, per_device_train_batch_size=per_device_train_batch_size,
                     num_generations=num_generations, max_prompt_length=max_prompt_length,
                     max_completion_length=max_completion_length, lora_r=lora_r, load_in_4bit=load_in_4bit,
-                    gradient_checkpointing=str(gradient_checkpointing).lower(), fast_inference=fast_inference,
+                    gradient_checkpointing=str(gradient_checkpointing).lower(),
+                    checkpoint_every_n_layers=checkpoint_every, fast_inference=fast_inference,
                     device=device, beta=beta, unsloth_grpo_mini_batch=unsloth_grpo_mini_batch)
     _check(settings)
     config = load_config(model)
     budget_bytes = parse_bytes(budget) if isinstance(budget, str) else budget
-    result = _predict(config, settings, checkpoint_every, gpu_memory_utilization, chunk_rows)
+    result = _predict(config, settings, gpu_memory_utilization, chunk_rows)
     if budget_bytes is None:
         return result
     result.budget_bytes = budget_bytes
@@ -175,8 +179,7 @@ def _memo(store: dict, key: tuple, make: Any) -> Any:
     return store[key]
 
 
-def _predict(config: Any, s: dict[str, Any], checkpoint_every: int | None, utilization: float,
-             chunk_rows: int | None) -> Plan:
+def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int | None) -> Plan:
     from slimrl.generation.memory import kv_bytes_per_token
     from slimrl.ops.chunked_logprob import auto_chunk_rows
     from slimrl.planning import trace
@@ -184,7 +187,8 @@ def _predict(config: Any, s: dict[str, Any], checkpoint_every: int | None, utili
     dev = s["device"]
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
     shape = _shape(config)
-    every = _checkpoint_every(s["gradient_checkpointing"], checkpoint_every)
+    every = _checkpoint_every(s)
+    tp = calibrate(dev, dtype)
     weight_bytes, params, lora = _memo(_MODELS, (id(config), "weights", dtype, s["lora_r"], s["load_in_4bit"]),
                                        lambda: _weights(trace.meta_model(config, dtype, s["lora_r"], 0),
                                                         s["load_in_4bit"], dtype))
@@ -195,7 +199,7 @@ def _predict(config: Any, s: dict[str, Any], checkpoint_every: int | None, utili
     mini = min(s["unsloth_grpo_mini_batch"] or rows, rows)
     chunk = chunk_rows or auto_chunk_rows(rows * completion, shape["vocab"], torch.device("cpu"))
     phases: dict[str, int] = {}
-    phases["runtime"] = calibrate(dev, dtype).runtime_bytes if dev == "cpu" else 0
+    phases["runtime"] = tp.runtime_bytes if dev == "cpu" else 0
     phases["weights"] = weight_bytes
     phases["adapter_and_optimizer"] = 16 * lora
     kv_token = kv_bytes_per_token(config, dtype)
@@ -239,9 +243,8 @@ def _predict(config: Any, s: dict[str, Any], checkpoint_every: int | None, utili
                                                             entropy=entropy, chunk_rows=chunk))
     phases["policy_forward"] = kept
     phases["backward"] = peak
-    transient = max(v for k, v in phases.items() if k not in ("runtime", "weights", "adapter_and_optimizer"))
-    peak_bytes = int(phases["runtime"] + phases["weights"] + phases["adapter_and_optimizer"] + transient)
-    split = _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, dtype)
+    peak_bytes = sum(phases[k] for k in PERSISTENT) + phases[_largest_phase(phases)]
+    split = _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
     return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases, step_seconds=sum(split.values()),
                 step_split=split)
 
@@ -265,8 +268,7 @@ def _no_grad_passes(s: dict[str, Any]) -> int:
     return 1 if s["algorithm"] in ONLINE and s["beta"] > 0 else 0
 
 
-def _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, dtype):
-    tp = calibrate(s["device"], dtype)
+def _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp):
     layers, hidden, vocab = shape["layers"], shape["hidden"], shape["vocab"]
     tokens, context = rows * (prompt + completion), prompt + completion
     fwd = forward_flops(tokens, context, rows * completion, params=params, layers=layers, hidden=hidden,
@@ -292,13 +294,12 @@ def _fastest_fitting(config, s, budget, utilization, chunk_rows) -> dict[str, An
     for mode, every in (("false", None), ("selective", 2), ("slimrl", None)):
         mini = None
         while True:
-            p = _predict(config, dict(s, gradient_checkpointing=mode, unsloth_grpo_mini_batch=mini), every,
-                         utilization, chunk_rows)
+            p = _predict(config, dict(s, gradient_checkpointing=mode, checkpoint_every_n_layers=every,
+                                      unsloth_grpo_mini_batch=mini), utilization, chunk_rows)
             if p.peak_bytes <= budget:
                 out = {"gradient_checkpointing": mode, "unsloth_grpo_mini_batch": mini}
                 return {**out, "checkpoint_every_n_layers": every} if every else out
-            transient = {k: v for k, v in p.phases.items() if k not in ("runtime", "weights", "adapter_and_optimizer")}
-            if max(transient, key=transient.get) != "logprobs_no_grad" or (mini or rows) == 1:
+            if _largest_phase(p.phases) != "logprobs_no_grad" or (mini or rows) == 1:
                 break
             mini = max(1, (mini or rows) // 2)
     return None
@@ -307,30 +308,30 @@ def _fastest_fitting(config, s, budget, utilization, chunk_rows) -> dict[str, An
 def _longest_fitting(config, s, budget, utilization, chunk_rows, step: int = 64) -> int | None:
     """Largest ``max_completion_length`` (multiple of ``step``) whose prediction fits. Memory is close to affine in
     the length at fixed rows: two predictions give a first guess, which is then bracketed and bisected exactly."""
-    memo: dict[int, bool] = {}
+    peaks: dict[int, int] = {}
 
-    def fits(k: int) -> bool:  # k steps of completion
-        if k not in memo:
-            memo[k] = _predict(config, dict(s, max_completion_length=k * step), None, utilization,
-                               chunk_rows).peak_bytes <= budget
-        return memo[k]
+    def peak(k: int) -> int:  # k steps of completion
+        if k not in peaks:
+            peaks[k] = _predict(config, dict(s, max_completion_length=k * step), utilization, chunk_rows).peak_bytes
+        return peaks[k]
 
-    pa = _predict(config, dict(s, max_completion_length=step), None, utilization, chunk_rows).peak_bytes
-    memo[1] = pa <= budget
-    if not memo[1]:
+    def fits(k: int) -> bool:
+        return peak(k) <= budget
+
+    if not fits(1):
         return None
-    pb = _predict(config, dict(s, max_completion_length=16 * step), None, utilization, chunk_rows).peak_bytes
-    memo[16] = pb <= budget
-    guess = max(1, int(1 + (budget - pa) / max((pb - pa) / 15, 1.0)))
-    lo, hi, width = (guess, None, 1) if fits(guess) else (None, guess, 1)
-    while lo is None:  # walk down until a length fits (1 fits)
-        lo = max(1, hi - width) if fits(max(1, hi - width)) else None
-        if lo is None:
-            hi, width = max(1, hi - width), width * 2
-    while hi is None:  # walk up until one does not
-        hi = lo + width if not fits(lo + width) else None
-        if hi is None:
+    guess = max(1, int(1 + (budget - peak(1)) / max((peak(16) - peak(1)) / 15, 1.0)))
+    width = 1
+    if fits(guess):  # bracket: lo fits, hi does not
+        lo = guess
+        while fits(lo + width):
             lo, width = lo + width, width * 2
+        hi = lo + width
+    else:
+        hi = guess
+        while not fits(max(1, hi - width)):  # 1 fits, so this ends
+            hi, width = max(1, hi - width), width * 2
+        lo = max(1, hi - width)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)

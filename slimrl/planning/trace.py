@@ -32,8 +32,6 @@ from unittest import mock
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
 
 class LiveBytes(TorchDispatchMode):
     """Live and peak bytes of the storages ops create while the mode is on; the storages of ``existing`` tensors
@@ -68,17 +66,17 @@ def meta_model(config: Any, dtype: torch.dtype, lora_r: int, checkpoint_every: i
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    if lora_r:
+    if lora_r:  # on the projections FastLanguageModel.get_peft_model targets by default
         from peft import LoraConfig, get_peft_model
 
-        names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-        targets = [t for t in LORA_TARGETS if t in names] or sorted(names - {"lm_head"})
-        model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_r, target_modules=targets))
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        from slimrl.models.fast_language_model import default_target_modules
+
+        model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_r,
+                                                 target_modules=default_target_modules(model)))
     if checkpoint_every:
         from slimrl.models.checkpointing import turn_on
 
-        turn_on(base, checkpoint_every)
+        turn_on(_base(model), checkpoint_every)
     model.train()
     return model
 
@@ -104,6 +102,10 @@ def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *arg
     return _FlashLikeAttention.apply(query, key, value)
 
 
+def _base(model: Any) -> Any:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _state(model: Any) -> list[torch.Tensor]:
     return [*model.parameters(), *model.buffers()]
 
@@ -124,8 +126,7 @@ def trace_logprob_pass(model: Any, rows: int, prompt: int, completion: int, *, g
     ``grad`` the backward of their sum): (bytes live after the forward, peak bytes)."""
     from slimrl.ops import chunked_logprobs
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    backbone, head = base.get_decoder(), base.get_output_embeddings()
+    backbone, head = _base(model).get_decoder(), _base(model).get_output_embeddings()
     ids = torch.zeros(rows, prompt + completion, dtype=torch.long, device="meta")  # [B, T]
     with _tracing(), torch.set_grad_enabled(grad), LiveBytes(_state(model)) as live:
         hidden = backbone(input_ids=ids, use_cache=False).last_hidden_state  # [B, T, H]
@@ -144,7 +145,7 @@ def trace_logprob_pass(model: Any, rows: int, prompt: int, completion: int, *, g
 
 def trace_prefill(model: Any, rows: int, prompt: int) -> int:
     """Peak bytes of generation's prefill (no grad, KV cache kept) of ``rows`` prompts of ``prompt`` tokens."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     ids = torch.zeros(rows, prompt, dtype=torch.long, device="meta")
     was = base.training
     base.eval()

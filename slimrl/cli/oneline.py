@@ -1,0 +1,26 @@
+"""One-line errors for the small ``slimrl`` commands (``plan``, ``verify``, ``doctor``): a bad option is one line
+``<prog>: error: ...`` on stderr and exit status 2, never argparse's usage block."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def fail(prog: str, message: str) -> int:
+    """Print ``<prog>: error: <message>`` on stderr; the exit status for it (2)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:
+    """``parser``'s arguments, or the exit status when it stopped: 0 after ``--help``, 2 after a one-line error."""
+
+    def error(message: str):
+        raise SystemExit(fail(parser.prog, message))
+
+    parser.error = error
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as done:
+        return int(done.code or 0)
