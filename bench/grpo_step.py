@@ -20,7 +20,8 @@ With the engine modes use ``--steps 2``: the engine starts during the first step
 
 Levers (the speed issue), one row each in the same run: a slimrl mode may end in ``/noreuse`` (TRL's old-log-prob
 pass kept: ``slimrl_reuse_old_logps=False``), ``/nogroups`` (TRL's fixed row batches at the full padded width:
-``slimrl_length_groups=False``), ``/nolevers`` (both) or ``/thp`` (malloc's mmap-ed blocks on transparent huge
+``slimrl_length_groups=False``), ``/nolevers`` (both), ``/autofit`` (``slimrl_auto_fit`` at ``--budget``, default
+12GB: the plan's fastest settings that fit) or ``/thp`` (malloc's mmap-ed blocks on transparent huge
 pages, see ``run_worker``), e.g. ``--modes trl,engine/nolevers,engine/noreuse,engine``.
 
 ``--mixed``: completion lengths drawn uniformly from 16..``--length`` per completion (seeded, the same on every
@@ -227,6 +228,8 @@ def worker(args: argparse.Namespace) -> dict:
             extra["slimrl_reuse_old_logps"] = False
         if {"nogroups", "nolevers"} & set(flags):
             extra["slimrl_length_groups"] = False
+        if "autofit" in flags:
+            extra.update(slimrl_auto_fit=True, slimrl_memory_budget=args.budget)
     else:
         from peft import LoraConfig
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -290,6 +293,7 @@ def worker(args: argparse.Namespace) -> dict:
         "phase_s": prof.seconds, "loss": logs[-1]["loss"] if logs else None,
         "completion_len": logs[-1].get("completions/mean_length") if logs else None,
         "grad_ckpt": cfg.gradient_checkpointing, "threads": torch.get_num_threads(),
+        "no_grad_rows": getattr(cfg, "unsloth_grpo_mini_batch", None),
     }
 
 
@@ -303,6 +307,7 @@ def main() -> None:
     ap.add_argument("--num-chunks", type=int, default=-1)
     ap.add_argument("--profile", action="store_true", help="print peak RSS per phase")
     ap.add_argument("--mixed", action="store_true", help="completion lengths drawn from 16..--length")
+    ap.add_argument("--budget", default="12GB", help="memory budget of the /autofit modes")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -315,10 +320,10 @@ def main() -> None:
         results[mode] = run_worker([sys.executable, __file__, "--worker", mode] + forwarded, mode)
     print(f"GRPO step, SmolLM2-135M, LoRA r=16, beta=0.04, {args.generations} x {args.length} tokens, "
           f"grad-ckpt={args.grad_ckpt}")
-    print(f"{'mode':16} {'peak RSS MB':>12} {'s/step':>8} {'loss':>10} {'mean len':>9}")
+    print(f"{'mode':16} {'peak RSS MB':>12} {'s/step':>8} {'loss':>10} {'mean len':>9} {'grad-ckpt':>9}")
     for mode, r in results.items():
         print(f"{mode:16} {r['peak_rss_mb']:12.0f} {r['step_s'][-1]:8.1f} {r['loss']!s:>10} "
-              f"{r['completion_len']!s:>9}")
+              f"{r['completion_len']!s:>9} {r['grad_ckpt']!s:>9}")
         if args.profile:
             for phase, mb in sorted(r["phase_peak_rss_mb"].items(), key=lambda kv: -kv[1]):
                 secs = r.get("phase_s", {}).get(phase)

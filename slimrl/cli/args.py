@@ -20,6 +20,11 @@ ONLINE = tuple(n for n, kind in CLI_KINDS.items() if kind == "online")  # learn 
 PAIRED = tuple(n for n, kind in CLI_KINDS.items() if kind == "paired")  # prompt / chosen / rejected
 
 
+# Short flags (and YAML keys) for slimrl's config fields that `slimrl train` users set most.
+ALIASES = {"auto_fit": "slimrl_auto_fit", "memory_budget": "slimrl_memory_budget",
+           "longest_first": "slimrl_longest_first"}
+
+
 class UsageError(Exception):
     """Bad input: printed as one line naming the argument and the fix."""
 
@@ -179,6 +184,11 @@ def build_parser(algorithm: str):
     for actions in (parser._actions, parser._optionals._group_actions):
         actions.remove(action)
         actions.insert(1, action)  # after -h/--help
+    options = _option_map(parser)
+    for short, full in ALIASES.items():  # --auto_fit for --slimrl_auto_fit, ...
+        if full in options:
+            options[full].option_strings.insert(0, f"--{short}")
+            parser._option_string_actions[f"--{short}"] = options[full]
     defaults = demo_defaults(algorithm)
     if "activation_checkpointing" in names:
         defaults.pop("gradient_checkpointing")  # None: resolved from activation_checkpointing, no FutureWarning
@@ -228,6 +238,7 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
     data = read_yaml(config_path) if config_path else {}
     algorithm = peek_algorithm(argv, data)
     parser = build_parser(algorithm)
+    data = {ALIASES.get(k, k): v for k, v in data.items()}
     if data:
         check_yaml_values(parser, data, config_path)
         parser.set_defaults_with_config(**data)

@@ -109,3 +109,14 @@ def install_policy(base: Any, *, offload: bool, every_n_layers: int = 1) -> offl
 def uninstall_policy(base: Any) -> None:
     """Back to transformers' own checkpointing at the next enable."""
     base.__dict__.pop("_set_gradient_checkpointing", None)
+
+
+def turn_off(model: Any) -> None:
+    """No checkpointing on ``model`` (PEFT or transformers), slimrl's policy removed, through transformers' API."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    uninstall_policy(base)
+    if has_activation_checkpointing_enable():
+        if base.is_activation_checkpointing:
+            base.activation_checkpointing_disable()
+    elif base.is_gradient_checkpointing:
+        base.gradient_checkpointing_disable()

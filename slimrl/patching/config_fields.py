@@ -18,6 +18,11 @@ dict objects and ``__init__``.
 |                                  |         | when the policy cannot have changed (no extra no-grad pass)        |
 | ``slimrl_length_groups``         | True    | GRPO log-prob forwards: rows grouped by length, padding cut        |
 | ``slimrl_token_budget``          | None    | tokens per grouped forward; None = TRL's rows x padded length      |
+| ``slimrl_oom_recovery``          | True    | GRPO/RLOO: out-of-memory log-prob pass or backward split in halves |
+|                                  |         | and retried, same loss (:mod:`slimrl.patching.oom`)                |
+| ``slimrl_auto_fit``              | False   | GRPO/RLOO: apply the fastest plan that fits the memory budget      |
+| ``slimrl_memory_budget``         | None    | budget for auto-fit (``"12GB"``); None = free memory minus margin  |
+| ``slimrl_longest_first``         | False   | GRPO/RLOO: step 1 generates the longest completions allowed        |
 
 A config gets only the fields that act on its trainer (each trainer module passes ``fields=``): a field that would
 do nothing there is never silently accepted. Passed with its default value (as Unsloth scripts do), it is dropped;
@@ -54,6 +59,14 @@ EXTRA_FIELDS: dict[str, tuple[Any, Any, str]] = {
                                          "trailing padding cut (GRPO)."),
     "slimrl_token_budget": (int | None, None, "slimrl: tokens per log-prob forward when grouping by length "
                                               "(None: the trainer's own rows x padded length)."),
+    "slimrl_oom_recovery": (bool, True, "slimrl: a log-prob pass or policy backward that runs out of memory is "
+                                        "split in halves and retried (same loss), the smaller size kept."),
+    "slimrl_auto_fit": (bool, False, "slimrl: before training, apply the fastest plan that fits the memory budget "
+                                     "(checkpointing, no-grad mini-batch); see `slimrl plan`."),
+    "slimrl_memory_budget": (str | None, None, "slimrl: memory budget for slimrl_auto_fit, e.g. 12GB (None: free "
+                                               "memory minus a margin)."),
+    "slimrl_longest_first": (bool, False, "slimrl: the first step generates the longest completions the run "
+                                          "allows, so a run that cannot fit fails at step 1."),
 }
 
 
@@ -68,7 +81,17 @@ def validate_extra(name: str, value: Any) -> Any:
         if not (positive_int(value) or value == -1) or isinstance(value, bool):
             raise ValueError(f"unsloth_num_chunks={value!r} is invalid: use -1 (chosen from free memory) or an int "
                              f">= 1 (number of row chunks for the log-prob pass)")
-    elif name in ("slimrl_reuse_old_logps", "slimrl_length_groups"):
+    elif name == "slimrl_memory_budget":
+        if value is not None:
+            from slimrl.planning.plan import parse_bytes
+
+            try:
+                parse_bytes(value)
+            except ValueError:
+                raise ValueError(f"slimrl_memory_budget={value!r} is invalid: write a size such as 12GB or 512MB, "
+                                 f"or None (free memory minus a margin)") from None
+    elif name in ("slimrl_reuse_old_logps", "slimrl_length_groups", "slimrl_oom_recovery", "slimrl_auto_fit",
+                  "slimrl_longest_first"):
         if not isinstance(value, bool):
             raise ValueError(f"{name}={value!r} is invalid: use true or false")
     elif name in ("unsloth_logit_chunk_multiplier", "max_seq_length", "unsloth_grpo_mini_batch",
@@ -79,7 +102,9 @@ def validate_extra(name: str, value: Any) -> Any:
 
 
 ALL_FIELDS = tuple(EXTRA_FIELDS)
-ONLINE_FIELDS = ALL_FIELDS[:4]  # RLOO: the chunking, mini-batch and sequence budget; the GRPO levers are GRPO's
+# RLOO: the chunking, mini-batch, sequence budget, memory recovery and fitting; the step-time levers are GRPO's
+ONLINE_FIELDS = ALL_FIELDS[:4] + ("slimrl_oom_recovery", "slimrl_auto_fit", "slimrl_memory_budget",
+                                  "slimrl_longest_first")
 CHUNK_FIELDS = ("unsloth_num_chunks", "unsloth_logit_chunk_multiplier")  # trainers whose log-probs run through ops
 # Why a field does nothing on a trainer that does not get it (the refusal names this).
 _NO_EFFECT = {
@@ -90,6 +115,10 @@ _NO_EFFECT = {
     "slimrl_reuse_old_logps": "only GRPO has the vLLM importance-sampling pass it skips",
     "slimrl_length_groups": "only GRPO's log-prob forwards are grouped by length",
     "slimrl_token_budget": "only GRPO's log-prob forwards are grouped by length",
+    "slimrl_oom_recovery": "only GRPO's and RLOO's log-prob passes are split on out-of-memory",
+    "slimrl_auto_fit": "only GRPO and RLOO are fitted to a memory budget",
+    "slimrl_memory_budget": "only GRPO and RLOO are fitted to a memory budget",
+    "slimrl_longest_first": "only GRPO and RLOO generate their completions",
 }
 
 

@@ -21,6 +21,7 @@ here, add its parity test. See docs/ARCHITECTURE.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import warnings
@@ -66,6 +67,7 @@ class TrainerSpec:
     fields: tuple[str, ...] = ()  # slimrl config fields that act on it (the others are refused unless default)
     config_init: Callable = config_init_factory  # factory(orig_init, fields=) for its config's __init__
     init_hooks: tuple[Callable[[Any, Any], None], ...] = ()  # run as hook(model, args) before TRL's __init__
+    auto_fit: bool = False  # honours slimrl_auto_fit (slimrl.planning.autofit) before TRL's __init__
     training_step: Callable | None = training_step_factory  # factory for its training_step (None: not patched)
     patches: tuple[Patch, ...] = field(default=())  # its own, from trainers/<name>.py
     cli: str | None = None  # slimrl train: "online" | "paired" | "unpaired" | "sft" (None: not offered)
@@ -106,7 +108,7 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                 note=ROUTES["method capture"],
                 parity_test="all 8 loss types × beta, `tests/patching/trainers/test_grpo.py`",
                 fields=ALL_FIELDS, config_init=grpo.grpo_config_init_factory,
-                init_hooks=(check_sequence_budget, apply_engine_defaults),
+                init_hooks=(check_sequence_budget, apply_engine_defaults), auto_fit=True,
                 training_step=grpo.grpo_training_step_factory, patches=tuple(grpo.PATCHES), cli="online"),
     TrainerSpec("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=("fused head",),
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; on 1.12 TRL's own `_compute_loss` (full logits)",
@@ -137,7 +139,7 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; " + ROUTES["method capture"] + " on 1.12",
                 parity_test="two steps with generation, old log-probs and KL, `tests/patching/trainers/test_rloo.py`",
                 fields=ONLINE_FIELDS, config_init=rloo.rloo_config_init_factory,
-                init_hooks=(check_sequence_budget, apply_engine_defaults),
+                init_hooks=(check_sequence_budget, apply_engine_defaults), auto_fit=True,
                 training_step=rloo.rloo_training_step_factory, patches=tuple(rloo.PATCHES), cli="online"),
     TrainerSpec("online_dpo", online_dpo.TRAINER, online_dpo.CONFIG, layouts=PROMPT, routes=("score positions",),
                 note="`_forward`: " + ROUTES["score positions"],
@@ -183,12 +185,20 @@ def spec_patches(spec: TrainerSpec) -> list[Patch]:
 
 def _init_factory(spec: TrainerSpec) -> Callable:
     hooks = spec.init_hooks
+    fit = functools.partial(auto_fit_hook, algorithm=spec.name) if spec.auto_fit else None
 
     def trainer_init(orig_init):
-        return trainer_init_factory(orig_init, hooks)
+        return trainer_init_factory(orig_init, hooks, fit=fit)
 
     trainer_init.__qualname__ = "trainer_init_factory"
     return trainer_init
+
+
+def auto_fit_hook(bound: dict[str, Any], algorithm: str) -> None:
+    """:func:`slimrl.planning.autofit.apply_auto_fit` (imported when a trainer is built)."""
+    from slimrl.planning.autofit import apply_auto_fit
+
+    apply_auto_fit(bound, algorithm)
 
 
 def register_all() -> None:

@@ -4,7 +4,8 @@
 1. legacy keywords translated (``tokenizer=`` and friends, :mod:`slimrl.patching.keywords`);
 2. the inputs checked (:func:`check_trainer_inputs`): dataset rows and column layout, precision the user wrote;
 3. the trainer's own hooks from its spec, each ``hook(model, args)`` (GRPO/RLOO: the ``max_seq_length`` budget,
-   the engine's ``use_vllm`` default);
+   the engine's ``use_vllm`` default), then its auto-fit (GRPO/RLOO with ``slimrl_auto_fit``,
+   :mod:`slimrl.planning.autofit`) with every argument;
 4. Python reward functions guarded (:mod:`slimrl.patching.reward_guard`);
 5. TRL's ``__init__``, then the changed-defaults table (:mod:`slimrl.patching.defaults`).
 """
@@ -35,7 +36,7 @@ def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, trainer: type | N
     check_precision(bound.get("model"), bound.get("args"))
 
 
-def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = ()):
+def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[[dict], None] | None = None):
     """A trainer's ``__init__`` preceded by steps 1-4 of the module docstring."""
 
     @functools.wraps(orig_init)
@@ -45,6 +46,8 @@ def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = ()):
         bound = bound_inputs(orig_init, args, kwargs)  # every argument by name (positional ones too)
         for hook in hooks:
             hook(bound.get("model"), bound.get("args"))
+        if fit is not None:
+            fit(bound)
         if bound.get("reward_funcs") is not None:  # GRPO, RLOO, OnlineDPO, XPO
             bound["reward_funcs"] = guard_reward_funcs(bound["reward_funcs"])
         orig_init(self, **bound)

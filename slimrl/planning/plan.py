@@ -112,22 +112,25 @@ def _weights(model: Any, load_in_4bit: bool, dtype: torch.dtype) -> tuple[int, i
     return weight_bytes, params, lora
 
 
-def plan(model: str = "SmolLM2-135M-Instruct", *, algorithm: str = "grpo", per_device_train_batch_size: int = 8,
+def plan(model: Any = "SmolLM2-135M-Instruct", *, algorithm: str = "grpo", per_device_train_batch_size: int = 8,
          num_generations: int = 8, max_prompt_length: int = 64, max_completion_length: int = 256,
          lora_r: int = 16, load_in_4bit: bool = False, gradient_checkpointing: str = "slimrl",
          checkpoint_every: int | None = None, fast_inference: bool = False, device: str = "cpu",
          budget: str | int | None = None, beta: float = 0.0, unsloth_grpo_mini_batch: int | None = None,
          gpu_memory_utilization: float = 0.5, chunk_rows: int | None = None, search: bool = True) -> Plan:
     """Predict a run's peak memory per phase and its step time (see the module docstring); with ``budget``, whether
-    it fits, the fastest settings that fit and the longest completion that fits."""
-    settings = dict(model=model, algorithm=algorithm, per_device_train_batch_size=per_device_train_batch_size,
+    it fits, the fastest settings that fit and the longest completion that fits. ``model``: a name
+    (:func:`slimrl.planning.config.load_config`) or a transformers config object."""
+    config = None if isinstance(model, str) else model  # a transformers config object (auto-fit passes the model's)
+    settings = dict(model=model if config is None else getattr(config, "_name_or_path", "") or type(config).__name__,
+                    algorithm=algorithm, per_device_train_batch_size=per_device_train_batch_size,
                     num_generations=num_generations, max_prompt_length=max_prompt_length,
                     max_completion_length=max_completion_length, lora_r=lora_r, load_in_4bit=load_in_4bit,
                     gradient_checkpointing=str(gradient_checkpointing).lower(),
                     checkpoint_every_n_layers=checkpoint_every, fast_inference=fast_inference,
                     device=device, beta=beta, unsloth_grpo_mini_batch=unsloth_grpo_mini_batch)
     _check(settings)
-    config = load_config(model)
+    config = config if config is not None else load_config(model)
     budget_bytes = parse_bytes(budget) if isinstance(budget, str) else budget
     result = _predict(config, settings, gpu_memory_utilization, chunk_rows)
     if budget_bytes is None:

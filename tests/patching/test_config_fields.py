@@ -49,7 +49,8 @@ def test_every_patched_config_has_its_fields_in_help_flags_and_to_dict(patched, 
         argv = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false"]
         values = {"unsloth_num_chunks": 3, "unsloth_logit_chunk_multiplier": 2, "max_seq_length": 256,
                   "unsloth_grpo_mini_batch": None, "slimrl_reuse_old_logps": False, "slimrl_length_groups": False,
-                  "slimrl_token_budget": 4096}
+                  "slimrl_token_budget": 4096, "slimrl_oom_recovery": False, "slimrl_auto_fit": True,
+                  "slimrl_memory_budget": "12GB", "slimrl_longest_first": True}
         for name in own:
             assert f"--{name}" in help_text, (cls.__name__, name)
             if values[name] is not None:

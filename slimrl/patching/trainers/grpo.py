@@ -21,9 +21,12 @@ import torch
 from slimrl.compat.malloc import recycling_phase
 from slimrl.compat.memory import peak_window
 from slimrl.models.modes import for_inference, for_training
+from slimrl.patching import oom
 from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
 from slimrl.patching.engine_hooks import log_engine_metrics, slimrl_vllm_generation_factory
+from slimrl.patching.longest_first import generate_longest_first_factory
 from slimrl.patching.old_logps import compute_loss_factory, fill_importance_ratio, generate_and_score_factory
+from slimrl.patching.oom import logps_with_recovery
 from slimrl.patching.registry import Patch
 from slimrl.patching.routes.method_capture import logps_and_entropies_through_ops
 from slimrl.patching.steps import training_step_factory
@@ -45,9 +48,16 @@ def slimrl_get_per_token_logps_and_entropies(self, model, input_ids: torch.Tenso
                                              compute_entropy: bool = False, compute_aux_loss: bool = False,
                                              **multimodal) -> tuple[torch.Tensor, torch.Tensor | None, None]:
     """TRL's method through the method-capture route: log-probs ``[B, C]`` (and entropies ``[B, C]``); the policy's
-    call also fills the vLLM IS ratio where the old-log-prob pass was skipped (:mod:`slimrl.patching.old_logps`)."""
-    out = logps_and_entropies_through_ops(TRAINER, self, model, input_ids, attention_mask, logits_to_keep,
-                                          batch_size, compute_entropy, compute_aux_loss, **multimodal)
+    call also fills the vLLM IS ratio where the old-log-prob pass was skipped (:mod:`slimrl.patching.old_logps`).
+    An out-of-memory pass is split in row slices (:mod:`slimrl.patching.oom`)."""
+    def compute(ids: torch.Tensor, mask: torch.Tensor, rows: int | None) -> tuple:
+        return logps_and_entropies_through_ops(TRAINER, self, model, ids, mask, logits_to_keep, rows,
+                                               compute_entropy, compute_aux_loss, **multimodal)
+
+    if any(v is not None for v in multimodal.values()):  # vision-language rows: not split
+        out = compute(input_ids, attention_mask, batch_size)
+    else:
+        out = logps_with_recovery(self, compute, input_ids, attention_mask, batch_size, compute_entropy)
     fill_importance_ratio(self, out[0])
     return out
 
@@ -61,7 +71,7 @@ def grpo_step_metrics_factory(orig_training_step):
     def slimrl_grpo_step_metrics(self, model, inputs, *args, **kwargs):
         self._slimrl_trained_tokens = 0
         t0 = time.perf_counter()
-        with peak_window(self.accelerator.device) as window:
+        with peak_window(self.accelerator.device) as window, oom.step(self):
             out = orig_training_step(self, model, inputs, *args, **kwargs)
         dt = time.perf_counter() - t0
         mode = "train" if self.model.training else "eval"
@@ -97,10 +107,17 @@ def slimrl_unwrap_for_generation_factory(orig_cm):
     return slimrl_unwrap_model_for_generation
 
 
+def grpo_generate_and_score_factory(orig):
+    """``_generate_and_score_completions``: the first training generation at full length with
+    ``slimrl_longest_first`` (:mod:`slimrl.patching.longest_first`), without the old-log-prob pass where the policy
+    forward gives it (:mod:`slimrl.patching.old_logps`)."""
+    return generate_longest_first_factory(generate_and_score_factory(orig))
+
+
 PATCHES = [
     Patch("grpo", TRAINER, "_get_per_token_logps_and_entropies", slimrl_get_per_token_logps_and_entropies),
     Patch("grpo", MODULE, "unwrap_model_for_generation", slimrl_unwrap_for_generation_factory, wrap=True),
     Patch("grpo", MODULE, "VLLMGeneration", slimrl_vllm_generation_factory, wrap=True, optional=True),
-    Patch("grpo", TRAINER, "_generate_and_score_completions", generate_and_score_factory, wrap=True),
+    Patch("grpo", TRAINER, "_generate_and_score_completions", grpo_generate_and_score_factory, wrap=True),
     Patch("grpo", TRAINER, "_compute_loss", compute_loss_factory, wrap=True),
 ]
