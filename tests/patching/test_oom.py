@@ -67,7 +67,10 @@ def test_out_of_memory_split_equals_trl(tmp_path, monkeypatch, where, loss_type,
         return out
 
     monkeypatch.setattr(modeling_llama.LlamaMLP, "forward", mlp_forward)
-    extra = {"entropy_coef": 0.1} if where == "forward" else {}
+    from trl import GRPOConfig
+
+    has_bonus = "entropy_coef" in GRPOConfig.__dataclass_fields__  # the entropy then carries gradient too
+    extra = {"entropy_coef": 0.1} if where == "forward" and has_bonus else {}
     trainer = assert_patched_equals_unpatched(lambda out: run_grpo(out, loss_type, beta, **extra), "grpo", tmp_path)
     assert injector.fired == 1, "the failure was not injected: the test would be vacuous"
     logged = [h["memory/oom_splits"] for h in trainer.state.log_history if "memory/oom_splits" in h]
@@ -94,3 +97,36 @@ def test_grads_set_aside_adds_or_restores():
         (p * 7).sum().backward()
         raise RuntimeError("failed half-way")
     assert torch.equal(p.grad, torch.full((3,), 5.0))
+
+
+def test_rloo_backward_out_of_memory_equals_trl(tmp_path, monkeypatch):
+    """RLOO (TRL's fused head on >= 1.15, the method capture before): a failure inside the model's backward of
+    the 4-row policy forward, recovered by slices."""
+    from transformers.models.llama import modeling_llama
+
+    from tests.patching.trainers.test_rloo import run_rloo
+
+    fired = []
+    orig_mlp = modeling_llama.LlamaMLP.forward
+
+    def mlp_forward(module, x):
+        out = orig_mlp(module, x)
+        if armed[0] and torch.is_grad_enabled() and x.size(0) > 2 and not fired:
+            def fail(grad):
+                if not fired:
+                    fired.append(1)
+                    raise torch.OutOfMemoryError("CUDA out of memory (injected in the backward)")
+            out.register_hook(fail)
+        return out
+
+    armed = [False]
+    monkeypatch.setattr(modeling_llama.LlamaMLP, "forward", mlp_forward)
+
+    def run(out):
+        armed[0] = "slim" in str(out)
+        return run_rloo(out, 0.04, True)
+
+    trainer = assert_patched_equals_unpatched(run, "rloo", tmp_path)
+    assert fired, "the failure was not injected: the test would be vacuous"
+    assert trainer._slimrl_grad_rows == 2
+    assert [h["memory/oom_splits"] for h in trainer.state.log_history if "memory/oom_splits" in h][-1] == 1.0
