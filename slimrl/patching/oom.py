@@ -128,21 +128,28 @@ def _slices(rows: int, size: int) -> list[slice]:
     return [slice(s, min(s + size, rows)) for s in range(0, rows, size)]
 
 
-def _no_grad(trainer, compute, input_ids, attention_mask, batch_size) -> tuple:
-    rows_total = input_ids.size(0)
-    size = min(batch_size or rows_total, getattr(trainer, "_slimrl_no_grad_rows", None) or rows_total)
+def _retry_halving(trainer: Any, attr: str, where: str, size: int, attempt: Callable[[int], Any]) -> Any:
+    """``attempt(size)``; while it runs out of memory, halve ``size`` (kept in ``trainer.<attr>`` for the rest of
+    the run) and try again; the error is raised unchanged at one row or when it is not an out-of-memory."""
     while True:
         try:
-            outs = [compute(input_ids[s], attention_mask[s], size) for s in _slices(rows_total, size)]
-            break
+            return attempt(size)
         except Exception as error:
             if not is_out_of_memory(error) or size == 1:
                 raise
             del error
-            free_memory()
-            trainer._slimrl_no_grad_rows = max(1, size // 2)
-            _count_split(trainer, "no-grad log-prob pass", size, trainer._slimrl_no_grad_rows)
-            size = trainer._slimrl_no_grad_rows
+        free_memory()  # outside the handler: the failed attempt's frames are gone
+        new = max(1, size // 2)
+        setattr(trainer, attr, new)
+        _count_split(trainer, where, size, new)
+        size = new
+
+
+def _no_grad(trainer, compute, input_ids, attention_mask, batch_size) -> tuple:
+    rows_total = input_ids.size(0)
+    size = min(batch_size or rows_total, getattr(trainer, "_slimrl_no_grad_rows", None) or rows_total)
+    outs = _retry_halving(trainer, "_slimrl_no_grad_rows", "no-grad log-prob pass", size,
+                          lambda n: [compute(input_ids[s], attention_mask[s], n) for s in _slices(rows_total, n)])
     logps = torch.cat([o[0] for o in outs])  # [B, C]
     entropies = torch.cat([o[1] for o in outs]) if outs[0][1] is not None else None  # [B, C]
     aux = torch.stack([o[2] for o in outs]).mean() if outs[0][2] is not None else None
@@ -204,23 +211,16 @@ def _backward_in_slices(trainer: Any, call: _PolicyCall, grads: dict[int, torch.
     ``grads``; a slice that runs out of memory halves the size again (that attempt's gradients discarded)."""
     rows = call.input_ids.size(0)
     tokens = getattr(trainer, "_slimrl_trained_tokens", 0)
-    while True:
-        size = trainer._slimrl_grad_rows
+
+    def attempt(size: int) -> None:
         trainer._slimrl_trained_tokens = tokens
-        try:
-            with grads_set_aside(params):
-                for s in _slices(rows, size):
-                    with torch.enable_grad():
-                        outs = call.compute(call.input_ids[s], call.attention_mask[s], size)
-                    torch.autograd.backward([outs[i] for i in grads], [g[s] for g in grads.values()])
-            break
-        except Exception as error:
-            if not is_out_of_memory(error) or size == 1:
-                raise
-            del error
-            free_memory()
-            trainer._slimrl_grad_rows = max(1, size // 2)
-            _count_split(trainer, "policy backward", size, trainer._slimrl_grad_rows)
+        with grads_set_aside(params):
+            for s in _slices(rows, size):
+                with torch.enable_grad():
+                    outs = call.compute(call.input_ids[s], call.attention_mask[s], size)
+                torch.autograd.backward([outs[i] for i in grads], [g[s] for g in grads.values()])
+
+    _retry_halving(trainer, "_slimrl_grad_rows", "policy backward", trainer._slimrl_grad_rows, attempt)
     if call.counted:  # the first forward counted this micro-batch's tokens already
         trainer._slimrl_trained_tokens = tokens
 

@@ -309,8 +309,9 @@ def _fastest_fitting(config, s, budget, utilization, chunk_rows) -> dict[str, An
 
 
 def _longest_fitting(config, s, budget, utilization, chunk_rows, step: int = 64) -> int | None:
-    """Largest ``max_completion_length`` (multiple of ``step``) whose prediction fits. Memory is close to affine in
-    the length at fixed rows: two predictions give a first guess, which is then bracketed and bisected exactly."""
+    """Largest ``max_completion_length`` (multiple of ``step``) whose prediction fits, at most the model's
+    ``max_position_embeddings`` minus the prompt. Memory is close to affine in the length at fixed rows: two
+    predictions give a first guess, which is then bracketed and bisected exactly."""
     peaks: dict[int, int] = {}
 
     def peak(k: int) -> int:  # k steps of completion
@@ -323,7 +324,14 @@ def _longest_fitting(config, s, budget, utilization, chunk_rows, step: int = 64)
 
     if not fits(1):
         return None
+    text = getattr(config, "text_config", None) or config
+    positions = getattr(text, "max_position_embeddings", None)  # the model's own length limit
+    top = max(1, (positions - s["max_prompt_length"]) // step) if positions else None
+    if top is not None and fits(top):
+        return top * step
     guess = max(1, int(1 + (budget - peak(1)) / max((peak(16) - peak(1)) / 15, 1.0)))
+    if top is not None:
+        guess = min(guess, top)
     width = 1
     if fits(guess):  # bracket: lo fits, hi does not
         lo = guess
