@@ -2,6 +2,7 @@
 
     python bench/plan_accuracy.py                 # every row below (about 15 min on 2 cores)
     python bench/plan_accuracy.py --rows 0,3      # some rows
+    python bench/plan_accuracy.py --rows none --engine .venv-vllm/bin/python   # the engine rows only
 
 Each row is one GRPO step of slimrl (``PatchFastRL`` + ``FastLanguageModel``) run by ``bench/gpu_grpo.py``'s worker in
 its own process (peak RSS = that process's ``VmHWM``), completions of exactly the row's length (random tokens, or HF
@@ -33,18 +34,23 @@ ROWS = [
     (4, 2048, "slimrl", 8, "random"),
 ]
 PROMPT = 32
+# Engine rows (rows = generations, completion length): bench/grpo_step.py's `engine` worker (slimrl's colocated vLLM
+# engine, LoRA r=16 on every projection, beta 0.04, its chat prompt, 2 steps), run by the vLLM environment's Python.
+ENGINE_ROWS = [(8, 256), (4, 512)]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=None, help="comma-separated row numbers (default: all)")
     ap.add_argument("--model", default="SmolLM2-135M-Instruct")
+    ap.add_argument("--engine", metavar="PYTHON", default=None,
+                    help="also the engine rows, run by this Python (with vLLM), e.g. .venv-vllm/bin/python")
     args = ap.parse_args()
     import warnings
 
     from slimrl.planning import plan
 
-    picked = [int(i) for i in args.rows.split(",")] if args.rows else range(len(ROWS))
+    picked = [] if args.rows == "none" else [int(i) for i in args.rows.split(",")] if args.rows else range(len(ROWS))
     print(f"{'#':>2} {'rows x len':>11} {'ckpt':>9} {'r':>3} {'sampling':>9} {'predicted':>10} {'measured':>10} "
           f"{'error':>7}", flush=True)
     results = []
@@ -68,7 +74,45 @@ def main() -> None:
         results.append(row)
         print(f"{i:2} {rows:>4} x {length:<5} {ckpt:>9} {r:>3} {sampling:>9} {row['predicted_mb']:8.0f} MB "
               f"{row['measured_mb']:8.0f} MB {100 * error:+6.1f}%", flush=True)
+    if args.engine:
+        results += engine_rows(args.engine, args.model)
     print(RESULT_TAG + json.dumps(results))
+
+
+def engine_rows(python: str, model: str) -> list[dict]:
+    """Predicted vs measured peak of ``grpo_step.py``'s engine worker (its settings: LoRA r=16, beta 0.04, the chat
+    prompt of its dataset, fast_inference=True)."""
+    import subprocess
+
+    from transformers import AutoTokenizer
+
+    from slimrl.models.loader import resolve_model_path
+    from slimrl.planning import plan
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model_path(model)))
+    prompt = len(tok.apply_chat_template([{"role": "user", "content": "Write a long story about the number five."}],
+                                         add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    out = []
+    for rows, length in ENGINE_ROWS:
+        predicted = plan(model, per_device_train_batch_size=rows, num_generations=rows, max_prompt_length=prompt,
+                         max_completion_length=length, lora_r=16, beta=0.04, fast_inference=True, device="cpu",
+                         search=False)
+        script = str(Path(__file__).resolve().parent / "grpo_step.py")
+        proc = subprocess.run([python, script, "--worker", "engine", "--generations", str(rows), "--length",
+                               str(length), "--steps", "2"], capture_output=True, text=True)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+        if proc.returncode != 0 or not lines:
+            raise SystemExit(f"engine worker failed: {proc.stderr[-3000:]}")
+        measured = json.loads(lines[-1][len(RESULT_TAG):])
+        error = predicted.peak_bytes / 2**20 / measured["peak_rss_mb"] - 1
+        row = {"rows": rows, "length": length, "ckpt": "slimrl", "lora_r": 16, "sampling": "engine",
+               "prompt": prompt, "predicted_mb": predicted.peak_bytes / 2**20, "measured_mb": measured["peak_rss_mb"],
+               "error": error, "phases_mb": {k: v / 2**20 for k, v in predicted.phases.items()},
+               "step_s": measured["step_s"][-1], "predicted_step_s": predicted.step_seconds}
+        out.append(row)
+        print(f"E  {rows:>4} x {length:<5} {'slimrl':>9} {16:>3} {'engine':>9} {row['predicted_mb']:8.0f} MB "
+              f"{row['measured_mb']:8.0f} MB {100 * error:+6.1f}%", flush=True)
+    return out
 
 
 if __name__ == "__main__":
