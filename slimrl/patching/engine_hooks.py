@@ -4,7 +4,8 @@ Two pieces, used by :mod:`slimrl.patching.trainers.grpo` and :mod:`slimrl.patchi
 
 * :func:`slimrl_vllm_generation_factory` replaces the name ``VLLMGeneration`` in the trainer's module (TRL looks it
   up there when ``use_vllm=True``): for a PEFT model that carries an engine, in colocate mode, it returns
-  :class:`slimrl.generation.trl_backend.SlimrlVLLMGeneration`; otherwise TRL's own class, unchanged.
+  :class:`slimrl.generation.trl_backend.SlimrlVLLMGeneration`; for a PEFT model in server mode, TRL's class with
+  adapter-only sync mixed in (:mod:`slimrl.generation.server`); otherwise TRL's own class, unchanged.
 * :func:`apply_engine_defaults`: with an engine on the model and ``use_vllm`` not passed, ``use_vllm`` becomes True
   (as Unsloth users expect from ``fast_inference=True``), shown in the changed-defaults table; the config's
   ``vllm_sampling_params`` is handed to the engine.
@@ -35,7 +36,15 @@ def slimrl_vllm_generation_factory(orig_cls):
                        **kwargs: Any) -> Any:  # noqa: N802 - stands in for the class name TRL calls
         engine = engine_of(model)
         mode = kwargs.get("mode", "colocate")
-        if engine is not None and mode == "colocate" and _is_peft(accelerator.unwrap_model(model)):
+        peft = _is_peft(accelerator.unwrap_model(model))
+        if mode == "server" and peft:
+            from slimrl.generation.server import server_generation_class
+
+            if engine is not None:
+                warnings.warn("fast_inference engine not used (vllm_mode='server'): the server generates, slimrl "
+                              "sends it the adapter", stacklevel=2)
+            return server_generation_class(orig_cls)(model, accelerator, processing_class, *args, **kwargs)
+        if engine is not None and mode == "colocate" and peft:
             if kwargs.get("max_num_seqs") and engine.llm is None:
                 engine.max_num_seqs = kwargs["max_num_seqs"]  # the generation batch: KV cache sized for it
             return SlimrlVLLMGeneration(engine, model, accelerator,
@@ -68,6 +77,13 @@ def log_engine_metrics(trainer: Any) -> None:
     (MiB; CUDA allocated, or the host's peak resident set on CPU), adapter sync time and the adapter id."""
     backend = getattr(trainer, "vllm_generation", None)
     metrics = getattr(trainer, "_metrics", None)
+    pusher = getattr(backend, "adapter_pusher", None)
+    if pusher is not None and metrics is not None:  # server mode, adapter-only sync (main process)
+        row = metrics["train" if trainer.model.training else "eval"]
+        row["engine/sync_s"].append(pusher.last_seconds)
+        row["engine/sync_bytes"].append(float(pusher.last_bytes))
+        row["engine/adapter_id"].append(float(pusher.version))
+        return
     if not isinstance(backend, SlimrlVLLMGeneration) or metrics is None:
         return
     engine = backend.engine
