@@ -87,16 +87,25 @@ def engine_rows(python: str, model: str) -> list[dict]:
     from transformers import AutoTokenizer
 
     from slimrl.models.loader import resolve_model_path
-    from slimrl.planning import plan
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model_path(model)))
     prompt = len(tok.apply_chat_template([{"role": "user", "content": "Write a long story about the number five."}],
                                          add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
     out = []
     for rows, length in ENGINE_ROWS:
-        predicted = plan(model, per_device_train_batch_size=rows, num_generations=rows, max_prompt_length=prompt,
-                         max_completion_length=length, lora_r=16, beta=0.04, fast_inference=True, device="cpu",
-                         search=False)
+        # predicted in the engine's Python: the engine's runtime is measured (once) where vLLM runs
+        settings = dict(per_device_train_batch_size=rows, num_generations=rows, max_prompt_length=prompt,
+                        max_completion_length=length, lora_r=16, beta=0.04, fast_inference=True, device="cpu",
+                        search=False)
+        code = (f"import json; from slimrl.planning import plan; p = plan({model!r}, **{settings!r}); "
+                f"print({RESULT_TAG!r} + json.dumps(p.to_json()))")
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+        if proc.returncode != 0 or not lines:
+            raise SystemExit(f"plan in the engine's Python failed: {proc.stderr[-3000:]}")
+        predicted = json.loads(lines[-1][len(RESULT_TAG):])
+        if predicted["notes"]:
+            print("   plan notes:", predicted["notes"], flush=True)
         script = str(Path(__file__).resolve().parent / "grpo_step.py")
         proc = subprocess.run([python, script, "--worker", "engine", "--generations", str(rows), "--length",
                                str(length), "--steps", "2"], capture_output=True, text=True)
@@ -104,11 +113,12 @@ def engine_rows(python: str, model: str) -> list[dict]:
         if proc.returncode != 0 or not lines:
             raise SystemExit(f"engine worker failed: {proc.stderr[-3000:]}")
         measured = json.loads(lines[-1][len(RESULT_TAG):])
-        error = predicted.peak_bytes / 2**20 / measured["peak_rss_mb"] - 1
+        error = predicted["peak_bytes"] / 2**20 / measured["peak_rss_mb"] - 1
         row = {"rows": rows, "length": length, "ckpt": "slimrl", "lora_r": 16, "sampling": "engine",
-               "prompt": prompt, "predicted_mb": predicted.peak_bytes / 2**20, "measured_mb": measured["peak_rss_mb"],
-               "error": error, "phases_mb": {k: v / 2**20 for k, v in predicted.phases.items()},
-               "step_s": measured["step_s"][-1], "predicted_step_s": predicted.step_seconds}
+               "prompt": prompt, "predicted_mb": predicted["peak_bytes"] / 2**20,
+               "measured_mb": measured["peak_rss_mb"], "error": error,
+               "phases_mb": {k: v / 2**20 for k, v in predicted["phases"].items()},
+               "step_s": measured["step_s"][-1], "predicted_step_s": predicted["step_seconds"]}
         out.append(row)
         print(f"E  {rows:>4} x {length:<5} {'slimrl':>9} {16:>3} {'engine':>9} {row['predicted_mb']:8.0f} MB "
               f"{row['measured_mb']:8.0f} MB {100 * error:+6.1f}%", flush=True)

@@ -8,11 +8,16 @@ Memory (bytes) = runtime + weights + adapter state + the largest phase, where
 * **weights**: every parameter of the model built from its config on the meta device, in the load dtype (fp32 on
   CPU, bf16 on CUDA) or NF4 (0.516 bytes per parameter of the decoder's linear layers, the rest 16-bit);
 * **adapter**: LoRA parameters (fp32) + their gradients + AdamW's two moments = 16 bytes per LoRA parameter;
+* **engine** (``fast_inference`` on CPU): what the started vLLM engine keeps for the rest of the run, its packed
+  linear copies and LoRA slots computed, its runtime measured once per machine and shape
+  (:mod:`slimrl.planning.engine_cpu`); on CUDA the engine shares every base weight and its KV cache is the phase;
 * **phases**, each measured by running slimrl's code path on the meta device (:mod:`slimrl.planning.trace`):
   ``generation`` (HF generate: the prefill's peak or the KV cache of the whole sequence plus one layer's regrowth;
-  the engine: its KV cache, as slimrl sizes it), ``logprobs_no_grad`` (old/reference passes, ``unsloth_grpo_mini_batch``
-  rows at a time), ``policy_forward`` (what the forward keeps for the backward under the checkpointing policy) and
-  ``backward`` (the peak of forward + backward: recompute and head chunks included).
+  the engine: its KV cache, as slimrl sizes it on CUDA; on CPU the pages generation writes, rows x (prompt +
+  completion) tokens: vLLM's CPU KV cache is allocated uninitialised, measured), ``logprobs_no_grad``
+  (old/reference passes, ``unsloth_grpo_mini_batch`` rows at a time), ``policy_forward`` (what the forward keeps
+  for the backward under the checkpointing policy) and ``backward`` (the peak of forward + backward: recompute and
+  head chunks included).
 
 No allocator factor: on CUDA the prediction is of allocated bytes (what ``max_memory_allocated`` reports, the
 caching allocator's reserve not included); on CPU slimrl returns freed blocks to the OS during the gradient passes
@@ -39,7 +44,7 @@ PAIRED = ("dpo", "orpo", "cpo")  # chosen and rejected rows in one forward
 WITH_REFERENCE = ("dpo", "kto")  # a frozen reference model's no-grad pass
 CHECKPOINTING = ("true", "false", "slimrl", "selective")
 NF4_BYTES = 0.516  # 4 bits + one 8-bit absmax per 64 weights + one fp32 per 256 absmax blocks (double quant)
-PERSISTENT = ("runtime", "weights", "adapter_and_optimizer")  # held for the whole run; the rest are phases
+PERSISTENT = ("runtime", "weights", "adapter_and_optimizer", "engine")  # held for the whole run; the rest are phases
 
 
 @dataclass
@@ -218,6 +223,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
                          for k in (2 * n, 3 * n))
         return tuple(int(a + (b - a) * (shape["layers"] - 2 * n) / n) for a, b in zip(small, double, strict=True))
 
+    notes: list[str] = []
     if s["algorithm"] in ONLINE:
         if s["fast_inference"]:
             wanted = kv_token * rows * (prompt + completion)
@@ -228,6 +234,8 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
                                            wanted)
             else:
                 phases["generation"] = wanted
+            if dev == "cpu":
+                phases["engine"] = _engine_on_cpu(config, s["lora_r"], dtype, notes)
         else:
             kv = kv_token * rows * (prompt + completion)
             regrow = kv // shape["layers"]  # HF's cache grows by concatenation, one layer at a time
@@ -246,10 +254,21 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
                                                             entropy=entropy, chunk_rows=chunk))
     phases["policy_forward"] = kept
     phases["backward"] = peak
-    peak_bytes = sum(phases[k] for k in PERSISTENT) + phases[_largest_phase(phases)]
+    peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[_largest_phase(phases)]
     split = _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
     return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases, step_seconds=sum(split.values()),
-                step_split=split)
+                step_split=split, notes=notes)
+
+
+def _engine_on_cpu(config: Any, lora_r: int, dtype: torch.dtype, notes: list[str]) -> int:
+    """The started engine's persistent bytes on CPU (:mod:`slimrl.planning.engine_cpu`)."""
+    from slimrl.planning import engine_cpu
+
+    runtime, how = _memo(_TRACES, (id(config), "engine", lora_r, dtype),
+                         lambda: engine_cpu.runtime_bytes(config, lora_r, dtype))
+    if runtime is None:
+        notes.append(f"the engine's runtime is not included: {how}")
+    return engine_cpu.computed_bytes(config, lora_r, dtype) + (runtime or 0)
 
 
 def _with_layers(config: Any, layers: int) -> Any:

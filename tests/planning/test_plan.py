@@ -137,3 +137,41 @@ def test_parse_bytes_and_direct_errors():
     assert parse_bytes("20GB") == 20 * 2**30 and parse_bytes("512 MiB") == 512 * 2**20 and parse_bytes("3") == 3
     with pytest.raises(PlanInputError, match="--per_device_train_batch_size 0"):
         plan("SmolLM2-135M-Instruct", per_device_train_batch_size=0)
+
+
+def test_engine_on_cpu_counts_its_packed_copies_and_lora_slots():
+    """The engine's computed part equals an independent count on the model built on the meta device: every linear
+    weight of the decoder plus the LM head (oneDNN's packed copies, fp32), plus vLLM's LoRA slots (max rank x
+    (in + out) per projection, three vocabulary-wide ones)."""
+    from slimrl.planning import engine_cpu
+
+    config = _config(layers=3)
+    model = trace.meta_model(config, torch.float32, 0)
+    packed = sum(m.weight.numel() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+    proj = {"qkv": (64, 64 + 2 * 32), "o": (64, 64), "gate_up": (64, 320), "down": (160, 64)}
+    slots = 3 * sum(i + o for i, o in proj.values()) + 3 * 300  # rank 8 is vLLM's smallest
+    assert engine_cpu.computed_bytes(config, 8, torch.float32) == 4 * (packed + 8 * slots)
+    assert engine_cpu.computed_bytes(config, 0, torch.float32) == 4 * packed
+
+
+def test_engine_on_cpu_is_persistent_and_its_runtime_named_when_not_measured(monkeypatch):
+    """With fast_inference on CPU the engine's bytes are held for the whole run (summed into the peak, not a phase);
+    where vLLM cannot run here, the runtime part is left out and the plan says so."""
+    from slimrl.planning import engine_cpu
+
+    monkeypatch.setattr(engine_cpu, "runtime_bytes", lambda *a: (None, "vLLM not usable here (test)"))
+    config = _config()
+    hf = plan(config, lora_r=8, fast_inference=False, search=False)
+    p = plan(config, lora_r=8, fast_inference=True, search=False)
+    engine = engine_cpu.computed_bytes(config, 8, torch.float32)
+    assert p.phases["engine"] == engine
+    held = ("runtime", "weights", "adapter_and_optimizer", "engine")
+    largest = max(v for k, v in p.phases.items() if k not in held)
+    assert p.peak_bytes == sum(p.phases[k] for k in held) + largest
+    assert "engine" not in hf.phases and any("runtime is not included" in n for n in p.notes)
+    monkeypatch.setattr(engine_cpu, "runtime_bytes", lambda *a: (123 * 2**20, "measured"))
+    import importlib
+
+    importlib.import_module("slimrl.planning.plan")._TRACES.clear()  # the runtime is memoised per config
+    measured = plan(config, lora_r=8, fast_inference=True, search=False)
+    assert measured.phases["engine"] == engine + 123 * 2**20 and not measured.notes
