@@ -237,3 +237,31 @@ def test_a_server_without_lora_warns_once_and_trl_path_runs(lora, expect):
         assert sum("TRL's own path runs" in str(w.message) for w in record) == 1
     finally:
         httpd.shutdown()
+
+
+def test_rloo_step_against_the_server_syncs_only_the_adapter(server, tmp_path):
+    """RLOO goes through the same factory: one step, the adapter synced at start and at the step, and after a
+    last sync the server's log-probs equal the trained model's."""
+    from slimrl import PatchFastRL, unpatch
+    from slimrl.data import correctness_reward, make_arithmetic_dataset
+    from slimrl.generation.server import AdapterServerSync
+
+    PatchFastRL("rloo")
+    try:
+        from trl import RLOOConfig, RLOOTrainer
+
+        model, tok = _peft_model()
+        args = RLOOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+                          max_completion_length=16, max_steps=1, learning_rate=2e-3, report_to="none", use_cpu=True,
+                          bf16=False, save_strategy="no", logging_steps=1, use_vllm=True, vllm_mode="server",
+                          vllm_server_base_url=server)
+        trainer = RLOOTrainer(model=model, args=args, train_dataset=make_arithmetic_dataset(16),
+                              processing_class=tok, reward_funcs=[correctness_reward])
+        trainer.train()
+        backend = trainer.vllm_generation
+        assert isinstance(backend, AdapterServerSync) and backend.adapter_pusher.version == 2
+        backend.sync_weights()
+        prompt = tok("Compute 3 + 4.", add_special_tokens=False)["input_ids"]
+        assert _server_vs_training_gap(backend, model, prompt) < 1e-3
+    finally:
+        unpatch()
