@@ -38,6 +38,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,7 @@ class AdapterPusher:
             atexit.register(shutil.rmtree, directory, ignore_errors=True)
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.prefix = f"slimrl-{uuid.uuid4().hex[:12]}"  # unique per trainer: names never collide on a server
         self.version = 0
         self.current: str | None = None
         self.last_seconds = 0.0
@@ -81,7 +83,7 @@ class AdapterPusher:
     def push(self, peft_model: Any) -> str:
         """Save the active adapter, load it on the server under ``slimrl-<n>``, unload the previous one."""
         t0 = time.perf_counter()
-        name = f"slimrl-{os.getpid()}-{self.version + 1}"
+        name = f"{self.prefix}-{self.version + 1}"
         path = self.directory / name
         adapter = peft_model.active_adapter
         peft_model.save_pretrained(str(path), selected_adapters=[adapter])

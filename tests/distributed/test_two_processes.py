@@ -32,12 +32,11 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo variant of the test")
 def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path):
     accelerate = str(Path(sys.executable).parent / "accelerate")
-    # `--multi_gpu` is accelerate's torchrun launcher; without CUDA its processes train on CPU over gloo
-    # (`--cpu` with `--num_processes 2` would start a single process: accelerate's multi-CPU path is mpirun).
-    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no",
-           "--dynamo_backend", "no", "--main_process_port", "29517", str(ROOT / "tests/distributed/grpo_worker.py"),
-           str(tmp_path)]
+    # The shipped config (examples/accelerate/two_processes.yaml): MULTI_GPU is accelerate's torchrun launcher;
+    # without CUDA its processes train on CPU over gloo (`--cpu` with 2 processes would start a single process:
+    # accelerate's multi-CPU path is mpirun).
+    cmd = [accelerate, "launch", "--config_file", str(ROOT / "examples/accelerate/two_processes.yaml"),
+           "--main_process_port", "29517", str(ROOT / "tests/distributed/grpo_worker.py"), str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
