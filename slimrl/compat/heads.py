@@ -31,14 +31,26 @@ def plain_linear_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     """The model's output projection when it is a plain, fully materialised ``nn.Linear`` (else None).
 
     None for heads slimrl must not bypass: LoRA on the head (``base_layer``), quantized heads, and ZeRO-3
-    partitioned weights (``ds_id``) that only exist inside the module's own forward.
+    partitioned weights (``ds_id``) that only exist inside the module's own forward. A frozen head that FSDP2 made
+    its own unit (``fully_shard``: the class becomes ``FSDPLinear(FSDPModule, Linear)``, the weight a sharded
+    ``DTensor``) is plain: its forward still runs (FSDP's hooks with it) and the weight is gathered with
+    ``full_tensor()`` where it is read; a trainable one stays on TRL's path (FSDP2 reduces its gradient itself).
     """
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if type(head) is not torch.nn.Linear:
+    if type(head) is not torch.nn.Linear and not (_fsdp2_linear(head) and not head.weight.requires_grad):
         return None
     if hasattr(head.weight, "ds_id") or head.weight.numel() == 0:
         return None
     return head
+
+
+def _fsdp2_linear(module: object) -> bool:
+    """``module`` is a plain ``nn.Linear`` that FSDP2's ``fully_shard`` turned into its own unit."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(module, FSDPModule) and type(module).__mro__[1:3] == (FSDPModule, torch.nn.Linear)
 
 
 @contextmanager

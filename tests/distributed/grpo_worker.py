@@ -24,7 +24,25 @@ def deterministic_completions(prompt_ids: list[list[int]]) -> list[list[int]]:
     return out
 
 
-def main(out: str, single: bool = False) -> None:
+def lift_fsdp_accelerator_check() -> None:
+    """accelerate 1.15 turns on FSDP only for accelerator process groups (``state.py``); let its CPU/gloo group count
+    as one so the FSDP2 config runs here (this test only: what it checks is slimrl under FSDP2, not the launcher)."""
+    import accelerate.state as st
+    from accelerate.utils import DistributedType
+
+    orig = st.PartialState.__init__
+
+    def init(self, cpu=False, **kwargs):
+        orig(self, cpu=cpu, **kwargs)
+        if self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.MULTI_GPU
+
+    st.PartialState.__init__ = init
+
+
+def main(out: str, single: bool = False, fsdp2: bool = False) -> None:
+    if fsdp2:
+        lift_fsdp_accelerator_check()
     import torch
     from accelerate import PartialState
     from datasets import Dataset
@@ -63,13 +81,15 @@ def main(out: str, single: bool = False) -> None:
     trainer = FixedGenerationGRPO(model=model, args=args, reward_funcs=[reward_digits], train_dataset=ds,
                           processing_class=tiny_tokenizer())
     trainer.train()
-    weights = {n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().contiguous()  # FSDP2: DTensor
+               for n, p in model.named_parameters() if p.requires_grad}
     rank = "single" if single else state.process_index
     save_file(weights, str(Path(out) / f"rank{rank}.safetensors"))
     Path(out, f"rank{rank}.json").write_text(json.dumps({
-        "world_size": state.num_processes, "prompts": seen,
+        "world_size": state.num_processes, "prompts": seen, "fsdp2": trainer.accelerator.is_fsdp2,
+        "sharded": any(hasattr(p, "full_tensor") for p in trainer.model_wrapped.parameters()),
         "slimrl_tokens": getattr(trainer, "_slimrl_trained_tokens", 0)}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], single="--single" in sys.argv[2:])
+    main(sys.argv[1], single="--single" in sys.argv[2:], fsdp2="--fsdp2" in sys.argv[2:])

@@ -1,4 +1,4 @@
-"""Distributed training through slimrl's patches: `accelerate launch --num_processes 2` (CPU, gloo).
+"""Distributed training through slimrl's patches: `accelerate launch` of 2 processes (CPU, gloo), DDP and FSDP2.
 
 (Skipped on machines with CUDA, where `--multi_gpu` would put both ranks on GPUs.)
 
@@ -30,18 +30,24 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(shutil.which("accelerate", path=str(Path(sys.executable).parent)) is None,
                     reason="accelerate CLI not installed next to this python")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo variant of the test")
-def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path):
+@pytest.mark.parametrize("config, port", [("two_processes.yaml", 29517), ("fsdp2.yaml", 29518)])
+def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path, config, port):
+    """DDP with the shipped two-process config, and FSDP2 with the shipped FSDP2 config (parameters sharded as
+    DTensors; slimrl's log-prob path reads the sharded head with ``full_tensor()``)."""
     accelerate = str(Path(sys.executable).parent / "accelerate")
-    # The shipped config (examples/accelerate/two_processes.yaml): MULTI_GPU is accelerate's torchrun launcher;
-    # without CUDA its processes train on CPU over gloo (`--cpu` with 2 processes would start a single process:
-    # accelerate's multi-CPU path is mpirun).
-    cmd = [accelerate, "launch", "--config_file", str(ROOT / "examples/accelerate/two_processes.yaml"),
-           "--main_process_port", "29517", str(ROOT / "tests/distributed/grpo_worker.py"), str(tmp_path)]
+    fsdp2 = config == "fsdp2.yaml"
+    # The shipped configs (examples/accelerate/): MULTI_GPU is accelerate's torchrun launcher; without CUDA its
+    # processes train on CPU over gloo (`--cpu` with 2 processes would start a single process: accelerate's
+    # multi-CPU path is mpirun). FSDP2 on CPU needs the worker's lift of accelerate's accelerator-only check.
+    cmd = [accelerate, "launch", "--config_file", str(ROOT / "examples/accelerate" / config),
+           "--main_process_port", str(port), str(ROOT / "tests/distributed/grpo_worker.py"), str(tmp_path)]
+    cmd += ["--fsdp2"] if fsdp2 else []
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     info = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(i["world_size"] == 2 for i in info)
+    assert all(i["fsdp2"] == fsdp2 and i["sharded"] == fsdp2 for i in info), info  # the engine asked for ran
     assert all(i["slimrl_tokens"] > 0 for i in info), "slimrl's log-prob path did not run on every rank"
     assert sorted(info[0]["prompts"]) != sorted(info[1]["prompts"]), "both ranks saw the same prompts"
     w0, w1 = (load_file(str(tmp_path / f"rank{r}.safetensors")) for r in (0, 1))
@@ -72,4 +78,3 @@ def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path):
         d2, d1 = w0[name] - start[name], ws[name] - start[name]
         rel = float((d2 - d1).norm() / d1.norm())
         assert rel <= 1e-4, f"{name}: update with 2 processes vs 1 process, relative difference {rel:.2e}"
-
