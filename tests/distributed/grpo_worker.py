@@ -24,25 +24,27 @@ def deterministic_completions(prompt_ids: list[list[int]]) -> list[list[int]]:
     return out
 
 
-def lift_fsdp_accelerator_check() -> None:
-    """accelerate 1.15 turns on FSDP only for accelerator process groups (``state.py``); let its CPU/gloo group count
-    as one so the FSDP2 config runs here (this test only: what it checks is slimrl under FSDP2, not the launcher)."""
+def lift_accelerator_only_rule() -> None:
+    """accelerate 1.15 turns on FSDP and DeepSpeed only for accelerator process groups (``state.py``, and DeepSpeed
+    only without ``cpu``): the process group is built as on a CPU (gloo) and then counted as an accelerator one, and
+    the trainer runs with ``use_cpu=False`` (the device is still the CPU). This test only: what it checks is slimrl
+    under the sharded engines, not accelerate's launcher rules."""
     import accelerate.state as st
     from accelerate.utils import DistributedType
 
     orig = st.PartialState.__init__
 
     def init(self, cpu=False, **kwargs):
-        orig(self, cpu=cpu, **kwargs)
+        orig(self, cpu=True, **kwargs)
         if self.distributed_type == DistributedType.MULTI_CPU:
             self.distributed_type = DistributedType.MULTI_GPU
 
     st.PartialState.__init__ = init
 
 
-def main(out: str, single: bool = False, fsdp2: bool = False) -> None:
-    if fsdp2:
-        lift_fsdp_accelerator_check()
+def main(out: str, single: bool = False, sharded: bool = False) -> None:
+    if sharded:
+        lift_accelerator_only_rule()
     import torch
     from accelerate import PartialState
     from datasets import Dataset
@@ -75,8 +77,8 @@ def main(out: str, single: bool = False, fsdp2: bool = False) -> None:
     args = GRPOConfig(output_dir=str(Path(out) / "run"), per_device_train_batch_size=4 if single else 2,
                       num_generations=2,
                       max_completion_length=8, max_steps=1, learning_rate=0.5, optim="sgd",
-                      lr_scheduler_type="constant", report_to="none", use_cpu=True, bf16=False, save_strategy="no",
-                      gradient_checkpointing=False, seed=7, temperature=1.2)
+                      lr_scheduler_type="constant", report_to="none", use_cpu=not sharded, bf16=False,
+                      save_strategy="no", gradient_checkpointing=False, seed=7, temperature=1.2)
     ds = Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5+6=", "7+8="] * 2])
     trainer = FixedGenerationGRPO(model=model, args=args, reward_funcs=[reward_digits], train_dataset=ds,
                           processing_class=tiny_tokenizer())
@@ -86,10 +88,11 @@ def main(out: str, single: bool = False, fsdp2: bool = False) -> None:
     rank = "single" if single else state.process_index
     save_file(weights, str(Path(out) / f"rank{rank}.safetensors"))
     Path(out, f"rank{rank}.json").write_text(json.dumps({
-        "world_size": state.num_processes, "prompts": seen, "fsdp2": trainer.accelerator.is_fsdp2,
-        "sharded": any(hasattr(p, "full_tensor") for p in trainer.model_wrapped.parameters()),
+        "world_size": state.num_processes, "prompts": seen, "engine": trainer.accelerator.distributed_type.value,
+        "dtensor": any(hasattr(p, "full_tensor") for p in trainer.model_wrapped.parameters()),
+        "zero3_head": hasattr(model.get_output_embeddings().weight, "ds_id"),
         "slimrl_tokens": getattr(trainer, "_slimrl_trained_tokens", 0)}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], single="--single" in sys.argv[2:], fsdp2="--fsdp2" in sys.argv[2:])
+    main(sys.argv[1], single="--single" in sys.argv[2:], sharded="--sharded" in sys.argv[2:])

@@ -30,25 +30,36 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(shutil.which("accelerate", path=str(Path(sys.executable).parent)) is None,
                     reason="accelerate CLI not installed next to this python")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo variant of the test")
-@pytest.mark.parametrize("config, port", [("two_processes.yaml", 29517), ("fsdp2.yaml", 29518)])
+@pytest.mark.parametrize("config, port", [("two_processes.yaml", 29517), ("fsdp2.yaml", 29518),
+                                          ("deepspeed_zero2.yaml", 29519), ("deepspeed_zero3.yaml", 29520)])
 def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path, config, port):
-    """DDP with the shipped two-process config, and FSDP2 with the shipped FSDP2 config (parameters sharded as
-    DTensors; slimrl's log-prob path reads the sharded head with ``full_tensor()``)."""
+    """DDP, FSDP2 (parameters sharded as DTensors; slimrl's log-prob path reads the sharded head with
+    ``full_tensor()``), DeepSpeed ZeRO-2, and ZeRO-3 (the head partitioned: slimrl leaves the log-prob pass to TRL's
+    own path), each launched with the shipped config of ``examples/accelerate/``."""
+    if config.startswith("deepspeed"):
+        pytest.importorskip("deepspeed", reason="slimrl[deepspeed] not installed in this environment")
     accelerate = str(Path(sys.executable).parent / "accelerate")
-    fsdp2 = config == "fsdp2.yaml"
-    # The shipped configs (examples/accelerate/): MULTI_GPU is accelerate's torchrun launcher; without CUDA its
-    # processes train on CPU over gloo (`--cpu` with 2 processes would start a single process: accelerate's
-    # multi-CPU path is mpirun). FSDP2 on CPU needs the worker's lift of accelerate's accelerator-only check.
+    engine = {"two_processes.yaml": "MULTI_GPU", "fsdp2.yaml": "FSDP"}.get(config, "DEEPSPEED")
+    # MULTI_GPU is accelerate's torchrun launcher; without CUDA its processes train on CPU over gloo (`--cpu` with 2
+    # processes would start a single process: accelerate's multi-CPU path is mpirun). FSDP2 and DeepSpeed on a CPU
+    # need the worker's lift of accelerate's accelerator-only rule (grpo_worker.lift_accelerator_only_rule).
     cmd = [accelerate, "launch", "--config_file", str(ROOT / "examples/accelerate" / config),
            "--main_process_port", str(port), str(ROOT / "tests/distributed/grpo_worker.py"), str(tmp_path)]
-    cmd += ["--fsdp2"] if fsdp2 else []
+    cmd += ["--sharded"] if engine != "MULTI_GPU" else []
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     info = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(i["world_size"] == 2 for i in info)
-    assert all(i["fsdp2"] == fsdp2 and i["sharded"] == fsdp2 for i in info), info  # the engine asked for ran
-    assert all(i["slimrl_tokens"] > 0 for i in info), "slimrl's log-prob path did not run on every rank"
+    expected = "MULTI_CPU" if engine == "MULTI_GPU" else engine  # without the lift, a CPU group is MULTI_CPU
+    assert all(i["engine"] == expected for i in info), info  # the engine the config asks for ran
+    assert all(i["dtensor"] == (engine == "FSDP") for i in info), info
+    zero3 = config == "deepspeed_zero3.yaml"
+    assert all(i["zero3_head"] == zero3 for i in info), info
+    if zero3:  # the partitioned head only exists inside its own forward: TRL's path computed the log-probs
+        assert all(i["slimrl_tokens"] == 0 for i in info), info
+    else:
+        assert all(i["slimrl_tokens"] > 0 for i in info), "slimrl's log-prob path did not run on every rank"
     assert sorted(info[0]["prompts"]) != sorted(info[1]["prompts"]), "both ranks saw the same prompts"
     w0, w1 = (load_file(str(tmp_path / f"rank{r}.safetensors")) for r in (0, 1))
     assert w0.keys() == w1.keys() and w0
