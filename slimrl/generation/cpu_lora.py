@@ -10,7 +10,8 @@ token carries the same index: the same product is one GEMM against that adapter'
 
 Where the indices differ (several adapters, or -1 = no adapter for some tokens) the original op runs, so results
 are vLLM's own in every case; only the summation order of the GEMM differs (tested against float64).
-:func:`fast_add_lora_linear` also runs the A matrices of a packed layer's slices (q/k/v, gate/up) as one GEMM.
+:func:`fast_add_lora_linear` runs a packed layer's slices (q/k/v, gate/up) as two GEMMs: the A matrices stacked,
+the B matrices block-diagonal, both built once per adapter.
 :func:`install` swaps the three names in both modules that hold them and the wrapper's ``add_lora_linear``
 (reversibly, :func:`uninstall`).
 """
@@ -18,6 +19,7 @@ are vLLM's own in every case; only the summation order of the GEMM differs (test
 from __future__ import annotations
 
 import importlib
+import weakref
 from typing import Any
 
 import torch
@@ -27,12 +29,28 @@ _NAMES = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
 _ORIGINALS: dict[tuple, Any] = {}
 
 
+_UNIFORM: list = [None, None]  # [(data_ptr, numel, version) of the last indices seen, its uniform slot]
+
+
+def _uniform_slot(indices: torch.Tensor) -> int | None:
+    """The adapter slot every token uses, or None when tokens use different (or no) adapters.
+
+    vLLM writes the step's indices once (``copy_`` into its buffer, which bumps the version counter) and every LoRA
+    layer of the step reads them, so the answer is kept until the buffer changes."""
+    key = None if indices.is_inference() else (indices.data_ptr(), indices.numel(), indices._version)
+    if key is not None and _UNIFORM[0] == key:
+        return _UNIFORM[1]
+    first = int(indices[0]) if indices.numel() else -1
+    slot = first if first >= 0 and bool((indices == first).all()) else None
+    if key is not None:  # tensors made under inference_mode (prefill's exploded indices) track no version: not kept
+        _UNIFORM[:] = [key, slot]
+    return slot
+
+
 def _one_adapter(weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor | None:
     """The ``[out, in]`` matrix every token uses, or None when tokens use different (or no) adapters."""
-    if indices.numel() == 0:
-        return None
-    first = int(indices[0])
-    if first < 0 or not bool((indices == first).all()):
+    first = _uniform_slot(indices)
+    if first is None:
         return None
     w = weights[first]  # [1, out, in] or [out, in]
     return w.squeeze(0) if w.dim() == 3 else w
@@ -88,27 +106,69 @@ _WRAPPER = ("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU", "add_lora
 
 def fast_add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: tuple, lora_b_stacked: tuple,
                          scale: float, output_slices: tuple, *, buffer: Any = None, **kwargs: Any) -> None:
-    """``PunicaWrapperCPU.add_lora_linear`` for one adapter: the slices' A matrices in one GEMM.
+    """``PunicaWrapperCPU.add_lora_linear`` for one adapter: two GEMMs whatever the number of slices.
 
-        h = scale * x @ [A_1; ...; A_S]^T           [N, S*r]  (float32, as vLLM's buffer)
-        y[:, o_s:o_s+n_s] += h[:, s*r:(s+1)*r] @ B_s^T
+        h  = x @ (scale * [A_1; ...; A_S]^T)        [N, S*r]  (float32, as vLLM's buffer)
+        y[:, :sum n_s] += h @ blockdiag(B_1^T, ..., B_S^T)
+
+    The packed ``scale * A^T`` and block-diagonal ``B^T`` are built once per adapter (:func:`_packed`): a decode step
+    runs hundreds of these tiny products, so their per-op cost, not their FLOPs, is what counts (profile:
+    docs/BENCHMARKS.md).
     """
     x2 = x.view(-1, x.shape[-1])  # [N, in]
     indices = self.token_lora_indices
-    w0 = _one_adapter(lora_a_stacked[0], indices) if indices.shape[0] == x2.shape[0] else None
-    if w0 is None or buffer is not None:
+    slot = _uniform_slot(indices) if indices.shape[0] == x2.shape[0] else None
+    if slot is None or buffer is not None:
         return _ORIGINALS[_WRAPPER](self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer,
                                     **kwargs)
-    i = int(indices[0])
-    a = torch.cat([w[i].squeeze(0) if w[i].dim() == 3 else w[i] for w in lora_a_stacked])  # [S*r, in]
-    h = scale * (x2.to(torch.float32) @ a.to(torch.float32).T)  # [N, S*r]
+    a_t, b_block = _packed(lora_a_stacked, lora_b_stacked, slot, scale, tuple(output_slices), y.dtype)
+    h = x2.to(torch.float32) @ a_t  # [N, S*r]
     y2 = y.view(-1, y.shape[-1])
-    r = h.shape[1] // len(lora_a_stacked)
+    y2[:, : b_block.shape[1]].addmm_(h.to(y.dtype), b_block)
+
+
+_PACKS: dict[int, tuple] = {}  # id(layer's first A tensor) -> (weak reference to it, {key: packed})
+
+
+def _packed(lora_a_stacked: tuple, lora_b_stacked: tuple, i: int, scale: float, output_slices: tuple,
+            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``scale * [A_1; ...; A_S]^T`` [in, S*r] float32, ``blockdiag(B_s^T)`` [S*r, sum n_s] ``dtype``) of adapter
+    slot ``i``, rebuilt when vLLM writes a new adapter into the slot (the stacked tensors' version counters).
+
+    Entries hang off the layer's own tensor (weakly), so an engine that is shut down takes its entries with it and
+    a later engine allocated at the same addresses never sees them."""
+    stacked = (*lora_a_stacked, *lora_b_stacked)
+    if any(w.is_inference() for w in stacked):  # no version counter to tell a new adapter by: build, keep nothing
+        return _pack(lora_a_stacked, lora_b_stacked, i, scale, output_slices, dtype)
+    owner = _PACKS.get(id(stacked[0]))
+    if owner is None or owner[0]() is not stacked[0]:
+        ident = id(stacked[0])
+        owner = (weakref.ref(stacked[0], lambda _: _PACKS.pop(ident, None)), {})
+        _PACKS[ident] = owner
+    per_layer = owner[1]
+    key = (tuple(id(w) for w in stacked), i, scale, output_slices, dtype)
+    versions = tuple(w._version for w in stacked)
+    hit = per_layer.get(key)
+    if hit is not None and hit[0] == versions:
+        return hit[1], hit[2]
+    a_t, b_block = _pack(lora_a_stacked, lora_b_stacked, i, scale, output_slices, dtype)
+    per_layer[key] = (versions, a_t, b_block)
+    return a_t, b_block
+
+
+def _pack(lora_a_stacked: tuple, lora_b_stacked: tuple, i: int, scale: float, output_slices: tuple,
+          dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two matrices of :func:`_packed`, built from the stacked weights."""
+    a = torch.cat([w[i].squeeze(0) if w[i].dim() == 3 else w[i] for w in lora_a_stacked])  # [S*r, in]
+    a_t = (scale * a.to(torch.float32)).T.contiguous()  # [in, S*r]
+    r = a.shape[0] // len(lora_a_stacked)
+    b_block = torch.zeros(a.shape[0], sum(output_slices), dtype=dtype, device=a.device)  # [S*r, sum n_s]
     offset = 0
     for s, (w, size) in enumerate(zip(lora_b_stacked, output_slices)):
         b = w[i].squeeze(0) if w[i].dim() == 3 else w[i]  # [n_s, r]
-        y2[:, offset: offset + size] += h[:, s * r:(s + 1) * r].to(y.dtype) @ b.to(y.dtype).T
+        b_block[s * r:(s + 1) * r, offset: offset + size] = b[:size].to(dtype).T
         offset += size
+    return a_t, b_block
 
 
 def install() -> bool:

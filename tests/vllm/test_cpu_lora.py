@@ -81,3 +81,62 @@ def test_install_swaps_both_modules_and_uninstall_restores():
     assert (lora_ops.bgmv_shrink, punica_cpu.bgmv_expand_slice) == before
     if was_installed:
         cpu_lora.install()
+
+
+def test_packed_layer_two_gemms_equal_float64_and_follow_a_new_adapter(ops):
+    """``fast_add_lora_linear`` on a q/k/v-like packed layer (3 slices of different widths) equals the float64
+    formula; after vLLM writes a new adapter into the same slot (in place, as ``set_lora`` does) the next call uses
+    it (the packed copies are rebuilt)."""
+    import gc
+    from types import SimpleNamespace
+
+    cpu_lora, _ = ops
+    torch.manual_seed(0)
+    n, d_in, r, slices, slot = 6, 40, 4, (40, 12, 12), 1
+    a_stacked = tuple(torch.randn(2, 1, r, d_in) for _ in slices)  # [max_loras, 1, r, in]
+    b_stacked = tuple(torch.randn(2, 1, s, r) for s in slices)  # [max_loras, 1, out_s, r]
+    x = torch.randn(n, d_in)
+    wrapper = SimpleNamespace(token_lora_indices=torch.full((n,), slot))
+
+    def reference(a_stacked, b_stacked):
+        y = torch.zeros(n, sum(slices), dtype=torch.float64)
+        offset = 0
+        for a, b, s in zip(a_stacked, b_stacked, slices, strict=True):
+            y[:, offset:offset + s] += 0.5 * x.double() @ a[slot, 0].double().T @ b[slot, 0].double().T
+            offset += s
+        return y
+
+    for _ in range(2):
+        y = torch.zeros(n, sum(slices))
+        cpu_lora.fast_add_lora_linear(wrapper, y, x, a_stacked, b_stacked, 0.5, slices)
+        ref = reference(a_stacked, b_stacked)
+        assert float((y.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+        with torch.no_grad():  # a new adapter in the same slot, written in place
+            for w in (*a_stacked, *b_stacked):
+                w[slot].copy_(torch.randn_like(w[slot]))
+    entries = len(cpu_lora._PACKS)
+    with torch.inference_mode():  # weights vLLM made under inference_mode: built per call, still exact
+        a_stacked, b_stacked = tuple(w.clone() for w in a_stacked), tuple(w.clone() for w in b_stacked)
+    gc.collect()
+    assert len(cpu_lora._PACKS) == entries - 1  # the layer's entries went with its tensors (a shut-down engine)
+    y = torch.zeros(n, sum(slices))
+    cpu_lora.fast_add_lora_linear(wrapper, y, x, a_stacked, b_stacked, 0.5, slices)
+    ref = reference(a_stacked, b_stacked)
+    assert float((y.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+    assert len(cpu_lora._PACKS) == entries - 1  # nothing kept for them
+
+
+def test_uniform_slot_follows_vllms_index_buffer(ops):
+    """The per-step memo of "every token uses slot k" is dropped when vLLM writes the next step's indices into its
+    buffer (``copy_``, as ``PunicaWrapperBase._update_base_metadata``), also when the new indices mix adapters."""
+    cpu_lora, _ = ops
+    buffer = torch.empty(8, dtype=torch.long)  # vLLM's _token_lora_indices
+    steps = [([1] * 5, 1), ([0, 1, 1, 0, 1], None), ([0] * 5, 0), ([-1] * 5, None), ([2] * 3, 2)]
+    for written, slot in steps:
+        buffer[: len(written)].copy_(torch.tensor(written))
+        view = buffer[: len(written)]  # the token_lora_indices property: a new view each step
+        assert cpu_lora._uniform_slot(view) == slot
+        assert cpu_lora._uniform_slot(view) == slot  # memo hit
+    with torch.inference_mode():  # prefill's exploded indices: no version counter, answered without the memo
+        exploded = [torch.full((6,), 3), torch.tensor([3, 3, 0, 3, 3, 3])]
+    assert [cpu_lora._uniform_slot(t) for t in exploded] == [3, None]
