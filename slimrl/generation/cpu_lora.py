@@ -29,31 +29,44 @@ _NAMES = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
 _ORIGINALS: dict[tuple, Any] = {}
 
 
-_UNIFORM: list = [None, None]  # [(data_ptr, numel, version) of the last indices seen, its uniform slot]
+# [weak reference to the buffer of the last indices seen, (data_ptr, numel, version) of them, their uniform slot]
+_UNIFORM: list = [None, None, None]
 
 
 def _uniform_slot(indices: torch.Tensor) -> int | None:
     """The adapter slot every token uses, or None when tokens use different (or no) adapters.
 
     vLLM writes the step's indices once (``copy_`` into its buffer, which bumps the version counter) and every LoRA
-    layer of the step reads them, so the answer is kept until the buffer changes."""
-    key = None if indices.is_inference() else (indices.data_ptr(), indices.numel(), indices._version)
-    if key is not None and _UNIFORM[0] == key:
-        return _UNIFORM[1]
-    first = int(indices[0]) if indices.numel() else -1
-    slot = first if first >= 0 and bool((indices == first).all()) else None
-    if key is not None:  # tensors made under inference_mode (prefill's exploded indices) track no version: not kept
-        _UNIFORM[:] = [key, slot]
+    layer of the step reads them, so the answer is kept until the buffer changes. The buffer is held weakly and
+    compared by identity, so a later engine's buffer at the same address and version is never answered from it."""
+    if indices.is_inference():  # tensors made under inference_mode (prefill's exploded indices) track no version
+        return _slot_of(indices)
+    buffer = indices if indices._base is None else indices._base  # the token_lora_indices property: a view
+    key = (indices.data_ptr(), indices.numel(), indices._version)
+    if _UNIFORM[0] is not None and _UNIFORM[0]() is buffer and _UNIFORM[1] == key:
+        return _UNIFORM[2]
+    slot = _slot_of(indices)
+    _UNIFORM[:] = [weakref.ref(buffer), key, slot]
     return slot
+
+
+def _slot_of(indices: torch.Tensor) -> int | None:
+    """:func:`_uniform_slot` computed from the indices themselves."""
+    first = int(indices[0]) if indices.numel() else -1
+    return first if first >= 0 and bool((indices == first).all()) else None
+
+
+def _slot_matrix(stacked: torch.Tensor, i: int) -> torch.Tensor:
+    """Adapter slot ``i`` of vLLM's stacked LoRA weights: ``[out, in]`` from ``[max_loras, 1, out, in]`` or
+    ``[max_loras, out, in]``."""
+    w = stacked[i]
+    return w.squeeze(0) if w.dim() == 3 else w
 
 
 def _one_adapter(weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor | None:
     """The ``[out, in]`` matrix every token uses, or None when tokens use different (or no) adapters."""
     first = _uniform_slot(indices)
-    if first is None:
-        return None
-    w = weights[first]  # [1, out, in] or [out, in]
-    return w.squeeze(0) if w.dim() == 3 else w
+    return None if first is None else _slot_matrix(weights, first)
 
 
 def fast_bgmv_shrink(inputs: torch.Tensor, lora_a_weights: torch.Tensor, output_tensor: torch.Tensor,
@@ -159,13 +172,13 @@ def _packed(lora_a_stacked: tuple, lora_b_stacked: tuple, i: int, scale: float, 
 def _pack(lora_a_stacked: tuple, lora_b_stacked: tuple, i: int, scale: float, output_slices: tuple,
           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The two matrices of :func:`_packed`, built from the stacked weights."""
-    a = torch.cat([w[i].squeeze(0) if w[i].dim() == 3 else w[i] for w in lora_a_stacked])  # [S*r, in]
+    a = torch.cat([_slot_matrix(w, i) for w in lora_a_stacked])  # [S*r, in]
     a_t = (scale * a.to(torch.float32)).T.contiguous()  # [in, S*r]
     r = a.shape[0] // len(lora_a_stacked)
     b_block = torch.zeros(a.shape[0], sum(output_slices), dtype=dtype, device=a.device)  # [S*r, sum n_s]
     offset = 0
     for s, (w, size) in enumerate(zip(lora_b_stacked, output_slices)):
-        b = w[i].squeeze(0) if w[i].dim() == 3 else w[i]  # [n_s, r]
+        b = _slot_matrix(w, i)  # [n_s, r]
         b_block[s * r:(s + 1) * r, offset: offset + size] = b[:size].to(dtype).T
         offset += size
     return a_t, b_block

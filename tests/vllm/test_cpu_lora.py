@@ -140,3 +140,15 @@ def test_uniform_slot_follows_vllms_index_buffer(ops):
     with torch.inference_mode():  # prefill's exploded indices: no version counter, answered without the memo
         exploded = [torch.full((6,), 3), torch.tensor([3, 3, 0, 3, 3, 3])]
     assert [cpu_lora._uniform_slot(t) for t in exploded] == [3, None]
+
+    # A later engine's buffer at the same address, length and version (two tensors over one array stand in for an
+    # address the allocator handed out again): answered from its own indices, not from the other buffer's memo.
+    import numpy as np
+
+    memory = np.ones(5, dtype=np.int64)
+    first = torch.from_numpy(memory)
+    assert cpu_lora._uniform_slot(first) == 1
+    memory[:] = 0
+    later = torch.from_numpy(memory)
+    assert (later.data_ptr(), later.numel(), later._version) == (first.data_ptr(), first.numel(), first._version)
+    assert cpu_lora._uniform_slot(later) == 0
