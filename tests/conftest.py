@@ -2,6 +2,8 @@
 
 * ``patched``: every trainer the installed TRL has patched for the test (``grpo_patched``: GRPO only);
 * every test ends with TRL restored (``unpatch()``), so no test leaks patches into the next;
+* ``avx512bf16``: bitsandbytes believes this CPU has AVX512-BF16 (its 4-bit layers read that when built), so the
+  eval-mode repacking that breaks gradients (slimrl/models/quantized.py) happens here too;
 * ``tiny_model_dir``: a directory with the 2-layer tiny Llama and its character tokenizer (tests/tiny.py), the shape
   ``FastLanguageModel.from_pretrained`` and ``slimrl train --model`` read.
 
@@ -42,3 +44,9 @@ def tiny_model_dir(tmp_path) -> Path:
     tiny_llama().save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def avx512bf16(monkeypatch):
+    modules = pytest.importorskip("bitsandbytes.nn.modules")
+    monkeypatch.setattr(modules, "has_avx512bf16", lambda: True)

@@ -23,6 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--tiny", action="store_true", help="a 2-layer, narrow copy of --model's config (default)")
     size.add_argument("--full", action="store_true", help="the real model (slow; default model: SmolLM2-135M)")
     p.add_argument("--device", default="cpu", help="cpu (fp32) or cuda (bf16)")
+    quant = p.add_mutually_exclusive_group()
+    quant.add_argument("--load_in_4bit", action="store_true", help="a bitsandbytes NF4 base under the LoRA rows "
+                       "(grpo, rloo, online_dpo, xpo); CPU with bitsandbytes>=0.50, or CUDA")
+    quant.add_argument("--load_in_8bit", action="store_true", help="the same with an LLM.int8() base")
     p.add_argument("--quiet", action="store_true", help="only the table")
     return p
 
@@ -55,13 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            rows = verify(algorithms, args.loss_type, args.model, args.full, args.device, progress=progress)
+            rows = verify(algorithms, args.loss_type, args.model, args.full, args.device, progress=progress,
+                          load_in_4bit=args.load_in_4bit, load_in_8bit=args.load_in_8bit)
         except VerifyError as err:
             return _fail(str(err))
     import trl
 
     where = f"trl {trl.__version__}, {'real' if args.full else 'tiny'} model " \
-            f"({args.model or ('SmolLM2-135M-Instruct' if args.full else 'a tiny Llama')}), {args.device}"
+            f"({args.model or ('SmolLM2-135M-Instruct' if args.full else 'a tiny Llama')}), {args.device}" + \
+            (", 4-bit base (bitsandbytes NF4)" if args.load_in_4bit else
+             ", 8-bit base (bitsandbytes LLM.int8())" if args.load_in_8bit else "")
     from slimrl.verify.reference import reference_note
 
     print(format_table(rows, setup_line=f"slimrl verify: {where}"))

@@ -13,6 +13,7 @@ from slimrl.models.checkpointing import MODES as CHECKPOINTING_MODES
 from slimrl.models.checkpointing import enable_checkpointing
 from slimrl.models.loader import resolve_model_path
 from slimrl.models.modes import for_inference, for_training
+from slimrl.models.quantized import keep_quantized_trainable
 
 # Projection names of the attention and MLP blocks across common architectures (Llama, Qwen, Mistral, Gemma,
 # Phi-3 fused qkv/gate_up, GPT-2/NeoX style). Only those present in the model are targeted.
@@ -70,6 +71,7 @@ class FastLanguageModel:
         gpu_memory_utilization: float | str = 0.5,
         max_lora_rank: int = 64,
         gguf_file: str | None = None,
+        load_in_8bit: bool = False,
         **kwargs: Any,
     ) -> tuple[Any, Any]:
         """Load ``(model, tokenizer)``: a local directory or GGUF file, a hub id from the local cache, else downloaded
@@ -78,7 +80,8 @@ class FastLanguageModel:
 
         ``dtype=None``: bf16 on CUDA with bf16 support (fp16 on older GPUs), fp32 on CPU. ``load_in_4bit``: NF4
         through bitsandbytes on CUDA, and on CPU with bitsandbytes >= 0.50; elsewhere a warning and the model in
-        ``dtype``. ``max_seq_length`` is stored
+        ``dtype``. ``load_in_8bit``: LLM.int8() weights through bitsandbytes, under the same conditions. Quantized
+        layers are kept trainable through generation (:mod:`slimrl.models.quantized`). ``max_seq_length`` is stored
         on the model (``model.max_seq_length``).
 
         ``fast_inference=True`` attaches a colocated vLLM engine for the same base weights as ``model.vllm_engine``
@@ -101,17 +104,21 @@ class FastLanguageModel:
         if isinstance(torch_dtype, str):
             torch_dtype = getattr(torch, torch_dtype)
         load_kwargs: dict[str, Any] = {"dtype": torch_dtype, **kwargs}
-        if load_in_4bit:
+        if load_in_4bit and load_in_8bit:
+            raise ValueError("load_in_4bit=True and load_in_8bit=True: pass one of them (4-bit NF4 is the usual "
+                             "choice for QLoRA)")
+        if load_in_4bit or load_in_8bit:
+            bits = "load_in_4bit" if load_in_4bit else "load_in_8bit"
             if _bitsandbytes_works():
                 from transformers import BitsAndBytesConfig
 
                 load_kwargs["quantization_config"] = BitsAndBytesConfig(
                     load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch_dtype,
-                    bnb_4bit_use_double_quant=True)
+                    bnb_4bit_use_double_quant=True) if load_in_4bit else BitsAndBytesConfig(load_in_8bit=True)
                 if not torch.cuda.is_available():
                     load_kwargs.setdefault("device_map", "cpu")
             else:
-                warnings.warn(f"load_in_4bit=True needs bitsandbytes (CUDA, or CPU with bitsandbytes>="
+                warnings.warn(f"{bits}=True needs bitsandbytes (CUDA, or CPU with bitsandbytes>="
                               f"{BNB_CPU_MIN}: pip install 'slimrl[quant]'); loading {model_name!r} unquantized "
                               f"in {torch_dtype} instead", stacklevel=2)
         if not (gpu_memory_utilization == "auto" or isinstance(gpu_memory_utilization, int | float)
@@ -131,6 +138,7 @@ class FastLanguageModel:
                              f"(model.save_pretrained(dir, safe_serialization=True)) or, for a file you trust, pass "
                              f"use_safetensors=False")
         model = AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs)
+        keep_quantized_trainable(model)
         tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=load_kwargs["trust_remote_code"])
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -182,6 +190,7 @@ class FastLanguageModel:
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"checkpoint_every_n_layers must be a positive int, got {every!r}")
         targets = target_modules or default_target_modules(model)
+        keep_quantized_trainable(model)  # a quantized base loaded elsewhere, maybe run in eval mode already
         torch.manual_seed(random_state)
         config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias,
                             target_modules=targets, task_type="CAUSAL_LM", **kwargs)

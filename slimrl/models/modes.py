@@ -1,6 +1,7 @@
 """Inference / training mode switching that can be undone exactly.
 
-``for_inference(model)`` records the model's training state, then: ``eval()`` (dropout off), KV cache on
+``for_inference(model)`` records the model's training state, then: ``eval()`` (dropout off; bitsandbytes' quantized
+layers keep computing as in training, see :mod:`slimrl.models.quantized`), KV cache on
 (``config.use_cache = True``), activation checkpointing off, and left padding on the tokenizer that
 ``FastLanguageModel.from_pretrained`` returned (decoder-only generation needs it).
 ``for_training(model)`` puts back exactly what ``for_inference`` recorded: the ``training`` flag of every
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from slimrl.models.quantized import keep_8bit_training_mode, keep_quantized_trainable
 
 _STATE = "_slimrl_saved_training_state"
 
@@ -76,7 +79,9 @@ def for_inference(model: Any) -> Any:
     """Switch ``model`` to generation mode; :func:`for_training` undoes it exactly. Returns ``model``."""
     if getattr(model, _STATE, None) is None:  # nested calls keep the outermost training state
         setattr(model, _STATE, capture(model))
+    keep_quantized_trainable(model)  # no 4-bit CPU repacking (its kernel has no gradient)
     model.eval()
+    keep_8bit_training_mode(model)  # 8-bit layers sample from the numbers training scores
     _base(model).config.use_cache = True
     for m in _checkpointing_modules(model).values():
         m.gradient_checkpointing = False

@@ -3,6 +3,7 @@
 
 1. legacy keywords translated (``tokenizer=`` and friends, :mod:`slimrl.patching.keywords`);
 2. the inputs checked (:func:`check_trainer_inputs`): dataset rows and column layout, precision the user wrote;
+   bitsandbytes 4-bit layers of the model and reference model kept trainable (:mod:`slimrl.models.quantized`);
 3. the trainer's own hooks from its spec, each ``hook(model, args)`` (GRPO/RLOO: the ``max_seq_length`` budget,
    the engine's ``use_vllm`` default), then its auto-fit (GRPO/RLOO with ``slimrl_auto_fit``,
    :mod:`slimrl.planning.autofit`) with every argument;
@@ -16,6 +17,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+from slimrl.models.quantized import keep_quantized_trainable
 from slimrl.patching.defaults import print_changed_defaults
 from slimrl.patching.keywords import bound_inputs, translate_trainer_kwargs
 from slimrl.patching.reward_guard import guard_reward_funcs
@@ -44,6 +48,9 @@ def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[
         kwargs = translate_trainer_kwargs(type(self), orig_init, args, kwargs)
         check_trainer_inputs(orig_init, args, kwargs, trainer=type(self))
         bound = bound_inputs(orig_init, args, kwargs)  # every argument by name (positional ones too)
+        for key in ("model", "ref_model"):
+            if isinstance(bound.get(key), torch.nn.Module):
+                keep_quantized_trainable(bound[key])
         for hook in hooks:
             hook(bound.get("model"), bound.get("args"))
         if fit is not None:

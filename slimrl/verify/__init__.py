@@ -8,7 +8,13 @@ model (``full=True``). Compared, as relative errors ``|a - b| / |b|`` (L2 norms)
 the gradient of every parameter at the first step (worst parameter), and the whole update after the two steps (all
 trainable parameters as one vector: step two's gradient is taken at slightly different weights, so a parameter whose
 two steps nearly cancel would magnify rounding in a per-parameter ratio). A row passes when all three are within the
-tolerance the project's own parity tests use.
+tolerance the project's own parity tests use. For GRPO and RLOO the patched run also checks that the generator
+sampled from the model being trained (:mod:`slimrl.verify.generation`: the largest difference between the log-prob
+the generator gave a sampled token and the training model's, within :data:`GEN_TOLERANCE`).
+
+``load_in_4bit=True`` (``load_in_8bit``) runs the LoRA scenarios (GRPO, RLOO, OnlineDPO, XPO) on a base quantized by
+bitsandbytes the way users load one (on the CPU with bitsandbytes >= 0.50, or CUDA); each step generates before the
+compared backward, so a quantized layer that generation leaves without a gradient fails the row.
 """
 
 from __future__ import annotations
@@ -23,16 +29,27 @@ from typing import Any
 import torch
 
 from slimrl.verify.reference import trl_kernel_where_missing
-from slimrl.verify.scenarios import BUILDERS, NOT_VERIFIED, Setup, loss_types
+from slimrl.verify.scenarios import BUILDERS, LORA_SCENARIOS, NOT_VERIFIED, Setup, loss_types
+
+PROBED = ("grpo", "rloo")  # trainers whose generation is checked against the training model
 
 # Tolerances (relative error) by training dtype, and why.
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 REASON = {
     torch.float32: "fp32: slimrl and TRL sum the vocabulary in different chunk orders (~1e-6 relative per "
                    "reduction), accumulated through the backward and two steps",
-    torch.bfloat16: "bf16: 8 mantissa bits; the two paths round the logits' matmul differently before the fp32 "
-                    "softmax",
+    torch.bfloat16: "bf16 (also a QLoRA adapter, which TRL keeps in bf16): 8 mantissa bits; the two paths round "
+                    "differently before the fp32 softmax",
     torch.float16: "fp16: 11 mantissa bits; the two paths round the logits' matmul differently",
+}
+
+
+# Largest |log p_generator - log p_training| of a sampled token, by dtype, and why (an absolute log-prob difference).
+GEN_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-1, torch.float16: 5e-2}
+GEN_REASON = {
+    torch.float32: "generation reuses cached keys/values where the training forward recomputes them (~1e-6)",
+    torch.bfloat16: "bf16: cached and recomputed attention round differently (8 mantissa bits)",
+    torch.float16: "fp16: cached and recomputed attention round differently (11 mantissa bits)",
 }
 
 
@@ -51,11 +68,15 @@ class Row:
     seconds: float
     problem: str = ""  # why the row fails beyond the numbers (no gradient, slimrl's path unused, an error)
     skipped: str = ""  # why there is nothing to compare with (TRL alone cannot run here; slimrl's side did run)
+    gen_err: float = math.nan  # generator vs training log-prob (GRPO/RLOO; NaN: not checked)
+    gen_tolerance: float = math.nan
 
     @property
     def passed(self) -> bool:
         worst = max(self.loss_err, self.grad_err, self.update_err)
-        return not self.skipped and not self.problem and math.isfinite(worst) and worst <= self.tolerance
+        generation_ok = math.isnan(self.gen_err) or self.gen_err <= self.gen_tolerance
+        return not self.skipped and not self.problem and math.isfinite(worst) and worst <= self.tolerance \
+            and generation_ok
 
     @property
     def failed(self) -> bool:
@@ -76,6 +97,7 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
     from slimrl import PatchFastRL, unpatch
     from slimrl.patching import trainer_and_config
     from slimrl.patching.routes import served_calls
+    from slimrl.verify.generation import GenerationProbe, worst_difference
 
     unpatch()
     if patched:
@@ -93,13 +115,25 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
             if not grads:
                 grads.update({n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None})
 
+    probe = GenerationProbe(trainer) if patched and name in PROBED else None
     trainer.add_callback(FirstGradients())
     trainer.remove_callback(PrinterCallback)  # the table is the output, not TRL's log dictionaries
     calls = served_calls()
     trainer.train()
+    if probe is not None:
+        probe.remove()
     return {"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+            "gen_err": worst_difference(probe, trainer.state.log_history) if patched else math.nan,
             "grads": grads, "updates": {n: p.detach() - before[n] for n, p in params.items()},
-            "used": served_calls() > calls or getattr(trainer, "_slimrl_trained_tokens", 0) > 0}
+            "used": served_calls() > calls or getattr(trainer, "_slimrl_trained_tokens", 0) > 0,
+            "dtype": _lowest_precision(p.dtype for p in params.values())}
+
+
+def _lowest_precision(dtypes) -> torch.dtype:
+    """The least precise floating dtype the trained parameters have (TRL keeps a QLoRA adapter in bf16)."""
+    order = [torch.bfloat16, torch.float16, torch.float32]
+    found = set(dtypes)
+    return next((d for d in order if d in found), torch.float32)
 
 
 def compare(name: str, loss_type: str, setup: Setup) -> Row:
@@ -114,6 +148,8 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
         ours, our_error = _attempt(name, loss_type, setup, True, str(Path(tmp) / "slimrl"))
     unpatch()
     nan = (math.nan, math.nan, math.nan)
+    if ref is not None:  # TRL may train in a lower precision than the model's (a QLoRA adapter in bf16)
+        tol = TOLERANCE[ref["dtype"]]
     if our_error:
         return Row(name, loss_type, *nan, tol, time.perf_counter() - t0, our_error)
     if ref_error:  # TRL alone fails where slimrl runs (e.g. TRL 1.15's fused head without Triton): no reference
@@ -136,7 +172,10 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
     uses_ops = bool(TRAINERS[name].routes)
     if not problem and uses_ops and not ours["used"] and _route_applies(name):
         problem = "slimrl's log-prob path did not run"
-    return Row(name, loss_type, loss_err, grad_err, update_err, tol, time.perf_counter() - t0, problem)
+    if not problem and name in PROBED and math.isnan(ours["gen_err"]):
+        problem = "no generated token was checked against the training model"
+    return Row(name, loss_type, loss_err, grad_err, update_err, tol, time.perf_counter() - t0, problem,
+               gen_err=ours["gen_err"], gen_tolerance=GEN_TOLERANCE[setup.dtype])
 
 
 def _attempt(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str):
@@ -154,8 +193,9 @@ def _route_applies(name: str) -> bool:
     return not (name in ("dpo", "kto", "sft") and not has_fused_head())
 
 
-def make_setup(model: str | None = None, full: bool = False, device: str = "cpu") -> Setup:
-    """The model config, tokenizer, device and dtype the rows run with (see :func:`verify`)."""
+def make_setup(model: str | None = None, full: bool = False, device: str = "cpu", quantized: str | None = None
+               ) -> Setup:
+    """The model config, tokenizer, device, dtype and quantization the rows run with (see :func:`verify`)."""
     from slimrl.verify.tiny import char_tokenizer, default_config, shrink
 
     if device not in ("cpu", "cuda"):
@@ -163,6 +203,8 @@ def make_setup(model: str | None = None, full: bool = False, device: str = "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise VerifyError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
                           "use --device cpu")
+    if quantized is not None:
+        _check_bitsandbytes(quantized, device)
     if full and model is None:
         model = "SmolLM2-135M-Instruct"
     if model is None:
@@ -185,22 +227,49 @@ def make_setup(model: str | None = None, full: bool = False, device: str = "cpu"
     dtype = torch.float32
     if device == "cuda":
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return Setup(config=config, tokenizer=tokenizer, device=device, dtype=dtype)
+    return Setup(config=config, tokenizer=tokenizer, device=device, dtype=dtype, quantized=quantized)
+
+
+def _check_bitsandbytes(quantized: str, device: str) -> None:
+    """``--load_in_4bit`` / ``--load_in_8bit`` can run on ``device``: bitsandbytes importable, >= 0.50 on a CPU."""
+    from slimrl.models.fast_language_model import BNB_CPU_MIN
+
+    flag = f"--load_in_{quantized}"
+    try:
+        import bitsandbytes
+    except ImportError:
+        raise VerifyError(f"{flag}: bitsandbytes is not installed; pip install 'slimrl[quant]'") from None
+    from packaging.version import Version
+
+    if device == "cpu" and Version(bitsandbytes.__version__) < Version(BNB_CPU_MIN):
+        raise VerifyError(f"{flag}: bitsandbytes {bitsandbytes.__version__} has no CPU backend; pip install "
+                          f"'bitsandbytes>={BNB_CPU_MIN}' or pass --device cuda")
 
 
 def verify(algorithms: list[str] | None = None, loss_type: str | None = None, model: str | None = None,
-           full: bool = False, device: str = "cpu", progress=None) -> list[Row]:
+           full: bool = False, device: str = "cpu", progress=None, load_in_4bit: bool = False,
+           load_in_8bit: bool = False) -> list[Row]:
     """Rows for every (trainer, loss type) asked for (default: every trainer the installed TRL has). ``model``: a
     model directory, .gguf or hub id whose config the tiny model copies (``full=True``: the model itself);
-    ``device``: "cpu" (fp32) or "cuda" (bf16). ``progress(row)`` is called after each row."""
+    ``device``: "cpu" (fp32) or "cuda" (bf16); ``load_in_4bit`` / ``load_in_8bit``: a bitsandbytes-quantized base
+    (the LoRA scenarios only). ``progress(row)`` is called after each row."""
     import datasets
 
     from slimrl.patching import TRAINERS, _normalise, trainer_and_config, trainer_available
 
     datasets.disable_progress_bars()
+    if load_in_4bit and load_in_8bit:
+        raise VerifyError("--load_in_4bit and --load_in_8bit: pass one of them")
+    quantized = "4bit" if load_in_4bit else "8bit" if load_in_8bit else None
     names = [n for n in TRAINERS if trainer_available(n) and n in BUILDERS] if not algorithms else \
         [_checked_name(a, _normalise, trainer_available) for a in algorithms]
-    setup = make_setup(model, full, device)
+    if quantized is not None:
+        if algorithms and set(names) - set(LORA_SCENARIOS):
+            raise VerifyError(f"--load_in_{quantized}: {', '.join(sorted(set(names) - set(LORA_SCENARIOS)))} "
+                              f"train every weight, which a quantized base cannot; quantized rows: "
+                              f"{', '.join(LORA_SCENARIOS)}")
+        names = [n for n in names if n in LORA_SCENARIOS]
+    setup = make_setup(model, full, device, quantized)
     rows = []
     for name in names:
         types = loss_types(name, trainer_and_config(name)[1])
@@ -235,8 +304,10 @@ def _fmt(x: float) -> str:
 
 def format_table(rows: list[Row], setup_line: str = "") -> str:
     """The table ``slimrl verify`` prints, with the tolerance reasons under it."""
-    head = ("trainer", "loss type", "loss rel.err", "grad rel.err", "update rel.err", "tolerance", "result")
+    head = ("trainer", "loss type", "loss rel.err", "grad rel.err", "update rel.err", "tolerance", "gen logp diff",
+            "result")
     body = [(r.trainer, r.loss_type, _fmt(r.loss_err), _fmt(r.grad_err), _fmt(r.update_err), f"{r.tolerance:.0e}",
+             "-" if math.isnan(r.gen_err) else f"{_fmt(r.gen_err)} (<= {r.gen_tolerance:.0e})",
              "PASS" if r.passed else f"SKIP ({r.skipped})" if r.skipped else
              "FAIL" + (f" ({r.problem})" if r.problem else "")) for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
@@ -246,9 +317,14 @@ def format_table(rows: list[Row], setup_line: str = "") -> str:
     for dtype, tol in TOLERANCE.items():
         if tol in reasons:
             lines.append(f"tolerance {tol:.0e}: {REASON[dtype]}")
+    gen = {r.gen_tolerance for r in rows if not math.isnan(r.gen_err)}
+    for dtype, tol in GEN_TOLERANCE.items():
+        if tol in gen:
+            lines.append(f"gen logp diff: largest |log p| difference of a sampled token between the generator and "
+                         f"the training model; {tol:.0e}: {GEN_REASON[dtype]}")
     if setup_line:
         lines.insert(0, setup_line)
     return "\n".join(lines)
 
 
-__all__ = ["verify", "format_table", "compare", "make_setup", "Row", "VerifyError", "TOLERANCE"]
+__all__ = ["verify", "format_table", "compare", "make_setup", "Row", "VerifyError", "TOLERANCE", "GEN_TOLERANCE"]

@@ -41,6 +41,7 @@ class Setup:
     tokenizer: Any
     device: str
     dtype: torch.dtype
+    quantized: str | None = None  # "4bit" / "8bit": the trained model's base is quantized (LoRA scenarios only)
 
 
 def digits_reward(completions, **kwargs) -> list[float]:
@@ -57,7 +58,8 @@ def _common(out_dir: str, setup: Setup) -> dict:
 def _model(setup: Setup, seed: int = 0, lora: bool = False, kind: str = "causal"):
     from slimrl.verify.tiny import build
 
-    model = build(setup.config, seed, kind=kind, dtype=setup.dtype)
+    model = build(setup.config, seed, kind=kind, dtype=setup.dtype,
+                  quantized=setup.quantized if lora else None, device=setup.device)
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -158,6 +160,8 @@ def reward(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):
                        processing_class=setup.tokenizer)
 
 
+# Scenarios that train a LoRA adapter on the model (the only ones a quantized base can run).
+LORA_SCENARIOS = ("grpo", "rloo", "online_dpo", "xpo")
 BUILDERS: dict[str, Callable] = {"grpo": grpo, "rloo": rloo, "dpo": dpo, "kto": kto, "sft": sft, "orpo": orpo,
                                  "cpo": cpo, "online_dpo": online_dpo, "reward": reward, "bco": bco, "xpo": xpo}
 

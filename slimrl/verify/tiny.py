@@ -60,8 +60,14 @@ def shrink(config: Any) -> Any:
     return small
 
 
-def build(config: Any, seed: int, kind: str = "causal", dtype: torch.dtype = torch.float32):
-    """A random model of ``config`` (``kind``: "causal" LM, or "scorer": one-score sequence classifier)."""
+def build(config: Any, seed: int, kind: str = "causal", dtype: torch.dtype = torch.float32,
+          quantized: str | None = None, device: str = "cpu"):
+    """A random model of ``config`` (``kind``: "causal" LM, or "scorer": one-score sequence classifier);
+    ``quantized="4bit"`` / ``"8bit"``: the same weights quantized by bitsandbytes (NF4 with double quantization,
+    compute in ``dtype``, as ``FastLanguageModel.from_pretrained(load_in_4bit=True)`` loads; or LLM.int8()) on
+    ``device``."""
+    if quantized is not None:
+        return _quantized(build(config, seed, kind, dtype), quantized, dtype, device)
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     torch.manual_seed(seed)
@@ -77,3 +83,20 @@ def build(config: Any, seed: int, kind: str = "causal", dtype: torch.dtype = tor
     if pad is not None and getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = pad
     return model
+
+
+def _quantized(model: torch.nn.Module, bits: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """``model`` saved and loaded back through transformers with a bitsandbytes quantization config, the way users
+    get a quantized base (nothing of slimrl's applied: the patched trainer must prepare it itself)."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
+                                bnb_4bit_use_double_quant=True) if bits == "4bit" else \
+        BitsAndBytesConfig(load_in_8bit=True)
+    with tempfile.TemporaryDirectory(prefix="slimrl-verify-q") as tmp:
+        model.save_pretrained(tmp)
+        out = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=config, dtype=dtype, device_map=device)
+    out.generation_config.pad_token_id = model.generation_config.pad_token_id
+    return out

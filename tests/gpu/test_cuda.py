@@ -3,7 +3,8 @@
 * the op against fp64 on CUDA: fp32 inputs at rtol/atol 1e-5 (no TF32: torch's default fp32 matmul precision is
   "highest"), bf16 at 3e-2 (8 mantissa bits; softmax in fp32), the tolerances of the CPU op tests;
 * GRPO patched vs unpatched on CUDA (fp32, relative 1e-4 on the LoRA updates, as on CPU);
-* a QLoRA (NF4) GRPO step;
+* a QLoRA (NF4) GRPO step; 4-bit LoRA gradients after for_inference -> generate -> for_training equal a fresh
+  copy's (fp32 compute, 1e-5 relative: same weights and batch on both sides; tests/models/test_quantized.py on CPU);
 * fp16 with loss scaling: an inf-gradient step is the scaler's to skip, slimrl's guard does not stop it;
 * the precision defaults stay TRL's on CUDA;
 * offloaded activation checkpointing: same gradients as GPU-resident checkpointing, less peak memory.
@@ -78,6 +79,32 @@ def test_qlora_grpo_step(tmp_path, tiny_model_dir, grpo_patched):
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
     assert any(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters() if n in before)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes")
+def test_4bit_gradients_after_generation_on_cuda(tiny_model_dir):
+    from slimrl import FastLanguageModel
+
+    def lora():
+        model, _ = FastLanguageModel.from_pretrained(str(tiny_model_dir), load_in_4bit=True, dtype=torch.float32)
+        return FastLanguageModel.get_peft_model(model, r=4, init_lora_weights=False, random_state=3,
+                                                use_gradient_checkpointing=False)
+
+    ids = torch.randint(3, 49, (2, 16), generator=torch.Generator().manual_seed(1)).to(CUDA)  # [B, T]
+
+    def grads(model):
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+    fresh, used = lora(), lora()
+    assert any(type(m).__name__ == "Linear4bit" for m in used.modules()), "the base is not 4-bit"
+    FastLanguageModel.for_inference(used)
+    with torch.no_grad():
+        used.generate(input_ids=ids[:, :6], max_new_tokens=6, do_sample=True)
+    FastLanguageModel.for_training(used)
+    a, b = grads(used), grads(fresh)
+    assert max(float((a[n] - b[n]).norm() / b[n].norm()) for n in b) <= 1e-5
 
 
 def test_fp16_scaler_skips_an_inf_step_and_the_guard_lets_it(tmp_path, grpo_patched):

@@ -3,6 +3,8 @@ and bad input is one line."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -61,3 +63,52 @@ def test_bad_input_is_one_line(capsys, argv, message):
     assert verify_cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("slimrl verify: error: ") and message in err and "\n" not in err, err
+
+
+def test_a_generator_that_ignores_the_adapter_fails_the_generation_check(monkeypatch):
+    """Rollouts sampled without the adapter while training scores with it (the loss still looks normal): the
+    generation column catches it."""
+    from slimrl.models import modes
+    from slimrl.patching.trainers import grpo
+    from slimrl.verify import GEN_TOLERANCE
+
+    def without_adapter(model):
+        model.disable_adapter_layers()
+        return modes.for_inference(model)
+
+    def with_adapter(model):
+        model.enable_adapter_layers()
+        return modes.for_training(model)
+
+    monkeypatch.setattr(grpo, "for_inference", without_adapter)
+    monkeypatch.setattr(grpo, "for_training", with_adapter)
+    (row,) = verify(["grpo"], loss_type="dapo")
+    assert row.gen_err > 100 * GEN_TOLERANCE[torch.float32] and not row.passed
+
+
+def test_quantized_rows_catch_a_4bit_layer_left_without_gradient(monkeypatch, avx512bf16):
+    """A 4-bit base on a CPU whose bitsandbytes repacks layers in eval mode (simulated by the fixture): verify
+    passes with slimrl's preparation and fails without it."""
+    pytest.importorskip("bitsandbytes", minversion="0.50")
+    from slimrl.models import modes
+    from slimrl.patching import trainer_init
+
+    (row,) = verify(["grpo"], loss_type="dapo", load_in_4bit=True)
+    assert row.passed and row.tolerance == TOLERANCE[torch.bfloat16], row  # TRL trains a QLoRA adapter in bf16
+    assert 0 < row.grad_err
+    monkeypatch.setattr(modes, "keep_quantized_trainable", lambda model: 0)
+    monkeypatch.setattr(trainer_init, "keep_quantized_trainable", lambda model: 0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*an autograd kernel was not registered")
+        (broken,) = verify(["grpo"], loss_type="dapo", load_in_4bit=True)
+    assert not broken.passed and broken.grad_err > 0.1, broken
+
+
+def test_quantized_rows_are_the_lora_scenarios():
+    pytest.importorskip("bitsandbytes", minversion="0.50")
+    from slimrl.verify import VerifyError
+
+    with pytest.raises(VerifyError, match="--load_in_4bit: dpo train every weight, which a quantized base cannot"):
+        verify(["dpo"], load_in_4bit=True)
+    with pytest.raises(VerifyError, match="--load_in_4bit and --load_in_8bit: pass one of them"):
+        verify(["grpo"], load_in_4bit=True, load_in_8bit=True)
