@@ -27,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--load_in_4bit", action="store_true", help="a bitsandbytes NF4 base under the LoRA rows "
                        "(grpo, rloo, online_dpo, xpo); CPU with bitsandbytes>=0.50, or CUDA")
     quant.add_argument("--load_in_8bit", action="store_true", help="the same with an LLM.int8() base")
+    p.add_argument("--fast_inference", action="store_true", help="also GRPO/RLOO rows generating through slimrl's "
+                   "colocated vLLM engine (the generator check: sampled tokens' log-probs vs the training model's)")
+    p.add_argument("--vllm_server_base_url", help="also GRPO/RLOO rows generating through this running vLLM server "
+                   "(needs --model: the local directory the server serves)")
     p.add_argument("--quiet", action="store_true", help="only the table")
     return p
 
@@ -60,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("ignore")
         try:
             rows = verify(algorithms, args.loss_type, args.model, args.full, args.device, progress=progress,
-                          load_in_4bit=args.load_in_4bit, load_in_8bit=args.load_in_8bit)
+                          load_in_4bit=args.load_in_4bit, load_in_8bit=args.load_in_8bit,
+                          fast_inference=args.fast_inference, vllm_server_base_url=args.vllm_server_base_url)
         except VerifyError as err:
             return _fail(str(err))
     import trl

@@ -25,14 +25,20 @@ _FIXED = {"n": 1, "logprobs": 0}
 
 
 def engine_of(model: Any) -> Any:
-    """The :class:`~slimrl.generation.engine.SlimrlEngine` attached to ``model`` (or its PEFT/DDP wrappers)."""
-    seen = set()
-    while model is not None and id(model) not in seen:
+    """The :class:`~slimrl.generation.engine.SlimrlEngine` attached to ``model`` or to a model it wraps (DDP's
+    ``module``, PEFT's ``base_model`` and its tuner's ``model``: an adapter added with ``peft.get_peft_model``
+    directly leaves the engine on the inner model)."""
+    seen, todo = set(), [model]
+    while todo:
+        model = todo.pop(0)
+        if model is None or id(model) in seen:
+            continue
         seen.add(id(model))
-        engine = getattr(model, "__dict__", {}).get("vllm_engine")
-        if engine is not None:
-            return engine
-        model = getattr(model, "module", None) or getattr(model, "base_model", None)
+        own = getattr(model, "__dict__", {})
+        if own.get("vllm_engine") is not None:
+            return own["vllm_engine"]
+        inner = {**own, **own.get("_modules", {})}  # stored attributes and submodules: no attribute forwarding
+        todo += [inner.get(name) for name in ("module", "base_model", "model")]
     return None
 
 

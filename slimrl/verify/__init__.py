@@ -12,6 +12,11 @@ tolerance the project's own parity tests use. For GRPO and RLOO the patched run 
 sampled from the model being trained (:mod:`slimrl.verify.generation`: the largest difference between the log-prob
 the generator gave a sampled token and the training model's, within :data:`GEN_TOLERANCE`).
 
+``fast_inference=True`` / ``vllm_server_base_url=URL`` add, for GRPO and RLOO, a row whose patched run generates
+through slimrl's colocated vLLM engine (the tiny model saved and loaded with ``FastLanguageModel(...,
+fast_inference=True)``) or a running vLLM server (the model in ``model``, a local directory the server serves): TRL
+alone cannot generate the same samples there, so those rows check the generator only.
+
 ``load_in_4bit=True`` (``load_in_8bit``) runs the LoRA scenarios (GRPO, RLOO, OnlineDPO, XPO) on a base quantized by
 bitsandbytes the way users load one (on the CPU with bitsandbytes >= 0.50, or CUDA); each step generates before the
 compared backward, so a quantized layer that generation leaves without a gradient fails the row.
@@ -46,6 +51,8 @@ REASON = {
 
 # Largest |log p_generator - log p_training| of a sampled token, by dtype, and why (an absolute log-prob difference).
 GEN_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-1, torch.float16: 5e-2}
+GEN_TOLERANCE_VLLM = {torch.float32: 2e-3, torch.bfloat16: 1e-1, torch.float16: 5e-2}
+GEN_REASON_VLLM = "vLLM's kernels and sampler compute the log-softmax in their own order"
 GEN_REASON = {
     torch.float32: "generation reuses cached keys/values where the training forward recomputes them (~1e-6)",
     torch.bfloat16: "bf16: cached and recomputed attention round differently (8 mantissa bits)",
@@ -70,11 +77,14 @@ class Row:
     skipped: str = ""  # why there is nothing to compare with (TRL alone cannot run here; slimrl's side did run)
     gen_err: float = math.nan  # generator vs training log-prob (GRPO/RLOO; NaN: not checked)
     gen_tolerance: float = math.nan
+    generator: str = "hf"  # "hf": compared with TRL alone; "engine" / "server": the generator check only
 
     @property
     def passed(self) -> bool:
-        worst = max(self.loss_err, self.grad_err, self.update_err)
         generation_ok = math.isnan(self.gen_err) or self.gen_err <= self.gen_tolerance
+        if self.generator != "hf":
+            return not self.problem and math.isfinite(self.gen_err) and generation_ok
+        worst = max(self.loss_err, self.grad_err, self.update_err)
         return not self.skipped and not self.problem and math.isfinite(worst) and worst <= self.tolerance \
             and generation_ok
 
@@ -178,6 +188,20 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
                gen_err=ours["gen_err"], gen_tolerance=GEN_TOLERANCE[setup.dtype])
 
 
+def generation_row(name: str, loss_type: str, setup: Setup) -> Row:
+    """One patched run generating through ``setup.generator`` (engine or server): the generator check only."""
+    from slimrl import unpatch
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="slimrl-verify-") as tmp:
+        ours, error = _attempt(name, loss_type, setup, True, tmp)
+    unpatch()
+    gen = ours["gen_err"] if ours else math.nan
+    problem = error or ("" if not math.isnan(gen) else "no generated token was checked against the training model")
+    return Row(name, loss_type, math.nan, math.nan, math.nan, math.nan, time.perf_counter() - t0, problem,
+               gen_err=gen, gen_tolerance=GEN_TOLERANCE_VLLM[setup.dtype], generator=setup.generator)
+
+
 def _attempt(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str):
     """(:func:`_run`'s result, None) or (None, the error in one line)."""
     try:
@@ -248,11 +272,13 @@ def _check_bitsandbytes(quantized: str, device: str) -> None:
 
 def verify(algorithms: list[str] | None = None, loss_type: str | None = None, model: str | None = None,
            full: bool = False, device: str = "cpu", progress=None, load_in_4bit: bool = False,
-           load_in_8bit: bool = False) -> list[Row]:
+           load_in_8bit: bool = False, fast_inference: bool = False, vllm_server_base_url: str | None = None
+           ) -> list[Row]:
     """Rows for every (trainer, loss type) asked for (default: every trainer the installed TRL has). ``model``: a
     model directory, .gguf or hub id whose config the tiny model copies (``full=True``: the model itself);
     ``device``: "cpu" (fp32) or "cuda" (bf16); ``load_in_4bit`` / ``load_in_8bit``: a bitsandbytes-quantized base
-    (the LoRA scenarios only). ``progress(row)`` is called after each row."""
+    (the LoRA scenarios only); ``fast_inference`` / ``vllm_server_base_url``: also the generator rows of GRPO and
+    RLOO (see the module docstring). ``progress(row)`` is called after each row."""
     import datasets
 
     from slimrl.patching import TRAINERS, _normalise, trainer_and_config, trainer_available
@@ -269,6 +295,14 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
                               f"train every weight, which a quantized base cannot; quantized rows: "
                               f"{', '.join(LORA_SCENARIOS)}")
         names = [n for n in names if n in LORA_SCENARIOS]
+    if vllm_server_base_url is not None and (model is None or not Path(model).is_dir()):
+        raise VerifyError("--vllm_server_base_url: pass --model DIR, the local model directory the server serves "
+                          "(the trained model must hold the server's weights)")
+    if fast_inference:
+        from slimrl.generation import vllm_status
+
+        if vllm_status() is not None:
+            raise VerifyError(f"--fast_inference: {vllm_status()}")
     setup = make_setup(model, full, device, quantized)
     rows = []
     for name in names:
@@ -282,7 +316,52 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
             rows.append(row)
             if progress is not None:
                 progress(row)
+    for row in _generator_rows([n for n in names if n in PROBED], loss_type, setup, fast_inference,
+                               vllm_server_base_url, model):
+        rows.append(row)
+        if progress is not None:
+            progress(row)
     return rows
+
+
+def _generator_rows(names: list[str], loss_type: str | None, setup: Setup, fast_inference: bool,
+                    server_url: str | None, model: str | None):
+    """The engine and server rows (one per trainer: ``loss_type`` if it has it, else its first), made lazily."""
+    import dataclasses
+
+    from slimrl.patching import trainer_and_config
+
+    wanted = (["engine"] if fast_inference else []) + (["server"] if server_url else [])
+    for generator in wanted:
+        with tempfile.TemporaryDirectory(prefix="slimrl-verify-weights-") as tmp:
+            weights = model if generator == "server" else _save_tiny(setup, tmp)
+            # three steps, each generating (one iteration per generation): steps two and three sample after an
+            # update, so a generator that missed the adapter sync fails
+            gen_setup = dataclasses.replace(setup, generator=generator, weights=weights, server_url=server_url,
+                                            overrides={"max_steps": 3, "num_iterations": 1})
+            for name in names:
+                types = loss_types(name, trainer_and_config(name)[1])
+                yield generation_row(name, loss_type if loss_type in types else types[0], gen_setup)
+
+
+def _save_tiny(setup: Setup, directory: str) -> str:
+    """The scenarios' tiny model (seed 0) and tokenizer written to ``directory`` for the engine to load, with
+    attention heads of 32 (vLLM's CPU attention has no kernel for smaller heads)."""
+    import copy
+
+    from slimrl.verify.tiny import build
+
+    config = copy.deepcopy(setup.config)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = max(1, text.hidden_size // 32)
+    text.num_attention_heads = heads
+    if getattr(text, "num_key_value_heads", None) is not None:
+        text.num_key_value_heads = heads
+    if getattr(text, "head_dim", None) is not None:
+        text.head_dim = text.hidden_size // heads
+    build(config, 0, dtype=setup.dtype).save_pretrained(directory)
+    setup.tokenizer.save_pretrained(directory)
+    return directory
 
 
 def _checked_name(algorithm: str, normalise, available) -> str:
@@ -298,6 +377,10 @@ def _checked_name(algorithm: str, normalise, available) -> str:
     return name
 
 
+def _fmt_tol(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.0e}"
+
+
 def _fmt(x: float) -> str:
     return "n/a" if math.isnan(x) else "inf" if math.isinf(x) else f"{x:.1e}"
 
@@ -306,8 +389,9 @@ def format_table(rows: list[Row], setup_line: str = "") -> str:
     """The table ``slimrl verify`` prints, with the tolerance reasons under it."""
     head = ("trainer", "loss type", "loss rel.err", "grad rel.err", "update rel.err", "tolerance", "gen logp diff",
             "result")
-    body = [(r.trainer, r.loss_type, _fmt(r.loss_err), _fmt(r.grad_err), _fmt(r.update_err), f"{r.tolerance:.0e}",
-             "-" if math.isnan(r.gen_err) else f"{_fmt(r.gen_err)} (<= {r.gen_tolerance:.0e})",
+    body = [(r.trainer, r.loss_type, _fmt(r.loss_err), _fmt(r.grad_err), _fmt(r.update_err), _fmt_tol(r.tolerance),
+             "-" if math.isnan(r.gen_err) else f"{_fmt(r.gen_err)} (<= {r.gen_tolerance:.0e})" +
+             ("" if r.generator == "hf" else f" {r.generator}"),
              "PASS" if r.passed else f"SKIP ({r.skipped})" if r.skipped else
              "FAIL" + (f" ({r.problem})" if r.problem else "")) for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
@@ -317,7 +401,11 @@ def format_table(rows: list[Row], setup_line: str = "") -> str:
     for dtype, tol in TOLERANCE.items():
         if tol in reasons:
             lines.append(f"tolerance {tol:.0e}: {REASON[dtype]}")
-    gen = {r.gen_tolerance for r in rows if not math.isnan(r.gen_err)}
+    gen = {r.gen_tolerance for r in rows if not math.isnan(r.gen_err) and r.generator == "hf"}
+    vllm = {r.gen_tolerance for r in rows if r.generator != "hf"}
+    for tol in sorted(vllm):
+        lines.append(f"gen logp diff, engine/server rows (patched run only: TRL alone cannot draw the same samples "
+                     f"there): {tol:.0e}: {GEN_REASON_VLLM}")
     for dtype, tol in GEN_TOLERANCE.items():
         if tol in gen:
             lines.append(f"gen logp diff: largest |log p| difference of a sampled token between the generator and "

@@ -7,10 +7,13 @@ inference kernel in eval mode, an engine that missed a weight sync) or a wrong m
 the loss may look normal.
 
 * HF ``generate`` (GRPO/RLOO without vLLM): :class:`GenerationProbe` wraps the model's ``generate`` to also return
-  the raw logits of each step (``output_logits``), and the trainer's ``_generate_and_score_completions`` to score the
-  sampled tokens with the training model right after (before any optimizer step moves the adapter).
-* vLLM (slimrl's colocated engine, server mode, TRL's own): TRL computes the same quantity when importance-sampling
-  correction is on and logs it as ``sampling/sampling_logp_difference/max``; the probe reads that.
+  the raw logits of each step (``output_logits``);
+* vLLM (slimrl's colocated engine, server mode): it wraps the trainer's generation object, whose ``generate``
+  returns the sampled tokens' log-probs;
+
+and the trainer's ``_generate_and_score_completions``, to score the sampled tokens with the training model right
+after (before any optimizer step moves the adapter). Each completion is scored alone, unpadded: the training
+model's log-probs do not depend on how a batch was padded.
 """
 
 from __future__ import annotations
@@ -49,22 +52,35 @@ def model_logps(model: Any, ids: torch.Tensor, mask: torch.Tensor, n: int, tempe
 
 class GenerationProbe:
     """Installed on a GRPO/RLOO trainer before ``train()``; :attr:`worst` is the largest difference seen (NaN when
-    no generation was checked). Instance attributes only: the trainer's class and TRL are untouched."""
+    no generation was checked). Instance attributes only: the trainer's class and TRL are untouched.
+
+    It records what the generator returned — HF ``generate``: the sequences and each step's logits; a vLLM generation
+    object (slimrl's engine, TRL's server or colocate client): prompt ids, completion ids and the sampled tokens'
+    log-probs — and scores each completion with the training model when ``_generate_and_score_completions``
+    returns."""
 
     def __init__(self, trainer: Any):
         self.trainer = trainer
         self.worst = math.nan
         self.checked = 0
-        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (prompt ids, mask, sampled)
-        model = trainer.model
-        self._generate = model.generate
-        model.generate = self._recording_generate
+        self._pending: list[tuple[list[int], list[int], torch.Tensor]] = []  # (prompt ids, completion ids, logps)
+        self._generate = trainer.model.generate
+        trainer.model.generate = self._recording_generate
+        self._vllm = getattr(trainer, "vllm_generation", None) if getattr(trainer, "use_vllm", False) else None
+        if self._vllm is not None:
+            self._vllm_generate = self._vllm.generate
+            self._vllm.generate = self._recording_vllm_generate
         self._score = trainer._generate_and_score_completions
         trainer._generate_and_score_completions = self._scoring
 
     def remove(self) -> None:
         del self.trainer.model.generate
         del self.trainer._generate_and_score_completions
+        if self._vllm is not None:
+            del self._vllm.generate
+
+    def _temperature(self) -> float:
+        return float(getattr(self.trainer, "temperature", None) or self.trainer.args.temperature)
 
     def _recording_generate(self, *args, **kwargs):
         config = kwargs.get("generation_config")
@@ -75,16 +91,29 @@ class GenerationProbe:
         else:
             kwargs.update(output_logits=True, return_dict_in_generate=True)
         out = self._generate(*args, **kwargs)
-        ids = kwargs.get("input_ids", args[0] if args else None)
+        ids = kwargs.get("input_ids", args[0] if args else None)  # [B, P], left-padded
         mask = kwargs.get("attention_mask")
-        if mask is None:
-            mask = torch.ones_like(ids)
-        sampled = sampled_logps(out.logits, out.sequences[:, ids.shape[1]:], self._temperature())
-        self._pending.append((out.sequences, mask, sampled))
+        mask = torch.ones_like(ids) if mask is None else mask
+        completions = out.sequences[:, ids.shape[1]:]  # [B, C]
+        sampled = sampled_logps(out.logits, completions, self._temperature())  # [B, C]
+        keep = completion_mask(completions, list(self._eos()))
+        for row in range(ids.shape[0]):
+            n = int(keep[row].sum())
+            self._pending.append((ids[row][mask[row].bool()].tolist(), completions[row, :n].tolist(),
+                                  sampled[row, :n].detach().cpu()))
         return out.sequences
 
-    def _temperature(self) -> float:
-        return float(getattr(self.trainer, "temperature", None) or self.trainer.args.temperature)
+    def _recording_vllm_generate(self, *args, **kwargs):
+        out = self._vllm_generate(*args, **kwargs)
+        prompts, completions, logprobs = out[0], out[1], out[2]
+        for prompt, completion, lps in zip(prompts, completions, logprobs):
+            sampled = torch.tensor([float("nan") if lp[0] is None else lp[0] for lp in lps], dtype=torch.float32)
+            self._pending.append((list(prompt), list(completion), sampled))
+        return out
+
+    def _eos(self) -> list[int]:
+        eos = getattr(self.trainer, "eos_token_ids", None)
+        return list(eos) if eos is not None else [self.trainer.processing_class.eos_token_id]
 
     def _scoring(self, *args, **kwargs):
         out = self._score(*args, **kwargs)
@@ -92,15 +121,15 @@ class GenerationProbe:
         model = self.trainer.model
         was_training = model.training
         model.train()
-        eos = self.trainer.eos_token_ids if hasattr(self.trainer, "eos_token_ids") else \
-            [self.trainer.processing_class.eos_token_id]
+        device = next(model.parameters()).device
         with torch.no_grad():
-            for sequences, prompt_mask, sampled in pending:
-                n = sampled.shape[1]
-                keep = completion_mask(sequences[:, -n:], list(eos))  # [B, C]
-                mask = torch.cat([prompt_mask, keep], dim=1)
-                ours = model_logps(model, sequences, mask, n, self._temperature())
-                delta = (ours - sampled).abs()[keep.bool()]
+            for prompt, completion, sampled in pending:
+                if not completion:
+                    continue
+                ids = torch.tensor([prompt + completion], device=device)  # [1, P + C]
+                ours = model_logps(model, ids, torch.ones_like(ids), len(completion), self._temperature())[0]
+                delta = (ours.cpu() - sampled).abs()
+                delta = delta[~torch.isnan(delta)]  # a token the generator could not score
                 if delta.numel():
                     worst = float(delta.max())
                     self.worst = worst if math.isnan(self.worst) else max(self.worst, worst)

@@ -12,7 +12,7 @@ reference copy.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -42,6 +42,10 @@ class Setup:
     device: str
     dtype: torch.dtype
     quantized: str | None = None  # "4bit" / "8bit": the trained model's base is quantized (LoRA scenarios only)
+    generator: str = "hf"  # GRPO/RLOO generate with: "hf" (generate), "engine" (slimrl's vLLM engine), "server"
+    weights: str | None = None  # engine/server: the model directory the trained model (and the generator) load
+    server_url: str | None = None  # server: the vLLM server's base URL
+    overrides: dict = field(default_factory=dict)  # config values set over every scenario's own
 
 
 def digits_reward(completions, **kwargs) -> list[float]:
@@ -50,16 +54,34 @@ def digits_reward(completions, **kwargs) -> list[float]:
 
 
 def _common(out_dir: str, setup: Setup) -> dict:
-    return dict(output_dir=out_dir, max_steps=2, learning_rate=0.1, optim="sgd", lr_scheduler_type="constant",
-                max_grad_norm=1.0, report_to="none", use_cpu=setup.device == "cpu", bf16=setup.dtype == torch.bfloat16,
-                save_strategy="no", logging_steps=1, seed=7, gradient_checkpointing=False, disable_tqdm=True)
+    common = dict(output_dir=out_dir, max_steps=2, learning_rate=0.1, optim="sgd", lr_scheduler_type="constant",
+                  max_grad_norm=1.0, report_to="none", use_cpu=setup.device == "cpu",
+                  bf16=setup.dtype == torch.bfloat16, save_strategy="no", logging_steps=1, seed=7,
+                  gradient_checkpointing=False, disable_tqdm=True)
+    if setup.generator == "server":
+        common.update(use_vllm=True, vllm_mode="server", vllm_server_base_url=setup.server_url)
+    return common
+
+
+def _loaded(setup: Setup):
+    """The engine/server scenarios' model: ``setup.weights`` loaded by ``FastLanguageModel`` (with its colocated
+    engine for "engine"; the engine then becomes the trainer's generator)."""
+    from slimrl import FastLanguageModel
+
+    model, _ = FastLanguageModel.from_pretrained(setup.weights, dtype=setup.dtype, max_seq_length=256,
+                                                 fast_inference=setup.generator == "engine", max_lora_rank=8,
+                                                 gpu_memory_utilization="auto")
+    return model
 
 
 def _model(setup: Setup, seed: int = 0, lora: bool = False, kind: str = "causal"):
     from slimrl.verify.tiny import build
 
-    model = build(setup.config, seed, kind=kind, dtype=setup.dtype,
-                  quantized=setup.quantized if lora else None, device=setup.device)
+    if lora and setup.generator != "hf":
+        model = _loaded(setup)
+    else:
+        model = build(setup.config, seed, kind=kind, dtype=setup.dtype,
+                      quantized=setup.quantized if lora else None, device=setup.device)
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -78,7 +100,7 @@ def _dataset(rows: list[dict]):
 
 
 def _config(config_cls: type, out_dir: str, setup: Setup, **kwargs):
-    return config_cls(**{**_common(out_dir, setup), **kwargs})
+    return config_cls(**{**_common(out_dir, setup), **kwargs, **setup.overrides})
 
 
 def grpo(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):

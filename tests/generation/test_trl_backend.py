@@ -96,3 +96,18 @@ def test_dispatch_engine_vs_trls_own_class(monkeypatch):
     with pytest.warns(UserWarning, match="fast_inference engine not used \\(vllm_mode='server'\\)"):
         factory(model=_Model(engine), accelerator=_Accelerator(), processing_class=None, mode="server")
     assert calls == ["colocate", "server"]
+
+
+def test_engine_found_under_an_adapter_added_with_peft_directly():
+    """``peft.get_peft_model`` on a FastLanguageModel model (not FastLanguageModel.get_peft_model) leaves the engine
+    on the inner model, two levels under PEFT's tuner."""
+    from peft import LoraConfig, get_peft_model
+
+    from tests.tiny import tiny_llama
+
+    engine = _Engine()
+    base = tiny_llama()
+    base.vllm_engine = engine
+    peft_model = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"]))
+    assert "vllm_engine" not in peft_model.__dict__
+    assert engine_of(peft_model) is engine

@@ -265,3 +265,20 @@ def test_rloo_step_against_the_server_syncs_only_the_adapter(server, tmp_path):
         assert _server_vs_training_gap(backend, model, prompt) < 1e-3
     finally:
         unpatch()
+
+
+def test_verify_server_row(server, model_dir):
+    """``slimrl verify --model DIR --vllm_server_base_url URL``: the GRPO row generating through the running server
+    (adapter-only sync each step) passes the generator check."""
+    from slimrl.verify import verify
+
+    rows = verify(["grpo"], loss_type="dapo", model=model_dir, vllm_server_base_url=server)
+    (row,) = [r for r in rows if r.generator == "server"]
+    assert row.passed and row.gen_err < 1e-3, row
+
+
+def test_verify_server_row_needs_the_served_model_directory(server):
+    from slimrl.verify import VerifyError, verify
+
+    with pytest.raises(VerifyError, match="--vllm_server_base_url: pass --model DIR"):
+        verify(["grpo"], vllm_server_base_url=server)
