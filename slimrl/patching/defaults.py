@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from slimrl.patching.state import config_state
+
 # TRL's configs leave bf16 at None and resolve it to ``not fp16`` in ``__post_init__`` (trl/trainer/base_config.py).
 _PRECISION_FLAGS = ("bf16", "fp16", "use_cpu")
 
@@ -45,16 +47,20 @@ def apply_config_defaults(config_cls: type, kwargs: dict) -> tuple[dict, dict]:
 
 def record_explicit(config: Any, kwargs: dict, changed: dict) -> None:
     """Remember which keywords the user passed and what slimrl changed (read at trainer start)."""
-    config._slimrl_explicit = frozenset(kwargs) - set(changed)
-    config._slimrl_changed = dict(changed)
+    state = config_state(config)
+    state.explicit = frozenset(kwargs) - set(changed)
+    state.changed = dict(changed)
 
 
 def print_changed_defaults(config: Any) -> None:
     """One short table of the defaults slimrl changed for this config (main process only, once per config)."""
-    changed = getattr(config, "_slimrl_changed", None)
-    if not changed or getattr(config, "_slimrl_defaults_printed", False):
+    if config is None:
         return
-    config._slimrl_defaults_printed = True
+    state = config_state(config)
+    changed = state.changed
+    if not changed or state.defaults_printed:
+        return
+    state.defaults_printed = True
     if getattr(config, "process_index", 0) != 0:
         return
     width = max(len(n) for n in changed)

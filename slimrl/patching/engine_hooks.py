@@ -18,6 +18,7 @@ import warnings
 from typing import Any
 
 from slimrl.generation.trl_backend import SlimrlVLLMGeneration, engine_of
+from slimrl.patching.state import config_state
 
 
 def _is_peft(model: Any) -> bool:
@@ -63,13 +64,11 @@ def apply_engine_defaults(model: Any, config: Any) -> None:
     if engine is None or config is None or not hasattr(config, "use_vllm"):
         return
     engine.sampling_params = getattr(config, "vllm_sampling_params", None)
-    explicit = getattr(config, "_slimrl_explicit", None) or frozenset()
+    explicit = config_state(config).explicit
     if config.use_vllm or "use_vllm" in explicit:
         return
     config.use_vllm = True
-    changed = getattr(config, "_slimrl_changed", None)
-    if changed is not None:
-        changed["use_vllm"] = (False, "True (fast_inference engine)")
+    config_state(config).changed["use_vllm"] = (False, "True (fast_inference engine)")
 
 
 def log_engine_metrics(trainer: Any) -> None:

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from slimrl.patching.state import trainer_state
+
 
 class NonFiniteStepError(FloatingPointError):
     """The step's loss or a gradient is NaN/inf; nothing was applied to the model."""
@@ -74,8 +76,8 @@ def check_finite_step(trainer: Any, model: torch.nn.Module, loss: torch.Tensor) 
         return
     step = trainer.state.global_step + 1
     if any(p.dtype == torch.float16 for _, p in params):
-        if not getattr(trainer, "_slimrl_fp16_warned", False):
-            trainer._slimrl_fp16_warned = True
+        if not trainer_state(trainer).fp16_warned:
+            trainer_state(trainer).fp16_warned = True
             warnings.warn(f"step {step}: non-finite loss or gradients with float16 weights (fp16 overflow); TRL "
                           f"applies the step as it is. Train in bfloat16/float32 or lower the learning rate.",
                           RuntimeWarning, stacklevel=3)
@@ -101,14 +103,13 @@ def count_skipped_scaler_step(trainer: Any) -> None:
     previous optimizer step, if one ran since the last call, is the one inspected."""
     if not scaler_enabled(trainer):
         return
-    step = trainer.state.global_step
-    stepped = getattr(trainer, "_slimrl_seen_step", step) != step  # an optimizer step ran since the last call
-    trainer._slimrl_seen_step = step
+    step, state = trainer.state.global_step, trainer_state(trainer)
+    stepped = state.seen_step is not None and state.seen_step != step  # an optimizer step ran since the last call
+    state.seen_step = step
     if not stepped:
         return
     if trainer.accelerator.optimizer_step_was_skipped:
-        trainer._slimrl_skipped_steps = getattr(trainer, "_slimrl_skipped_steps", 0) + 1
+        state.skipped_steps += 1
     metrics = getattr(trainer, "_metrics", None)
     if isinstance(metrics, dict) and isinstance(metrics.get("train"), dict):
-        metrics["train"].setdefault("fp16/skipped_steps", []).append(float(getattr(trainer, "_slimrl_skipped_steps",
-                                                                                   0)))
+        metrics["train"].setdefault("fp16/skipped_steps", []).append(float(state.skipped_steps))

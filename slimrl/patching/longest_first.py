@@ -17,11 +17,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from slimrl.patching.state import trainer_state
+
 
 def wanted(trainer: Any) -> bool:
     """The first training generation of a run with ``slimrl_longest_first``."""
     return bool(getattr(trainer.args, "slimrl_longest_first", False) and trainer.model.training
-                and trainer.state.global_step == 0 and not getattr(trainer, "_slimrl_longest_done", False))
+                and trainer.state.global_step == 0 and not trainer_state(trainer).longest_done)
 
 
 @contextmanager
@@ -61,7 +63,7 @@ def generate_longest_first_factory(orig):
     def slimrl_generate_longest_first(self, *args, **kwargs):
         if not wanted(self):
             return orig(self, *args, **kwargs)
-        self._slimrl_longest_done = True
+        trainer_state(self).longest_done = True
         with forced_length(self):
             return orig(self, *args, **kwargs)
 

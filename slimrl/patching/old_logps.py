@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from slimrl.patching.state import trainer_state
+
 
 def _dropout_active(model: Any) -> bool:
     """Whether a forward in train mode is random (then two forwards differ and the pass cannot be reused)."""
@@ -84,14 +86,14 @@ def generate_and_score_factory(orig):
     @functools.wraps(orig)
     def slimrl_generate_and_score_completions(self, *args, **kwargs):
         if not can_reuse(self):
-            self._slimrl_is_window = None
+            trainer_state(self).is_window = None
             return orig(self, *args, **kwargs)
         self.vllm_importance_sampling_correction = False
         try:
             out = orig(self, *args, **kwargs)
         finally:
             self.vllm_importance_sampling_correction = True
-        self._slimrl_is_window = _Window(micro_batches=self.args.steps_per_generation)
+        trainer_state(self).is_window = _Window(micro_batches=self.args.steps_per_generation)
         return out
 
     return slimrl_generate_and_score_completions
@@ -102,13 +104,13 @@ def compute_loss_factory(orig):
 
     @functools.wraps(orig)
     def slimrl_compute_loss(self, model, inputs):
-        pending = (getattr(self, "_slimrl_is_window", None) is not None and self.model.training
+        pending = (trainer_state(self).is_window is not None and self.model.training
                    and "old_per_token_logps" not in inputs and "sampling_per_token_logps" in inputs)
-        self._slimrl_is_inputs = inputs if pending else None
+        trainer_state(self).is_inputs = inputs if pending else None
         try:
             return orig(self, model, inputs)
         finally:
-            self._slimrl_is_inputs = None
+            trainer_state(self).is_inputs = None
 
     return slimrl_compute_loss
 
@@ -117,10 +119,10 @@ def fill_importance_ratio(trainer: Any, per_token_logps: torch.Tensor) -> None:
     """Called by the GRPO log-prob method with the policy's log-probs ``[B, C]`` (with grad): when this micro-batch
     skipped TRL's pass, put ``importance_sampling_ratio`` into it (TRL's formula, ``old = per_token_logps.detach()``)
     and count its statistics; no-op otherwise."""
-    inputs = getattr(trainer, "_slimrl_is_inputs", None)
+    inputs = trainer_state(trainer).is_inputs
     if inputs is None or not torch.is_grad_enabled():
         return
-    trainer._slimrl_is_inputs = None  # the first call is the policy's; later ones (none in TRL) are not
+    trainer_state(trainer).is_inputs = None  # the first call is the policy's; later ones (none in TRL) are not
     old = per_token_logps.detach()  # [B, C]
     sampling = inputs["sampling_per_token_logps"]  # [B, C]
     mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
@@ -143,7 +145,7 @@ def fill_importance_ratio(trainer: Any, per_token_logps: torch.Tensor) -> None:
 def _count(trainer: Any, old, sampling, mask, ratio, sequence_level: bool) -> None:
     """Add one micro-batch to the generation batch's IS statistics; log TRL's ``sampling/*`` metrics after its
     last micro-batch (TRL: per-process mean/min/max over the batch, then gathered)."""
-    window: _Window | None = trainer._slimrl_is_window
+    window: _Window | None = trainer_state(trainer).is_window
     if window is None or window.seen >= window.micro_batches:
         return  # later iterations over the same batch (num_iterations > 1): TRL logs once per generation
     window.seen += 1

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from slimrl.patching.state import trainer_state
+
 _MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
 
 Compute = Callable[[torch.Tensor, torch.Tensor, int | None], tuple]  # (ids, mask, batch_size) -> (logps, H, aux)
@@ -65,7 +67,7 @@ def enabled(trainer: Any) -> bool:
 
 
 def _count_split(trainer: Any, where: str, rows: int, new_rows: int) -> None:
-    trainer._slimrl_oom_splits = getattr(trainer, "_slimrl_oom_splits", 0) + 1
+    trainer_state(trainer).oom_splits += 1
     print(f"slimrl: out of memory in the {where} ({rows} rows); retrying in slices of {new_rows} rows (same loss and "
           f"gradients; kept for the rest of the run)", flush=True)
 
@@ -91,7 +93,7 @@ def logps_with_recovery(trainer: Any, compute: Compute, input_ids: torch.Tensor,
     if not torch.is_grad_enabled():
         return _no_grad(trainer, compute, input_ids, attention_mask, batch_size)
     rows = input_ids.size(0)
-    split = getattr(trainer, "_slimrl_grad_rows", None)
+    split = trainer_state(trainer).grad_rows
     call = _PolicyCall(compute, input_ids, attention_mask)
     if split is None or split >= rows:
         try:
@@ -102,7 +104,7 @@ def logps_with_recovery(trainer: Any, compute: Compute, input_ids: torch.Tensor,
             del error
             free_memory()
             split = max(1, rows // 2)
-            trainer._slimrl_grad_rows = split
+            trainer_state(trainer).grad_rows = split
             _count_split(trainer, "policy forward", rows, split)
         else:
             if aux is not None or not logps.requires_grad:
@@ -129,8 +131,8 @@ def _slices(rows: int, size: int) -> list[slice]:
 
 
 def _retry_halving(trainer: Any, attr: str, where: str, size: int, attempt: Callable[[int], Any]) -> Any:
-    """``attempt(size)``; while it runs out of memory, halve ``size`` (kept in ``trainer.<attr>`` for the rest of
-    the run) and try again; the error is raised unchanged at one row or when it is not an out-of-memory."""
+    """``attempt(size)``; while it runs out of memory, halve ``size`` (kept in the trainer's state ``attr`` for the
+    rest of the run) and try again; the error is raised unchanged at one row or when it is not an out-of-memory."""
     while True:
         try:
             return attempt(size)
@@ -140,15 +142,15 @@ def _retry_halving(trainer: Any, attr: str, where: str, size: int, attempt: Call
             del error
         free_memory()  # outside the handler: the failed attempt's frames are gone
         new = max(1, size // 2)
-        setattr(trainer, attr, new)
+        setattr(trainer_state(trainer), attr, new)
         _count_split(trainer, where, size, new)
         size = new
 
 
 def _no_grad(trainer, compute, input_ids, attention_mask, batch_size) -> tuple:
     rows_total = input_ids.size(0)
-    size = min(batch_size or rows_total, getattr(trainer, "_slimrl_no_grad_rows", None) or rows_total)
-    outs = _retry_halving(trainer, "_slimrl_no_grad_rows", "no-grad log-prob pass", size,
+    size = min(batch_size or rows_total, trainer_state(trainer).no_grad_rows or rows_total)
+    outs = _retry_halving(trainer, "no_grad_rows", "no-grad log-prob pass", size,
                           lambda n: [compute(input_ids[s], attention_mask[s], n) for s in _slices(rows_total, n)])
     logps = torch.cat([o[0] for o in outs])  # [B, C]
     entropies = torch.cat([o[1] for o in outs]) if outs[0][1] is not None else None  # [B, C]
@@ -201,28 +203,29 @@ def backward_into_model(trainer: Any, call: _PolicyCall, grad_logps: torch.Tenso
         del outs
         free_memory()
         rows = call.input_ids.size(0)
-        trainer._slimrl_grad_rows = min(getattr(trainer, "_slimrl_grad_rows", None) or rows, max(1, rows // 2))
-        _count_split(trainer, "policy backward", rows, trainer._slimrl_grad_rows)
+        state = trainer_state(trainer)
+        state.grad_rows = min(state.grad_rows or rows, max(1, rows // 2))
+        _count_split(trainer, "policy backward", rows, state.grad_rows)
     _backward_in_slices(trainer, call, grads, params)
 
 
 def _backward_in_slices(trainer: Any, call: _PolicyCall, grads: dict[int, torch.Tensor], params: list) -> None:
-    """Recompute ``trainer._slimrl_grad_rows`` rows at a time with grad and back-propagate their slice of
+    """Recompute ``trainer_state(trainer).grad_rows`` rows at a time with grad and back-propagate their slice of
     ``grads``; a slice that runs out of memory halves the size again (that attempt's gradients discarded)."""
     rows = call.input_ids.size(0)
-    tokens = getattr(trainer, "_slimrl_trained_tokens", 0)
+    tokens = trainer_state(trainer).trained_tokens
 
     def attempt(size: int) -> None:
-        trainer._slimrl_trained_tokens = tokens
+        trainer_state(trainer).trained_tokens = tokens
         with grads_set_aside(params):
             for s in _slices(rows, size):
                 with torch.enable_grad():
                     outs = call.compute(call.input_ids[s], call.attention_mask[s], size)
                 torch.autograd.backward([outs[i] for i in grads], [g[s] for g in grads.values()])
 
-    _retry_halving(trainer, "_slimrl_grad_rows", "policy backward", trainer._slimrl_grad_rows, attempt)
+    _retry_halving(trainer, "grad_rows", "policy backward", trainer_state(trainer).grad_rows, attempt)
     if call.counted:  # the first forward counted this micro-batch's tokens already
-        trainer._slimrl_trained_tokens = tokens
+        trainer_state(trainer).trained_tokens = tokens
 
 
 def _trainable(trainer: Any) -> list[torch.nn.Parameter]:
@@ -262,13 +265,13 @@ def step(trainer: Any) -> Iterator[None]:
     try:
         yield
     except Exception as error:
-        if not (is_out_of_memory(error) and getattr(trainer, "_slimrl_longest_done", False)
+        if not (is_out_of_memory(error) and trainer_state(trainer).longest_done
                 and trainer.state.global_step == 0):
             raise
         from slimrl.patching.longest_first import failure_message
 
         raise MemoryError(failure_message(trainer, error)) from error
-    splits = getattr(trainer, "_slimrl_oom_splits", 0)
+    splits = trainer_state(trainer).oom_splits
     metrics = getattr(trainer, "_metrics", None)
     if splits and isinstance(metrics, dict) and "train" in metrics:
         metrics["train"]["memory/oom_splits"].append(float(splits))

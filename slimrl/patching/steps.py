@@ -1,8 +1,8 @@
 """The ``training_step`` / ``prediction_step`` wrappers every patched trainer shares.
 
-* :func:`running`: while a patched trainer's step runs, its config is the *current* one, so code that TRL calls
+* :func:`running`: while a patched trainer's step runs, it is the *current* trainer, so code that TRL calls
   without the trainer (the fused LM head's kernel, :mod:`slimrl.patching.routes.fused_head`) reads slimrl's fields
-  (``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``) from it.
+  (``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``) from its config and counts its work in its state.
 * :func:`training_step_factory`: the step inside :func:`running`, then the NaN/inf stop
   (:func:`slimrl.patching.guards.check_finite_step`); with fp16 loss scaling, the scaler's skipped steps are
   counted instead (:func:`slimrl.patching.guards.count_skipped_scaler_step`).
@@ -19,22 +19,27 @@ from typing import Any
 
 from slimrl.patching.guards import check_finite_step, count_skipped_scaler_step
 
-_CURRENT_ARGS: ContextVar[Any] = ContextVar("slimrl_current_trainer_args", default=None)
+_CURRENT: ContextVar[Any] = ContextVar("slimrl_current_trainer", default=None)
 
 
 @contextmanager
 def running(trainer: Any) -> Iterator[None]:
-    """Make ``trainer.args`` the current config for the duration of a step."""
-    token = _CURRENT_ARGS.set(getattr(trainer, "args", None))
+    """Make ``trainer`` the current one for the duration of a step."""
+    token = _CURRENT.set(trainer)
     try:
         yield
     finally:
-        _CURRENT_ARGS.reset(token)
+        _CURRENT.reset(token)
+
+
+def current_trainer() -> Any:
+    """The patched trainer whose step is running, or None outside one."""
+    return _CURRENT.get()
 
 
 def current_args() -> Any:
     """The config of the patched trainer whose step is running, or None outside one."""
-    return _CURRENT_ARGS.get()
+    return getattr(_CURRENT.get(), "args", None)
 
 
 def training_step_factory(orig_training_step):

@@ -135,7 +135,9 @@ def check_precision(model: Any, args: Any) -> None:
 
     if model is None or args is None or isinstance(model, str):
         return
-    explicit = getattr(args, "_slimrl_explicit", frozenset())
+    from slimrl.patching.state import config_state
+
+    explicit = config_state(args).explicit
     dtype = getattr(model, "dtype", None)
     if dtype == torch.float16 and getattr(args, "bf16", False) and "bf16" in explicit:
         raise TypeError("the model is float16 but the config has bf16=True: set bf16=False, fp16=True, or load the "

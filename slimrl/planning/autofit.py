@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from slimrl.patching.state import config_state
+
 MARGIN = 0.10  # of the device's total memory, kept free
 
 
@@ -104,7 +106,7 @@ def apply_auto_fit(bound: dict[str, Any], algorithm: str = "grpo") -> None:
     chosen = plan(model.config, **settings, gradient_checkpointing=mode, checkpoint_every=every,
                   unsloth_grpo_mini_batch=choice.get("unsloth_grpo_mini_batch"))
     _apply(model, args, choice, f"auto_fit: plan {_gib(chosen.peak_bytes)} of {_gib(budget)}")
-    args._slimrl_auto_fit_plan = chosen
+    config_state(args).auto_fit_plan = chosen
 
 
 def _apply(model: Any, args: Any, choice: dict[str, Any], why: str) -> None:
@@ -112,9 +114,7 @@ def _apply(model: Any, args: Any, choice: dict[str, Any], why: str) -> None:
 
     mode = choice["gradient_checkpointing"]
     every = choice.get("checkpoint_every_n_layers") or 1
-    changed = getattr(args, "_slimrl_changed", None)
-    if changed is None:
-        changed = args._slimrl_changed = {}
+    changed = config_state(args).changed
     label = {"false": "False", "selective": f"True, every {every} layers", "slimrl": "True, every layer" +
              (" offloaded" if wants_offload("slimrl") else "")}[mode]
     old = bool(getattr(args, "gradient_checkpointing", False))

@@ -106,7 +106,7 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
 
     from slimrl import PatchFastRL, unpatch
     from slimrl.patching import trainer_and_config
-    from slimrl.patching.routes import served_calls
+    from slimrl.patching.routes import served
     from slimrl.verify.generation import GenerationProbe, worst_difference
 
     unpatch()
@@ -128,14 +128,13 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
     probe = GenerationProbe(trainer) if patched and name in PROBED else None
     trainer.add_callback(FirstGradients())
     trainer.remove_callback(PrinterCallback)  # the table is the output, not TRL's log dictionaries
-    calls = served_calls()
     trainer.train()
     if probe is not None:
         probe.remove()
     return {"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
             "gen_err": worst_difference(probe, trainer.state.log_history) if patched else math.nan,
             "grads": grads, "updates": {n: p.detach() - before[n] for n, p in params.items()},
-            "used": served_calls() > calls or getattr(trainer, "_slimrl_trained_tokens", 0) > 0,
+            "used": served(trainer) > 0,
             "dtype": _lowest_precision(p.dtype for p in params.values())}
 
 

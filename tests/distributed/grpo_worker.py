@@ -52,6 +52,7 @@ def main(out: str, single: bool = False, sharded: bool = False) -> None:
     from safetensors.torch import save_file
 
     from slimrl import PatchFastRL
+    from slimrl.patching.state import trainer_state
 
     PatchFastRL("grpo")
     from trl import GRPOConfig, GRPOTrainer
@@ -91,7 +92,7 @@ def main(out: str, single: bool = False, sharded: bool = False) -> None:
         "world_size": state.num_processes, "prompts": seen, "engine": trainer.accelerator.distributed_type.value,
         "dtensor": any(hasattr(p, "full_tensor") for p in trainer.model_wrapped.parameters()),
         "zero3_head": hasattr(model.get_output_embeddings().weight, "ds_id"),
-        "slimrl_tokens": getattr(trainer, "_slimrl_trained_tokens", 0)}))
+        "slimrl_tokens": trainer_state(trainer).trained_tokens}))
 
 
 if __name__ == "__main__":

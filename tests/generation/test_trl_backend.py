@@ -6,6 +6,7 @@ import pytest
 
 from slimrl.generation.trl_backend import SlimrlVLLMGeneration, engine_of, sampling_kwargs
 from slimrl.patching.engine_hooks import apply_engine_defaults, slimrl_vllm_generation_factory
+from slimrl.patching.state import config_state
 from slimrl.sampling import vLLMSamplingParams
 
 TRAINER = {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -37,8 +38,7 @@ class _Config:
     def __init__(self, use_vllm=False, explicit=()):
         self.use_vllm = use_vllm
         self.vllm_sampling_params = {"top_k": 5}
-        self._slimrl_explicit = frozenset(explicit)
-        self._slimrl_changed = {}
+        config_state(self).explicit = frozenset(explicit)
 
 
 class _Model:
@@ -51,11 +51,11 @@ def test_engine_turns_use_vllm_on_unless_the_user_set_it():
     engine = _Engine()
     cfg = _Config()
     apply_engine_defaults(_Model(engine), cfg)
-    assert cfg.use_vllm is True and cfg._slimrl_changed["use_vllm"] == (False, "True (fast_inference engine)")
+    assert cfg.use_vllm is True and config_state(cfg).changed["use_vllm"] == (False, "True (fast_inference engine)")
     assert engine.sampling_params == {"top_k": 5}
     kept = _Config(use_vllm=False, explicit=("use_vllm",))
     apply_engine_defaults(_Model(engine), kept)
-    assert kept.use_vllm is False and not kept._slimrl_changed
+    assert kept.use_vllm is False and not config_state(kept).changed
     plain = _Config()
     apply_engine_defaults(_Model(), plain)  # no engine: TRL's default stays
     assert plain.use_vllm is False

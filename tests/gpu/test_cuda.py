@@ -17,6 +17,8 @@ import importlib.util
 import pytest
 import torch
 
+from slimrl.patching.state import config_state
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 CUDA = torch.device("cuda")
@@ -139,7 +141,7 @@ def test_precision_defaults_stay_trls_on_cuda(tmp_path):
     finally:
         unpatch()
     assert (cfg.bf16, cfg.fp16) == (ref.bf16, ref.fp16)
-    assert not {"bf16", "fp16"} & set(getattr(cfg, "_slimrl_changed", {}))
+    assert not {"bf16", "fp16"} & set(config_state(cfg).changed)
 
 
 def _checkpointed_grads(model, ids, offloaded: bool):

@@ -20,7 +20,8 @@ import math
 import torch
 
 from slimrl import PatchFastRL, unpatch
-from slimrl.patching.routes import served_calls
+from slimrl.patching.routes import served
+from slimrl.patching.steps import running
 
 PAIRS = [
     {"prompt": "1+2=", "chosen": "3.", "rejected": "12 or 4."},
@@ -80,7 +81,8 @@ def loss_and_grads(trainer, inputs: dict) -> tuple[float, dict[str, torch.Tensor
     for values in store.values():
         values.clear()
     torch.manual_seed(0)
-    loss = trainer.compute_loss(model, dict(inputs))
+    with running(trainer):  # as the trainer's training_step runs it: the fused-head kernel reads the config
+        loss = trainer.compute_loss(model, dict(inputs))
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     metrics = {k: float(sum(v) / len(v)) for k, v in store.items() if v and k not in CUMULATIVE}
@@ -92,13 +94,13 @@ def assert_parity(trainer, algorithm: str, rtol: float = 1e-4) -> dict[str, floa
     unpatch()
     inputs = first_batch(trainer)
     ref_loss, ref_grads, ref_metrics = loss_and_grads(trainer, inputs)
-    calls = served_calls()
+    calls = served(trainer)
     PatchFastRL(algorithm)
     try:
         loss, grads, metrics = loss_and_grads(trainer, inputs)
     finally:
         unpatch()
-    assert served_calls() > calls, "slimrl's log-prob path was not used"
+    assert served(trainer) > calls, "slimrl's log-prob path was not used"
     assert math.isfinite(ref_loss)
     assert ref_grads and any(g.abs().max() > 0 for g in ref_grads.values()), "no gradient: the test would be vacuous"
     assert abs(loss - ref_loss) <= rtol * max(abs(ref_loss), 1e-3), f"loss {loss} vs TRL {ref_loss}"
@@ -119,14 +121,12 @@ def assert_patched_equals_unpatched(run, algorithm: str, tmp_path, rtol: float =
 
     unpatch()
     ref_seen, ref_deltas, ref_losses, _ = run(tmp_path / "trl")
-    calls = served_calls()
     PatchFastRL(algorithm)
     try:
         seen, deltas, losses, trainer = run(tmp_path / "slim")
     finally:
         unpatch()
-    used = served_calls() > calls or getattr(trainer, "_slimrl_trained_tokens", 0) > 0
-    assert used, "slimrl's log-prob path was not used"
+    assert served(trainer) > 0, "slimrl's log-prob path was not used"
     assert seen == ref_seen, "patched run sampled different completions"
     assert any(d.abs().max() > 0 for d in ref_deltas.values()), "no update happened: the test would be vacuous"
     for name, ref in ref_deltas.items():

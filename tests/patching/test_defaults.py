@@ -10,6 +10,7 @@ import torch
 
 from slimrl import PatchFastRL, unpatch
 from slimrl.patching import TRAINERS, trainer_and_config, trainer_available
+from slimrl.patching.state import config_state
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 NO_ACCELERATOR = not torch.cuda.is_available()
@@ -43,7 +44,7 @@ def test_gpu_style_configs_are_created_on_a_cpu(patched, tmp_path, capsys):
     for name, cls in configs.items():
         cfg = cls(output_dir=str(tmp_path))
         assert cfg.bf16 is False, name
-        assert cfg._slimrl_changed["bf16"][0] is True, name
+        assert config_state(cfg).changed["bf16"][0] is True, name
     from trl import GRPOConfig
 
     with pytest.warns(FutureWarning, match="max_new_tokens"):
@@ -76,11 +77,11 @@ def test_trl_precision_defaults_stay_where_they_run(patched, tmp_path, monkeypat
 
     monkeypatch.setattr(ta, "is_torch_bf16_gpu_available", lambda *a, **k: True)
     cfg = DPOConfig(output_dir=str(tmp_path), beta=0.1)
-    assert cfg.bf16 is True and not cfg._slimrl_changed
+    assert cfg.bf16 is True and not config_state(cfg).changed
     monkeypatch.undo()
 
     trainer = _grpo(tmp_path, tiny_llama(), use_cpu=True)  # fp32 model, TRL's bf16 default
-    assert trainer.args.bf16 is True and "bf16" not in trainer.args._slimrl_changed
+    assert trainer.args.bf16 is True and "bf16" not in config_state(trainer.args).changed
     assert trainer.accelerator.mixed_precision == "bf16", "TRL's bf16 autocast must stay on"
 
 

@@ -11,6 +11,7 @@ import torch
 from packaging.version import Version
 
 from slimrl import PatchFastRL
+from slimrl.patching.state import config_state
 from tests.tiny import CPU_ARGS, tiny_llama, tiny_tokenizer
 
 CPU = dict(**CPU_ARGS, gradient_checkpointing=False)
@@ -75,15 +76,20 @@ def test_fp16_model_with_bf16(tmp_path):
         _trainer(tmp_path, ones, model=tiny_llama().to(torch.float16), bf16=True)
 
 
+def _explicit(config, names: set[str]):
+    """``config`` as if the user had written ``names`` (what a patched config's __init__ records)."""
+    config_state(config).explicit = frozenset(names)
+    return config
+
+
 def test_bf16_model_with_fp16():
     from slimrl.patching.validation import check_precision
 
     with pytest.raises(TypeError, match="the model is bfloat16 but the config has fp16=True: set fp16=False"):
         check_precision(tiny_llama().to(torch.bfloat16),
-                        SimpleNamespace(fp16=True, bf16=False, _slimrl_explicit=frozenset({"fp16"})))
+                        _explicit(SimpleNamespace(fp16=True, bf16=False), {"fp16"}))
     # TRL's own default (fp16 not written by the user) is never refused
-    check_precision(tiny_llama().to(torch.bfloat16), SimpleNamespace(fp16=True, bf16=False,
-                                                                      _slimrl_explicit=frozenset()))
+    check_precision(tiny_llama().to(torch.bfloat16), _explicit(SimpleNamespace(fp16=True, bf16=False), set()))
 
 
 def test_sequence_budget_over_max_seq_length():

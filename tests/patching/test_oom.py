@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from slimrl.patching import oom
+from slimrl.patching.state import trainer_state
 from slimrl.patching.trainers import grpo
 from tests.patching.parity import assert_patched_equals_unpatched
 from tests.patching.trainers.test_grpo import run_grpo
@@ -75,7 +76,7 @@ def test_out_of_memory_split_equals_trl(tmp_path, monkeypatch, where, loss_type,
     assert injector.fired == 1, "the failure was not injected: the test would be vacuous"
     logged = [h["memory/oom_splits"] for h in trainer.state.log_history if "memory/oom_splits" in h]
     assert logged and logged[-1] == 1.0
-    kept = trainer._slimrl_no_grad_rows if where == "no_grad" else trainer._slimrl_grad_rows
+    kept = trainer_state(trainer).no_grad_rows if where == "no_grad" else trainer_state(trainer).grad_rows
     assert kept == 2
 
 
@@ -128,5 +129,5 @@ def test_rloo_backward_out_of_memory_equals_trl(tmp_path, monkeypatch):
 
     trainer = assert_patched_equals_unpatched(run, "rloo", tmp_path)
     assert fired, "the failure was not injected: the test would be vacuous"
-    assert trainer._slimrl_grad_rows == 2
+    assert trainer_state(trainer).grad_rows == 2
     assert [h["memory/oom_splits"] for h in trainer.state.log_history if "memory/oom_splits" in h][-1] == 1.0

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from slimrl import PatchFastRL, unpatch
+from slimrl.patching.state import config_state
 from slimrl.planning import plan
 from tests.tiny import CPU_ARGS, tiny_llama, tiny_tokenizer
 
@@ -66,8 +67,8 @@ def test_budget_between_the_plans_keeps_checkpointing(grpo, tmp_path):
                        slimrl_memory_budget=f"{budget / 2**20:.0f}MB")
     assert trainer.args.gradient_checkpointing is True
     assert trainer.model.get_base_model().is_gradient_checkpointing
-    assert trainer.args._slimrl_auto_fit_plan.peak_bytes <= budget
-    assert "gradient_checkpointing" in trainer.args._slimrl_changed
+    assert config_state(trainer.args).auto_fit_plan.peak_bytes <= budget
+    assert "gradient_checkpointing" in config_state(trainer.args).changed
 
 
 def test_budget_below_the_weights_is_refused_before_training(grpo, tmp_path):
@@ -85,7 +86,7 @@ def test_bad_budget_text_is_refused_at_config(grpo, tmp_path):
 def test_auto_fit_off_changes_nothing(grpo, tmp_path):
     trainer = _trainer(tmp_path, tiny_llama(), max_completion_length=8)
     assert trainer.args.gradient_checkpointing is True  # TRL's default
-    assert "gradient_checkpointing" not in (getattr(trainer.args, "_slimrl_changed", None) or {})
+    assert "gradient_checkpointing" not in config_state(trainer.args).changed
     assert torch.is_grad_enabled()
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from slimrl.generation import vllm_status
+from slimrl.patching.state import config_state, trainer_state
 
 pytestmark = pytest.mark.skipif(vllm_status() is not None, reason=f"vLLM not usable here: {vllm_status()}")
 
@@ -62,7 +63,7 @@ def test_trainer_generates_through_the_engine(run, capsys):
 
     trainer, model = run
     assert trainer.args.use_vllm and trainer.use_vllm
-    assert trainer.args._slimrl_changed["use_vllm"][1].startswith("True")
+    assert config_state(trainer.args).changed["use_vllm"][1].startswith("True")
     assert isinstance(trainer.vllm_generation, SlimrlVLLMGeneration)
     engine = model.vllm_engine
     assert engine.adapter_id == STEPS and engine.timings["syncs"] == STEPS  # one sync per optimizer step
@@ -123,7 +124,7 @@ def test_no_old_log_prob_pass_and_the_same_loss_as_trls_pass(run):
 
     trl_loss, trl_grads = loss_and_grads(dict(batch))
     mine = {k: v for k, v in batch.items() if k not in ("old_per_token_logps", "importance_sampling_ratio")}
-    trainer._slimrl_is_window = _Window(micro_batches=1)
+    trainer_state(trainer).is_window = _Window(micro_batches=1)
     loss, grads = loss_and_grads(mine)
     assert torch.allclose(mine["importance_sampling_ratio"], batch["importance_sampling_ratio"], rtol=1e-4, atol=1e-6)
     assert abs(float(loss - trl_loss)) <= 1e-4 * max(abs(float(trl_loss)), 1e-3)

@@ -1,10 +1,11 @@
-"""The log-prob routes (method capture, score positions, fused head); :func:`served_calls` counts their work."""
+"""The log-prob routes (method capture, score positions, fused head); :func:`served` tells whether they ran."""
+
+from typing import Any
+
+from slimrl.patching.state import trainer_state
 
 
-def served_calls() -> int:
-    """How many calls slimrl's fused-head kernel and score-positions forward have served (``slimrl verify`` and the
-    parity tests compare it before and after a run to prove slimrl's path ran)."""
-    from slimrl.patching.routes.fused_head import SlimrlChunkedLogProbFunction
-    from slimrl.patching.routes.score_positions import score_positions
-
-    return SlimrlChunkedLogProbFunction.calls + score_positions.calls
+def served(trainer: Any) -> int:
+    """How many forwards and kernel calls slimrl's log-prob routes have served for ``trainer`` (``slimrl verify``
+    and the parity tests check it to prove slimrl's path ran)."""
+    return trainer_state(trainer).served_calls

@@ -33,7 +33,8 @@ import torch
 
 from slimrl.ops.chunked_logprob import chunked_logprob_outputs
 from slimrl.patching.registry import Patch, original
-from slimrl.patching.steps import current_args, prediction_step_factory
+from slimrl.patching.state import trainer_state
+from slimrl.patching.steps import current_args, current_trainer, prediction_step_factory
 
 UTILS = "trl.trainer.utils"
 VERSIONS = ">=1.15"  # the fused head (``add_fused_lm_head``) arrived in TRL 1.15
@@ -74,10 +75,8 @@ class SlimrlChunkedLogProbFunction:
     logit_scale, outputs) -> (log_probs [N], entropy | None, log_sum_sq_probs | None, mean_logits | None,
     is_top1 | None)`` — TRL's contract. ``chunk_size`` is TRL's vocabulary tile; slimrl chunks rows instead:
     ``unsloth_num_chunks`` / ``unsloth_logit_chunk_multiplier`` of the running trainer choose them
-    (:func:`chunking_of`). ``calls`` counts the calls slimrl's kernel served (tests use it to prove the path ran).
+    (:func:`chunking_of`). The calls slimrl's kernel serves are counted in the running trainer's state.
     """
-
-    calls = 0
 
     @staticmethod
     def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
@@ -87,7 +86,9 @@ class SlimrlChunkedLogProbFunction:
         if not chosen and _trl_kernel_is_best(hidden.device):
             return original(UTILS, "_ChunkedLogProbFunction").apply(
                 hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs)
-        SlimrlChunkedLogProbFunction.calls += 1
+        trainer = current_trainer()
+        if trainer is not None:
+            trainer_state(trainer).served_calls += 1
         return chunked_logprob_outputs(hidden, weight, targets, bias, float(temperature), outputs=tuple(outputs),
                                        num_chunks=num_chunks, chunk_multiplier=multiplier,
                                        logit_scale=float(logit_scale), softcap=final_logit_softcapping)

@@ -25,6 +25,7 @@ from slimrl.compat.heads import capture_head_input, logit_transform, plain_linea
 from slimrl.compat.malloc import recycling_phase
 from slimrl.ops.chunked_logprob import masked_token_logprobs
 from slimrl.patching.registry import original
+from slimrl.patching.state import trainer_state
 from slimrl.patching.validation import check_batch_length
 
 
@@ -140,8 +141,10 @@ def _logps_through_ops(self, model, config, head, input_ids, attention_mask, log
         if compute_entropy:
             all_entropies.append(torch.nn.functional.pad(entropy, (0, pad)))  # [b, C]
         order.extend(rows)
+        state = trainer_state(self)
+        state.served_calls += 1
         if torch.is_grad_enabled():
-            self._slimrl_trained_tokens = getattr(self, "_slimrl_trained_tokens", 0) + int(valid.sum())
+            state.trained_tokens += int(valid.sum())
     back = torch.argsort(torch.tensor(order, device=input_ids.device))  # [B]: caller's row -> position in groups
     logps = torch.cat(all_logps, dim=0)[back]  # [B, C]
     entropies = torch.cat(all_entropies, dim=0)[back] if compute_entropy else None

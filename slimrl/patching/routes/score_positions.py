@@ -34,6 +34,7 @@ import torch
 
 from slimrl.compat.heads import capture_head_input, logit_transform, plain_linear_head
 from slimrl.ops.chunked_logprob import chunked_logprob_outputs
+from slimrl.patching.state import trainer_state
 
 
 def servable_head(trainer, model) -> torch.nn.Linear | None:
@@ -52,7 +53,7 @@ def score_positions(trainer, model, head, input_ids: torch.Tensor, attention_mas
     Returns ``(logps [B, T]`` (0 outside ``grad_pos``), ``mean_logits [B, T]`` at ``grad_pos | stat_pos`` (0
     elsewhere) or None when ``stat_pos`` is None, ``outputs`` (the model's output object, logits empty)).
     """
-    score_positions.calls += 1
+    trainer_state(trainer).served_calls += 1
     config = trainer.accelerator.unwrap_model(model).config
     with capture_head_input(head) as captured:
         outputs = model(input_ids, attention_mask=attention_mask, use_cache=False, **model_kwargs)
@@ -80,7 +81,6 @@ def score_positions(trainer, model, head, input_ids: torch.Tensor, attention_mas
     return per_token, mean_logits, outputs
 
 
-score_positions.calls = 0  # forwards served by slimrl's path (tests use it to prove the path ran)
 
 @dataclass(frozen=True)
 class ConcatenatedSpec:

@@ -29,6 +29,7 @@ from slimrl.patching.old_logps import compute_loss_factory, fill_importance_rati
 from slimrl.patching.oom import logps_with_recovery
 from slimrl.patching.registry import Patch
 from slimrl.patching.routes.method_capture import logps_and_entropies_through_ops
+from slimrl.patching.state import trainer_state
 from slimrl.patching.steps import training_step_factory
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
@@ -69,14 +70,14 @@ def grpo_step_metrics_factory(orig_training_step):
 
     @functools.wraps(orig_training_step)
     def slimrl_grpo_step_metrics(self, model, inputs, *args, **kwargs):
-        self._slimrl_trained_tokens = 0
+        trainer_state(self).trained_tokens = 0
         t0 = time.perf_counter()
         with peak_window(self.accelerator.device) as window, oom.step(self):
             out = orig_training_step(self, model, inputs, *args, **kwargs)
         dt = time.perf_counter() - t0
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["memory/peak_mb"].append(window.peak_bytes() / 2**20)
-        self._metrics[mode]["tokens_per_s"].append(self._slimrl_trained_tokens / dt if dt > 0 else 0.0)
+        self._metrics[mode]["tokens_per_s"].append(trainer_state(self).trained_tokens / dt if dt > 0 else 0.0)
         log_engine_metrics(self)
         return out
 

@@ -17,6 +17,7 @@ import torch
 
 from slimrl import PatchFastRL, unpatch
 from slimrl.compat.trl_info import grpo_loss_types
+from slimrl.patching.routes import served
 from tests.patching.parity import assert_patched_equals_unpatched
 from tests.tiny import tiny_llama, tiny_tokenizer
 
@@ -111,6 +112,6 @@ def test_unsupported_head_delegates_to_trl(tmp_path, monkeypatch):
         _, deltas, _, trainer = run_grpo(tmp_path / "slim", "dapo", 0.04)
     finally:
         unpatch()
-    assert getattr(trainer, "_slimrl_trained_tokens", 0) == 0
+    assert served(trainer) == 0
     for name, ref in ref_deltas.items():
         assert _rel(deltas[name], ref) <= 1e-6
