@@ -92,7 +92,7 @@ def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, sc
     return x, tanh
 
 
-def _autocast_off(device: torch.device):
+def autocast_off(device: torch.device):
     """Autocast disabled for ``device`` (the op casts explicitly to its compute dtype)."""
     from contextlib import nullcontext
 
@@ -107,7 +107,7 @@ class ChunkedLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_rows, scale, softcap, with_entropy, stats=()):
         dtype = compute_dtype(hidden, weight)
-        with _autocast_off(hidden.device):
+        with autocast_off(hidden.device):
             return ChunkedLogProb._forward(ctx, dtype, hidden, weight, bias, targets, temperature, chunk_rows, scale,
                                            softcap, with_entropy, stats)
 
@@ -146,7 +146,7 @@ class ChunkedLogProb(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logps, grad_entropy, *_stats):
-        with _autocast_off(ctx.saved_tensors[0].device):
+        with autocast_off(ctx.saved_tensors[0].device):
             return ChunkedLogProb._backward(ctx, grad_logps, grad_entropy)
 
     @staticmethod

@@ -89,3 +89,50 @@ def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path, config, port):
         d2, d1 = w0[name] - start[name], ws[name] - start[name]
         rel = float((d2 - d1).norm() / d1.norm())
         assert rel <= 1e-4, f"{name}: update with 2 processes vs 1 process, relative difference {rel:.2e}"
+
+
+@pytest.mark.skipif(shutil.which("accelerate", path=str(Path(sys.executable).parent)) is None,
+                    reason="accelerate CLI not installed next to this python")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo variant of the test")
+@pytest.mark.parametrize("algorithm, port", [("orpo", 29521), ("cpo", 29522)])
+def test_two_process_fsdp2_preference_step_equals_trl(tmp_path, algorithm, port):
+    """ORPO and CPO (the score-positions route, which reads the LM head itself: an FSDP2-sharded head is gathered
+    with ``full_tensor()`` by :class:`slimrl.patching.routes.head.Head`) under ``examples/accelerate/fsdp2.yaml``:
+    slimrl's route ran on both ranks, the ranks end equal, and the adapter update equals TRL alone's under the same
+    launch; ORPO's also equals one process training on the same global batch (CPO's does not, with TRL alone
+    either: its NLL term is a per-process token mean). Tolerance 1e-4 relative: fp32, gradients reduced in
+    another order."""
+    from tests.distributed.preference_worker import start_weights
+
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    worker = str(ROOT / "tests/distributed/preference_worker.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+    def launch(out: Path, *flags: str) -> list[dict]:
+        cmd = [accelerate, "launch", "--config_file", str(ROOT / "examples/accelerate/fsdp2.yaml"),
+               "--main_process_port", str(port), worker, algorithm, str(out), *flags]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+    info = launch(tmp_path / "slimrl")
+    assert all(i["world_size"] == 2 and i["engine"] == "FSDP" and i["dtensor"] and i["head_dtensor"]
+               for i in info), info
+    assert all(i["served"] > 0 for i in info), "slimrl's score-positions route did not run on every rank"
+    assert all(i["served"] == 0 for i in launch(tmp_path / "trl", "--trl-alone"))
+    start = start_weights()
+    w0, w1 = (load_file(str(tmp_path / "slimrl" / f"rank{r}.safetensors")) for r in (0, 1))
+    refs = {"TRL alone, 2 processes": load_file(str(tmp_path / "trl" / "rank0.safetensors"))}
+    if algorithm == "orpo":
+        single = subprocess.run([sys.executable, worker, algorithm, str(tmp_path / "one"), "--single"], cwd=ROOT,
+                                env=env, capture_output=True, text=True, timeout=600)
+        assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
+        refs["1 process"] = load_file(str(tmp_path / "one" / "ranksingle.safetensors"))
+    assert w0.keys() == start.keys() and w0
+    for name in w0:
+        assert torch.equal(w0[name], w1[name]), f"{name} differs between ranks"
+        for what, ref in refs.items():
+            d2, d1 = w0[name] - start[name], ref[name] - start[name]
+            assert d1.abs().max() > 0, f"{name}: no update in {what} (the comparison would be vacuous)"
+            rel = float((d2 - d1).norm() / d1.norm())
+            assert rel <= 1e-4, f"{name}: update vs {what}, relative difference {rel:.2e}"

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import torch
 
-from slimrl.ops.chunked_logprob import chunked_logprob_outputs
 from slimrl.patching.registry import Patch, original
+from slimrl.patching.routes.head import Head, chunking_of
 from slimrl.patching.state import trainer_state
 from slimrl.patching.steps import current_args, current_trainer, prediction_step_factory
 
@@ -62,12 +62,6 @@ def _trl_kernel_is_best(device: torch.device) -> bool:
     return bool(_use_triton(device))
 
 
-def chunking_of(args) -> tuple[int, int | None]:
-    """(``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``) of a config; (-1, None) = automatic."""
-    num_chunks = getattr(args, "unsloth_num_chunks", -1)
-    return (-1 if num_chunks is None else num_chunks), getattr(args, "unsloth_logit_chunk_multiplier", None)
-
-
 class SlimrlChunkedLogProbFunction:
     """Drop-in for ``trl.trainer.utils._ChunkedLogProbFunction`` (only ``apply`` is ever called).
 
@@ -89,9 +83,8 @@ class SlimrlChunkedLogProbFunction:
         trainer = current_trainer()
         if trainer is not None:
             trainer_state(trainer).served_calls += 1
-        return chunked_logprob_outputs(hidden, weight, targets, bias, float(temperature), outputs=tuple(outputs),
-                                       num_chunks=num_chunks, chunk_multiplier=multiplier,
-                                       logit_scale=float(logit_scale), softcap=final_logit_softcapping)
+        head = Head(weight, bias, float(logit_scale), final_logit_softcapping, num_chunks, multiplier)
+        return head.outputs(hidden, targets, float(temperature), tuple(outputs), in_head_dtype=False)
 
 
 def slimrl_score_valid_positions_only(device: torch.device) -> bool:

@@ -21,10 +21,10 @@ from contextlib import nullcontext
 
 import torch
 
-from slimrl.compat.heads import capture_head_input, logit_transform, plain_linear_head
+from slimrl.compat.heads import capture_head_input, plain_linear_head
 from slimrl.compat.malloc import recycling_phase
-from slimrl.ops.chunked_logprob import masked_token_logprobs
 from slimrl.patching.registry import original
+from slimrl.patching.routes.head import Head
 from slimrl.patching.state import trainer_state
 from slimrl.patching.validation import check_batch_length
 
@@ -106,8 +106,7 @@ def _logps_through_ops(self, model, config, head, input_ids, attention_mask, log
     """The capture + :mod:`slimrl.ops` path of :func:`logps_and_entropies_through_ops`, one forward per row group
     (:func:`_groups_for`); the results are put back in the caller's row order, 0 at the cut padding."""
     check_batch_length(self.model, input_ids.size(1))
-    scale, softcap = logit_transform(config)
-    num_chunks = getattr(self.args, "unsloth_num_chunks", -1)
+    projection = Head.of(head, config, self.args)
     batch_size = batch_size or input_ids.size(0)
     mini = getattr(self.args, "unsloth_grpo_mini_batch", None)
     if mini and not torch.is_grad_enabled():  # no-grad passes: fewer rows per forward, lower activation peak
@@ -123,19 +122,7 @@ def _logps_through_ops(self, model, config, head, input_ids, attention_mask, log
         hidden = captured[-1][:, :-1]  # [b, C_g, H]: position t predicts token t + 1
         targets = ids[:, -keep:]  # [b, C_g]
         valid = mask[:, -keep:].bool()  # [b, C_g]
-        weight, bias = head.weight, head.bias
-        if hasattr(weight, "full_tensor"):  # FSDP2 DTensor
-            weight = weight.full_tensor()
-            bias = bias.full_tensor() if bias is not None else None
-        # The head math runs in the head's dtype with fp32 softmax, outside autocast.
-        autocast_off = torch.autocast(hidden.device.type, enabled=False) if hidden.device.type in ("cuda", "cpu") \
-            else nullcontext()
-        with autocast_off:
-            logps, entropy = masked_token_logprobs(
-                hidden.to(weight.dtype), weight, targets, valid, bias, self.temperature,
-                num_chunks=num_chunks, chunk_multiplier=getattr(self.args, "unsloth_logit_chunk_multiplier", None),
-                logit_scale=scale, softcap=softcap, with_entropy=compute_entropy,
-            )
+        logps, entropy = projection.masked(hidden, targets, valid, self.temperature, compute_entropy)  # [b, C_g]
         pad = logits_to_keep - keep
         all_logps.append(torch.nn.functional.pad(logps, (0, pad)))  # [b, C]
         if compute_entropy:

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from slimrl.compat.heads import capture_head_input, logit_transform, plain_linear_head
-from slimrl.ops.chunked_logprob import chunked_logprob_outputs
+from slimrl.compat.heads import capture_head_input, plain_linear_head
+from slimrl.patching.routes.head import Head
 from slimrl.patching.state import trainer_state
 
 
@@ -58,25 +58,17 @@ def score_positions(trainer, model, head, input_ids: torch.Tensor, attention_mas
     with capture_head_input(head) as captured:
         outputs = model(input_ids, attention_mask=attention_mask, use_cache=False, **model_kwargs)
     hidden = captured[-1]  # [B, T, H]
-    scale, softcap = logit_transform(config)
-    weight, bias = head.weight, head.bias
-    chunking = {"num_chunks": getattr(trainer.args, "unsloth_num_chunks", -1),
-                "chunk_multiplier": getattr(trainer.args, "unsloth_logit_chunk_multiplier", None)}
+    projection = Head.of(head, config, trainer.args)
     want_mean = stat_pos is not None
     outs = ("log_probs", "mean_logits") if want_mean else ("log_probs",)
-    with torch.autocast(hidden.device.type, enabled=False):
-        logps, _, _, mean_grad, _ = chunked_logprob_outputs(
-            hidden[grad_pos].to(weight.dtype), weight, targets[grad_pos], bias, temperature, outputs=outs,
-            logit_scale=scale, softcap=softcap, **chunking)  # [N_grad]
-        per_token = logps.new_zeros(grad_pos.shape).masked_scatter(grad_pos, logps)  # [B, T]
-        if not want_mean:
-            return per_token, None, outputs
-        rest = stat_pos & ~grad_pos  # [B, T]: mean logit only
-        with torch.no_grad():
-            mean_rest = chunked_logprob_outputs(
-                hidden.detach()[rest].to(weight.dtype), weight.detach(), targets[rest],
-                None if bias is None else bias.detach(), temperature, outputs=("mean_logits",), logit_scale=scale,
-                softcap=softcap, **chunking)[3]  # [N_rest]
+    logps, _, _, mean_grad, _ = projection.outputs(hidden[grad_pos], targets[grad_pos], temperature, outs)  # [N_grad]
+    per_token = logps.new_zeros(grad_pos.shape).masked_scatter(grad_pos, logps)  # [B, T]
+    if not want_mean:
+        return per_token, None, outputs
+    rest = stat_pos & ~grad_pos  # [B, T]: mean logit only
+    with torch.no_grad():
+        mean_rest = projection.detached().outputs(hidden.detach()[rest], targets[rest], temperature,
+                                                  ("mean_logits",))[3]  # [N_rest]
     mean_logits = logps.new_zeros(grad_pos.shape).masked_scatter(grad_pos, mean_grad).masked_scatter(rest, mean_rest)
     return per_token, mean_logits, outputs
 

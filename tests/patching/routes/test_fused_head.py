@@ -91,16 +91,16 @@ def test_num_chunks_sets_the_fused_head_chunking(tmp_path, monkeypatch):
     import torch
 
     from slimrl import PatchFastRL, unpatch
-    from slimrl.patching.routes import fused_head
+    from slimrl.patching.routes import fused_head, head
 
     seen = []
-    real = fused_head.chunked_logprob_outputs
+    real = head.chunked_logprob_outputs
 
     def spy(hidden, *args, **kwargs):
         seen.append((hidden.size(0), kwargs["num_chunks"], kwargs["chunk_multiplier"]))
         return real(hidden, *args, **kwargs)
 
-    monkeypatch.setattr(fused_head, "chunked_logprob_outputs", spy)
+    monkeypatch.setattr(head, "chunked_logprob_outputs", spy)  # where every route projects
     trainer = dpo_trainer(tmp_path, per_device_eval_batch_size=4)
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train's loop; the steps run here by hand
     inputs = first_batch(trainer)

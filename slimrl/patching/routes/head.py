@@ -1,0 +1,84 @@
+"""The LM-head projection every log-prob route shares: which weight, which logit transform, which chunking, which
+dtype, with autocast off.
+
+A route hands :class:`Head` the hidden states it captured (or TRL handed its kernel) and the tokens to score;
+:class:`Head` projects them through :mod:`slimrl.ops` in row chunks, so ``[N, V]`` logits never exist at once:
+
+* **weight**: the head's full ``[V, H]`` matrix; an FSDP2-sharded head (a DTensor) is gathered with
+  ``full_tensor()``, which all-gathers on the forward and reduce-scatters the gradient on the backward;
+* **logit transform**: the model's logit scale and final soft-cap (:func:`slimrl.compat.heads.logit_transform`),
+  and the trainer's temperature per call;
+* **chunking**: the config's ``unsloth_num_chunks`` / ``unsloth_logit_chunk_multiplier`` (:func:`chunking_of`);
+* **dtype**: the routes that capture the head's input run the projection in the head's dtype (the hidden states
+  cast to it, as ``nn.Linear`` would see them) with an fp32 softmax, outside any autocast; TRL's fused-head kernel
+  slot keeps TRL's rule (the op's compute dtype follows the caller's autocast), so :meth:`Head.outputs` takes
+  ``in_head_dtype=False`` there.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from slimrl.compat.heads import logit_transform
+from slimrl.ops.chunked_logprob import autocast_off, chunked_logprob_outputs, masked_token_logprobs
+
+
+def chunking_of(args: Any) -> tuple[int, int | None]:
+    """(``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``) of a config; (-1, None) = automatic."""
+    num_chunks = getattr(args, "unsloth_num_chunks", -1)
+    return (-1 if num_chunks is None else num_chunks), getattr(args, "unsloth_logit_chunk_multiplier", None)
+
+
+def full_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
+    """An FSDP2 DTensor gathered to the full tensor (differentiably); any other tensor as it is."""
+    return t.full_tensor() if t is not None and hasattr(t, "full_tensor") else t
+
+
+@dataclass(frozen=True)
+class Head:
+    """One LM head as the log-prob routes project it (see the module docstring)."""
+
+    weight: torch.Tensor  # [V, H]
+    bias: torch.Tensor | None = None  # [V]
+    logit_scale: float = 1.0
+    softcap: float | None = None
+    num_chunks: int = -1
+    chunk_multiplier: int | None = None
+
+    @classmethod
+    def of(cls, head: torch.nn.Linear, model_config: Any, args: Any) -> Head:
+        """The head module of a model (its config for the logit transform), chunked as ``args`` says."""
+        scale, softcap = logit_transform(model_config)
+        return cls(full_tensor(head.weight), full_tensor(head.bias), scale, softcap, *chunking_of(args))
+
+    def detached(self) -> Head:
+        """The same head without gradient to its weights (metric-only projections)."""
+        return Head(self.weight.detach(), None if self.bias is None else self.bias.detach(), self.logit_scale,
+                    self.softcap, self.num_chunks, self.chunk_multiplier)
+
+    def _context(self, hidden: torch.Tensor, in_head_dtype: bool):
+        return autocast_off(hidden.device) if in_head_dtype else nullcontext()
+
+    def outputs(self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                outputs: tuple[str, ...] = ("log_probs",), in_head_dtype: bool = True) -> tuple:
+        """``hidden [N, H]`` scored against ``targets [N]``: :func:`slimrl.ops.chunked_logprob_outputs`'s
+        ``(log_probs [N], entropy, log_sum_sq_probs, mean_logits, is_top1)``, each None unless in ``outputs``."""
+        with self._context(hidden, in_head_dtype):
+            h = hidden.to(self.weight.dtype) if in_head_dtype else hidden
+            return chunked_logprob_outputs(h, self.weight, targets, self.bias, float(temperature), outputs=outputs,
+                                           num_chunks=self.num_chunks, chunk_multiplier=self.chunk_multiplier,
+                                           logit_scale=float(self.logit_scale), softcap=self.softcap)
+
+    def masked(self, hidden: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, temperature: float,
+               with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``hidden [B, T, H]`` scored against ``targets [B, T]`` where ``valid [B, T]``, in the head's dtype:
+        ``(log-probs [B, T], entropies [B, T] | None)``, 0 where not valid."""
+        with self._context(hidden, True):
+            return masked_token_logprobs(hidden.to(self.weight.dtype), self.weight, targets, valid, self.bias,
+                                         temperature, num_chunks=self.num_chunks,
+                                         chunk_multiplier=self.chunk_multiplier, logit_scale=self.logit_scale,
+                                         softcap=self.softcap, with_entropy=with_entropy)
