@@ -18,7 +18,7 @@ Each side runs in a fresh subprocess so that its peak RSS (VmHWM) is its own. Co
 
 With the engine modes use ``--steps 2``: the engine starts during the first step; the last step is reported.
 
-Levers (the speed issue), one row each in the same run: a slimrl mode may end in ``/noreuse`` (TRL's old-log-prob
+Step-time features, one row each in the same run: a slimrl mode may end in ``/noreuse`` (TRL's old-log-prob
 pass kept: ``slimrl_reuse_old_logps=False``), ``/nogroups`` (TRL's fixed row batches at the full padded width:
 ``slimrl_length_groups=False``), ``/nolevers`` (both), ``/autofit`` (``slimrl_auto_fit`` at ``--budget``, default
 12GB: the plan's fastest settings that fit) or ``/thp`` (malloc's mmap-ed blocks on transparent huge

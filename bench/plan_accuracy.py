@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     import warnings
 
-    from slimrl.planning import plan
+    from slimrl.planning import Settings, plan
 
     picked = [] if args.rows == "none" else [int(i) for i in args.rows.split(",")] if args.rows else range(len(ROWS))
     print(f"{'#':>2} {'rows x len':>11} {'ckpt':>9} {'r':>3} {'sampling':>9} {'predicted':>10} {'measured':>10} "
@@ -58,9 +58,9 @@ def main() -> None:
         rows, length, ckpt, r, sampling = ROWS[i]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            predicted = plan(args.model, per_device_train_batch_size=rows, num_generations=rows,
-                             max_prompt_length=PROMPT, max_completion_length=length, lora_r=r,
-                             gradient_checkpointing=ckpt, device="cpu", search=False)
+            predicted = plan(args.model, Settings(per_device_train_batch_size=rows, num_generations=rows,
+                                                  max_prompt_length=PROMPT, max_completion_length=length, lora_r=r,
+                                                  gradient_checkpointing=ckpt, device="cpu"), search=False)
         worker_args = SimpleNamespace(shape="tiny", quant="bf16", generations=rows, prompt_length=PROMPT, steps=1,
                                       device="cpu", cache="/tmp/slimrl-gpu-models", cap_gb=None, model=args.model,
                                       lora_r=r, ckpt=ckpt, generate=sampling == "generate")
@@ -95,9 +95,9 @@ def engine_rows(python: str, model: str) -> list[dict]:
     for rows, length in ENGINE_ROWS:
         # predicted in the engine's Python: the engine's runtime is measured (once) where vLLM runs
         settings = dict(per_device_train_batch_size=rows, num_generations=rows, max_prompt_length=prompt,
-                        max_completion_length=length, lora_r=16, beta=0.04, fast_inference=True, device="cpu",
-                        search=False)
-        code = (f"import json; from slimrl.planning import plan; p = plan({model!r}, **{settings!r}); "
+                        max_completion_length=length, lora_r=16, beta=0.04, fast_inference=True, device="cpu")
+        code = (f"import json; from slimrl.planning import Settings, plan; "
+                f"p = plan({model!r}, Settings(**{settings!r}), search=False); "
                 f"print({RESULT_TAG!r} + json.dumps(p.to_json()))")
         proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]

@@ -1,4 +1,5 @@
-"""The import rules of docs/ARCHITECTURE.md, checked on the source (ast): a rule broken fails here."""
+"""The import rules of docs/ARCHITECTURE.md, checked on the source (ast, function-level imports included): a rule
+broken fails here."""
 
 from __future__ import annotations
 
@@ -8,13 +9,23 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "slimrl"
 
 
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in SRC.rglob("*.py")}
+
+
 def _imports(path: Path) -> set[str]:
-    """Every slimrl/bench/tests module ``path`` imports (absolute imports, anywhere in the file)."""
+    """Every slimrl/bench/tests module ``path`` imports, anywhere in the file: ``from pkg import sub`` counts as
+    ``pkg.sub`` when that is a module, else as ``pkg``."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else node.module)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
     return {m for m in found if m.split(".")[0] in ("slimrl", "bench", "tests")}
@@ -24,15 +35,41 @@ def _modules(room: str) -> dict[Path, set[str]]:
     return {p: _imports(p) for p in (SRC / room).rglob("*.py")}
 
 
+def _outside(imported: set[str], *allowed: str) -> set[str]:
+    return {m for m in imported if not any(m == a or m.startswith(a + ".") for a in allowed)}
+
+
 def test_ops_import_only_compat():
     for path, imported in _modules("ops").items():
-        bad = {m for m in imported if not m.startswith(("slimrl.ops", "slimrl.compat"))}
-        assert not bad, (path, bad)
+        assert not _outside(imported, "slimrl.ops", "slimrl.compat"), path
 
 
 def test_compat_imports_nothing_else_of_slimrl():
     for path, imported in _modules("compat").items():
-        bad = {m for m in imported if not m.startswith("slimrl.compat")}
+        assert not _outside(imported, "slimrl.compat"), path
+
+
+def test_planning_is_a_pure_predictor():
+    """The planner reads configs and traces slimrl's ops and models; it never reaches into the trainers."""
+    for path, imported in _modules("planning").items():
+        bad = _outside(imported, "slimrl.planning", "slimrl.ops", "slimrl.compat", "slimrl.models")
+        assert not bad, (path, bad)
+
+
+def test_patching_layers():
+    """The machinery every trainer uses (the modules directly in ``patching/``) < ``routes`` < ``online`` <
+    ``trainers`` < the table (``specs``) and ``PatchFastRL``: no layer imports one above it."""
+    top = {"slimrl.patching", "slimrl.patching.specs", "slimrl.patching.__main__"}
+    layers = {"routes": ("slimrl.patching.online", "slimrl.patching.trainers"),
+              "online": ("slimrl.patching.trainers",), "trainers": ()}
+    for path, imported in _modules("patching").items():
+        module = _module(path)
+        assert not imported & top or module in top, (path, imported & top)
+        sub = module.split(".")[2] if module.count(".") >= 2 else ""
+        above = layers.get(sub, ("slimrl.patching.routes", "slimrl.patching.online", "slimrl.patching.trainers"))
+        if module in top:
+            continue
+        bad = {m for m in imported if any(m == a or m.startswith(a + ".") for a in above)}
         assert not bad, (path, bad)
 
 
@@ -50,8 +87,38 @@ def test_only_cli_imports_cli_and_nothing_imports_bench_or_tests():
             assert not {m for m in imported if m.startswith("slimrl.cli")}, path
 
 
-def test_patching_is_flat_no_more():
-    """Shared machinery, routes and trainers live in their own places (no per-trainer module at the top)."""
+def _resolve(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def test_no_import_cycles():
+    """No module imports, directly or through others, a module that imports it (function-level imports included;
+    a package's ``__init__`` importing its own submodules is how packages work and is not counted)."""
+    graph = {m: {t for t in map(_resolve, _imports(p)) if t and t != m} for m, p in MODULES.items()}
+    for module, targets in graph.items():  # the package __init__ -> its own submodule edge is not a cycle maker
+        if MODULES[module].name == "__init__.py":
+            graph[module] = {t for t in targets if not t.startswith(module + ".")}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_patching_has_no_per_trainer_module_at_the_top():
+    """Shared machinery, routes, the online sub-package and trainers live in their own places."""
     from slimrl.patching.specs import TRAINERS
 
     top = {p.stem for p in (SRC / "patching").glob("*.py")}

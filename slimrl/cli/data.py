@@ -80,6 +80,7 @@ def load_dataset_arg(targs: TrainArguments, seed: int, trainer_cls: type, cfg: A
     preference pairs / labelled examples / demonstrations; the held-out eval is the same problems' prompts).
     A user dataset must have rows and a column layout the trainer accepts."""
     from slimrl.data import make_arithmetic_dataset, make_preference_dataset
+    from slimrl.patching.specs import trainer_layouts
     from slimrl.patching.validation import check_layout
 
     algorithm = targs.algorithm
@@ -111,7 +112,7 @@ def load_dataset_arg(targs: TrainArguments, seed: int, trainer_cls: type, cfg: A
     if len(ds) == 0:
         raise UsageError(f"--dataset {targs.dataset}: the dataset has no rows; it needs at least one")
     try:
-        check_layout(ds, trainer_cls, cfg, argument=f"--dataset {targs.dataset}")
+        check_layout(ds, *trainer_layouts(trainer_cls, cfg), cfg, argument=f"--dataset {targs.dataset}")
     except ValueError as err:
         raise UsageError(f"{err} (--algorithm {algorithm})") from None
     if algorithm not in ONLINE:

@@ -23,7 +23,8 @@ def parser() -> argparse.ArgumentParser:
                                 "time before any weight loads (the model's config.json only).")
     p.add_argument("--model", default="SmolLM2-135M-Instruct",
                    help="local directory, .gguf file, hub id in the local cache, or the built-in alias")
-    p.add_argument("--algorithm", default="grpo", help="grpo (default), rloo, dpo, kto, orpo, cpo, sft")
+    p.add_argument("--algorithm", default="grpo", help="grpo (default), or another trainer slimrl plans: "
+                   "rloo, dpo, kto, orpo, cpo, sft")
     p.add_argument("--per_device_train_batch_size", type=int, default=8)
     p.add_argument("--num_generations", type=int, default=8)
     p.add_argument("--max_prompt_length", type=int, default=64)
@@ -64,13 +65,17 @@ def main(argv: list[str] | None = None) -> int:
         return args
     import warnings
 
-    from slimrl.planning import PlanInputError, plan
+    from slimrl.patching.specs import PLANNED
+    from slimrl.planning import PlanInputError, Settings, plan
 
-    kwargs = {k: v for k, v in vars(args).items() if k != "json"}
+    if args.algorithm not in PLANNED:
+        return fail("slimrl plan", f"--algorithm {args.algorithm!r}: unknown; choose one of {', '.join(PLANNED)}")
+    options = {k: v for k, v in vars(args).items() if k not in ("json", "model", "budget")}
+    settings = Settings(workload=PLANNED[args.algorithm], **options)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            result = plan(**kwargs)
+            result = plan(args.model, settings, budget=args.budget)
     except (PlanInputError, FileNotFoundError) as exc:
         return fail("slimrl plan", str(exc))
     data = result.to_json()

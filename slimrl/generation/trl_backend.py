@@ -3,7 +3,7 @@
 TRL (``trl/generation/vllm_generation.py``) builds ``VLLMGeneration(model=..., mode="colocate", ...)`` when
 ``use_vllm=True`` and then calls only ``sync_weights()`` (once per optimizer step), ``generate(prompts, images,
 num_generations, profiler)`` and reads ``.llm`` (for ``max_model_len``). The factory in
-:mod:`slimrl.patching.engine_hooks` returns a
+:mod:`slimrl.patching.online.engine_hooks` returns a
 :class:`SlimrlVLLMGeneration` with that surface when the model carries a slimrl engine, else TRL's own class:
 
 * ``sync_weights`` passes the current LoRA adapter to the engine as tensors under a new id (TRL's colocate path

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from slimrl.generation.engine import SlimrlEngine, vllm_status
+from slimrl.compat.vllm_info import vllm_status
+from slimrl.generation.engine import SlimrlEngine
 from slimrl.models.checkpointing import MODES as CHECKPOINTING_MODES
 from slimrl.models.checkpointing import enable_checkpointing
 from slimrl.models.loader import resolve_model_path

@@ -8,21 +8,9 @@ keys with help text, and ``dataclasses.replace`` keeps them. Three reversible pa
 keywords, validates them before TRL's ``__post_init__`` runs, then sets them). ``unpatch`` puts back TRL's own
 dict objects and ``__init__``.
 
-| field                            | default | meaning in slimrl                                                  |
-|----------------------------------|---------|--------------------------------------------------------------------|
-| ``unsloth_num_chunks``           | -1      | row chunks of the log-prob pass; -1 = from free memory             |
-| ``unsloth_logit_chunk_multiplier`` | None  | divide the automatic chunk size by this (smaller logits blocks)    |
-| ``unsloth_grpo_mini_batch``      | None    | rows per no-grad log-prob forward (GRPO/RLOO), <= generation batch |
-| ``max_seq_length``               | None    | longest prompt + completion; None = the model's, never above it   |
-| ``slimrl_reuse_old_logps``       | True    | GRPO + vLLM IS correction: old log-probs from the policy forward  |
-|                                  |         | when the policy cannot have changed (no extra no-grad pass)        |
-| ``slimrl_length_groups``         | True    | GRPO log-prob forwards: rows grouped by length, padding cut        |
-| ``slimrl_token_budget``          | None    | tokens per grouped forward; None = TRL's rows x padded length      |
-| ``slimrl_oom_recovery``          | True    | GRPO/RLOO: out-of-memory log-prob pass or backward split in halves |
-|                                  |         | and retried, same loss (:mod:`slimrl.patching.oom`)                |
-| ``slimrl_auto_fit``              | False   | GRPO/RLOO: apply the fastest plan that fits the memory budget      |
-| ``slimrl_memory_budget``         | None    | budget for auto-fit (``"12GB"``); None = free memory minus margin  |
-| ``slimrl_longest_first``         | False   | GRPO/RLOO: step 1 generates the longest completions allowed        |
+Each field is declared once (:data:`FIELDS`: type, default, help, check, the trainers it acts on, why it does
+nothing elsewhere); the flags, help texts, checks, refusals and the README's field table (:func:`field_table`, a
+test fails when the README's copy is stale) all come from that declaration.
 
 A config gets only the fields that act on its trainer (each trainer module passes ``fields=``): a field that would
 do nothing there is never silently accepted. Passed with its default value (as Unsloth scripts do), it is dropped;
@@ -37,98 +25,127 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from slimrl.compat.trl_info import EVERY_RELEASE
 from slimrl.patching.defaults import apply_config_defaults, record_explicit
 from slimrl.patching.keywords import translate_config_kwargs
 from slimrl.patching.registry import Patch
 from slimrl.patching.validation import check_learning_rate
 
-EXTRA_FIELDS: dict[str, tuple[Any, Any, str]] = {
-    "unsloth_num_chunks": (int, -1, "slimrl: row chunks of the log-prob pass (-1: chosen from free memory)."),
-    "unsloth_logit_chunk_multiplier": (int | None, None, "slimrl: divide the automatic log-prob chunk size by this "
-                                                         "(more, smaller logits blocks)."),
-    "unsloth_grpo_mini_batch": (int | None, None, "slimrl: rows per no-grad log-prob forward (GRPO/RLOO); at most "
-                                                  "the generation batch."),
-    "max_seq_length": (int | None, None, "slimrl: longest prompt + completion; unset = the model's max_seq_length "
-                                         "(FastLanguageModel), never above it."),
-    "slimrl_reuse_old_logps": (bool, True, "slimrl: with vLLM's importance-sampling correction, take the old "
-                                           "log-probs from the policy forward when the policy cannot have changed "
-                                           "(skips a no-grad pass; GRPO)."),
-    "slimrl_length_groups": (bool, True, "slimrl: log-prob forwards over rows grouped by completion length, "
-                                         "trailing padding cut (GRPO)."),
-    "slimrl_token_budget": (int | None, None, "slimrl: tokens per log-prob forward when grouping by length "
-                                              "(None: the trainer's own rows x padded length)."),
-    "slimrl_oom_recovery": (bool, True, "slimrl: a log-prob pass or policy backward that runs out of memory is "
-                                        "split in halves and retried (same loss), the smaller size kept."),
-    "slimrl_auto_fit": (bool, False, "slimrl: before training, apply the fastest plan that fits the memory budget "
-                                     "(checkpointing, no-grad mini-batch); see `slimrl plan`."),
-    "slimrl_memory_budget": (str | None, None, "slimrl: memory budget for slimrl_auto_fit, e.g. 12GB (None: free "
-                                               "memory minus a margin)."),
-    "slimrl_longest_first": (bool, False, "slimrl: the first step generates the longest completions the run "
-                                          "allows, so a run that cannot fit fails at step 1."),
-}
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _num_chunks(name: str, value: Any) -> Any:
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not (_positive_int(value) or value == -1):
+        raise ValueError(f"{name}={value!r} is invalid: use -1 (chosen from free memory) or an int >= 1 (number of "
+                         f"row chunks for the log-prob pass)")
+    return value
+
+
+def _optional_positive_int(name: str, value: Any) -> Any:
+    if value is not None and not _positive_int(value):
+        raise ValueError(f"{name}={value!r} is invalid: use an int >= 1 or None")
+    return value
+
+
+def _flag(name: str, value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is invalid: use true or false")
+    return value
+
+
+def _size(name: str, value: Any) -> Any:
+    if value is not None:
+        from slimrl.compat.memory import parse_bytes
+
+        try:
+            parse_bytes(value)
+        except ValueError:
+            raise ValueError(f"{name}={value!r} is invalid: write a size such as 12GB or 512MB, or None (free "
+                             f"memory minus a margin)") from None
+    return value
+
+
+@dataclass(frozen=True)
+class ExtraField:
+    """One of slimrl's config fields, declared once."""
+
+    name: str
+    type: Any
+    default: Any
+    help: str  # the flag's help text (without the "slimrl: " prefix every field's help gets)
+    check: Callable[[str, Any], Any]  # (name, value) -> the value, normalised; ValueError naming the fix
+    acts_on: str  # "log-probs" (every trainer whose log-probs slimrl computes), "online" (GRPO, RLOO), "grpo"
+    no_effect: str  # why it does nothing on a trainer it does not act on (the refusal says this)
+    doc: str = ""  # the README table's "meaning" cell (default: the help text)
+
+
+_CHUNKS = "this trainer has no vocabulary-sized log-prob pass that slimrl chunks"
+FIELDS: tuple[ExtraField, ...] = (
+    ExtraField("unsloth_num_chunks", int, -1, "row chunks of the log-prob pass (-1: chosen from free memory).",
+               _num_chunks, "log-probs", _CHUNKS),
+    ExtraField("unsloth_logit_chunk_multiplier", int | None, None, "divide the automatic log-prob chunk size by this "
+               "(more, smaller logits blocks).", _optional_positive_int, "log-probs", _CHUNKS),
+    ExtraField("unsloth_grpo_mini_batch", int | None, None, "rows per no-grad log-prob forward (GRPO/RLOO); at most "
+               "the generation batch.", _optional_positive_int, "online",
+               "only GRPO and RLOO have the no-grad log-prob passes it splits"),
+    ExtraField("max_seq_length", int | None, None, "longest prompt + completion; unset = the model's max_seq_length "
+               "(FastLanguageModel), never above it.", _optional_positive_int, "online",
+               "this trainer has no prompt + completion budget for it to bound"),
+    ExtraField("slimrl_reuse_old_logps", bool, True, "with vLLM's importance-sampling correction, take the old "
+               "log-probs from the policy forward when the policy cannot have changed (skips a no-grad pass; GRPO).",
+               _flag, "grpo", "only GRPO has the vLLM importance-sampling pass it skips"),
+    ExtraField("slimrl_length_groups", bool, True, "log-prob forwards over rows grouped by completion length, "
+               "trailing padding cut (GRPO).", _flag, "grpo", "only GRPO's log-prob forwards are grouped by length"),
+    ExtraField("slimrl_token_budget", int | None, None, "tokens per log-prob forward when grouping by length (None: "
+               "the trainer's own rows x padded length).", _optional_positive_int, "grpo",
+               "only GRPO's log-prob forwards are grouped by length"),
+    ExtraField("slimrl_oom_recovery", bool, True, "a log-prob pass or policy backward that runs out of memory is "
+               "split in halves and retried (same loss), the smaller size kept.", _flag, "online",
+               "only GRPO's and RLOO's log-prob passes are split on out-of-memory"),
+    ExtraField("slimrl_auto_fit", bool, False, "before training, apply the fastest plan that fits the memory budget "
+               "(checkpointing, no-grad mini-batch); see `slimrl plan`.", _flag, "online",
+               "only GRPO and RLOO are fitted to a memory budget"),
+    ExtraField("slimrl_memory_budget", str | None, None, "memory budget for slimrl_auto_fit, e.g. 12GB (None: free "
+               "memory minus a margin).", _size, "online", "only GRPO and RLOO are fitted to a memory budget"),
+    ExtraField("slimrl_longest_first", bool, False, "the first step generates the longest completions the run "
+               "allows, so a run that cannot fit fails at step 1.", _flag, "online",
+               "only GRPO and RLOO generate their completions"),
+)
+EXTRA_FIELDS: dict[str, ExtraField] = {f.name: f for f in FIELDS}
+_SCOPES = {"log-probs": ("log-probs",), "online": ("log-probs", "online"), "grpo": ("log-probs", "online", "grpo")}
+CHUNK_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["log-probs"])  # every log-prob route
+ONLINE_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["online"])  # RLOO
+ALL_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["grpo"])  # GRPO
 
 
 def validate_extra(name: str, value: Any) -> Any:
     """Check one extra field's value (before any other work); returns it, normalised."""
-    def positive_int(v):
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-    if name == "unsloth_num_chunks":
-        if value is None:
-            return -1
-        if not (positive_int(value) or value == -1) or isinstance(value, bool):
-            raise ValueError(f"unsloth_num_chunks={value!r} is invalid: use -1 (chosen from free memory) or an int "
-                             f">= 1 (number of row chunks for the log-prob pass)")
-    elif name == "slimrl_memory_budget":
-        if value is not None:
-            from slimrl.planning.plan import parse_bytes
-
-            try:
-                parse_bytes(value)
-            except ValueError:
-                raise ValueError(f"slimrl_memory_budget={value!r} is invalid: write a size such as 12GB or 512MB, "
-                                 f"or None (free memory minus a margin)") from None
-    elif name in ("slimrl_reuse_old_logps", "slimrl_length_groups", "slimrl_oom_recovery", "slimrl_auto_fit",
-                  "slimrl_longest_first"):
-        if not isinstance(value, bool):
-            raise ValueError(f"{name}={value!r} is invalid: use true or false")
-    elif name in ("unsloth_logit_chunk_multiplier", "max_seq_length", "unsloth_grpo_mini_batch",
-                  "slimrl_token_budget"):
-        if value is not None and not positive_int(value):
-            raise ValueError(f"{name}={value!r} is invalid: use an int >= 1 or None")
-    return value
+    return EXTRA_FIELDS[name].check(name, value)
 
 
-ALL_FIELDS = tuple(EXTRA_FIELDS)
-# RLOO: the chunking, mini-batch, sequence budget, memory recovery and fitting; the step-time levers are GRPO's
-ONLINE_FIELDS = ALL_FIELDS[:4] + ("slimrl_oom_recovery", "slimrl_auto_fit", "slimrl_memory_budget",
-                                  "slimrl_longest_first")
-CHUNK_FIELDS = ("unsloth_num_chunks", "unsloth_logit_chunk_multiplier")  # trainers whose log-probs run through ops
-# Why a field does nothing on a trainer that does not get it (the refusal names this).
-_NO_EFFECT = {
-    "unsloth_num_chunks": "this trainer has no vocabulary-sized log-prob pass that slimrl chunks",
-    "unsloth_logit_chunk_multiplier": "this trainer has no vocabulary-sized log-prob pass that slimrl chunks",
-    "unsloth_grpo_mini_batch": "only GRPO and RLOO have the no-grad log-prob passes it splits",
-    "max_seq_length": "this trainer has no prompt + completion budget for it to bound",
-    "slimrl_reuse_old_logps": "only GRPO has the vLLM importance-sampling pass it skips",
-    "slimrl_length_groups": "only GRPO's log-prob forwards are grouped by length",
-    "slimrl_token_budget": "only GRPO's log-prob forwards are grouped by length",
-    "slimrl_oom_recovery": "only GRPO's and RLOO's log-prob passes are split on out-of-memory",
-    "slimrl_auto_fit": "only GRPO and RLOO are fitted to a memory budget",
-    "slimrl_memory_budget": "only GRPO and RLOO are fitted to a memory budget",
-    "slimrl_longest_first": "only GRPO and RLOO generate their completions",
-}
+def field_table() -> str:
+    """The README's table of slimrl's config fields (from :data:`FIELDS`)."""
+    where = {"log-probs": "every trainer whose log-probs slimrl computes", "online": "GRPO, RLOO", "grpo": "GRPO"}
+    rows = ["| field | default | acts on | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{f.name}` | `{f.default!r}` | {where[f.acts_on]} | {f.doc or f.help} |" for f in FIELDS]
+    return "\n".join(rows)
 
 
 def _new_fields(own: dict, names: tuple[str, ...] = ALL_FIELDS) -> dict[str, dataclasses.Field]:
     fields = {}
-    for name, (type_, default, help_text) in EXTRA_FIELDS.items():
+    for name, extra in EXTRA_FIELDS.items():
         if name in own or name not in names:
             continue  # the config already has it (then TRL's own meaning applies)
-        f = dataclasses.field(default=default, metadata={"help": help_text})
-        f.name, f.type = name, type_
+        f = dataclasses.field(default=extra.default, metadata={"help": "slimrl: " + extra.help})
+        f.name, f.type = name, extra.type
         f._field_type = dataclasses._FIELD  # what dataclasses.fields() lists
         fields[name] = f
     return fields
@@ -156,7 +173,8 @@ def pop_extra_fields(config_cls: type, kwargs: dict, names: tuple[str, ...] = AL
     when passed at its default and refused otherwise."""
     trl_names = _trl_field_names(config_cls)
     mine = {}
-    for name, (_, default, _) in EXTRA_FIELDS.items():
+    for name, extra in EXTRA_FIELDS.items():
+        default = extra.default
         if name in trl_names or name not in kwargs and name not in names:
             continue
         value = kwargs.pop(name, default)
@@ -166,7 +184,7 @@ def pop_extra_fields(config_cls: type, kwargs: dict, names: tuple[str, ...] = AL
             from slimrl.compat.trl_info import trl_version
 
             raise ValueError(f"{config_cls.__name__}({name}={value!r}) has no effect with trl {trl_version()}: "
-                             f"{_NO_EFFECT[name]}; remove it")
+                             f"{extra.no_effect}; remove it")
     return kwargs, mine
 
 
@@ -213,7 +231,7 @@ def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...]
     return slimrl_config_fields_init
 
 
-def config_patches(algorithm: str, target: str, fields: tuple[str, ...] = ALL_FIELDS, versions: str = ">=1.12",
+def config_patches(algorithm: str, target: str, fields: tuple[str, ...] = ALL_FIELDS, versions: str = EVERY_RELEASE,
                    init=config_init_factory) -> list[Patch]:
     """The patches that give ``target`` (a TRL config class) slimrl's ``fields`` and its ``__init__`` (legacy
     keywords, the fields, the bf16 default where TRL's cannot run). ``init``: a factory ``f(orig_init, fields=)``

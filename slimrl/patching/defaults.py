@@ -11,7 +11,7 @@ exceptions, each listed in the changed-defaults table printed once when the trai
   the config is created with ``bf16=False`` (fp32 training, what transformers itself defaults to). Everywhere TRL's
   default runs (CUDA, XPU, MPS, or ``use_cpu=True``), it is kept.
 * ``use_vllm`` when the user asked for slimrl's engine (``FastLanguageModel.from_pretrained(fast_inference=True)``;
-  :func:`slimrl.patching.engine_hooks.apply_engine_defaults`).
+  :func:`slimrl.patching.online.engine_hooks.apply_engine_defaults`).
 """
 
 from __future__ import annotations

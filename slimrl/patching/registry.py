@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from slimrl.compat.trl_info import EVERY_RELEASE
+
 _MISSING = object()
-# PPO, BCO, XPO, PRM (trl.experimental) were removed after TRL 1.12.0: their patches declare this range.
-LAST_RELEASE_112 = "<1.13"
 
 
 class PatchTargetMissingError(AttributeError):
@@ -37,7 +37,7 @@ class Patch:
     target: str
     attribute: str
     replacement: Callable[..., Any]
-    versions: str = ">=1.12"
+    versions: str = EVERY_RELEASE
     wrap: bool = False
     optional: bool = field(default=False)  # skip when the attribute does not exist in this TRL (VLLMGeneration)
 
@@ -61,11 +61,11 @@ class Patch:
             return False
 
     def _missing(self, what: str) -> str:
-        from slimrl.compat.trl_info import trl_version
+        from slimrl.compat.trl_info import SUPPORTED_TRL, trl_version
 
         return (f"slimrl cannot patch {self.target}.{self.attribute}: {what} in the installed trl {trl_version()}, "
                 f"although the patch is declared for trl{self.versions}. The installed TRL changed this method; "
-                f"install a tested release (pip install 'trl>=1.12,<1.17') or report it to slimrl")
+                f"install a tested release (pip install 'trl{SUPPORTED_TRL}') or report it to slimrl")
 
     @property
     def algorithms(self) -> tuple[str, ...]:

@@ -29,14 +29,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from slimrl.compat.trl_info import EVERY_RELEASE, TESTED_TRL, UNTIL_1_12, UNTIL_1_13, has_fused_head
 from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, ONLINE_FIELDS, config_init_factory, config_patches
-from slimrl.patching.engine_hooks import apply_engine_defaults
+from slimrl.patching.online.engine_hooks import apply_engine_defaults
 from slimrl.patching.registry import Patch, register
 from slimrl.patching.routes import fused_head
 from slimrl.patching.steps import training_step_factory
 from slimrl.patching.trainer_init import trainer_init_factory
 from slimrl.patching.trainers import bco, cpo, dpo, grpo, kto, online_dpo, orpo, ppo, prm, reward, rloo, sft, xpo
 from slimrl.patching.validation import check_sequence_budget, sft_layouts
+from slimrl.planning.plan import Workload
 
 Layouts = tuple[tuple[str, ...], ...]
 ROUTES = {
@@ -47,8 +49,6 @@ ROUTES = {
 }
 PAIRED: Layouts = (("chosen", "rejected"),)  # with or without an explicit "prompt" (TRL extracts the prefix)
 PROMPT: Layouts = (("prompt",),)
-LAST_RELEASE_112 = "<1.13"  # PPO was removed after TRL 1.12.0
-LAST_RELEASE_113 = "<1.14"  # BCO, XPO, PRM after 1.13.0
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class TrainerSpec:
     name: str  # PatchFastRL's name for it
     trainer: str  # "module:Class" in every supported release
     config: str  # "module:Class"
-    releases: str = ">=1.12"  # TRL releases that have it (PEP 440); its patches apply only there
+    releases: str = EVERY_RELEASE  # TRL releases that have it (compat.trl_info); its patches apply only there
     last_release: str | None = None  # named when a newer TRL lacks it
     layouts: Layouts | Callable[[Any], Layouts] = ()  # dataset column layouts (raw, then pre-tokenized)
     routes: tuple[str, ...] = ()  # keys of ROUTES, per TRL release range (see `note`)
@@ -67,10 +67,13 @@ class TrainerSpec:
     fields: tuple[str, ...] = ()  # slimrl config fields that act on it (the others are refused unless default)
     config_init: Callable = config_init_factory  # factory(orig_init, fields=) for its config's __init__
     init_hooks: tuple[Callable[[Any, Any], None], ...] = ()  # run as hook(model, args) before TRL's __init__
-    auto_fit: bool = False  # honours slimrl_auto_fit (slimrl.planning.autofit) before TRL's __init__
+    auto_fit: bool = False  # honours slimrl_auto_fit (slimrl.patching.online.autofit) before TRL's __init__
     training_step: Callable | None = training_step_factory  # factory for its training_step (None: not patched)
     patches: tuple[Patch, ...] = field(default=())  # its own, from trainers/<name>.py
     cli: str | None = None  # slimrl train: "online" | "paired" | "unpaired" | "sft" (None: not offered)
+    workload: Workload | None = None  # what one step does, for `slimrl plan` (None: not planned)
+    scenario: Callable | None = None  # slimrl verify's run: scenario(kit, loss_type) -> trainer, in its module
+    not_verified: str = ""  # why it has no scenario (said under slimrl verify's table)
 
     @property
     def trainer_module(self) -> str:
@@ -105,64 +108,94 @@ class TrainerSpec:
 
 TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
     TrainerSpec("grpo", grpo.TRAINER, grpo.CONFIG, layouts=PROMPT, routes=("method capture",),
+                scenario=grpo.scenario,
+                workload=grpo.WORKLOAD,
                 note=ROUTES["method capture"],
                 parity_test="all 8 loss types × beta, `tests/patching/trainers/test_grpo.py`",
                 fields=ALL_FIELDS, config_init=grpo.grpo_config_init_factory,
                 init_hooks=(check_sequence_budget, apply_engine_defaults), auto_fit=True,
                 training_step=grpo.grpo_training_step_factory, patches=tuple(grpo.PATCHES), cli="online"),
     TrainerSpec("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=("fused head",),
+                scenario=dpo.scenario,
+                workload=dpo.WORKLOAD,
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; on 1.12 TRL's own `_compute_loss` (full logits)",
                 parity_test="every DPO loss type (15), LoRA, WPO, `tests/patching/routes/test_fused_head.py`",
-                fields=CHUNK_FIELDS if fused_head.has_fused_head() else (), patches=tuple(dpo.PATCHES), cli="paired"),
+                fields=CHUNK_FIELDS if has_fused_head() else (), patches=tuple(dpo.PATCHES), cli="paired"),
     TrainerSpec("kto", kto.TRAINER, kto.CONFIG, layouts=(("prompt", "completion", "label"), *PAIRED),
+                scenario=kto.scenario,
+                workload=kto.WORKLOAD,
                 routes=("fused head",), note=ROUTES["fused head"] + " on TRL ≥ 1.15; on 1.12 TRL's own",
                 parity_test="both loss types, `tests/patching/routes/test_fused_head.py`",
-                fields=CHUNK_FIELDS if fused_head.has_fused_head() else (), patches=tuple(kto.PATCHES),
+                fields=CHUNK_FIELDS if has_fused_head() else (), patches=tuple(kto.PATCHES),
                 cli="unpaired"),
     TrainerSpec("orpo", orpo.TRAINER, orpo.CONFIG, layouts=PAIRED, routes=("score positions",),
+                scenario=orpo.scenario,
+                workload=orpo.WORKLOAD,
                 note="`concatenated_forward` without the `[2B, T, V]` logits: " + ROUTES["score positions"],
                 parity_test="full and LoRA, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
                 patches=tuple(orpo.PATCHES), cli="paired"),
     TrainerSpec("cpo", cpo.TRAINER, cpo.CONFIG, layouts=PAIRED, routes=("score positions",),
+                scenario=cpo.scenario,
+                workload=cpo.WORKLOAD,
                 note="`concatenated_forward` without the `[2B, T, V]` logits: " + ROUTES["score positions"],
                 parity_test="every CPO loss type (5), `tests/patching/routes/test_score_positions.py`",
                 fields=CHUNK_FIELDS,
                 patches=tuple(cpo.PATCHES), cli="paired"),
     TrainerSpec("sft", sft.TRAINER, sft.CONFIG, layouts=sft_layouts, routes=("fused head",),
+                scenario=sft.scenario,
+                workload=sft.WORKLOAD,
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; `chunked_nll` stays TRL's own",
                 parity_test="nll and dft, completion-only or not, `tests/patching/routes/test_fused_head.py`",
-                fields=CHUNK_FIELDS if fused_head.has_fused_head() else (), patches=tuple(sft.PATCHES), cli="sft"),
+                fields=CHUNK_FIELDS if has_fused_head() else (), patches=tuple(sft.PATCHES), cli="sft"),
     TrainerSpec("reward", reward.TRAINER, reward.CONFIG,
+                scenario=reward.scenario,
                 layouts=(*PAIRED, ("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")),
                 note="none needed: a one-score head, no vocabulary-sized tensor; checks and guards only"),
     TrainerSpec("rloo", rloo.TRAINER, rloo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
+                scenario=rloo.scenario,
+                workload=rloo.WORKLOAD,
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; " + ROUTES["method capture"] + " on 1.12",
                 parity_test="two steps with generation, old log-probs and KL, `tests/patching/trainers/test_rloo.py`",
                 fields=ONLINE_FIELDS, config_init=rloo.rloo_config_init_factory,
                 init_hooks=(check_sequence_budget, apply_engine_defaults), auto_fit=True,
                 training_step=rloo.rloo_training_step_factory, patches=tuple(rloo.PATCHES), cli="online"),
     TrainerSpec("online_dpo", online_dpo.TRAINER, online_dpo.CONFIG, layouts=PROMPT, routes=("score positions",),
+                scenario=online_dpo.scenario,
                 note="`_forward`: " + ROUTES["score positions"],
                 parity_test="two training steps, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
                 patches=tuple(online_dpo.PATCHES)),
-    TrainerSpec("ppo", ppo.TRAINER, ppo.CONFIG, releases=LAST_RELEASE_112, last_release="1.12.0",
+    TrainerSpec("ppo", ppo.TRAINER, ppo.CONFIG, releases=UNTIL_1_12, last_release="1.12.0",
+                not_verified="TRL 1.12's PPO needs a value and a reward model and slimrl leaves its loop to TRL",
                 note="none: TRL 1.12's PPO runs one `train()` loop over full logits; slimrl does not rewrite it; "
                      "legacy keywords and checks only", training_step=None),
-    TrainerSpec("bco", bco.TRAINER, bco.CONFIG, releases=LAST_RELEASE_113, last_release="1.13.0",
+    TrainerSpec("bco", bco.TRAINER, bco.CONFIG, releases=UNTIL_1_13, last_release="1.13.0",
+                scenario=bco.scenario,
                 layouts=(("prompt", "completion", "label"),), routes=("score positions",),
                 note="`forward`: " + ROUTES["score positions"],
                 parity_test="`tests/patching/trainers/test_bco_and_xpo.py`",
                 fields=CHUNK_FIELDS, patches=tuple(bco.PATCHES)),
-    TrainerSpec("xpo", xpo.TRAINER, xpo.CONFIG, releases=LAST_RELEASE_113, last_release="1.13.0", layouts=PROMPT,
+    TrainerSpec("xpo", xpo.TRAINER, xpo.CONFIG, releases=UNTIL_1_13, last_release="1.13.0", layouts=PROMPT,
+                scenario=xpo.scenario,
                 routes=("score positions",), note="`_compute_logprobs`: " + ROUTES["score positions"],
                 parity_test="two steps, `tests/patching/trainers/test_bco_and_xpo.py`", fields=CHUNK_FIELDS,
                 patches=tuple(xpo.PATCHES)),
-    TrainerSpec("prm", prm.TRAINER, prm.CONFIG, releases=LAST_RELEASE_113, last_release="1.13.0",
+    TrainerSpec("prm", prm.TRAINER, prm.CONFIG, releases=UNTIL_1_13, last_release="1.13.0",
+                not_verified="slimrl adds only checks to PRM (a 2-class head)",
                 layouts=(("prompt", "completions", "labels"), ("input_ids",)),
                 note="none needed: a 2-class token head; checks and guards only"),
 )}
 
+def trainer_layouts(trainer_cls: type, args: Any = None) -> tuple[str | None, tuple[tuple[str, ...], ...]]:
+    """(the TRL trainer name whose layouts apply, its layouts), from the trainers table
+    (:data:`TRAINERS`; raw forms first, then the pre-tokenized forms the installed TRL passes
+    through untokenized): a subclass reads its TRL base's."""
+    by_class = {spec.trainer_class_name: spec for spec in TRAINERS.values()}
+    name = next((c.__name__ for c in trainer_cls.__mro__ if c.__name__ in by_class), None)
+    return name, by_class[name].dataset_layouts(args) if name else ()
+
+
 CLI_KINDS = {name: spec.cli for name, spec in TRAINERS.items() if spec.cli}  # slimrl train's algorithms
+PLANNED = {name: spec.workload for name, spec in TRAINERS.items() if spec.workload}  # slimrl plan's algorithms
 
 
 def fused_head_users() -> tuple[str, ...]:
@@ -178,27 +211,28 @@ def spec_patches(spec: TrainerSpec) -> list[Patch]:
         out.append(Patch(spec.name, spec.trainer, "training_step", spec.training_step, wrap=True))
     out += config_patches(spec.name, spec.config, fields=spec.fields, init=spec.config_init)
     out += spec.patches
-    if spec.releases != ">=1.12":
+    if spec.releases != EVERY_RELEASE:
         out = [dataclasses.replace(p, versions=spec.releases) for p in out]
     return out
 
 
 def _init_factory(spec: TrainerSpec) -> Callable:
     hooks = spec.init_hooks
-    fit = functools.partial(auto_fit_hook, algorithm=spec.name) if spec.auto_fit else None
+    fit = functools.partial(auto_fit_hook, algorithm=spec.name, workload=spec.workload) if spec.auto_fit else None
 
     def trainer_init(orig_init):
-        return trainer_init_factory(orig_init, hooks, fit=fit)
+        return trainer_init_factory(orig_init, hooks, fit=fit, algorithm=spec.name, workload=spec.workload,
+                                    trainer=spec.trainer_class_name, layouts=spec.dataset_layouts)
 
     trainer_init.__qualname__ = "trainer_init_factory"
     return trainer_init
 
 
-def auto_fit_hook(bound: dict[str, Any], algorithm: str) -> None:
-    """:func:`slimrl.planning.autofit.apply_auto_fit` (imported when a trainer is built)."""
-    from slimrl.planning.autofit import apply_auto_fit
+def auto_fit_hook(bound: dict[str, Any], algorithm: str, workload: Workload) -> None:
+    """:func:`slimrl.patching.online.autofit.apply_auto_fit` (imported when a trainer is built)."""
+    from slimrl.patching.online.autofit import apply_auto_fit
 
-    apply_auto_fit(bound, algorithm)
+    apply_auto_fit(bound, algorithm, workload)
 
 
 def register_all() -> None:
@@ -214,8 +248,9 @@ def readme_table() -> str:
     """The README's trainer table (Markdown), from :data:`TRAINERS`."""
     rows = ["| trainer | TRL | what slimrl does | parity test (loss + gradients vs TRL alone, ≤ 1e-4) |",
             "|---|---|---|---|"]
+    first, last = (".".join(TESTED_TRL[i].split(".")[:2]) for i in (0, -1))
     for spec in TRAINERS.values():
-        releases = f"1.12 – {spec.last_release.rsplit('.', 1)[0]} (removed after)" if spec.last_release else \
-            "1.12 – 1.16"
+        releases = f"{first} – {spec.last_release.rsplit('.', 1)[0]} (removed after)" if spec.last_release else \
+            f"{first} – {last}"
         rows.append(f"| {spec.trainer_class_name} | {releases} | {spec.note} | {spec.parity_test} |")
     return "\n".join(rows)

@@ -6,7 +6,7 @@
    bitsandbytes 4-bit layers of the model and reference model kept trainable (:mod:`slimrl.models.quantized`);
 3. the trainer's own hooks from its spec, each ``hook(model, args)`` (GRPO/RLOO: the ``max_seq_length`` budget,
    the engine's ``use_vllm`` default), then its auto-fit (GRPO/RLOO with ``slimrl_auto_fit``,
-   :mod:`slimrl.planning.autofit`) with every argument;
+   :mod:`slimrl.patching.online.autofit`) with every argument;
 4. Python reward functions guarded (:mod:`slimrl.patching.reward_guard`);
 5. TRL's ``__init__``, then the changed-defaults table (:mod:`slimrl.patching.defaults`).
 """
@@ -23,30 +23,36 @@ from slimrl.models.quantized import keep_quantized_trainable
 from slimrl.patching.defaults import print_changed_defaults
 from slimrl.patching.keywords import bound_inputs, translate_trainer_kwargs
 from slimrl.patching.reward_guard import guard_reward_funcs
+from slimrl.patching.state import trainer_state
 
 Hook = Callable[[Any, Any], None]
 
 
-def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, trainer: type | None = None) -> None:
-    """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset``, one without a column layout
-    ``trainer`` accepts, and a model/config precision mismatch the user wrote are errors naming the fix
-    (:mod:`slimrl.patching.validation`)."""
+def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, trainer: str | None = None,
+                         layouts: Callable[[Any], tuple] | None = None) -> None:
+    """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset``, one without a column layout the
+    TRL trainer named ``trainer`` accepts (``layouts(args)``), and a model/config precision mismatch the user wrote
+    are errors naming the fix (:mod:`slimrl.patching.validation`)."""
     from slimrl.patching.validation import check_dataset, check_layout, check_precision
 
     bound = bound_inputs(orig_init, args, kwargs)
     check_dataset(bound.get("train_dataset"))
-    if trainer is not None:
-        check_layout(bound.get("train_dataset"), trainer, bound.get("args"), bound.get("formatting_func"))
+    if layouts is not None:
+        check_layout(bound.get("train_dataset"), trainer, layouts(bound.get("args")), bound.get("args"),
+                     bound.get("formatting_func"))
     check_precision(bound.get("model"), bound.get("args"))
 
 
-def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[[dict], None] | None = None):
-    """A trainer's ``__init__`` preceded by steps 1-4 of the module docstring."""
+def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[[dict], None] | None = None,
+                         algorithm: str = "", workload: Any = None, trainer: str | None = None,
+                         layouts: Callable[[Any], tuple] | None = None):
+    """A trainer's ``__init__`` preceded by steps 1-4 of the module docstring; the trainer's state records which
+    trainer it is (``algorithm``, and ``workload`` for the planner)."""
 
     @functools.wraps(orig_init)
     def slimrl_trainer_init(self, *args, **kwargs):
         kwargs = translate_trainer_kwargs(type(self), orig_init, args, kwargs)
-        check_trainer_inputs(orig_init, args, kwargs, trainer=type(self))
+        check_trainer_inputs(orig_init, args, kwargs, trainer=trainer, layouts=layouts)
         bound = bound_inputs(orig_init, args, kwargs)  # every argument by name (positional ones too)
         for key in ("model", "ref_model"):
             if isinstance(bound.get(key), torch.nn.Module):
@@ -57,6 +63,8 @@ def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[
             fit(bound)
         if bound.get("reward_funcs") is not None:  # GRPO, RLOO, OnlineDPO, XPO
             bound["reward_funcs"] = guard_reward_funcs(bound["reward_funcs"])
+        state = trainer_state(self)
+        state.algorithm, state.workload = algorithm, workload
         orig_init(self, **bound)
         print_changed_defaults(getattr(self, "args", None))
 

@@ -170,23 +170,12 @@ def sft_layouts(args: Any) -> tuple[tuple[str, ...], ...]:
     return ((text,), ("messages",), ("conversations",), ("prompt", "completion"), ("input_ids",))
 
 
-def trainer_layouts(trainer_cls: type, args: Any = None) -> tuple[str | None, tuple[tuple[str, ...], ...]]:
-    """(the TRL trainer name whose layouts apply, its layouts), from the trainers table
-    (:data:`slimrl.patching.specs.TRAINERS`; raw forms first, then the pre-tokenized forms the installed TRL passes
-    through untokenized): a subclass reads its TRL base's."""
-    from slimrl.patching.specs import TRAINERS
-
-    by_class = {spec.trainer_class_name: spec for spec in TRAINERS.values()}
-    name = next((c.__name__ for c in trainer_cls.__mro__ if c.__name__ in by_class), None)
-    return name, by_class[name].dataset_layouts(args) if name else ()
-
-
-def check_layout(dataset: Any, trainer_cls: type, args: Any = None, formatting_func: Any = None,
-                 argument: str = "train_dataset") -> None:
-    """``dataset`` holds every column of one of the layouts ``trainer_cls`` accepts (:func:`trainer_layouts`).
-    Not checked where TRL itself takes any columns: SFT with a ``formatting_func`` or
-    ``dataset_kwargs={"skip_prepare_dataset": True}``, and datasets without column names (iterable ones)."""
-    trainer, layouts = trainer_layouts(trainer_cls, args)
+def check_layout(dataset: Any, trainer: str | None, layouts: tuple[tuple[str, ...], ...], args: Any = None,
+                 formatting_func: Any = None, argument: str = "train_dataset") -> None:
+    """``dataset`` holds every column of one of the ``layouts`` the TRL trainer named ``trainer`` accepts
+    (:func:`slimrl.patching.specs.trainer_layouts`). Not checked where TRL itself takes any columns: SFT with a
+    ``formatting_func`` or ``dataset_kwargs={"skip_prepare_dataset": True}``, and datasets without column names
+    (iterable ones)."""
     columns = getattr(dataset, "column_names", None)
     if not layouts or not isinstance(columns, list):
         return

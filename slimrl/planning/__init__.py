@@ -1,6 +1,6 @@
 """Memory and time model of a training run, before any weight loads (``slimrl plan``)."""
 
 from slimrl.planning.config import PlanInputError
-from slimrl.planning.plan import Plan, plan
+from slimrl.planning.plan import Plan, Settings, Workload, plan
 
-__all__ = ["Plan", "PlanInputError", "plan"]
+__all__ = ["Plan", "PlanInputError", "Settings", "Workload", "plan"]

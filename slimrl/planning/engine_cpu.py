@@ -11,8 +11,8 @@ On vLLM's CPU build the engine keeps, besides the base weights it shares with th
   not in any formula: it is **measured** once per machine and model shape, in a subprocess that builds the model
   with two decoder layers (random weights from the config, nothing loaded), starts slimrl's engine on it, generates
   and puts it in standby, then subtracts the computed parts above (about 15 s; cached as JSON under
-  ``SLIMRL_CACHE``). The runtime does not grow with depth (SmolLM2-135M's shape on the 2-core CPU: 518 MB at 2
-  layers, 567 MB at 4, ~510 MB at 30; docs/BENCHMARKS.md).
+  ``SLIMRL_CACHE``). The runtime does not grow with depth (measured at 2, 4 and 30 layers of SmolLM2-135M's shape;
+  docs/BENCHMARKS.md), so two layers stand for the model.
 
 The KV cache is not here: vLLM's CPU build allocates it uninitialised, generation writes the pages it uses and
 standby returns them after each generation, so the plan puts those pages in the ``generation`` phase.
@@ -34,7 +34,7 @@ _CALIBRATION_LAYERS = 2
 
 def computed_bytes(config: Any, lora_r: int, dtype: torch.dtype) -> int:
     """The packed linear copies and the LoRA slots (see the module docstring)."""
-    from slimrl.generation.engine import supported_lora_rank
+    from slimrl.compat.vllm_info import supported_lora_rank
 
     text = getattr(config, "text_config", None) or config
     size = torch.tensor([], dtype=dtype).element_size()
@@ -66,7 +66,7 @@ def _cache_file(config: Any, lora_r: int, dtype: torch.dtype):
 def runtime_bytes(config: Any, lora_r: int, dtype: torch.dtype) -> tuple[int | None, str]:
     """The engine's measured runtime on this machine for this shape (see the module docstring), cached; (None, why)
     where vLLM cannot start here."""
-    from slimrl.generation import vllm_status
+    from slimrl.compat.vllm_info import vllm_status
 
     path = _cache_file(config, lora_r, dtype)
     try:

@@ -29,22 +29,51 @@ Time: :mod:`slimrl.planning.timing`.
 
 from __future__ import annotations
 
-import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import torch
 
+from slimrl.compat.memory import parse_bytes
 from slimrl.planning.config import PlanInputError, load_config
 from slimrl.planning.timing import calibrate, decode_seconds, forward_flops
 
-ALGORITHMS = ("grpo", "rloo", "dpo", "kto", "orpo", "cpo", "sft")
-ONLINE = ("grpo", "rloo")
-PAIRED = ("dpo", "orpo", "cpo")  # chosen and rejected rows in one forward
-WITH_REFERENCE = ("dpo", "kto")  # a frozen reference model's no-grad pass
 CHECKPOINTING = ("true", "false", "slimrl", "selective")
 NF4_BYTES = 0.516  # 4 bits + one 8-bit absmax per 64 weights + one fp32 per 256 absmax blocks (double quant)
 PERSISTENT = ("runtime", "weights", "adapter_and_optimizer", "engine")  # held for the whole run; the rest are phases
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one step of a trainer does, as far as memory and time go. Each trainer declares its own next to its
+    patches (``TrainerSpec.workload`` in :mod:`slimrl.patching.specs`); the default is GRPO's."""
+
+    generates: bool = True  # samples its completions (a generation phase, num_generations rows per prompt)
+    paired: bool = False  # chosen and rejected rows in one forward (twice the rows)
+    reference: str = "beta"  # a frozen reference's no-grad pass: "always", "beta" (when beta > 0) or "never"
+    entropy: bool = True  # the policy's log-prob pass also computes entropies
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One run as :func:`plan` sees it (``slimrl plan``'s options; auto-fit fills it from the trainer's config)."""
+
+    algorithm: str = "grpo"  # the trainer's name, shown in the plan
+    workload: Workload = field(default_factory=Workload)
+    per_device_train_batch_size: int = 8
+    num_generations: int = 8
+    max_prompt_length: int = 64
+    max_completion_length: int = 256
+    lora_r: int = 16  # 0: full fine-tuning
+    load_in_4bit: bool = False
+    gradient_checkpointing: str = "slimrl"  # "true", "false", "slimrl" or "selective"
+    checkpoint_every_n_layers: int | None = None  # selective: the period (default 2)
+    fast_inference: bool = False
+    device: str = "cpu"
+    beta: float = 0.0
+    unsloth_grpo_mini_batch: int | None = None
+    gpu_memory_utilization: float = 0.5
+    chunk_rows: int | None = None  # rows per head chunk (None: as the op chooses)
 
 
 @dataclass
@@ -68,14 +97,6 @@ class Plan:
             for key in ("fits", "budget_bytes", "recommended", "max_completion_length_that_fits"):
                 data.pop(key)
         return data
-
-
-def parse_bytes(text: str) -> int:
-    """``"20GB"``, ``"20 GiB"``, ``"512MB"``, ``"1.5T"`` -> bytes (GB = GiB = 2**30, as ``nvidia-smi`` counts)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", str(text).lower())
-    if not m:
-        raise PlanInputError(f"--budget {text!r}: not a size; write e.g. 20GB or 512MB")
-    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
 
 
 def _shape(config: Any) -> dict[str, int]:
@@ -117,27 +138,25 @@ def _weights(model: Any, load_in_4bit: bool, dtype: torch.dtype) -> tuple[int, i
     return weight_bytes, params, lora
 
 
-def plan(model: Any = "SmolLM2-135M-Instruct", *, algorithm: str = "grpo", per_device_train_batch_size: int = 8,
-         num_generations: int = 8, max_prompt_length: int = 64, max_completion_length: int = 256,
-         lora_r: int = 16, load_in_4bit: bool = False, gradient_checkpointing: str = "slimrl",
-         checkpoint_every: int | None = None, fast_inference: bool = False, device: str = "cpu",
-         budget: str | int | None = None, beta: float = 0.0, unsloth_grpo_mini_batch: int | None = None,
-         gpu_memory_utilization: float = 0.5, chunk_rows: int | None = None, search: bool = True) -> Plan:
+def plan(model: Any = "SmolLM2-135M-Instruct", settings: Settings | None = None, *,
+         budget: str | int | None = None, search: bool = True) -> Plan:
     """Predict a run's peak memory per phase and its step time (see the module docstring); with ``budget``, whether
     it fits, the fastest settings that fit and the longest completion that fits. ``model``: a name
     (:func:`slimrl.planning.config.load_config`) or a transformers config object."""
+    settings = settings or Settings()
     config = None if isinstance(model, str) else model  # a transformers config object (auto-fit passes the model's)
-    settings = dict(model=model if config is None else getattr(config, "_name_or_path", "") or type(config).__name__,
-                    algorithm=algorithm, per_device_train_batch_size=per_device_train_batch_size,
-                    num_generations=num_generations, max_prompt_length=max_prompt_length,
-                    max_completion_length=max_completion_length, lora_r=lora_r, load_in_4bit=load_in_4bit,
-                    gradient_checkpointing=str(gradient_checkpointing).lower(),
-                    checkpoint_every_n_layers=checkpoint_every, fast_inference=fast_inference,
-                    device=device, beta=beta, unsloth_grpo_mini_batch=unsloth_grpo_mini_batch)
+    name = model if config is None else getattr(config, "_name_or_path", "") or type(config).__name__
+    settings = replace(settings, gradient_checkpointing=str(settings.gradient_checkpointing).lower())
     _check(settings)
+    utilization, chunk_rows, load_in_4bit = settings.gpu_memory_utilization, settings.chunk_rows, settings.load_in_4bit
+    settings = {"model": name, **{f.name: getattr(settings, f.name) for f in fields(settings)
+                                  if f.name not in ("gpu_memory_utilization", "chunk_rows")}}
     config = config if config is not None else load_config(model)
-    budget_bytes = parse_bytes(budget) if isinstance(budget, str) else budget
-    result = _predict(config, settings, gpu_memory_utilization, chunk_rows)
+    try:
+        budget_bytes = None if budget is None else parse_bytes(budget)
+    except ValueError as err:
+        raise PlanInputError(str(err)) from None
+    result = _predict(config, settings, utilization, chunk_rows)
     if budget_bytes is None:
         return result
     result.budget_bytes = budget_bytes
@@ -147,9 +166,9 @@ def plan(model: Any = "SmolLM2-135M-Instruct", *, algorithm: str = "grpo", per_d
         raise PlanInputError(f"--budget {budget}: below the weights and runtime alone ({need:.2f} GiB); raise the "
                              f"budget{'' if load_in_4bit else ' or pass --load_in_4bit true'}")
     if search:
-        result.recommended = _fastest_fitting(config, settings, budget_bytes, gpu_memory_utilization, chunk_rows)
-        result.max_completion_length_that_fits = _longest_fitting(config, settings, budget_bytes,
-                                                                  gpu_memory_utilization, chunk_rows)
+        result.recommended = _fastest_fitting(config, settings, budget_bytes, utilization, chunk_rows)
+        result.max_completion_length_that_fits = _longest_fitting(config, settings, budget_bytes, utilization,
+                                                                  chunk_rows)
         if not result.fits:
             over = (result.peak_bytes - budget_bytes) / 2**30
             fix = (f"use {result.recommended}" if result.recommended else
@@ -159,19 +178,20 @@ def plan(model: Any = "SmolLM2-135M-Instruct", *, algorithm: str = "grpo", per_d
     return result
 
 
-def _check(s: dict[str, Any]) -> None:
-    if s["algorithm"] not in ALGORITHMS:
-        raise PlanInputError(f"--algorithm {s['algorithm']!r}: unknown; choose one of {', '.join(ALGORITHMS)}")
-    if s["gradient_checkpointing"] not in CHECKPOINTING:
-        raise PlanInputError(f"--gradient_checkpointing {s['gradient_checkpointing']!r}: choose one of "
+def _check(s: Settings) -> None:
+    if not isinstance(s.workload, Workload) or s.workload.reference not in ("always", "beta", "never"):
+        raise PlanInputError(f"workload {s.workload!r}: pass a Workload (reference 'always', 'beta' or 'never')")
+    if s.gradient_checkpointing not in CHECKPOINTING:
+        raise PlanInputError(f"--gradient_checkpointing {s.gradient_checkpointing!r}: choose one of "
                              f"{', '.join(CHECKPOINTING)}")
-    if s["device"] not in ("cpu", "cuda"):
-        raise PlanInputError(f"--device {s['device']!r}: choose cpu or cuda")
+    if s.device not in ("cpu", "cuda"):
+        raise PlanInputError(f"--device {s.device!r}: choose cpu or cuda")
     for name in ("per_device_train_batch_size", "num_generations", "max_prompt_length", "max_completion_length"):
-        if not isinstance(s[name], int) or s[name] < 1:
-            raise PlanInputError(f"--{name} {s[name]!r}: must be a positive integer")
-    if not isinstance(s["lora_r"], int) or s["lora_r"] < 0:
-        raise PlanInputError(f"--lora_r {s['lora_r']!r}: must be 0 (full fine-tuning) or a positive rank")
+        value = getattr(s, name)
+        if not isinstance(value, int) or value < 1:
+            raise PlanInputError(f"--{name} {value!r}: must be a positive integer")
+    if not isinstance(s.lora_r, int) or s.lora_r < 0:
+        raise PlanInputError(f"--lora_r {s.lora_r!r}: must be 0 (full fine-tuning) or a positive rank")
 
 
 _MODELS: dict[tuple, Any] = {}
@@ -188,7 +208,7 @@ def _memo(store: dict, key: tuple, make: Any) -> Any:
 
 
 def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int | None) -> Plan:
-    from slimrl.generation.memory import kv_bytes_per_token
+    from slimrl.compat.vllm_info import kv_bytes_per_token
     from slimrl.ops.chunked_logprob import auto_chunk_rows
     from slimrl.planning import trace
 
@@ -203,7 +223,8 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     if not s["lora_r"]:  # full fine-tuning: fp32 master copy of gradients and two moments per weight
         lora = params
     prompt, completion = s["max_prompt_length"], s["max_completion_length"]
-    rows = s["per_device_train_batch_size"] * (2 if s["algorithm"] in PAIRED else 1)
+    work: Workload = s["workload"]
+    rows = s["per_device_train_batch_size"] * (2 if work.paired else 1)
     mini = min(s["unsloth_grpo_mini_batch"] or rows, rows)
     chunk = chunk_rows or auto_chunk_rows(rows * completion, shape["vocab"], torch.device("cpu"))
     phases: dict[str, int] = {}
@@ -224,7 +245,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
         return tuple(int(a + (b - a) * (shape["layers"] - 2 * n) / n) for a, b in zip(small, double, strict=True))
 
     notes: list[str] = []
-    if s["algorithm"] in ONLINE:
+    if work.generates:
         if s["fast_inference"]:
             wanted = kv_token * rows * (prompt + completion)
             if dev == "cuda" and torch.cuda.is_available():
@@ -248,7 +269,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
                           lambda m: trace.trace_logprob_pass(m, mini, prompt, completion, grad=False,
                                                              entropy=False, chunk_rows=chunk))
         phases["logprobs_no_grad"] = peak
-    entropy = s["algorithm"] == "grpo"
+    entropy = work.entropy
     kept, peak = layered(f"grad {rows} {prompt} {completion} {chunk} {entropy}",
                          lambda m: trace.trace_logprob_pass(m, rows, prompt, completion, grad=True,
                                                             entropy=entropy, chunk_rows=chunk))
@@ -256,8 +277,8 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     phases["backward"] = peak
     peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[_largest_phase(phases)]
     split = _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
-    return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases, step_seconds=sum(split.values()),
-                step_split=split, notes=notes)
+    return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases,
+                step_seconds=sum(split.values()), step_split=split, notes=notes)
 
 
 def _engine_on_cpu(config: Any, lora_r: int, dtype: torch.dtype, notes: list[str]) -> int:
@@ -283,11 +304,10 @@ def _with_layers(config: Any, layers: int) -> Any:
 
 
 def _no_grad_passes(s: dict[str, Any]) -> int:
-    """No-grad log-prob passes per step: the reference model's (beta > 0, or DPO/KTO), none for the old policy
-    (slimrl reuses the policy's log-probs when ``num_iterations`` is 1)."""
-    if s["algorithm"] in WITH_REFERENCE:
-        return 1
-    return 1 if s["algorithm"] in ONLINE and s["beta"] > 0 else 0
+    """No-grad log-prob passes per step: the reference model's (always, or when beta > 0, as the workload says),
+    none for the old policy (slimrl reuses the policy's log-probs when ``num_iterations`` is 1)."""
+    reference = s["workload"].reference
+    return 1 if reference == "always" or reference == "beta" and s["beta"] > 0 else 0
 
 
 def _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp):
@@ -296,7 +316,7 @@ def _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completi
     fwd = forward_flops(tokens, context, rows * completion, params=params, layers=layers, hidden=hidden,
                         vocab=vocab)
     split: dict[str, float] = {}
-    if s["algorithm"] in ONLINE:
+    if s["workload"].generates:
         prefill = forward_flops(rows * prompt, prompt, 0, params=params, layers=layers, hidden=hidden, vocab=vocab)
         split["generation"] = prefill / tp.flops_per_s + decode_seconds(
             completion, rows, params=params, weight_bytes=weight_bytes, kv_bytes_per_token=kv_token,

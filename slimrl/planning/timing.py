@@ -5,7 +5,7 @@ a ``[4096, 1024] x [1024, 1024]`` matmul (the shape of a projection over a batch
 for about a second (FLOP/s), a sum over a 256 MiB tensor (memory read bandwidth, bytes/s) and 2000 tiny ops (the
 fixed cost of an eager op); and, in a fresh process, the resident size after importing torch, transformers, PEFT,
 TRL, datasets and slimrl with its patch applied (the runtime every training process carries before its first
-tensor). About 8 s on a 2-core CPU.
+tensor).
 
 Model, per phase (``N`` = non-embedding parameters, ``T`` = prompt + completion tokens, ``L`` completion tokens):
 

@@ -33,8 +33,9 @@ from typing import Any
 
 import torch
 
+from slimrl.verify.compare import joint_error, loss_error, worst_parameter_error
 from slimrl.verify.reference import trl_kernel_where_missing
-from slimrl.verify.scenarios import BUILDERS, LORA_SCENARIOS, NOT_VERIFIED, Setup, loss_types
+from slimrl.verify.scenarios import Kit, Setup, UnquantizableError, loss_types
 
 PROBED = ("grpo", "rloo")  # trainers whose generation is checked against the training model
 
@@ -93,19 +94,13 @@ class Row:
         return not self.skipped and not self.passed
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp(min=1e-12))
-
-
 def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -> dict[str, Any]:
     """One side: build the trainer (patch state set first), train two steps, return losses, first-step gradients,
     updates and whether slimrl's log-prob path ran."""
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
 
-    from slimrl import PatchFastRL, unpatch
-    from slimrl.patching import trainer_and_config
+    from slimrl.patching import TRAINERS, PatchFastRL, trainer_and_config, unpatch
     from slimrl.patching.routes import served
     from slimrl.verify.generation import GenerationProbe, worst_difference
 
@@ -114,7 +109,7 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
         PatchFastRL(name)
     trainer_cls, config_cls = trainer_and_config(name)
     torch.manual_seed(0)
-    trainer = BUILDERS[name](trainer_cls, config_cls, out_dir, setup, loss_type)
+    trainer = TRAINERS[name].scenario(Kit(trainer_cls, config_cls, out_dir, setup), loss_type)
     model = trainer.model
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     before = {n: p.detach().clone() for n, p in params.items()}
@@ -147,7 +142,7 @@ def _lowest_precision(dtypes) -> torch.dtype:
 
 def compare(name: str, loss_type: str, setup: Setup) -> Row:
     """One row: TRL alone vs patched (see the module docstring)."""
-    from slimrl import unpatch
+    from slimrl.patching import unpatch
 
     tol = TOLERANCE[setup.dtype]
     t0 = time.perf_counter()
@@ -163,14 +158,9 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
         return Row(name, loss_type, *nan, tol, time.perf_counter() - t0, our_error)
     if ref_error:  # TRL alone fails where slimrl runs (e.g. TRL 1.15's fused head without Triton): no reference
         return Row(name, loss_type, *nan, tol, time.perf_counter() - t0, skipped=f"TRL alone fails here: {ref_error}")
-    loss_err = max((abs(a - b) / max(abs(b), 1e-3) for a, b in zip(ours["losses"], ref["losses"])), default=math.nan)
-    if len(ours["losses"]) != len(ref["losses"]):
-        loss_err = math.inf
-    grad_err = max((_rel(ours["grads"][n], g) for n, g in ref["grads"].items() if n in ours["grads"]),
-                   default=math.nan)
-    names = list(ref["updates"])
-    update_err = _rel(torch.cat([ours["updates"][n].flatten() for n in names]),
-                      torch.cat([ref["updates"][n].flatten() for n in names])) if names else math.nan
+    loss_err = loss_error(ours["losses"], ref["losses"])
+    grad_err, _ = worst_parameter_error(ours["grads"], ref["grads"])
+    update_err = joint_error(ours["updates"], ref["updates"])
     problem = ""
     if not any(u.abs().max() > 0 for u in ref["updates"].values()):
         problem = "no update in TRL's run (the comparison would be vacuous)"
@@ -189,7 +179,7 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
 
 def generation_row(name: str, loss_type: str, setup: Setup) -> Row:
     """One patched run generating through ``setup.generator`` (engine or server): the generator check only."""
-    from slimrl import unpatch
+    from slimrl.patching import unpatch
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="slimrl-verify-") as tmp:
@@ -202,16 +192,19 @@ def generation_row(name: str, loss_type: str, setup: Setup) -> Row:
 
 
 def _attempt(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str):
-    """(:func:`_run`'s result, None) or (None, the error in one line)."""
+    """(:func:`_run`'s result, None) or (None, the error in one line); a scenario that cannot run on the setup's
+    quantized base raises :class:`~slimrl.verify.scenarios.UnquantizableError`."""
     try:
         return _run(name, loss_type, setup, patched, out_dir), None
+    except UnquantizableError:
+        raise
     except Exception as err:  # noqa: BLE001  (a crash is reported in the row)
         return None, f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
 
 
 def _route_applies(name: str) -> bool:
     """Whether a log-prob route serves ``name`` on the installed TRL (DPO/KTO/SFT before 1.15 have none)."""
-    from slimrl.patching.routes.fused_head import has_fused_head
+    from slimrl.compat.trl_info import has_fused_head
 
     return not (name in ("dpo", "kto", "sft") and not has_fused_head())
 
@@ -286,14 +279,8 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
     if load_in_4bit and load_in_8bit:
         raise VerifyError("--load_in_4bit and --load_in_8bit: pass one of them")
     quantized = "4bit" if load_in_4bit else "8bit" if load_in_8bit else None
-    names = [n for n in TRAINERS if trainer_available(n) and n in BUILDERS] if not algorithms else \
-        [_checked_name(a, _normalise, trainer_available) for a in algorithms]
-    if quantized is not None:
-        if algorithms and set(names) - set(LORA_SCENARIOS):
-            raise VerifyError(f"--load_in_{quantized}: {', '.join(sorted(set(names) - set(LORA_SCENARIOS)))} "
-                              f"train every weight, which a quantized base cannot; quantized rows: "
-                              f"{', '.join(LORA_SCENARIOS)}")
-        names = [n for n in names if n in LORA_SCENARIOS]
+    names = [n for n in TRAINERS if trainer_available(n) and TRAINERS[n].scenario] if not algorithms else \
+        [_checked_name(a, _normalise, trainer_available, TRAINERS) for a in algorithms]
     if vllm_server_base_url is not None and (model is None or not Path(model).is_dir()):
         raise VerifyError("--vllm_server_base_url: pass --model DIR, the local model directory the server serves "
                           "(the trained model must hold the server's weights)")
@@ -311,7 +298,13 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
                 raise VerifyError(f"--loss_type {loss_type}: {name} has {', '.join(types)}")
             types = [loss_type]
         for lt in types:
-            row = compare(name, lt, setup)
+            try:
+                row = compare(name, lt, setup)
+            except UnquantizableError as err:  # before any compute: the scenario's first model
+                if algorithms:
+                    raise VerifyError(f"--load_in_{quantized}: {name}: {err}; the LoRA trainers' rows run on a "
+                                      f"quantized base") from None
+                break
             rows.append(row)
             if progress is not None:
                 progress(row)
@@ -363,14 +356,15 @@ def _save_tiny(setup: Setup, directory: str) -> str:
     return directory
 
 
-def _checked_name(algorithm: str, normalise, available) -> str:
+def _checked_name(algorithm: str, normalise, available, trainers: dict) -> str:
     try:
         name = normalise(algorithm)
     except ValueError as err:
         raise VerifyError(f"--algorithm {algorithm}: {err}") from None
-    if name not in BUILDERS:
-        raise VerifyError(f"--algorithm {algorithm}: not verified ({NOT_VERIFIED.get(name, 'no scenario')}); "
-                          f"verifiable: {', '.join(BUILDERS)}")
+    if trainers[name].scenario is None:
+        verifiable = [n for n, spec in trainers.items() if spec.scenario]
+        raise VerifyError(f"--algorithm {algorithm}: not verified ({trainers[name].not_verified}); "
+                          f"verifiable: {', '.join(verifiable)}")
     if not available(name):
         raise VerifyError(f"--algorithm {algorithm}: the installed TRL has no such trainer")
     return name

@@ -11,7 +11,6 @@ reference copy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,13 +23,6 @@ PAIRS = [
     {"prompt": "5+6=", "chosen": "11, easy.", "rejected": "56"},
     {"prompt": "7+8=", "chosen": "15", "rejected": "it is 78?"},
 ]
-# extra config values some loss types need to be well defined
-LOSS_EXTRAS = {("dpo", "robust"): {"label_smoothing": 0.1}, ("dpo", "exo_pair"): {"label_smoothing": 1e-3},
-               ("grpo", "luspo"): {"importance_sampling_level": "sequence"}}
-NOT_VERIFIED = {  # trainer -> why it has no row (said under the table)
-    "ppo": "TRL 1.12's PPO needs a value and a reward model and slimrl leaves its loop to TRL",
-    "prm": "slimrl adds only checks to PRM (a 2-class head)",
-}
 
 
 @dataclass
@@ -66,7 +58,7 @@ def _common(out_dir: str, setup: Setup) -> dict:
 def _loaded(setup: Setup):
     """The engine/server scenarios' model: ``setup.weights`` loaded by ``FastLanguageModel`` (with its colocated
     engine for "engine"; the engine then becomes the trainer's generator)."""
-    from slimrl import FastLanguageModel
+    from slimrl.models import FastLanguageModel
 
     model, _ = FastLanguageModel.from_pretrained(setup.weights, dtype=setup.dtype, max_seq_length=256,
                                                  fast_inference=setup.generator == "engine", max_lora_rank=8,
@@ -99,93 +91,56 @@ def _dataset(rows: list[dict]):
     return Dataset.from_list(rows)
 
 
-def _config(config_cls: type, out_dir: str, setup: Setup, **kwargs):
-    return config_cls(**{**_common(out_dir, setup), **kwargs, **setup.overrides})
+class Kit:
+    """What a trainer's verify scenario (``scenario(kit, loss_type)`` in its module under
+    ``slimrl/patching/trainers/``) builds its run from: the setup's models, the small datasets, a reward, the config
+    every scenario shares, and the trainer class of the installed TRL (patched or not, as the caller set it)."""
+
+    PROMPTS, PAIRS = PROMPTS, PAIRS
+
+    def __init__(self, trainer_cls: type, config_cls: type, out_dir: str, setup: Setup):
+        self.trainer_cls, self.config_cls, self.out_dir, self.setup = trainer_cls, config_cls, out_dir, setup
+        self.tokenizer = setup.tokenizer
+        self.digits_reward = digits_reward
+
+    def config(self, **kwargs):
+        """The config class with the shared settings (module docstring), ``kwargs`` and the setup's overrides."""
+        return self.config_cls(**{**_common(self.out_dir, self.setup), **kwargs, **self.setup.overrides})
+
+    def config_is_list(self, field: str) -> bool:
+        """Whether the installed config declares ``field`` as a list (DPO's ``loss_type`` from TRL 1.13)."""
+        return "list" in str(self.config_cls.__dataclass_fields__[field].type)
+
+    def model(self, seed: int = 0, lora: bool = False, kind: str = "causal"):
+        """A tiny model of the setup's config (``kind``: "causal" or "scorer"), with a LoRA adapter whose A and B
+        are both random when ``lora``. Only LoRA scenarios can run on a quantized base (:class:`UnquantizableError`)."""
+        if self.setup.quantized and not lora and kind == "causal":
+            raise UnquantizableError("it trains every weight, which a quantized base cannot")
+        return _model(self.setup, seed, lora, kind)
+
+    def dataset(self, rows: list[dict]):
+        from datasets import Dataset
+
+        return Dataset.from_list(rows)
+
+    def prompts(self):
+        return self.dataset([{"prompt": p} for p in PROMPTS])
+
+    def pairs(self):
+        return self.dataset(PAIRS)
+
+    def unpaired(self):
+        """The pairs as KTO/BCO rows: (prompt, completion, label)."""
+        return self.dataset([{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in PAIRS
+                             for k in ("chosen", "rejected")])
+
+    def trainer(self, **kwargs):
+        """The trainer class built with the setup's tokenizer and ``kwargs``."""
+        return self.trainer_cls(processing_class=self.tokenizer, **kwargs)
 
 
-def grpo(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):
-    args = _config(config_cls, out_dir, setup, per_device_train_batch_size=4, num_generations=4,
-                   max_completion_length=8, num_iterations=2, beta=0.04, temperature=0.9, loss_type=loss_type,
-                   disable_dropout=True, **LOSS_EXTRAS.get(("grpo", loss_type), {}))
-    return trainer_cls(model=_model(setup, lora=True), args=args, reward_funcs=[digits_reward],
-                       train_dataset=_dataset([{"prompt": p} for p in PROMPTS]), processing_class=setup.tokenizer)
-
-
-def rloo(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):
-    args = _config(config_cls, out_dir, setup, per_device_train_batch_size=4, num_generations=4,
-                   max_completion_length=8, num_iterations=2, beta=0.05, temperature=0.9)
-    return trainer_cls(model=_model(setup, lora=True), args=args, reward_funcs=[digits_reward],
-                       train_dataset=_dataset([{"prompt": p} for p in PROMPTS]), processing_class=setup.tokenizer)
-
-
-def dpo(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):
-    field = config_cls.__dataclass_fields__["loss_type"]
-    value = [loss_type] if "list" in str(field.type) else loss_type
-    args = _config(config_cls, out_dir, setup, per_device_train_batch_size=4, loss_type=value,
-                   **LOSS_EXTRAS.get(("dpo", loss_type), {}))
-    return trainer_cls(model=_model(setup), ref_model=_model(setup), args=args, train_dataset=_dataset(PAIRS),
-                       processing_class=setup.tokenizer)
-
-
-def _unpaired() -> list[dict]:
-    return [{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in PAIRS
-            for k in ("chosen", "rejected")]
-
-
-def kto(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):
-    args = _config(config_cls, out_dir, setup, per_device_train_batch_size=8, loss_type=loss_type)
-    return trainer_cls(model=_model(setup), ref_model=_model(setup), args=args, train_dataset=_dataset(_unpaired()),
-                       processing_class=setup.tokenizer)
-
-
-def bco(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):
-    args = _config(config_cls, out_dir, setup, per_device_train_batch_size=8, max_length=64)
-    return trainer_cls(model=_model(setup), ref_model=_model(setup), args=args, train_dataset=_dataset(_unpaired()),
-                       processing_class=setup.tokenizer)
-
-
-def sft(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):
-    args = _config(config_cls, out_dir, setup, per_device_train_batch_size=4, loss_type=loss_type)
-    rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in PAIRS]
-    return trainer_cls(model=_model(setup), args=args, train_dataset=_dataset(rows), processing_class=setup.tokenizer)
-
-
-def orpo(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):
-    args = _config(config_cls, out_dir, setup, per_device_train_batch_size=4, max_length=64, beta=0.2)
-    return trainer_cls(model=_model(setup), args=args, train_dataset=_dataset(PAIRS), processing_class=setup.tokenizer)
-
-
-def cpo(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):
-    args = _config(config_cls, out_dir, setup, per_device_train_batch_size=4, max_length=64, loss_type=loss_type,
-                   cpo_alpha=0.5)
-    return trainer_cls(model=_model(setup), args=args, train_dataset=_dataset(PAIRS), processing_class=setup.tokenizer)
-
-
-def online_dpo(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):
-    args = _config(config_cls, out_dir, setup, per_device_train_batch_size=2, max_new_tokens=8, max_length=64,
-                   loss_type=loss_type)
-    return trainer_cls(model=_model(setup, lora=True), reward_funcs=[digits_reward], args=args,
-                       train_dataset=_dataset([{"prompt": p} for p in PROMPTS]), processing_class=setup.tokenizer)
-
-
-def xpo(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):
-    args = _config(config_cls, out_dir, setup, per_device_train_batch_size=2, max_new_tokens=8, max_length=64)
-    return trainer_cls(model=_model(setup, lora=True), reward_funcs=_model(setup, seed=5, kind="scorer"),
-                       args=args, train_dataset=_dataset([{"prompt": p} for p in PROMPTS]),
-                       processing_class=setup.tokenizer, reward_processing_classes=setup.tokenizer)
-
-
-def reward(trainer_cls, config_cls, out_dir, setup: Setup, loss_type: str):
-    args = _config(config_cls, out_dir, setup, per_device_train_batch_size=4)
-    rows = [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in PAIRS]
-    return trainer_cls(model=_model(setup, kind="scorer"), args=args, train_dataset=_dataset(rows),
-                       processing_class=setup.tokenizer)
-
-
-# Scenarios that train a LoRA adapter on the model (the only ones a quantized base can run).
-LORA_SCENARIOS = ("grpo", "rloo", "online_dpo", "xpo")
-BUILDERS: dict[str, Callable] = {"grpo": grpo, "rloo": rloo, "dpo": dpo, "kto": kto, "sft": sft, "orpo": orpo,
-                                 "cpo": cpo, "online_dpo": online_dpo, "reward": reward, "bco": bco, "xpo": xpo}
+class UnquantizableError(ValueError):
+    """The scenario cannot run on a quantized base (why in the message)."""
 
 
 def loss_types(name: str, config_cls: type) -> list[str]:

@@ -24,14 +24,21 @@ def char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-def default_config():
-    """The tiny Llama: 2 layers, hidden 64, vocab 49, tied head, fp32."""
+def llama_config(**overrides: Any):
+    """A tiny Llama config for the character tokenizer: 2 layers, hidden 64, 4 heads (2 KV), vocab 49 (not a power
+    of two), tied head, fp32; ``overrides`` change any field (the tests' models are narrower)."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=len(SPECIAL) + len(CHARS), hidden_size=HIDDEN, intermediate_size=FFN,
-                       num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                       max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1,
-                       bos_token_id=None, dtype="float32")
+    cfg = dict(vocab_size=len(SPECIAL) + len(CHARS), hidden_size=HIDDEN, intermediate_size=FFN,
+               num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+               max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1,
+               bos_token_id=None, dtype="float32")
+    return LlamaConfig(**{**cfg, **overrides})
+
+
+def default_config():
+    """The tiny Llama ``slimrl verify`` runs on (:func:`llama_config` as it is)."""
+    return llama_config()
 
 
 def shrink(config: Any) -> Any:

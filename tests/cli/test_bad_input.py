@@ -69,7 +69,7 @@ def test_reward_spec_without_colon(capsys, tmp_path):
 
 def test_batch_is_fixed_as_in_the_python_api(tmp_path):
     """The CLI parses the patched GRPOConfig: a batch num_generations does not divide is fixed with the same
-    warning as ``GRPOConfig(...)`` in Python (it was an error in the CLI only)."""
+    warning as ``GRPOConfig(...)`` in Python, not an error only the CLI raises."""
     with pytest.warns(UserWarning, match=r"not a multiple of num_generations=4: slimrl set "
                                          r"per_device_train_batch_size=4"):
         _, cfg = train.parse(["--per_device_train_batch_size", "6", "--num_generations", "4",
@@ -84,7 +84,7 @@ def test_temperature_is_checked_as_in_the_python_api(capsys, tmp_path, value):
 
 
 def test_cli_after_patchfastrl_in_the_same_process(tmp_path):
-    """A script that patched TRL itself can still call the CLI (its options used to clash with slimrl's
+    """A script that patched TRL itself can still call the CLI (its options must not clash with slimrl's
     config fields: argparse's "conflicting option strings: --unsloth_num_chunks")."""
     from slimrl import PatchFastRL, unpatch
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from slimrl.compat.vllm_info import kv_bytes_per_token
 from slimrl.generation import memory
 from slimrl.generation.weights import adapter_tensors, share_base_weights
 from tests.tiny import tiny_llama
@@ -15,8 +16,8 @@ GIB = 2**30
 
 def test_kv_bytes_per_token_from_the_config():
     cfg = tiny_llama().config  # 2 layers, 2 KV heads, head_dim 32 / 4 = 8
-    assert memory.kv_bytes_per_token(cfg, torch.float32) == 2 * 2 * 2 * 8 * 4
-    assert memory.kv_bytes_per_token(cfg, torch.bfloat16) == 2 * 2 * 2 * 8 * 2
+    assert kv_bytes_per_token(cfg, torch.float32) == 2 * 2 * 2 * 8 * 4
+    assert kv_bytes_per_token(cfg, torch.bfloat16) == 2 * 2 * 2 * 8 * 2
 
 
 def test_auto_sizes_from_what_training_leaves(monkeypatch):

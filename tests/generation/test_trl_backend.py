@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slimrl.generation.trl_backend import SlimrlVLLMGeneration, engine_of, sampling_kwargs
-from slimrl.patching.engine_hooks import apply_engine_defaults, slimrl_vllm_generation_factory
+from slimrl.patching.online.engine_hooks import apply_engine_defaults, slimrl_vllm_generation_factory
 from slimrl.patching.state import config_state
 from slimrl.sampling import vLLMSamplingParams
 
@@ -85,7 +85,7 @@ def test_dispatch_engine_vs_trls_own_class(monkeypatch):
             calls.append(kwargs.get("mode"))
 
     factory = slimrl_vllm_generation_factory(TRLGeneration)
-    monkeypatch.setattr("slimrl.patching.engine_hooks._is_peft", lambda model: True)
+    monkeypatch.setattr("slimrl.patching.online.engine_hooks._is_peft", lambda model: True)
     engine = _Engine()
     ours = factory(model=_Model(engine), accelerator=_Accelerator(), processing_class=None, mode="colocate",
                    max_num_seqs=16, temperature=0.5, max_completion_length=24, logprobs=0)

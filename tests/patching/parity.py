@@ -22,13 +22,8 @@ import torch
 from slimrl import PatchFastRL, unpatch
 from slimrl.patching.routes import served
 from slimrl.patching.steps import running
-
-PAIRS = [
-    {"prompt": "1+2=", "chosen": "3.", "rejected": "12 or 4."},
-    {"prompt": "what is 3+4?", "chosen": "7", "rejected": "34"},
-    {"prompt": "5+6=", "chosen": "11, easy.", "rejected": "56"},
-    {"prompt": "7+8=", "chosen": "15", "rejected": "it is 78?"},
-]
+from slimrl.verify.compare import relative_error, worst_parameter_error
+from slimrl.verify.scenarios import PAIRS  # noqa: F401  (the parity tests' pairs are verify's)
 
 CUMULATIVE = {"num_tokens"}  # running totals over the trainer's life, not per-batch values
 
@@ -59,7 +54,8 @@ def tiny_model(lora: bool, targets: tuple[str, ...] = ("q_proj", "v_proj")):
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp(min=1e-12))
+    """slimrl verify's relative error (:func:`slimrl.verify.compare.relative_error`)."""
+    return relative_error(a, b)
 
 
 def first_batch(trainer) -> dict:
@@ -105,8 +101,8 @@ def assert_parity(trainer, algorithm: str, rtol: float = 1e-4) -> dict[str, floa
     assert ref_grads and any(g.abs().max() > 0 for g in ref_grads.values()), "no gradient: the test would be vacuous"
     assert abs(loss - ref_loss) <= rtol * max(abs(ref_loss), 1e-3), f"loss {loss} vs TRL {ref_loss}"
     assert grads.keys() == ref_grads.keys()
-    for name, ref in ref_grads.items():
-        assert rel(grads[name], ref) <= rtol, f"{name}: relative error {rel(grads[name], ref):.2e}"
+    worst, name = worst_parameter_error(grads, ref_grads)
+    assert worst <= rtol, f"{name}: relative error {worst:.2e}"
     assert metrics.keys() == ref_metrics.keys()
     for key, ref in ref_metrics.items():
         assert abs(metrics[key] - ref) <= rtol * max(abs(ref), 1.0), f"metric {key}: {metrics[key]} vs TRL {ref}"
@@ -129,7 +125,7 @@ def assert_patched_equals_unpatched(run, algorithm: str, tmp_path, rtol: float =
     assert served(trainer) > 0, "slimrl's log-prob path was not used"
     assert seen == ref_seen, "patched run sampled different completions"
     assert any(d.abs().max() > 0 for d in ref_deltas.values()), "no update happened: the test would be vacuous"
-    for name, ref in ref_deltas.items():
-        assert rel(deltas[name], ref) <= rtol, f"{name}: relative error {rel(deltas[name], ref):.2e}"
+    worst, name = worst_parameter_error(deltas, ref_deltas)
+    assert deltas.keys() == ref_deltas.keys() and worst <= rtol, f"{name}: relative error {worst:.2e}"
     assert losses == pytest.approx(ref_losses, rel=rtol, abs=1e-6)
     return trainer

@@ -68,8 +68,8 @@ def test_every_patched_config_has_its_fields_in_help_flags_and_to_dict(patched, 
 
 
 def test_fields_follow_what_acts_on_each_trainer(patched):
+    from slimrl.compat.trl_info import has_fused_head
     from slimrl.patching import trainer_and_config
-    from slimrl.patching.routes.fused_head import has_fused_head
 
     chunking = {"unsloth_num_chunks", "unsloth_logit_chunk_multiplier"}
     expected = {"grpo": set(EXTRA_FIELDS), "rloo": set(ONLINE_FIELDS), "orpo": chunking, "cpo": chunking,
@@ -154,3 +154,24 @@ def test_max_seq_length_defaults_to_the_model_and_never_exceeds_it(patched, tmp_
                        per_device_train_batch_size=2, num_generations=2, **CPU)
     with pytest.raises(ValueError, match=r"leaves no room for the prompt within the config's max_seq_length=16"):
         check_sequence_budget(model, small)
+
+
+def test_readme_field_table_is_current():
+    """The README's table of fields is :func:`slimrl.patching.config_fields.field_table` (paste it from there)."""
+    from pathlib import Path
+
+    from slimrl.patching.config_fields import field_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert field_table() in readme, "README's field table is stale: paste slimrl.patching.config_fields.field_table()"
+
+
+def test_every_field_is_declared_once_with_its_check_and_reason():
+    from slimrl.patching.config_fields import FIELDS, validate_extra
+
+    assert len({f.name for f in FIELDS}) == len(FIELDS)
+    for field in FIELDS:
+        assert validate_extra(field.name, field.default) == field.default or field.default is None
+        assert field.no_effect and field.help and field.acts_on in ("log-probs", "online", "grpo")
+        with pytest.raises(ValueError, match=f"{field.name}=.* is invalid"):
+            validate_extra(field.name, object())

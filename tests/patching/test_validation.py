@@ -43,18 +43,19 @@ def test_layouts_accept_every_form_trl_accepts():
     from datasets import Dataset
 
     from slimrl.patching import TRAINERS, trainer_and_config, trainer_available
-    from slimrl.patching.validation import check_layout, trainer_layouts
+    from slimrl.patching.specs import trainer_layouts
+    from slimrl.patching.validation import check_layout
 
     for name in TRAINERS:
         if not trainer_available(name) or name == "ppo":
             continue
         trainer_cls, _ = trainer_and_config(name)
-        _, layouts = trainer_layouts(trainer_cls, SimpleNamespace(dataset_text_field="text"))
+        trainer, layouts = trainer_layouts(trainer_cls, SimpleNamespace(dataset_text_field="text"))
         assert layouts, name
         for layout in layouts:
-            check_layout(Dataset.from_list([{c: "x" for c in layout}]), trainer_cls)
+            check_layout(Dataset.from_list([{c: "x" for c in layout}]), trainer, layouts)
         with pytest.raises(ValueError, match=r"train_dataset has (no|columns)"):
-            check_layout(Dataset.from_list([{"unrelated": "x"}]), trainer_cls)
+            check_layout(Dataset.from_list([{"unrelated": "x"}]), trainer, layouts)
 
 
 def test_sft_layout_follows_its_config():
@@ -63,21 +64,24 @@ def test_sft_layout_follows_its_config():
     from datasets import Dataset
     from trl import SFTTrainer
 
+    from slimrl.patching.specs import trainer_layouts
     from slimrl.patching.validation import check_layout
+
+    def check(dataset, args, **kwargs):
+        check_layout(dataset, *trainer_layouts(SFTTrainer, args), args, **kwargs)
 
     body = Dataset.from_list([{"body": "1+1=2"}])
     with pytest.raises(ValueError, match=r"SFTTrainer reads \('other'\) or \('messages'\)"):
-        check_layout(body, SFTTrainer, SimpleNamespace(dataset_text_field="other", dataset_kwargs=None))
-    check_layout(body, SFTTrainer, SimpleNamespace(dataset_text_field="body", dataset_kwargs=None))
-    check_layout(body, SFTTrainer, SimpleNamespace(dataset_text_field="text", dataset_kwargs=None),
-                 formatting_func=lambda row: row["body"])
-    check_layout(body, SFTTrainer, SimpleNamespace(dataset_text_field="text",
-                                                   dataset_kwargs={"skip_prepare_dataset": True}))
+        check(body, SimpleNamespace(dataset_text_field="other", dataset_kwargs=None))
+    check(body, SimpleNamespace(dataset_text_field="body", dataset_kwargs=None))
+    check(body, SimpleNamespace(dataset_text_field="text", dataset_kwargs=None),
+          formatting_func=lambda row: row["body"])
+    check(body, SimpleNamespace(dataset_text_field="text", dataset_kwargs={"skip_prepare_dataset": True}))
 
 
 @pytest.mark.parametrize("columns", [("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")])
 def test_reward_trainer_with_pretokenized_pairs_trains(tmp_path, columns):
-    """TRL 1.16's own pre-tokenized Reward test, through the patched trainer (it was refused before)."""
+    """TRL 1.16's own pre-tokenized Reward test, through the patched trainer: the layout is accepted."""
     import warnings
 
     from datasets import Dataset

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from slimrl.cli import plan as plan_cli
-from slimrl.planning import PlanInputError, plan, trace
-from slimrl.planning.plan import _with_layers, parse_bytes
+from slimrl.compat.memory import parse_bytes
+from slimrl.planning import PlanInputError, Settings, plan, trace
+from slimrl.planning.plan import _with_layers
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -70,8 +71,9 @@ def test_depth_extrapolation_equals_the_full_trace(tmp_path):
     config = _config(layers=7)
     config.save_pretrained(tmp_path)
     for mode in ("true", "false"):
-        p = plan(str(tmp_path), per_device_train_batch_size=4, max_prompt_length=16, max_completion_length=48,
-                 lora_r=8, gradient_checkpointing=mode, chunk_rows=32, search=False)
+        p = plan(str(tmp_path), Settings(per_device_train_batch_size=4, max_prompt_length=16,
+                                         max_completion_length=48, lora_r=8, gradient_checkpointing=mode,
+                                         chunk_rows=32), search=False)
         full = trace.meta_model(config, torch.float32, 8, 1 if mode == "true" else 0)
         kept, peak = trace.trace_logprob_pass(full, 4, 16, 48, grad=True, entropy=True, chunk_rows=32)
         assert p.phases["policy_forward"] == pytest.approx(kept, rel=1e-3)
@@ -84,13 +86,13 @@ def test_plan_phases_budget_and_search(tmp_path):
     _config(layers=4).save_pretrained(tmp_path)
     kwargs = dict(per_device_train_batch_size=4, max_prompt_length=16, max_completion_length=256, lora_r=8,
                   beta=0.04)
-    p = plan(str(tmp_path), **kwargs, search=False)
+    p = plan(str(tmp_path), Settings(**kwargs), search=False)
     assert set(p.phases) == {"runtime", "weights", "adapter_and_optimizer", "generation", "logprobs_no_grad",
                              "policy_forward", "backward"}
     assert p.phases["adapter_and_optimizer"] == 16 * 4 * 8 * (64 + 64 + 64 + 32 + 64 + 32 + 64 + 64 + 64 + 160
                                                               + 64 + 160 + 160 + 64)
     assert p.step_seconds > 0 and set(p.step_split) <= set(p.phases)
-    tight = plan(str(tmp_path), **kwargs, budget=p.peak_bytes - 1)
+    tight = plan(str(tmp_path), Settings(**kwargs), budget=p.peak_bytes - 1)
     assert tight.fits is False and tight.max_completion_length_that_fits < 256
     assert "over the budget" in tight.notes[0]
     from slimrl.planning.plan import _fastest_fitting, _longest_fitting, load_config
@@ -99,8 +101,9 @@ def test_plan_phases_budget_and_search(tmp_path):
     roomy = p.peak_bytes + 2**30
     assert _fastest_fitting(config, settings, roomy, 0.5, None)["gradient_checkpointing"] == "false"  # no recompute
     longest = tight.max_completion_length_that_fits
-    assert plan(str(tmp_path), **dict(kwargs, max_completion_length=longest), search=False).peak_bytes <= p.peak_bytes
-    assert plan(str(tmp_path), **dict(kwargs, max_completion_length=longest + 64),
+    assert plan(str(tmp_path), Settings(**dict(kwargs, max_completion_length=longest)),
+                search=False).peak_bytes <= p.peak_bytes
+    assert plan(str(tmp_path), Settings(**dict(kwargs, max_completion_length=longest + 64)),
                 search=False).peak_bytes > p.peak_bytes - 1
     assert _longest_fitting(config, settings, roomy, 0.5, None) > 256
 
@@ -118,7 +121,7 @@ def test_cli_json_has_the_documented_keys(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--algorithm", "ppo"], "--algorithm 'ppo': unknown; choose one of grpo, rloo"),
+    (["--algorithm", "ppo"], "--algorithm 'ppo': unknown; choose one of grpo, dpo, kto, orpo, cpo, sft, rloo"),
     (["--budget", "1MB"], "--budget 1MB: below the weights and runtime alone"),
     (["--budget", "lots"], "--budget 'lots': not a size"),
     (["--gradient_checkpointing", "some"], "--gradient_checkpointing 'some': choose one of"),
@@ -136,7 +139,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, message):
 def test_parse_bytes_and_direct_errors():
     assert parse_bytes("20GB") == 20 * 2**30 and parse_bytes("512 MiB") == 512 * 2**20 and parse_bytes("3") == 3
     with pytest.raises(PlanInputError, match="--per_device_train_batch_size 0"):
-        plan("SmolLM2-135M-Instruct", per_device_train_batch_size=0)
+        plan("SmolLM2-135M-Instruct", Settings(per_device_train_batch_size=0))
 
 
 def test_engine_on_cpu_counts_its_packed_copies_and_lora_slots():
@@ -161,8 +164,8 @@ def test_engine_on_cpu_is_persistent_and_its_runtime_named_when_not_measured(mon
 
     monkeypatch.setattr(engine_cpu, "runtime_bytes", lambda *a: (None, "vLLM not usable here (test)"))
     config = _config()
-    hf = plan(config, lora_r=8, fast_inference=False, search=False)
-    p = plan(config, lora_r=8, fast_inference=True, search=False)
+    hf = plan(config, Settings(lora_r=8, fast_inference=False), search=False)
+    p = plan(config, Settings(lora_r=8, fast_inference=True), search=False)
     engine = engine_cpu.computed_bytes(config, 8, torch.float32)
     assert p.phases["engine"] == engine
     held = ("runtime", "weights", "adapter_and_optimizer", "engine")
@@ -173,5 +176,5 @@ def test_engine_on_cpu_is_persistent_and_its_runtime_named_when_not_measured(mon
     import importlib
 
     importlib.import_module("slimrl.planning.plan")._TRACES.clear()  # the runtime is memoised per config
-    measured = plan(config, lora_r=8, fast_inference=True, search=False)
+    measured = plan(config, Settings(lora_r=8, fast_inference=True), search=False)
     assert measured.phases["engine"] == engine + 123 * 2**20 and not measured.notes

@@ -108,7 +108,18 @@ def test_quantized_rows_are_the_lora_scenarios():
     pytest.importorskip("bitsandbytes", minversion="0.50")
     from slimrl.verify import VerifyError
 
-    with pytest.raises(VerifyError, match="--load_in_4bit: dpo train every weight, which a quantized base cannot"):
+    with pytest.raises(VerifyError, match="--load_in_4bit: dpo: it trains every weight, which a quantized base cannot"):
         verify(["dpo"], load_in_4bit=True)
     with pytest.raises(VerifyError, match="--load_in_4bit and --load_in_8bit: pass one of them"):
         verify(["grpo"], load_in_4bit=True, load_in_8bit=True)
+
+
+def test_every_trainer_has_a_scenario_or_says_why_not():
+    """A trainer is its module plus its row in the table: its verify scenario lives in the module, and one without
+    a scenario states why (slimrl verify prints it)."""
+    from slimrl.patching.specs import TRAINERS
+
+    for name, spec in TRAINERS.items():
+        assert bool(spec.scenario) != bool(spec.not_verified), (name, spec.scenario, spec.not_verified)
+        if spec.scenario:
+            assert spec.scenario.__module__ == f"slimrl.patching.trainers.{name}", name

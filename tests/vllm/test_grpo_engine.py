@@ -97,12 +97,12 @@ def test_reward_rises_through_the_engine(run):
 
 
 def test_no_old_log_prob_pass_and_the_same_loss_as_trls_pass(run):
-    """Lever 1 of the speed issue with the real engine: the run skipped TRL's no-grad old-log-prob pass at every
+    """Old-log-prob reuse with the real engine: the run skipped TRL's no-grad old-log-prob pass at every
     step (IS metrics still logged, above), and on one fresh generation batch the loss, gradients and IS ratio from
     the policy forward equal TRL's branch (its pass run on the same batch). Tolerance: relative 1e-4 (fp32; the
     pass and the policy forward are the same forward, batched the same, measured ~1e-6)."""
     from slimrl import PatchFastRL
-    from slimrl.patching.old_logps import _Window
+    from slimrl.patching.online.old_logps import _Window
 
     trainer, model = run
     PatchFastRL("grpo")  # every test ends unpatched (conftest); the trainer's class methods are patched again

@@ -31,22 +31,14 @@ from __future__ import annotations
 
 import torch
 
+from slimrl.compat.trl_info import FUSED_HEAD
 from slimrl.patching.registry import Patch, original
 from slimrl.patching.routes.head import Head, chunking_of
 from slimrl.patching.state import trainer_state
 from slimrl.patching.steps import current_args, current_trainer, prediction_step_factory
 
 UTILS = "trl.trainer.utils"
-VERSIONS = ">=1.15"  # the fused head (``add_fused_lm_head``) arrived in TRL 1.15
 
-
-def has_fused_head() -> bool:
-    """Whether the installed TRL has the fused LM head (read from its version, without importing TRL)."""
-    from packaging.specifiers import SpecifierSet
-
-    from slimrl.compat.trl_info import trl_version
-
-    return SpecifierSet(VERSIONS).contains(trl_version(), prereleases=True)
 
 
 def _trl_kernel_is_best(device: torch.device) -> bool:
@@ -96,13 +88,13 @@ def slimrl_score_valid_positions_only(device: torch.device) -> bool:
 
 def kernel_patches(algorithms: tuple[str, ...]) -> list[Patch]:
     """The kernel swap, shared by ``algorithms`` (installed while any of them is patched)."""
-    return [Patch(algorithms, UTILS, "_ChunkedLogProbFunction", SlimrlChunkedLogProbFunction, versions=VERSIONS),
+    return [Patch(algorithms, UTILS, "_ChunkedLogProbFunction", SlimrlChunkedLogProbFunction, versions=FUSED_HEAD),
             # TRL 1.15 always gathers the valid positions (no `_use_triton` to answer there)
-            Patch(algorithms, UTILS, "_use_triton", slimrl_score_valid_positions_only, versions=VERSIONS,
+            Patch(algorithms, UTILS, "_use_triton", slimrl_score_valid_positions_only, versions=FUSED_HEAD,
                   optional=True)]
 
 
 def prediction_step_patch(algorithm: str, trainer: str) -> Patch:
     """A fused-head trainer's evaluation runs inside :func:`slimrl.patching.steps.running` too (its
     ``training_step`` wrapper already does), so the kernel reads the config's chunking there as well."""
-    return Patch(algorithm, trainer, "prediction_step", prediction_step_factory, wrap=True, versions=VERSIONS)
+    return Patch(algorithm, trainer, "prediction_step", prediction_step_factory, wrap=True, versions=FUSED_HEAD)

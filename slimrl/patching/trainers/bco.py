@@ -49,6 +49,14 @@ def slimrl_bco_forward(self, model, batch):
 
 CONFIG = "trl.experimental.bco.bco_config:BCOConfig"
 
+
+def scenario(kit, loss_type: str):
+    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): every weight trained on 8 labelled
+    completions against an explicit reference copy."""
+    args = kit.config(per_device_train_batch_size=8, max_length=64)
+    return kit.trainer(model=kit.model(), ref_model=kit.model(), args=args, train_dataset=kit.unpaired())
+
+
 PATCHES = [
     Patch("bco", TRAINER, "forward", slimrl_bco_forward),
 ]

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from slimrl.patching.registry import Patch, original
 from slimrl.patching.routes.score_positions import ConcatenatedSpec, concatenated_forward_through_ops
+from slimrl.planning.plan import Workload
 
 TRAINER = "trl.experimental.cpo.cpo_trainer:CPOTrainer"
 CONFIG = "trl.experimental.cpo.cpo_config:CPOConfig"
+# what one step does, for `slimrl plan`
+WORKLOAD = Workload(generates=False, paired=True, reference="never", entropy=False)
 
 CPO_SPEC = ConcatenatedSpec(
     padding_value=lambda trainer: trainer.pad_token_id,
@@ -27,6 +30,13 @@ CPO_SPEC = ConcatenatedSpec(
 def slimrl_cpo_concatenated_forward(self, model, batch):
     """TRL's ``CPOTrainer.concatenated_forward`` without the ``[2B, T, V]`` logits (same outputs)."""
     return concatenated_forward_through_ops(self, model, batch, CPO_SPEC, original(TRAINER, "concatenated_forward"))
+
+
+def scenario(kit, loss_type: str):
+    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): every weight trained on 4 preference pairs,
+    with the NLL term."""
+    args = kit.config(per_device_train_batch_size=4, max_length=64, loss_type=loss_type, cpo_alpha=0.5)
+    return kit.trainer(model=kit.model(), args=args, train_dataset=kit.pairs())
 
 
 PATCHES = [

@@ -12,10 +12,27 @@ legacy keywords added. Use TRL >= 1.15 for the memory savings.
 from __future__ import annotations
 
 from slimrl.patching.routes.fused_head import prediction_step_patch
+from slimrl.planning.plan import Workload
 
 TRAINER = "trl.trainer.dpo_trainer:DPOTrainer"
 CONFIG = "trl.trainer.dpo_config:DPOConfig"
+# what one step does, for `slimrl plan`
+WORKLOAD = Workload(generates=False, paired=True, reference="always", entropy=False)
 
 # the log-probs come from TRL's fused head (TRL >= 1.15), whose kernel routes/fused_head.py swaps for every
 # trainer on it; evaluation reads the config's chunking too
+
+
+# extra config values some loss types need to be well defined
+_LOSS_EXTRAS = {"robust": {"label_smoothing": 0.1}, "exo_pair": {"label_smoothing": 1e-3}}
+
+
+def scenario(kit, loss_type: str):
+    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): every weight trained on 4 preference pairs
+    against an explicit reference copy."""
+    value = [loss_type] if kit.config_is_list("loss_type") else loss_type
+    args = kit.config(per_device_train_batch_size=4, loss_type=value, **_LOSS_EXTRAS.get(loss_type, {}))
+    return kit.trainer(model=kit.model(), ref_model=kit.model(), args=args, train_dataset=kit.pairs())
+
+
 PATCHES = [prediction_step_patch("dpo", TRAINER)]

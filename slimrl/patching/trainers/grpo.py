@@ -7,33 +7,31 @@ route (:mod:`slimrl.patching.routes.method_capture`).
 What only GRPO gets (the shared patches come from :mod:`slimrl.patching.specs`): the log-prob method, the step
 metrics (``memory/peak_mb``, ``tokens_per_s``), the model switched to inference mode for generation, and the
 fast_inference engine in place of TRL's ``VLLMGeneration``, and the vLLM importance-sampling correction without
-TRL's extra no-grad pass where it equals the policy forward (:mod:`slimrl.patching.old_logps`).
+TRL's extra no-grad pass where it equals the policy forward (:mod:`slimrl.patching.online.old_logps`).
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from contextlib import contextmanager
 
 import torch
 
 from slimrl.compat.malloc import recycling_phase
-from slimrl.compat.memory import peak_window
 from slimrl.models.modes import for_inference, for_training
-from slimrl.patching import oom
 from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
-from slimrl.patching.engine_hooks import log_engine_metrics, slimrl_vllm_generation_factory
-from slimrl.patching.longest_first import generate_longest_first_factory
-from slimrl.patching.old_logps import compute_loss_factory, fill_importance_ratio, generate_and_score_factory
-from slimrl.patching.oom import logps_with_recovery
+from slimrl.patching.online.engine_hooks import slimrl_vllm_generation_factory
+from slimrl.patching.online.logps import online_logps
+from slimrl.patching.online.longest_first import generate_longest_first_factory
+from slimrl.patching.online.old_logps import compute_loss_factory, fill_importance_ratio, generate_and_score_factory
+from slimrl.patching.online.step import online_training_step_factory
 from slimrl.patching.registry import Patch
-from slimrl.patching.routes.method_capture import logps_and_entropies_through_ops
-from slimrl.patching.state import trainer_state
-from slimrl.patching.steps import training_step_factory
+from slimrl.planning.plan import Workload
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 CONFIG = "trl.trainer.grpo_config:GRPOConfig"
+# what one step does, for `slimrl plan`
+WORKLOAD = Workload(generates=True, reference="beta", entropy=True)
 MODULE = "trl.trainer.grpo_trainer"
 
 
@@ -48,46 +46,19 @@ def slimrl_get_per_token_logps_and_entropies(self, model, input_ids: torch.Tenso
                                              logits_to_keep: int, batch_size: int | None = None,
                                              compute_entropy: bool = False, compute_aux_loss: bool = False,
                                              **multimodal) -> tuple[torch.Tensor, torch.Tensor | None, None]:
-    """TRL's method through the method-capture route: log-probs ``[B, C]`` (and entropies ``[B, C]``); the policy's
-    call also fills the vLLM IS ratio where the old-log-prob pass was skipped (:mod:`slimrl.patching.old_logps`).
-    An out-of-memory pass is split in row slices (:mod:`slimrl.patching.oom`)."""
-    def compute(ids: torch.Tensor, mask: torch.Tensor, rows: int | None) -> tuple:
-        return logps_and_entropies_through_ops(TRAINER, self, model, ids, mask, logits_to_keep, rows,
-                                               compute_entropy, compute_aux_loss, **multimodal)
-
-    if any(v is not None for v in multimodal.values()):  # vision-language rows: not split
-        out = compute(input_ids, attention_mask, batch_size)
-    else:
-        out = logps_with_recovery(self, compute, input_ids, attention_mask, batch_size, compute_entropy)
+    """TRL's method through the online trainers' log-prob method (:mod:`slimrl.patching.online.logps`, the
+    method-capture route); the policy's call also fills the vLLM IS ratio where the old-log-prob pass was skipped
+    (:mod:`slimrl.patching.online.old_logps`)."""
+    out = online_logps(TRAINER, self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                       compute_aux_loss, multimodal, through_ops=True)
     fill_importance_ratio(self, out[0])
     return out
 
 
-def grpo_step_metrics_factory(orig_training_step):
-    """``training_step`` plus ``memory/peak_mb`` (the step's peak, generation included, through
-    :func:`slimrl.compat.memory.peak_window`, which the engine's own resets cannot shorten) and ``tokens_per_s``
-    (completion tokens trained / step wall time, generation included), and the engine's metrics."""
-
-    @functools.wraps(orig_training_step)
-    def slimrl_grpo_step_metrics(self, model, inputs, *args, **kwargs):
-        trainer_state(self).trained_tokens = 0
-        t0 = time.perf_counter()
-        with peak_window(self.accelerator.device) as window, oom.step(self):
-            out = orig_training_step(self, model, inputs, *args, **kwargs)
-        dt = time.perf_counter() - t0
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["memory/peak_mb"].append(window.peak_bytes() / 2**20)
-        self._metrics[mode]["tokens_per_s"].append(trainer_state(self).trained_tokens / dt if dt > 0 else 0.0)
-        log_engine_metrics(self)
-        return out
-
-    return slimrl_grpo_step_metrics
-
-
 def grpo_training_step_factory(orig_training_step):
-    """The shared step (:func:`slimrl.patching.steps.training_step_factory`: NaN/inf stop, fp16 skip count)
-    around GRPO's metrics (:func:`grpo_step_metrics_factory`)."""
-    return training_step_factory(grpo_step_metrics_factory(orig_training_step))
+    """The online trainers' step (:mod:`slimrl.patching.online.step`) with GRPO's step metrics (``memory/peak_mb``,
+    ``tokens_per_s``)."""
+    return online_training_step_factory(orig_training_step, step_metrics=True)
 
 
 def slimrl_unwrap_for_generation_factory(orig_cm):
@@ -110,9 +81,23 @@ def slimrl_unwrap_for_generation_factory(orig_cm):
 
 def grpo_generate_and_score_factory(orig):
     """``_generate_and_score_completions``: the first training generation at full length with
-    ``slimrl_longest_first`` (:mod:`slimrl.patching.longest_first`), without the old-log-prob pass where the policy
-    forward gives it (:mod:`slimrl.patching.old_logps`)."""
+    ``slimrl_longest_first`` (:mod:`slimrl.patching.online.longest_first`), without the old-log-prob pass where the
+    policy forward gives it (:mod:`slimrl.patching.online.old_logps`)."""
     return generate_longest_first_factory(generate_and_score_factory(orig))
+
+
+# extra config values some loss types need to be well defined
+_LOSS_EXTRAS = {"luspo": {"importance_sampling_level": "sequence"}}
+
+
+def scenario(kit, loss_type: str):
+    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): a LoRA policy, 4 prompts x 4 generations of
+    8 tokens, two iterations per generation, a KL to the adapter-free reference, dropout off."""
+    args = kit.config(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, num_iterations=2,
+                      beta=0.04, temperature=0.9, loss_type=loss_type, disable_dropout=True,
+                      **_LOSS_EXTRAS.get(loss_type, {}))
+    return kit.trainer(model=kit.model(lora=True), args=args, reward_funcs=[kit.digits_reward],
+                       train_dataset=kit.prompts())
 
 
 PATCHES = [

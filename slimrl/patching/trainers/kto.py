@@ -9,10 +9,22 @@ metrics in one method), which slimrl leaves as TRL's.
 from __future__ import annotations
 
 from slimrl.patching.routes.fused_head import prediction_step_patch
+from slimrl.planning.plan import Workload
 
 TRAINER = "trl.trainer.kto_trainer:KTOTrainer"
 CONFIG = "trl.trainer.kto_config:KTOConfig"
+# what one step does, for `slimrl plan`
+WORKLOAD = Workload(generates=False, reference="always", entropy=False)
 
 # the log-probs come from TRL's fused head (TRL >= 1.15), whose kernel routes/fused_head.py swaps for every
 # trainer on it; evaluation reads the config's chunking too
+
+
+def scenario(kit, loss_type: str):
+    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): every weight trained on 8 labelled
+    completions against an explicit reference copy."""
+    args = kit.config(per_device_train_batch_size=8, loss_type=loss_type)
+    return kit.trainer(model=kit.model(), ref_model=kit.model(), args=args, train_dataset=kit.unpaired())
+
+
 PATCHES = [prediction_step_patch("kto", TRAINER)]

@@ -41,6 +41,15 @@ def slimrl_online_dpo_forward(self, model, prompt_ids, prompt_mask, completion_i
 
 CONFIG = "trl.experimental.online_dpo.online_dpo_config:OnlineDPOConfig"
 
+
+def scenario(kit, loss_type: str):
+    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): a LoRA policy, 2 prompts per step, 8 new
+    tokens, judged by a digits reward."""
+    args = kit.config(per_device_train_batch_size=2, max_new_tokens=8, max_length=64, loss_type=loss_type)
+    return kit.trainer(model=kit.model(lora=True), reward_funcs=[kit.digits_reward], args=args,
+                       train_dataset=kit.prompts())
+
+
 PATCHES = [
     Patch("online_dpo", TRAINER, "_forward", slimrl_online_dpo_forward),
 ]

@@ -13,9 +13,12 @@ import torch
 
 from slimrl.patching.registry import Patch, original
 from slimrl.patching.routes.score_positions import ConcatenatedSpec, concatenated_forward_through_ops
+from slimrl.planning.plan import Workload
 
 TRAINER = "trl.experimental.orpo.orpo_trainer:ORPOTrainer"
 CONFIG = "trl.experimental.orpo.orpo_config:ORPOConfig"
+# what one step does, for `slimrl plan`
+WORKLOAD = Workload(generates=False, paired=True, reference="never", entropy=False)
 
 
 def _orpo_nll_labels(trainer, cat: dict) -> torch.Tensor:
@@ -35,6 +38,13 @@ ORPO_SPEC = ConcatenatedSpec(
 def slimrl_orpo_concatenated_forward(self, model, batch):
     """TRL's ``ORPOTrainer.concatenated_forward`` without the ``[2B, T, V]`` logits (same outputs)."""
     return concatenated_forward_through_ops(self, model, batch, ORPO_SPEC, original(TRAINER, "concatenated_forward"))
+
+
+def scenario(kit, loss_type: str):
+    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): every weight trained on 4 preference
+    pairs."""
+    args = kit.config(per_device_train_batch_size=4, max_length=64, beta=0.2)
+    return kit.trainer(model=kit.model(), args=args, train_dataset=kit.pairs())
 
 
 PATCHES = [

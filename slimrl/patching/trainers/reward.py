@@ -12,3 +12,11 @@ TRAINER = "trl.trainer.reward_trainer:RewardTrainer"
 CONFIG = "trl.trainer.reward_config:RewardConfig"
 
 PATCHES: list = []  # only the shared patches (slimrl.patching.specs)
+
+
+def scenario(kit, loss_type: str):
+    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): a one-score model trained on the 4 pairs as
+    whole texts."""
+    args = kit.config(per_device_train_batch_size=4)
+    rows = [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in kit.PAIRS]
+    return kit.trainer(model=kit.model(kind="scorer"), args=args, train_dataset=kit.dataset(rows))

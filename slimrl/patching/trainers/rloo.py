@@ -10,68 +10,50 @@ answered by it, and the step logs the engine's metrics.
 
 from __future__ import annotations
 
-import functools
-
-import torch
-
-from slimrl.patching import oom
+from slimrl.compat.trl_info import has_fused_head
 from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
-from slimrl.patching.engine_hooks import engine_metrics_step_factory, slimrl_vllm_generation_factory
-from slimrl.patching.longest_first import generate_longest_first_factory
-from slimrl.patching.oom import logps_with_recovery
-from slimrl.patching.registry import Patch, original
-from slimrl.patching.routes.fused_head import has_fused_head, prediction_step_patch
-from slimrl.patching.routes.method_capture import logps_and_entropies_through_ops
-from slimrl.patching.steps import training_step_factory
+from slimrl.patching.online.engine_hooks import slimrl_vllm_generation_factory
+from slimrl.patching.online.logps import online_logps
+from slimrl.patching.online.longest_first import generate_longest_first_factory
+from slimrl.patching.online.step import online_training_step_factory
+from slimrl.patching.registry import Patch
+from slimrl.patching.routes.fused_head import prediction_step_patch
+from slimrl.planning.plan import Workload
 
 TRAINER = "trl.trainer.rloo_trainer:RLOOTrainer"
 CONFIG = "trl.trainer.rloo_config:RLOOConfig"
+# what one step does, for `slimrl plan`
+WORKLOAD = Workload(generates=True, reference="beta", entropy=False)
 MODULE = "trl.trainer.rloo_trainer"
 
 
 def slimrl_rloo_get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
                                                   batch_size=None, compute_entropy=False, compute_aux_loss=False,
                                                   **multimodal):
-    """Completion log-probs ``[B, C]`` (and entropies) under ``logits / self.temperature``: the method-capture route
-    on TRL < 1.15; on the fused head (>= 1.15), TRL's method with no-grad passes in ``unsloth_grpo_mini_batch``
-    rows. An out-of-memory pass is split in row slices (:mod:`slimrl.patching.oom`)."""
-
-    def compute(ids: torch.Tensor, mask: torch.Tensor, rows: int | None) -> tuple:
-        if not has_fused_head():
-            return logps_and_entropies_through_ops(TRAINER, self, model, ids, mask, logits_to_keep, rows,
-                                                   compute_entropy, compute_aux_loss, **multimodal)
-        mini = getattr(self.args, "unsloth_grpo_mini_batch", None)
-        if mini and not torch.is_grad_enabled():
-            rows = min(rows or ids.size(0), mini)
-        return original(TRAINER, "_get_per_token_logps_and_entropies")(
-            self, model, ids, mask, logits_to_keep, batch_size=rows, compute_entropy=compute_entropy,
-            compute_aux_loss=compute_aux_loss, **multimodal)
-
-    if any(v is not None for v in multimodal.values()):  # vision-language rows: not split
-        return compute(input_ids, attention_mask, batch_size)
-    return logps_with_recovery(self, compute, input_ids, attention_mask, batch_size, compute_entropy)
+    """The online trainers' log-prob method (:mod:`slimrl.patching.online.logps`): the method-capture route on
+    TRL < 1.15, TRL's fused-head method (slimrl's kernel in it) from 1.15."""
+    return online_logps(TRAINER, self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                        compute_aux_loss, multimodal, through_ops=not has_fused_head())
 
 
-def rloo_training_step_factory(orig_step):
-    """The shared step (NaN/inf stop, :func:`slimrl.patching.steps.training_step_factory`), the out-of-memory
-    splits' metric (:func:`slimrl.patching.oom.step`) and the engine's metrics
-    (:func:`slimrl.patching.engine_hooks.engine_metrics_step_factory`)."""
-    return engine_metrics_step_factory(training_step_factory(_oom_metric_step_factory(orig_step)))
-
-
-def _oom_metric_step_factory(orig_step):
-    @functools.wraps(orig_step)
-    def slimrl_rloo_oom_metric_step(self, *args, **kwargs):
-        with oom.step(self):
-            return orig_step(self, *args, **kwargs)
-
-    return slimrl_rloo_oom_metric_step
+def rloo_training_step_factory(orig_training_step):
+    """The online trainers' step (:mod:`slimrl.patching.online.step`)."""
+    return online_training_step_factory(orig_training_step)
 
 
 def rloo_config_init_factory(orig_init, fields=ALL_FIELDS):
     """``RLOOConfig.__init__`` with slimrl's fields and GRPO's generation checks (temperature, completion length,
     batch vs ``num_generations``, ``unsloth_grpo_mini_batch``)."""
     return config_init_factory(orig_init, check=generation_config_checks, fields=fields)
+
+
+def scenario(kit, loss_type: str):
+    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): a LoRA policy, 4 prompts x 4 generations of
+    8 tokens, two iterations per generation, a KL to the adapter-free reference."""
+    args = kit.config(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, num_iterations=2,
+                      beta=0.05, temperature=0.9)
+    return kit.trainer(model=kit.model(lora=True), args=args, reward_funcs=[kit.digits_reward],
+                       train_dataset=kit.prompts())
 
 
 PATCHES = [

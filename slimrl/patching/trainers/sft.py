@@ -8,10 +8,23 @@ TRL 1.16's ``chunked_nll`` is TRL's own chunked path and is left alone; on TRL 1
 from __future__ import annotations
 
 from slimrl.patching.routes.fused_head import prediction_step_patch
+from slimrl.planning.plan import Workload
 
 TRAINER = "trl.trainer.sft_trainer:SFTTrainer"
 CONFIG = "trl.trainer.sft_config:SFTConfig"
+# what one step does, for `slimrl plan`
+WORKLOAD = Workload(generates=False, reference="never", entropy=False)
 
 # the log-probs come from TRL's fused head (TRL >= 1.15), whose kernel routes/fused_head.py swaps for every
 # trainer on it; evaluation reads the config's chunking too
+
+
+def scenario(kit, loss_type: str):
+    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): every weight trained on 4 prompt/completion
+    rows (the pairs' chosen answers)."""
+    args = kit.config(per_device_train_batch_size=4, loss_type=loss_type)
+    rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in kit.PAIRS]
+    return kit.trainer(model=kit.model(), args=args, train_dataset=kit.dataset(rows))
+
+
 PATCHES = [prediction_step_patch("sft", TRAINER)]

@@ -48,6 +48,15 @@ def slimrl_xpo_compute_logprobs(self, model, model_data, ref_data, context_lengt
 
 CONFIG = "trl.experimental.xpo.xpo_config:XPOConfig"
 
+
+def scenario(kit, loss_type: str):
+    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): a LoRA policy, 2 prompts per step, 8 new
+    tokens, judged by a tiny one-score reward model."""
+    args = kit.config(per_device_train_batch_size=2, max_new_tokens=8, max_length=64)
+    return kit.trainer(model=kit.model(lora=True), reward_funcs=kit.model(seed=5, kind="scorer"), args=args,
+                       train_dataset=kit.prompts(), reward_processing_classes=kit.tokenizer)
+
+
 PATCHES = [
     Patch("xpo", TRAINER, "_compute_logprobs", slimrl_xpo_compute_logprobs),
 ]

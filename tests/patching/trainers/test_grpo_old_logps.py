@@ -1,5 +1,5 @@
 """GRPO with vLLM's importance-sampling correction: slimrl skips TRL's old-log-prob pass where it equals the policy
-forward (:mod:`slimrl.patching.old_logps`) and must give TRL's loss, updates and ``sampling/*`` metrics.
+forward (:mod:`slimrl.patching.online.old_logps`) and must give TRL's loss, updates and ``sampling/*`` metrics.
 
 No vLLM in this venv: TRL's ``VLLMGeneration`` is replaced (for both runs) by :class:`FakeVLLM`, which returns
 deterministic completions of mixed lengths and sampled-token log-probs = the current model's (at the trainer's

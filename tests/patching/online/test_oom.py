@@ -1,4 +1,4 @@
-"""Out-of-memory recovery (slimrl/patching/oom.py): a forced allocation failure, injected once, in the no-grad
+"""Out-of-memory recovery (slimrl/patching/online/oom.py): a forced allocation failure, injected once, in the no-grad
 log-prob pass, the policy forward or inside the model's backward; the run splits the micro-batch in halves and
 must equal TRL alone (no failure there) on the parameter updates and logged losses, log ``memory/oom_splits`` and
 keep the smaller size.
@@ -12,9 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimrl.patching import oom
+from slimrl.patching.online import logps, oom
 from slimrl.patching.state import trainer_state
-from slimrl.patching.trainers import grpo
 from tests.patching.parity import assert_patched_equals_unpatched
 from tests.patching.trainers.test_grpo import run_grpo
 
@@ -59,7 +58,7 @@ def test_out_of_memory_split_equals_trl(tmp_path, monkeypatch, where, loss_type,
     from transformers.models.llama import modeling_llama
 
     injector = _Injector(where)
-    monkeypatch.setattr(grpo, "logps_and_entropies_through_ops", injector.route(grpo.logps_and_entropies_through_ops))
+    monkeypatch.setattr(logps, "logps_and_entropies_through_ops", injector.route(logps.logps_and_entropies_through_ops))
     orig_mlp = modeling_llama.LlamaMLP.forward
 
     def mlp_forward(module, x):

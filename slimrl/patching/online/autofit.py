@@ -20,11 +20,13 @@ engine's KV share (sized when the engine was built, ``gpu_memory_utilization``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from slimrl.patching.state import config_state
+from slimrl.planning.plan import Settings, Workload
 
 MARGIN = 0.10  # of the device's total memory, kept free
 
@@ -60,8 +62,8 @@ def prompt_length(dataset: Any, processing_class: Any, rows: int = 256) -> int |
     return longest or None
 
 
-def settings_of(model: Any, args: Any, prompt: int | None, algorithm: str = "grpo") -> dict[str, Any]:
-    """The plan's settings for this model and config."""
+def settings_of(model: Any, args: Any, prompt: int | None, algorithm: str, workload: Workload) -> Settings:
+    """The plan's settings for this model and config (``workload``: what the trainer's step does)."""
     from slimrl.generation.trl_backend import engine_of
     from slimrl.patching.validation import model_max_seq_length
 
@@ -72,28 +74,29 @@ def settings_of(model: Any, args: Any, prompt: int | None, algorithm: str = "grp
     if prompt is None:
         prompt = max(1, limit - completion) if limit else 512
     cuda = torch.cuda.is_available() and not getattr(args, "use_cpu", False)
-    return dict(algorithm=algorithm,
-                per_device_train_batch_size=args.per_device_train_batch_size, num_generations=args.num_generations,
-                max_prompt_length=prompt, max_completion_length=completion, lora_r=lora_r,
-                load_in_4bit=bool(getattr(model, "is_loaded_in_4bit", False)),
-                fast_inference=engine_of(model) is not None, device="cuda" if cuda else "cpu",
-                beta=float(getattr(args, "beta", 0.0) or 0.0))
+    return Settings(algorithm=algorithm, workload=workload,
+                    per_device_train_batch_size=args.per_device_train_batch_size,
+                    num_generations=args.num_generations, max_prompt_length=prompt, max_completion_length=completion,
+                    lora_r=lora_r, load_in_4bit=bool(getattr(model, "is_loaded_in_4bit", False)),
+                    fast_inference=engine_of(model) is not None, device="cuda" if cuda else "cpu",
+                    beta=float(getattr(args, "beta", 0.0) or 0.0))
 
 
-def apply_auto_fit(bound: dict[str, Any], algorithm: str = "grpo") -> None:
+def apply_auto_fit(bound: dict[str, Any], algorithm: str, workload: Workload) -> None:
     """The trainer-``__init__`` hook (GRPO, RLOO): with ``slimrl_auto_fit``, plan and apply (module docstring)."""
     args, model = bound.get("args"), bound.get("model")
     if args is None or not getattr(args, "slimrl_auto_fit", False) or isinstance(model, str) or model is None:
         return
+    from slimrl.compat.memory import parse_bytes
     from slimrl.planning.config import PlanInputError
-    from slimrl.planning.plan import parse_bytes, plan
+    from slimrl.planning.plan import plan
 
     settings = settings_of(model, args, prompt_length(bound.get("train_dataset"), bound.get("processing_class")),
-                           algorithm)
+                           algorithm, workload)
     budget_text = getattr(args, "slimrl_memory_budget", None)
-    budget = parse_bytes(budget_text) if budget_text else default_budget(settings["device"])
+    budget = parse_bytes(budget_text) if budget_text else default_budget(settings.device)
     try:
-        result = plan(model.config, **settings, budget=budget)
+        result = plan(model.config, settings, budget=budget)
     except PlanInputError as err:  # the budget is below the weights: name the config's field
         raise ValueError(f"slimrl_memory_budget={budget_text or f'{budget / 2**30:.2f}GB (free memory)'}: "
                          f"{str(err).split(': ', 1)[-1]}") from None
@@ -103,8 +106,8 @@ def apply_auto_fit(bound: dict[str, Any], algorithm: str = "grpo") -> None:
                          f"({'slimrl_memory_budget' if budget_text else 'free memory minus 10 %'}): "
                          f"{'; '.join(result.notes)}")
     mode, every = choice["gradient_checkpointing"], choice.get("checkpoint_every_n_layers")
-    chosen = plan(model.config, **settings, gradient_checkpointing=mode, checkpoint_every=every,
-                  unsloth_grpo_mini_batch=choice.get("unsloth_grpo_mini_batch"))
+    chosen = plan(model.config, replace(settings, gradient_checkpointing=mode, checkpoint_every_n_layers=every,
+                                        unsloth_grpo_mini_batch=choice.get("unsloth_grpo_mini_batch")))
     _apply(model, args, choice, f"auto_fit: plan {_gib(chosen.peak_bytes)} of {_gib(budget)}")
     config_state(args).auto_fit_plan = chosen
 

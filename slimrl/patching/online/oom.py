@@ -261,14 +261,14 @@ def _can_set_aside(trainer: Any, params: list[torch.nn.Parameter]) -> bool:
 def step(trainer: Any) -> Iterator[None]:
     """One training step of a patched online trainer: the running total of out-of-memory splits goes to its
     metrics (``memory/oom_splits``) once there was one; an out-of-memory that ends step 1 of a
-    ``slimrl_longest_first`` run is raised with the plan's numbers (:mod:`slimrl.patching.longest_first`)."""
+    ``slimrl_longest_first`` run is raised with the plan's numbers (:mod:`slimrl.patching.online.longest_first`)."""
     try:
         yield
     except Exception as error:
         if not (is_out_of_memory(error) and trainer_state(trainer).longest_done
                 and trainer.state.global_step == 0):
             raise
-        from slimrl.patching.longest_first import failure_message
+        from slimrl.patching.online.longest_first import failure_message
 
         raise MemoryError(failure_message(trainer, error)) from error
     splits = trainer_state(trainer).oom_splits

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from slimrl import PatchFastRL, unpatch
-from slimrl.patching.trainers import grpo
+from slimrl.patching.online import logps
 from tests.tiny import CPU_ARGS, tiny_llama, tiny_tokenizer
 
 LENGTH = 24
@@ -54,7 +54,7 @@ def test_out_of_memory_in_step_one_names_the_plan(grpo_patched, tmp_path, monkey
     def no_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected)")
 
-    monkeypatch.setattr(grpo, "logps_and_entropies_through_ops", no_memory)
+    monkeypatch.setattr(logps, "logps_and_entropies_through_ops", no_memory)
     with pytest.raises(MemoryError, match=r"slimrl_longest_first: step 1, with completions of 24 tokens.*"
                                           r"slimrl plan predicts a peak of [0-9.]+ GiB"):
         _run(tmp_path, steps=1, slimrl_longest_first=True)

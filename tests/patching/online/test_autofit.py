@@ -1,4 +1,4 @@
-"""Auto-fit (slimrl/planning/autofit.py): ``slimrl_auto_fit=True`` applies the fastest plan that fits the budget
+"""Auto-fit (slimrl/patching/online/autofit.py): ``slimrl_auto_fit=True`` applies the fastest plan that fits the budget
 before the trainer is built, says so in the changed-defaults table, and refuses a budget nothing fits."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from slimrl import PatchFastRL, unpatch
 from slimrl.patching.state import config_state
-from slimrl.planning import plan
+from slimrl.planning import Settings, plan
 from tests.tiny import CPU_ARGS, tiny_llama, tiny_tokenizer
 
 # Wide enough that activations matter: 4 layers, hidden 256, 4 x (prompt + 448) tokens.
@@ -59,8 +59,8 @@ def test_budget_between_the_plans_keeps_checkpointing(grpo, tmp_path):
     config = LlamaConfig(vocab_size=49, num_attention_heads=4, num_key_value_heads=2, **WIDE)
     common = dict(per_device_train_batch_size=4, num_generations=4, max_prompt_length=4, max_completion_length=448,
                   lora_r=4, beta=0.0)
-    off = plan(config, gradient_checkpointing="false", **common).peak_bytes
-    every = plan(config, gradient_checkpointing="slimrl", **common).peak_bytes
+    off = plan(config, Settings(gradient_checkpointing="false", **common)).peak_bytes
+    every = plan(config, Settings(gradient_checkpointing="slimrl", **common)).peak_bytes
     assert off - every > 20 * 2**20, "the test needs plans far enough apart"
     budget = (off + every) // 2
     trainer = _trainer(tmp_path, tiny_llama(**WIDE), max_completion_length=448, beta=0.0, slimrl_auto_fit=True,

@@ -4,7 +4,7 @@ A run's memory peak comes with its longest completions, which may first appear h
 "OOM after ~120 steps"). With this option the first training generation is made to produce the longest
 completions the run allows: end-of-sequence is suppressed until ``max_completion_length`` tokens (HF generate:
 ``min_new_tokens``; slimrl's engine and TRL's vLLM client: ``min_tokens``), so step 1 meets the peak. If it runs out
-of memory (after :mod:`slimrl.patching.oom` split what it can), the error says so with the plan's numbers
+of memory (after :mod:`slimrl.patching.online.oom` split what it can), the error says so with the plan's numbers
 (:mod:`slimrl.planning`) and the settings that would fit. Only that first generation batch is forced: its samples are
 trained on as usual (the reward sees full-length completions once); every later step samples as TRL does.
 """
@@ -77,13 +77,13 @@ def failure_message(trainer: Any, error: BaseException) -> str:
             f"longest this run allows), ran out of memory ({first})")
     try:
         from slimrl.compat.memory import total_bytes
-        from slimrl.planning.autofit import settings_of
+        from slimrl.patching.online.autofit import settings_of
         from slimrl.planning.plan import plan
 
         model = trainer.accelerator.unwrap_model(trainer.model)
-        settings = settings_of(model, trainer.args, None, "rloo" if "RLOO" in type(trainer).__name__ else "grpo")
-        device = trainer.accelerator.device
-        result = plan(model.config, **settings, budget=total_bytes(device))
+        state = trainer_state(trainer)
+        settings = settings_of(model, trainer.args, None, state.algorithm, state.workload)
+        result = plan(model.config, settings, budget=total_bytes(trainer.accelerator.device))
     except Exception as err:  # noqa: BLE001 - the plan is extra information; the failure is the message
         return f"{text}; no plan ({type(err).__name__}: {err})"
     phase = max((k for k in result.phases if k not in ("runtime", "weights", "adapter_and_optimizer")),

@@ -91,15 +91,3 @@ def log_engine_metrics(trainer: Any) -> None:
         row[f"memory/{phase}_peak_mb"].append(peak / 2**20)
     row["engine/sync_s"].append(engine.timings["last_sync_s"])
     row["engine/adapter_id"].append(float(engine.adapter_id))
-
-
-def engine_metrics_step_factory(orig_training_step):
-    """A trainer's ``training_step`` followed by :func:`log_engine_metrics` (RLOO; GRPO's step calls it itself)."""
-
-    @functools.wraps(orig_training_step)
-    def slimrl_engine_metrics_training_step(self, *args, **kwargs):
-        loss = orig_training_step(self, *args, **kwargs)
-        log_engine_metrics(self)
-        return loss
-
-    return slimrl_engine_metrics_training_step
