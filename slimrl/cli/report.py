@@ -207,5 +207,6 @@ def print_summary(algorithm: str, steps: int, seconds: float, peak_mb: float, ou
               ("metrics", f"{out}/metrics.jsonl, metrics.csv"), ("plot", plot or "matplotlib not installed")]
     if resume_from:
         items.append(("resumed from", resume_from))
+    items.append(("export (merged model, GGUF)", f"slimrl export --adapter {out} --formats merged_16bit,gguf:q8_0"))
     print("\nslimrl train: summary\n" + summary_table(items), flush=True)
     return summary

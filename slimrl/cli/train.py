@@ -171,6 +171,11 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
         adapter_dir = out / "adapter"
         trainer.save_model(str(adapter_dir))
         tokenizer.save_pretrained(str(adapter_dir))
+        if targs.export:
+            from slimrl.export.formats import export_all, parse_formats
+
+            print(f"slimrl train: exporting to {out / 'export'}", flush=True)
+            export_all(model, tokenizer, out / "export", *parse_formats(targs.export, "--export"))
         plot = plot_for(out, targs.algorithm in ONLINE)
         return print_summary(targs.algorithm, trainer.state.global_step, time.time() - t_start,
                              window.peak_bytes() / 2**20, out, plot, rewards[0].__name__, before, after,

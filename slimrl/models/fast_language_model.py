@@ -13,6 +13,7 @@ from slimrl.generation.engine import SlimrlEngine
 from slimrl.models.checkpointing import MODES as CHECKPOINTING_MODES
 from slimrl.models.checkpointing import enable_checkpointing
 from slimrl.models.loader import resolve_model_path
+from slimrl.models.methods import attach
 from slimrl.models.modes import for_inference, for_training
 from slimrl.models.quantized import keep_quantized_trainable
 
@@ -152,7 +153,7 @@ class FastLanguageModel:
         if fast_inference and engine_problem is None:
             model.vllm_engine = SlimrlEngine(str(path), model.dtype, max_seq_length, max_lora_rank,
                                              gpu_memory_utilization)
-            model.fast_generate = model.vllm_engine.fast_generate  # Unsloth's name for direct engine generation
+        attach(model)  # Unsloth's model methods: fast_generate, save_lora / load_lora, the export calls
         return model, tokenizer
 
     @staticmethod
@@ -199,11 +200,10 @@ class FastLanguageModel:
         enable_checkpointing(peft_model, use_gradient_checkpointing, every)
         model.slimrl_config = {**getattr(model, "slimrl_config", {}),
                                "gradient_checkpointing": use_gradient_checkpointing}
-        for attr in ("max_seq_length", "slimrl_config", "slimrl_tokenizer", "vllm_engine",
-                     "fast_generate"):
+        for attr in ("max_seq_length", "slimrl_config", "slimrl_tokenizer", "vllm_engine"):
             if hasattr(model, attr):
                 setattr(peft_model, attr, getattr(model, attr))
-        return peft_model
+        return attach(peft_model)
 
     @staticmethod
     def for_inference(model: Any) -> Any:

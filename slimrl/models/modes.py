@@ -75,6 +75,11 @@ def restore(model: torch.nn.Module, state: TrainingState) -> None:
         tok.padding_side = state.padding_side
 
 
+def in_inference_mode(model: Any) -> bool:
+    """Whether :func:`for_inference` switched ``model`` and :func:`for_training` has not switched it back."""
+    return getattr(model, _STATE, None) is not None
+
+
 def for_inference(model: Any) -> Any:
     """Switch ``model`` to generation mode; :func:`for_training` undoes it exactly. Returns ``model``."""
     if getattr(model, _STATE, None) is None:  # nested calls keep the outermost training state

@@ -1,0 +1,1 @@
+"""Getting a trained model out: merged weights, GGUF for llama.cpp / Ollama, the Hugging Face Hub."""

@@ -1,0 +1,140 @@
+"""Unsloth's export calls, as functions of the model (``slimrl.models.methods`` binds them to every model
+``FastLanguageModel`` returns): the adapter alone, the merged model (16-bit, or 4-bit on request), GGUF files, and the
+same pushed to the Hugging Face Hub. Every writer stages its files and moves them in only when complete
+(:func:`slimrl.export.files.staged_directory`), and never touches other files of the directory."""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from slimrl.export import gguf, merge
+from slimrl.export.files import staged_directory
+
+SAVE_METHODS = ("merged_16bit", "merged_4bit", "lora")
+
+
+def _tokenizer(model: Any, tokenizer: Any) -> Any:
+    if tokenizer is not None:
+        return tokenizer
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, "slimrl_tokenizer", None) or getattr(model, "slimrl_tokenizer", None)
+
+
+def _is_peft(model: Any) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def save_lora(model: Any, save_directory: str | Path, tokenizer: Any = None) -> Path:
+    """The LoRA adapter (PEFT's ``adapter_model.safetensors`` + ``adapter_config.json``) and the tokenizer."""
+    if not _is_peft(model):
+        raise ValueError("save_lora: the model has no LoRA adapter (add one with FastLanguageModel.get_peft_model); "
+                         "save the whole model with save_pretrained_merged")
+    with staged_directory(save_directory) as stage:
+        model.save_pretrained(str(stage))
+        tok = _tokenizer(model, tokenizer)
+        if tok is not None:
+            tok.save_pretrained(str(stage))
+    return Path(save_directory)
+
+
+def save_pretrained_merged(model: Any, save_directory: str | Path, tokenizer: Any = None,
+                           save_method: str = "merged_16bit", dtype: Any = None, **kwargs: Any) -> Path:
+    """The model with its adapter merged (:mod:`slimrl.export.merge`) as a plain transformers model directory
+    (safetensors, config without quantization, generation config, tokenizer). ``save_method``: ``"merged_16bit"``
+    (the model's own floating dtype: 16-bit for 16-bit and 4-bit bases, an fp32 base stays fp32; ``dtype=``
+    overrides), ``"merged_4bit"`` (the merged weights quantized to NF4 again: costs the 4-bit rounding on every
+    weight, said in a warning), ``"lora"`` (the adapter only, :func:`save_lora`). Other keywords go to
+    ``save_pretrained`` (``max_shard_size``, ...)."""
+    if save_method not in SAVE_METHODS:
+        raise ValueError(f"save_method={save_method!r}: use one of {', '.join(SAVE_METHODS)}")
+    if save_method == "lora":
+        return save_lora(model, save_directory, tokenizer)
+    if isinstance(dtype, str):
+        import torch
+
+        dtype = getattr(torch, dtype)
+    for unsloth_only in ("temporary_location", "maximum_memory_usage", "push_to_hub", "token", "private"):
+        kwargs.pop(unsloth_only, None)  # Unsloth's memory knobs; the merge here holds one model copy
+    merged = merge.merged_model(model, dtype)
+    with staged_directory(save_directory) as stage:
+        if save_method == "merged_4bit":
+            _save_4bit(merged, stage, **kwargs)
+        else:
+            merged.save_pretrained(str(stage), safe_serialization=True, **kwargs)
+        tok = _tokenizer(model, tokenizer)
+        if tok is not None:
+            tok.save_pretrained(str(stage))
+    return Path(save_directory)
+
+
+def _save_4bit(merged: Any, stage: Path, **kwargs: Any) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    warnings.warn("save_method='merged_4bit' quantizes the merged weights to NF4 again: every weight gets 4-bit "
+                  "rounding (the merged model no longer equals the trained one exactly); merged_16bit keeps them",
+                  UserWarning, stacklevel=3)
+    with tempfile.TemporaryDirectory(prefix="slimrl-merged-") as tmp:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        dtype = merged.dtype if merged.dtype != torch.float32 else torch.bfloat16
+        config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
+                                    bnb_4bit_use_double_quant=True)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        quantized = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=config, device_map=device)
+        quantized.save_pretrained(str(stage), safe_serialization=True, **kwargs)
+
+
+def save_pretrained_gguf(model: Any, save_directory: str | Path, tokenizer: Any = None,
+                         quantization_method: str | list[str] = "fast_quantized", **kwargs: Any) -> list[Path]:
+    """One GGUF per ``quantization_method`` (Unsloth's default ``"fast_quantized"`` = q8_0; ``"quantized"`` =
+    q4_k_m; any llama.cpp type name, or a list) of the merged model, plus an Ollama ``Modelfile``, in
+    ``save_directory`` (:mod:`slimrl.export.gguf`). Checked before anything is written: the types, the converter,
+    the quantizer where a type needs it, the architecture. Returns the GGUF paths."""
+    methods = gguf.normalise_methods(quantization_method)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    architecture = (getattr(base.config, "architectures", None) or [type(base).__name__])[0]
+    gguf.check_can_export(architecture, methods)
+    tok = _tokenizer(model, tokenizer)
+    if tok is None:
+        raise ValueError("save_pretrained_gguf needs the tokenizer (GGUF files carry it): pass tokenizer=")
+    with tempfile.TemporaryDirectory(prefix="slimrl-merged-") as tmp:
+        merged = merge.merged_model(model)
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        del merged
+        source = "bf16" if str(merge.output_dtype(model)) == "torch.bfloat16" else "f16"
+        with staged_directory(save_directory) as stage:
+            files = gguf.write_gguf(Path(tmp), stage, methods, source_dtype=source)
+            (stage / "Modelfile").write_text(gguf.modelfile(files[0].name, gguf.eos_texts(tok)))
+            names = [f.name for f in files]
+    return [Path(save_directory) / name for name in names]
+
+
+def push_to_hub_merged(model: Any, repo_id: str, tokenizer: Any = None, save_method: str = "merged_16bit",
+                       token: str | None = None, private: bool | None = None, revision: str | None = None,
+                       commit_message: str = "Upload model trained with slimrl", **kwargs: Any) -> str:
+    """:func:`save_pretrained_merged` into a temporary directory, uploaded to ``repo_id`` on the Hub (created if
+    missing; ``HF_ENDPOINT`` honoured). Returns the commit URL."""
+    from slimrl.export import hub
+
+    with tempfile.TemporaryDirectory(prefix="slimrl-push-") as tmp:
+        save_pretrained_merged(model, tmp, tokenizer, save_method=save_method, **kwargs)
+        return hub.upload_folder(tmp, repo_id, token=token, private=private, revision=revision,
+                                 commit_message=commit_message)
+
+
+def push_to_hub_gguf(model: Any, repo_id: str, tokenizer: Any = None,
+                     quantization_method: str | list[str] = "fast_quantized", token: str | None = None,
+                     private: bool | None = None, revision: str | None = None,
+                     commit_message: str = "Upload GGUF trained with slimrl", **kwargs: Any) -> str:
+    """:func:`save_pretrained_gguf` into a temporary directory, uploaded to ``repo_id`` on the Hub. Returns the
+    commit URL."""
+    from slimrl.export import hub
+
+    with tempfile.TemporaryDirectory(prefix="slimrl-push-") as tmp:
+        save_pretrained_gguf(model, tmp, tokenizer, quantization_method=quantization_method)
+        return hub.upload_folder(tmp, repo_id, token=token, private=private, revision=revision,
+                                 commit_message=commit_message)

@@ -1,0 +1,140 @@
+"""``model.fast_generate`` without the vLLM engine: Hugging Face ``generate`` behind vLLM's ``LLM.generate`` surface.
+
+Unsloth's notebooks try the trained adapter with ``model.fast_generate(text, sampling_params=SamplingParams(...),
+lora_request=model.load_lora("grpo_saved_lora"))[0].outputs[0].text``. Without an engine this module gives the same
+call and the same result shape: one :class:`RequestOutput` per prompt (``.prompt``, ``.prompt_token_ids``,
+``.outputs[0].text`` / ``.token_ids``), the sampling settings mapped to ``generate``'s (temperature, top_p, top_k,
+min_p, repetition_penalty, max_tokens, seed, stop strings, n), and ``lora_request`` an adapter saved with
+``save_lora``: loaded once into the PEFT model under its own name, active only for that call. With
+``lora_request=None`` the model generates as it is (its current adapter, as in training).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# vLLM SamplingParams field -> transformers generate keyword
+_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+             "repetition_penalty": "repetition_penalty", "max_tokens": "max_new_tokens", "n": "num_return_sequences"}
+
+
+@dataclass
+class LoRARequest:
+    """What ``load_lora`` returns without an engine (vLLM's ``LoRARequest`` fields)."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+
+
+def sampling_kwargs(params: Any) -> dict[str, Any]:
+    """``generate`` keywords for vLLM ``SamplingParams`` (or slimrl's record of them, or a dict)."""
+    if params is None:
+        return {"max_new_tokens": 16, "do_sample": True}  # vLLM's defaults: 16 tokens, temperature 1
+    if isinstance(params, dict):
+        values = dict(params)
+    else:
+        values = dict(getattr(params, "_slimrl_kwargs", None) or {})
+        for name in (*_SAMPLING, "seed", "stop"):
+            if name not in values and getattr(params, name, None) is not None:
+                values[name] = getattr(params, name)
+    out: dict[str, Any] = {"max_new_tokens": 16}
+    for src, dst in _SAMPLING.items():
+        if values.get(src) is not None:
+            out[dst] = values[src]
+    temperature = values.get("temperature", 1.0)
+    out["do_sample"] = temperature is None or temperature > 0
+    if not out["do_sample"]:
+        out.pop("temperature", None)
+    if out.get("top_k") in (-1, 0):
+        out["top_k"] = None  # vLLM's "no top-k"
+    stop = values.get("stop")
+    if stop:
+        out["stop_strings"] = [stop] if isinstance(stop, str) else list(stop)
+    if values.get("seed") is not None:
+        out["seed"] = int(values["seed"])
+    return out
+
+
+def _adapter_name(request: Any) -> str:
+    return f"slimrl_lora_{getattr(request, 'lora_int_id', 0)}"
+
+
+def _activate(model: Any, request: Any) -> str | None:
+    """Load ``request``'s adapter into the PEFT ``model`` (once) and make it the active one; returns the adapter
+    that was active before (None when ``request`` is None)."""
+    if request is None:
+        return None
+    if not hasattr(model, "load_adapter") or not hasattr(model, "peft_config"):
+        raise ValueError("lora_request= needs a model with a LoRA adapter (FastLanguageModel.get_peft_model)")
+    name = _adapter_name(request)
+    if name not in model.peft_config:
+        model.load_adapter(str(request.lora_path), adapter_name=name, is_trainable=False)
+    previous = model.active_adapter
+    model.set_adapter(name)
+    return previous
+
+
+def hf_fast_generate(model: Any, tokenizer: Any, prompts: str | list, sampling_params: Any = None,
+                     lora_request: Any = None, use_tqdm: bool = False) -> list[RequestOutput]:
+    """vLLM's ``LLM.generate`` surface over ``model.generate`` (see the module docstring)."""
+    from slimrl.models.modes import for_inference, for_training, in_inference_mode
+
+    if tokenizer is None:
+        raise ValueError("fast_generate needs the tokenizer FastLanguageModel.from_pretrained returned")
+    items = [prompts] if isinstance(prompts, str | dict) else list(prompts)
+    kwargs = sampling_kwargs(sampling_params)
+    seed = kwargs.pop("seed", None)
+    stop = kwargs.get("stop_strings")
+    previous = _activate(model, lora_request)
+    switch = not in_inference_mode(model)  # the user's own for_inference stays as it is
+    if switch:
+        for_inference(model)
+    results = []
+    try:
+        for item in items:  # one prompt at a time: no padding to reason about, as vLLM's per-request outputs
+            if isinstance(item, dict):
+                ids = list(item["prompt_token_ids"])
+                text = None
+            else:
+                text = item
+                ids = tokenizer(item, add_special_tokens=False)["input_ids"]
+            input_ids = torch.tensor([ids], device=model.device)  # [1, P]
+            if seed is not None:
+                torch.manual_seed(seed)
+            with torch.no_grad():
+                out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                     tokenizer=tokenizer if stop else None, pad_token_id=tokenizer.pad_token_id,
+                                     **kwargs)  # [n, P + C]
+            completions = []
+            for index, row in enumerate(out[:, len(ids):].tolist()):
+                eos = tokenizer.eos_token_id
+                cut = row.index(eos) + 1 if eos in row else len(row)
+                tokens = [t for t in row[:cut] if t != tokenizer.pad_token_id or t == eos]
+                completions.append(CompletionOutput(index, tokenizer.decode(tokens, skip_special_tokens=True),
+                                                    tokens, "stop" if eos in row else "length"))
+            results.append(RequestOutput(text, ids, completions))
+    finally:
+        if switch:
+            for_training(model)
+        if previous is not None:
+            model.set_adapter(previous)
+    return results
