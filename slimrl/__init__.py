@@ -1,13 +1,40 @@
 """slimrl: TRL's RL trainers with far less memory and time, same math.
 
-    from slimrl import FastLanguageModel, PatchFastRL
-    PatchFastRL("grpo", FastLanguageModel)
+    from slimrl import FastLanguageModel      # patches TRL's trainers, as importing Unsloth does
+    from slimrl import PatchFastRL            # the explicit, reversible way (PatchFastRL("grpo"); unpatch())
+
+``FastLanguageModel`` and ``FastModel`` are loaded on first use (:func:`slimrl.patching.patch_on_first_use`).
 """
 
-from slimrl.models import FastLanguageModel
-from slimrl.patching import PatchFastRL, unpatch
+from __future__ import annotations
+
+from typing import Any
+
+from slimrl.compat.callsite import install_one_line_errors
+from slimrl.compat.devices import is_bfloat16_supported
+from slimrl.patching import PatchDPOTrainer, PatchFastRL, unpatch
+from slimrl.rewards import check_python_modules, create_locked_down_function, execute_with_time_limit
 from slimrl.sampling import vLLMSamplingParams
 from slimrl.verify import verify  # `slimrl.verify(...)`: the patch proven exact on your setup (slimrl verify)
 
-__all__ = ["FastLanguageModel", "PatchFastRL", "unpatch", "vLLMSamplingParams", "verify"]
+install_one_line_errors()  # slimrl's own refusals print as one line at the user's line (slimrl.compat.callsite)
+
+_ON_FIRST_USE = {"FastLanguageModel": "FastLanguageModel", "FastModel": "FastModel"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ON_FIRST_USE:
+        import slimrl.models as models
+        from slimrl.patching import patch_on_first_use
+
+        value = getattr(models, _ON_FIRST_USE[name])
+        patch_on_first_use()
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'slimrl' has no attribute {name!r}")
+
+
+__all__ = ["FastLanguageModel", "FastModel", "PatchFastRL", "PatchDPOTrainer", "unpatch", "vLLMSamplingParams",
+           "is_bfloat16_supported", "verify", "check_python_modules", "create_locked_down_function",
+           "execute_with_time_limit"]
 __version__ = "0.1.0"

@@ -12,7 +12,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# The suite decides when TRL is patched (each test starts from TRL as it is); the patch on first use of
+# slimrl.FastLanguageModel is tested in its own process (tests/patching/test_autopatch.py).
+os.environ.setdefault("SLIMRL_AUTOPATCH", "0")
 
 import pytest
 

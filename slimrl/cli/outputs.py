@@ -18,7 +18,6 @@ import os
 import shutil
 import socket
 import time
-import warnings
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from slimrl.cli.args import UsageError
+from slimrl.compat.callsite import warn
 
 LOCK = ".slimrl.lock"
 RUN_FILE = "slimrl_run.json"  # written into every checkpoint: what a resume must match
@@ -81,8 +81,8 @@ def run_lock(out: Path) -> Iterator[None]:
                 held = {}
             pid, host = held.get("pid"), held.get("host")
             if isinstance(pid, int) and host == me["host"] and not _alive(pid):
-                warnings.warn(f"{lock}: the run that held it (pid {pid}, started {held.get('started')}) is gone; "
-                              f"taking the directory over", UserWarning, stacklevel=3)
+                warn(f"{lock}: the run that held it (pid {pid}, started {held.get('started')}) is gone; "
+                              f"taking the directory over", UserWarning)
                 lock.unlink(missing_ok=True)
                 continue
             who = f"pid {pid} on {host}" if pid else "another process"
@@ -167,8 +167,8 @@ def pick_checkpoint(resume: str, out: Path) -> Path:
         bad = damaged_file(ckpt)
         if bad is None:
             return ckpt
-        warnings.warn(f"--resume: {ckpt.name} is damaged ({bad} does not load); trying an older checkpoint",
-                      UserWarning, stacklevel=2)
+        warn(f"--resume: {ckpt.name} is damaged ({bad} does not load); trying an older checkpoint",
+                      UserWarning)
     raise UsageError(f"--resume: no intact checkpoint in {out}; run without --resume to start over")
 
 

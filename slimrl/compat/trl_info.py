@@ -7,6 +7,8 @@ from importlib.metadata import version
 
 from packaging.version import Version
 
+from slimrl.compat.callsite import warn
+
 SUPPORTED_TRL = ">=1.12.0,<1.17"
 # The releases `make test` runs `slimrl verify --all --tiny` on (each in its own virtual environment).
 TESTED_TRL = ("1.12.0", "1.13.0", "1.14.2", "1.15.0", "1.16.0")
@@ -57,20 +59,19 @@ def check_trl_supported(installed: Version | None = None) -> bool:
     """Warn once (at ``import slimrl``) when the installed TRL is older than :data:`SUPPORTED_TRL`, or newer than
     the releases slimrl is tested on (:data:`TESTED_TRL`: then ``slimrl verify`` proves the patch on it, and any
     trainer whose replaced methods are gone is refused by name); returns whether it is a tested release."""
-    import warnings
 
     from packaging.specifiers import SpecifierSet
 
     installed = installed or trl_version()
     newest = max(Version(v) for v in TESTED_TRL)
     if installed > newest and installed.release[:2] != newest.release[:2]:
-        warnings.warn(f"trl {installed} is newer than the releases slimrl is tested with ({', '.join(TESTED_TRL)}): "
+        warn(f"trl {installed} is newer than the releases slimrl is tested with ({', '.join(TESTED_TRL)}): "
                       f"run `slimrl verify` to check the patch on it; a trainer whose replaced methods are gone is "
-                      f"refused by name", UserWarning, stacklevel=2)
+                      f"refused by name", UserWarning)
         return False
     if not SpecifierSet(SUPPORTED_TRL).contains(installed, prereleases=True):
-        warnings.warn(f"slimrl supports trl {SUPPORTED_TRL}; the installed trl {installed} is outside that range, so "
+        warn(f"slimrl supports trl {SUPPORTED_TRL}; the installed trl {installed} is outside that range, so "
                       f"its trainers may not match slimrl's patches: pip install 'trl{SUPPORTED_TRL}'",
-                      UserWarning, stacklevel=2)
+                      UserWarning)
         return False
     return True

@@ -6,10 +6,10 @@ same pushed to the Hugging Face Hub. Every writer stages its files and moves the
 from __future__ import annotations
 
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
+from slimrl.compat.callsite import warn
 from slimrl.export import gguf, merge
 from slimrl.export.files import staged_directory
 
@@ -74,9 +74,9 @@ def _save_4bit(merged: Any, stage: Path, **kwargs: Any) -> None:
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    warnings.warn("save_method='merged_4bit' quantizes the merged weights to NF4 again: every weight gets 4-bit "
+    warn("save_method='merged_4bit' quantizes the merged weights to NF4 again: every weight gets 4-bit "
                   "rounding (the merged model no longer equals the trained one exactly); merged_16bit keeps them",
-                  UserWarning, stacklevel=3)
+                  UserWarning)
     with tempfile.TemporaryDirectory(prefix="slimrl-merged-") as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
         dtype = merged.dtype if merged.dtype != torch.float32 else torch.bfloat16

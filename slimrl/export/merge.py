@@ -61,6 +61,17 @@ def _merged_weight(layer: Any, adapters: list[str]) -> torch.Tensor:
     return weight
 
 
+def _active_adapters(model: torch.nn.Module) -> list[str]:
+    """The active adapter names: a property on PEFT models, a method on transformers models (none loaded: [])."""
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        return list(model.active_adapters or [])
+    if not getattr(model, "_hf_peft_config_loaded", False):
+        return []
+    return list(model.active_adapters() or [])
+
+
 def merged_state_dict(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The base architecture's state dict with the active adapters merged (module docstring); ``dtype``: the
     floating dtype to write (default :func:`output_dtype`). ``model``: a PEFT model, or a plain (maybe quantized)
@@ -69,7 +80,7 @@ def merged_state_dict(model: torch.nn.Module, dtype: torch.dtype | None = None) 
 
     dtype = dtype or output_dtype(model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    adapters = list(getattr(model, "active_adapters", []) or [])
+    adapters = _active_adapters(model)
     out: dict[str, torch.Tensor] = {}
 
     def put(name: str, tensor: torch.Tensor | None) -> None:

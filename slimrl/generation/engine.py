@@ -69,7 +69,8 @@ class SlimrlEngine:
     """Colocated vLLM engine for one base model (see the module docstring)."""
 
     def __init__(self, model_path: str, dtype: torch.dtype, max_seq_length: int, max_lora_rank: int,
-                 gpu_memory_utilization: float | str, seed: int = 0, max_num_seqs: int = 64) -> None:
+                 gpu_memory_utilization: float | str, seed: int = 0, max_num_seqs: int = 64,
+                 kv_cache_dtype: str = "auto") -> None:
         self.model_path = model_path
         self.dtype = dtype
         self.max_seq_length = max_seq_length
@@ -77,6 +78,7 @@ class SlimrlEngine:
         self.gpu_memory_utilization = gpu_memory_utilization
         self.seed = seed
         self.max_num_seqs = max_num_seqs
+        self.kv_cache_dtype = kv_cache_dtype  # "auto" (the weights' dtype) or "fp8" (CUDA)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.llm: Any = None
         self.lora_request: Any = None
@@ -100,7 +102,8 @@ class SlimrlEngine:
         trainable = 0
         if training_model is not None:
             trainable = sum(p.numel() * p.element_size() for p in training_model.parameters() if p.requires_grad)
-        per_token = kv_bytes_per_token(AutoConfig.from_pretrained(self.model_path), self.dtype)
+        kv_dtype = torch.float8_e4m3fn if self.kv_cache_dtype == "fp8" else self.dtype
+        per_token = kv_bytes_per_token(AutoConfig.from_pretrained(self.model_path), kv_dtype)
         self.kv_cache_bytes = kv_cache_bytes(self.gpu_memory_utilization, self.device, per_token,
                                              self.max_num_seqs * self.max_seq_length, trainable)
         kwargs: dict[str, Any] = {
@@ -109,6 +112,8 @@ class SlimrlEngine:
             "max_model_len": self.max_seq_length, "max_num_seqs": self.max_num_seqs, "seed": self.seed,
             "logprobs_mode": "processed_logprobs", "trust_remote_code": False,
         }
+        if self.kv_cache_dtype != "auto":
+            kwargs["kv_cache_dtype"] = self.kv_cache_dtype
         if self.kv_cache_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = self.kv_cache_bytes
         else:

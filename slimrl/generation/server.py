@@ -39,9 +39,10 @@ import shutil
 import tempfile
 import time
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any
+
+from slimrl.compat.callsite import warn
 
 # A probe of this many sampled tokens checks, at the first sync, that the server serves the training model.
 PROBE_TOKENS = 8
@@ -128,7 +129,7 @@ class AdapterServerSync:
         broadcast_object_list(decision, from_process=0)
         self.adapter_mode = decision[0] is None
         if not self.adapter_mode:  # the server cannot load this adapter: TRL's own path, one warning
-            warnings.warn(decision[0], stacklevel=4)
+            warn(decision[0])
             self.adapter_pusher = None
             super()._init_vllm()
 

@@ -15,9 +15,10 @@ num_generations, profiler)`` and reads ``.llm`` (for ``max_model_len``). The fac
 
 from __future__ import annotations
 
-import warnings
 from contextlib import nullcontext
 from typing import Any
+
+from slimrl.compat.callsite import warn
 
 # Keys slimrl sets itself on every request: one completion per (already repeated) prompt, the sampled token's
 # log-prob for TRL's importance-sampling correction.
@@ -67,9 +68,8 @@ def sampling_kwargs(trainer_kwargs: dict, user_params: Any, max_completion_lengt
     user = _user_sampling_kwargs(user_params)
     for key in _FIXED:
         if key in user and user[key] != _FIXED[key]:
-            warnings.warn(f"vllm_sampling_params: {key}={user[key]!r} is ignored (slimrl sets {key}={_FIXED[key]}: "
-                          f"TRL repeats each prompt num_generations times and needs the sampled token's log-prob)",
-                          stacklevel=3)
+            warn(f"vllm_sampling_params: {key}={user[key]!r} is ignored (slimrl sets {key}={_FIXED[key]}: "
+                          f"TRL repeats each prompt num_generations times and needs the sampled token's log-prob)")
         user.pop(key, None)
     kwargs.update(user)
     kwargs.update(_FIXED)

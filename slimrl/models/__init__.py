@@ -1,5 +1,5 @@
 """Model loading, LoRA and mode switching."""
 
-from slimrl.models.fast_language_model import FastLanguageModel
+from slimrl.models.fast_language_model import FastLanguageModel, FastModel
 
-__all__ = ["FastLanguageModel"]
+__all__ = ["FastLanguageModel", "FastModel"]

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from slimrl.compat.callsite import warn
+from slimrl.compat.devices import is_bfloat16_supported
+from slimrl.compat.quant import BNB_CPU_MIN
+from slimrl.compat.quant import bitsandbytes_works as _bitsandbytes_works
 from slimrl.compat.vllm_info import vllm_status
 from slimrl.generation.engine import SlimrlEngine
+from slimrl.models import unsloth_keywords
 from slimrl.models.checkpointing import MODES as CHECKPOINTING_MODES
 from slimrl.models.checkpointing import enable_checkpointing
 from slimrl.models.loader import resolve_model_path
 from slimrl.models.methods import attach
 from slimrl.models.modes import for_inference, for_training
 from slimrl.models.quantized import keep_quantized_trainable
+from slimrl.models.tokenizers import with_token_id_chat_templates
 
 # Projection names of the attention and MLP blocks across common architectures (Llama, Qwen, Mistral, Gemma,
 # Phi-3 fused qkv/gate_up, GPT-2/NeoX style). Only those present in the model are targeted.
@@ -27,36 +32,31 @@ _PROJECTION_NAMES = (
 
 
 def _default_dtype() -> torch.dtype:
-    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+    if is_bfloat16_supported():
         return torch.bfloat16
     if torch.cuda.is_available():
         return torch.float16
     return torch.float32
 
 
-# bitsandbytes runs NF4 on CPU from its multi-backend releases (0.50 and later).
-BNB_CPU_MIN = "0.50.0"
-
-
-def _bitsandbytes_works() -> bool:
-    """bitsandbytes is importable and can run here: any CUDA device, or CPU with bitsandbytes >= 0.50."""
-    try:
-        import bitsandbytes
-    except Exception:
-        return False
-    if torch.cuda.is_available():
-        return True
-    from packaging.version import Version
-
-    return Version(bitsandbytes.__version__) >= Version(BNB_CPU_MIN)
-
-
-def default_target_modules(model: torch.nn.Module) -> list[str]:
-    """Every attention and MLP projection name present in ``model`` (the LM head and embeddings excluded)."""
-    found = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)}
-    targets = [n for n in _PROJECTION_NAMES if n in found]
-    if not targets:
+def default_target_modules(model: torch.nn.Module, attention: bool = True, mlp: bool = True) -> list[str]:
+    """Every attention and MLP projection name present in ``model`` (the LM head and embeddings excluded); with
+    ``attention`` or ``mlp`` False, the full paths of the other kind only (a projection is attention's when a module
+    on its path is named ``*attn*`` / ``*attention*``)."""
+    found = {name: name.rsplit(".", 1)[-1] for name, mod in model.named_modules()
+             if isinstance(mod, torch.nn.Linear) and name.rsplit(".", 1)[-1] in _PROJECTION_NAMES}
+    if not found:
         raise ValueError("could not find attention/MLP projections in the model; pass target_modules=[...]")
+    if attention and mlp:
+        return [n for n in _PROJECTION_NAMES if n in set(found.values())]
+
+    def is_attention(path: str) -> bool:
+        return any("attn" in part or "attention" in part for part in path.lower().split(".")[:-1])
+
+    targets = [path for path in found if is_attention(path) == attention]
+    if not targets:
+        raise ValueError(f"finetune_attention_modules={attention}, finetune_mlp_modules={mlp}: no projection "
+                         f"left to put an adapter on; set one of them to True")
     return targets
 
 
@@ -74,6 +74,15 @@ class FastLanguageModel:
         max_lora_rank: int = 64,
         gguf_file: str | None = None,
         load_in_8bit: bool = False,
+        load_in_16bit: bool = False,
+        full_finetuning: bool = False,
+        random_state: int | None = None,
+        float8_kv_cache: bool = False,
+        use_gradient_checkpointing: str | bool | None = None,
+        resize_model_vocab: int | None = None,
+        use_exact_model_name: bool = False,
+        unsloth_vllm_standby: bool = False,
+        disable_log_stats: bool = True,
         **kwargs: Any,
     ) -> tuple[Any, Any]:
         """Load ``(model, tokenizer)``: a local directory or GGUF file, a hub id from the local cache, else downloaded
@@ -91,6 +100,12 @@ class FastLanguageModel:
         ``max_lora_rank``; ``gpu_memory_utilization`` is vLLM's fraction, or ``"auto"`` to size the KV cache from
         what is free after the model, the adapter and its optimizer state. Without vLLM (or without a device it
         supports) it warns once, naming what to install, and generation uses HF ``generate``.
+
+        Unsloth's other keywords are accepted as :mod:`slimrl.models.unsloth_keywords` declares (``full_finetuning``:
+        unquantized, and no adapter from :meth:`get_peft_model`; ``random_state``: the engine's seed;
+        ``float8_kv_cache``: the engine's fp8 KV cache on CUDA; ``use_gradient_checkpointing``: the default of
+        :meth:`get_peft_model`'s; ``resize_model_vocab``: the embedding resized; the ones that mean nothing here,
+        such as ``offload_embedding``, with one line each).
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -98,6 +113,13 @@ class FastLanguageModel:
             raise ValueError(f"max_seq_length must be a positive int, got {max_seq_length!r}")
         if not isinstance(max_lora_rank, int) or max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be a positive int, got {max_lora_rank!r}")
+        del use_exact_model_name, unsloth_vllm_standby, disable_log_stats  # honoured as they are (unsloth_keywords)
+        kwargs = unsloth_keywords.take("from_pretrained", kwargs)
+        if full_finetuning and (load_in_4bit or load_in_8bit):
+            unsloth_keywords.note("from_pretrained(full_finetuning=True): the model loads unquantized (load_in_4bit/"
+                                  "load_in_8bit ignored: a quantized base cannot train in full)")
+            load_in_4bit = load_in_8bit = False
+        del load_in_16bit  # unquantized, in `dtype`: what load_in_4bit=load_in_8bit=False loads
         hub = {k: kwargs.pop(k) for k in ("revision", "token", "cache_dir", "local_files_only") if k in kwargs}
         path = resolve_model_path(model_name, gguf_file, **hub,
                                   use_safetensors=kwargs.get("use_safetensors", True) is not False,
@@ -120,17 +142,16 @@ class FastLanguageModel:
                 if not torch.cuda.is_available():
                     load_kwargs.setdefault("device_map", "cpu")
             else:
-                warnings.warn(f"{bits}=True needs bitsandbytes (CUDA, or CPU with bitsandbytes>="
+                warn(f"{bits}=True needs bitsandbytes (CUDA, or CPU with bitsandbytes>="
                               f"{BNB_CPU_MIN}: pip install 'slimrl[quant]'); loading {model_name!r} unquantized "
-                              f"in {torch_dtype} instead", stacklevel=2)
+                              f"in {torch_dtype} instead")
         if not (gpu_memory_utilization == "auto" or isinstance(gpu_memory_utilization, int | float)
                 and 0 < gpu_memory_utilization < 1):
             raise ValueError(f"gpu_memory_utilization must be a float in (0, 1) or 'auto', got "
                              f"{gpu_memory_utilization!r}")
         engine_problem = vllm_status() if fast_inference else None
         if engine_problem is not None:
-            warnings.warn(f"fast_inference=True: {engine_problem}; generation will use Hugging Face generate",
-                          stacklevel=2)
+            warn(f"fast_inference=True: {engine_problem}; generation will use Hugging Face generate")
         # Safe defaults: weights from safetensors only (no pickle), no remote code unless the caller passes it.
         load_kwargs.setdefault("use_safetensors", True)
         load_kwargs.setdefault("trust_remote_code", False)
@@ -141,18 +162,30 @@ class FastLanguageModel:
                              f"use_safetensors=False")
         model = AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs)
         keep_quantized_trainable(model)
-        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=load_kwargs["trust_remote_code"])
+        tokenizer = with_token_id_chat_templates(
+            AutoTokenizer.from_pretrained(str(path), trust_remote_code=load_kwargs["trust_remote_code"]))
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         if getattr(model.generation_config, "pad_token_id", None) is None:
             model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.max_seq_length = max_seq_length
         model.slimrl_tokenizer = tokenizer  # for_inference / for_training switch its padding side
+        if resize_model_vocab is not None:
+            model.resize_token_embeddings(int(resize_model_vocab))
         model.slimrl_config = {"fast_inference": bool(fast_inference), "max_lora_rank": max_lora_rank,
-                               "gpu_memory_utilization": gpu_memory_utilization, "model_path": str(path)}
-        if fast_inference and engine_problem is None:
+                               "gpu_memory_utilization": gpu_memory_utilization, "model_path": str(path),
+                               "full_finetuning": bool(full_finetuning)}
+        if use_gradient_checkpointing is not None:
+            model.slimrl_config["gradient_checkpointing_default"] = use_gradient_checkpointing
+        engine = fast_inference and engine_problem is None
+        fp8 = bool(float8_kv_cache) and engine and torch.cuda.is_available()
+        if float8_kv_cache and not fp8:
+            why = "vLLM's CPU backend has no fp8 KV cache" if engine else "there is no vLLM engine (fast_inference)"
+            unsloth_keywords.note(f"from_pretrained(float8_kv_cache=True) ignored: {why}")
+        if engine:
             model.vllm_engine = SlimrlEngine(str(path), model.dtype, max_seq_length, max_lora_rank,
-                                             gpu_memory_utilization)
+                                             gpu_memory_utilization, seed=0 if random_state is None else random_state,
+                                             kv_cache_dtype="fp8" if fp8 else "auto")
         attach(model)  # Unsloth's model methods: fast_generate, save_lora / load_lora, the export calls
         return model, tokenizer
 
@@ -164,8 +197,12 @@ class FastLanguageModel:
         lora_alpha: int = 16,
         lora_dropout: float = 0.0,
         bias: str = "none",
-        use_gradient_checkpointing: str | bool = "slimrl",
+        use_gradient_checkpointing: str | bool | None = None,
         random_state: int = 3407,
+        max_seq_length: int | None = None,
+        finetune_language_layers: bool = True,
+        finetune_attention_modules: bool = True,
+        finetune_mlp_modules: bool = True,
         **kwargs: Any,
     ) -> Any:
         """Wrap ``model`` with a LoRA adapter through PEFT (``r``, ``lora_alpha``, ``lora_dropout``, ``bias``).
@@ -175,11 +212,26 @@ class FastLanguageModel:
         keeps the checkpointed layer inputs in pinned host memory on CUDA (plain checkpointing on CPU, where there
         is no device memory to save; see :mod:`slimrl.models.checkpointing`); ``"selective"`` checkpoints only every
         ``checkpoint_every_n_layers``-th decoder layer (default 2); False leaves it off.
-        ``random_state`` seeds the adapter initialisation.
+        ``random_state`` seeds the adapter initialisation. ``use_gradient_checkpointing=None``: the value given to
+        :meth:`from_pretrained`, else ``"slimrl"``; ``"unsloth"`` is the same as ``"slimrl"``.
+
+        Unsloth's keywords (:mod:`slimrl.models.unsloth_keywords`): PEFT's own (``use_rslora``, ``loftq_config``,
+        ``init_lora_weights``, ``layers_to_transform``, ``modules_to_save``, ...) go to ``LoraConfig``;
+        ``finetune_attention_modules`` / ``finetune_mlp_modules=False`` leave those projections out of the default
+        targets; ``max_seq_length`` is stored on the model; a model loaded with ``full_finetuning=True`` gets no
+        adapter (one line) and trains every weight.
         """
         from peft import LoraConfig, get_peft_model
 
-        max_rank = getattr(model, "slimrl_config", {}).get("max_lora_rank")
+        loaded = getattr(model, "slimrl_config", {})
+        if use_gradient_checkpointing is None:
+            use_gradient_checkpointing = loaded.get("gradient_checkpointing_default", "slimrl")
+        kwargs = unsloth_keywords.take("get_peft_model", kwargs)
+        if kwargs.get("loftq_config") == {}:
+            kwargs["loftq_config"] = None  # Unsloth's default: {} asks for no LoftQ
+        if max_seq_length is not None:
+            model.max_seq_length = max_seq_length
+        max_rank = loaded.get("max_lora_rank")
         if not isinstance(r, int) or r < 1:
             raise ValueError(f"r must be a positive int, got {r!r}")
         if max_rank is not None and r > max_rank:
@@ -191,7 +243,16 @@ class FastLanguageModel:
         every = kwargs.pop("checkpoint_every_n_layers", 2)
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"checkpoint_every_n_layers must be a positive int, got {every!r}")
-        targets = target_modules or default_target_modules(model)
+        if loaded.get("full_finetuning"):
+            unsloth_keywords.note("get_peft_model: the model was loaded with full_finetuning=True: no adapter added, "
+                                  "every weight trains")
+            enable_checkpointing(model, use_gradient_checkpointing, every)
+            return attach(model)
+        if not finetune_language_layers:
+            raise ValueError("get_peft_model(finetune_language_layers=False): a text model has nothing else to put "
+                             "an adapter on; pass finetune_language_layers=True")
+        targets = target_modules or default_target_modules(
+            model, attention=finetune_attention_modules, mlp=finetune_mlp_modules)
         keep_quantized_trainable(model)  # a quantized base loaded elsewhere, maybe run in eval mode already
         torch.manual_seed(random_state)
         config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias,
@@ -214,3 +275,8 @@ class FastLanguageModel:
     def for_training(model: Any) -> Any:
         """Back to training mode, exactly as before :meth:`for_inference` (see :mod:`slimrl.models.modes`)."""
         return for_training(model)
+
+
+class FastModel(FastLanguageModel):
+    """Unsloth's generic entry point (``from slimrl import FastModel``): the same calls as
+    :class:`FastLanguageModel` for text models (Unsloth's Gemma 3 and gpt-oss notebooks use it)."""

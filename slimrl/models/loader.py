@@ -25,6 +25,8 @@ import os
 import shutil
 from pathlib import Path
 
+from slimrl.compat.env import env_flag
+
 SMOLLM2_ALIAS = "SmolLM2-135M-Instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -212,7 +214,7 @@ def hub_snapshot(repo_id: str, *, revision: str | None = None, token: str | bool
     except (LocalEntryNotFoundError, ValueError, OSError):
         pass
     offline = local_files_only or constants.is_offline_mode() or \
-        os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+        env_flag("HF_HUB_OFFLINE")
     where = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
     if offline:
         why = "local_files_only=True" if local_files_only else "HF_HUB_OFFLINE is set"

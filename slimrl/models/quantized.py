@@ -25,10 +25,11 @@ Nothing here imports bitsandbytes: a model can only hold its layers if it is alr
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Iterator
 
 import torch
+
+from slimrl.compat.callsite import warn
 
 # bitsandbytes' CPU repacking works in blocks of this many output rows, two 4-bit values per byte, 32 bytes of low
 # nibbles then 32 of high nibbles per 64-value group.
@@ -96,12 +97,12 @@ def keep_quantized_trainable(model: torch.nn.Module | None) -> int:
                 module.quant_state = weight.quant_state
             unpacked.append(name)
     if unpacked:
-        warnings.warn(
+        warn(
             f"{len(unpacked)} 4-bit layers (first: {unpacked[0]}) had been repacked by bitsandbytes for its CPU "
             f"inference kernel (the model ran in eval mode before slimrl saw it), which has no gradient; slimrl "
             f"unpacked them for training, their block scales keep the bf16 rounding that repacking applied. Load the "
             f"model with FastLanguageModel.from_pretrained (or pass it to the trainer before any eval-mode forward) to "
-            f"keep the original scales", stacklevel=2)
+            f"keep the original scales")
     return len(unpacked)
 
 

@@ -1,11 +1,17 @@
-"""``PatchFastRL`` / ``unpatch``: install or remove slimrl's patches on TRL's trainer classes, in place."""
+"""``PatchFastRL`` / ``unpatch``: install or remove slimrl's patches on TRL's trainer classes, in place; Unsloth's
+other entry points (``PatchDPOTrainer``) and the patch on first use of ``slimrl.FastLanguageModel``
+(:func:`patch_on_first_use`)."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 
+from slimrl.compat.callsite import warn
+from slimrl.compat.env import env_flag
 from slimrl.compat.malloc import cpu_training, tune_malloc
 from slimrl.compat.trl_info import check_trl_supported
+from slimrl.patching.defaults import set_strict
 from slimrl.patching.registry import PatchTargetMissingError, describe, install, patches, uninstall
 from slimrl.patching.specs import TRAINERS, TrainerSpec, register_all
 
@@ -58,7 +64,8 @@ def _require(name: str) -> None:
     raise TrainerNotAvailableError(f"{cls} is not in the installed trl {version('trl')}; {hint}")
 
 
-def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None = None) -> None:  # noqa: N802, N803
+def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None = None,  # noqa: N802, N803
+                strict: bool = False) -> None:
     """Patch TRL's trainer classes in place so they train through slimrl's memory-lean paths.
 
     ``algorithm``: one of ``grpo, dpo, kto, orpo, cpo, sft, reward, rloo, online_dpo, ppo, bco, xpo, prm``
@@ -71,18 +78,21 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     :class:`slimrl.patching.registry.PatchTargetMissingError` when a TRL method slimrl replaces is not there (a
     TRL release newer than slimrl's tests renamed it): that trainer is refused whole, never half patched. With
     ``algorithm=None`` the trainers whose methods all resolve are patched and the refused ones are named in one
-    warning. Without CUDA, glibc's malloc is also
+    warning. ``strict=True`` (or ``SLIMRL_STRICT=1``) keeps TRL's refusals of settings this machine cannot run
+    instead of changing them to the nearest that runs (:mod:`slimrl.patching.defaults`). Without CUDA, glibc's
+    malloc is also
     tuned to return large freed blocks to the OS (:mod:`slimrl.compat.malloc`; ``SLIMRL_MALLOC_TUNING=0`` turns it
     off).
     """
     names = [n for n in TRAINERS if trainer_available(n)] if algorithm is None else [_normalise(algorithm)]
     for name in names:
         _require(name)
+    set_strict(strict)
     refused = {name: gone for name in names if (gone := _missing_targets(name))}
     if refused and algorithm is not None:
         raise PatchTargetMissingError(_refusal(refused))
     if refused:
-        warnings.warn(_refusal(refused) + "; the other trainers are patched", UserWarning, stacklevel=2)
+        warn(_refusal(refused) + "; the other trainers are patched", UserWarning)
     names = [n for n in names if n not in refused]
     _warn_if_built_before([n for n in names if n not in _ACTIVE])
     for name in names:
@@ -125,9 +135,9 @@ def _warn_if_built_before(names: list[str]) -> None:
         if cls is not None:
             built[cls] = built.get(cls, 0) + 1
     for cls, count in built.items():
-        warnings.warn(f"PatchFastRL({classes[cls]!r}) ran after {count} {cls.__name__} object(s) were built: they "
+        warn(f"PatchFastRL({classes[cls]!r}) ran after {count} {cls.__name__} object(s) were built: they "
                       f"missed slimrl's checks and hooks at construction but now run its patched methods (a mix of "
-                      f"both); build the trainer after PatchFastRL", UserWarning, stacklevel=3)
+                      f"both); build the trainer after PatchFastRL", UserWarning)
 
 
 def unpatch(algorithm: str | None = None) -> None:
@@ -141,5 +151,41 @@ def unpatch(algorithm: str | None = None) -> None:
                 uninstall(p)
 
 
-__all__ = ["PatchFastRL", "unpatch", "describe", "TRAINERS", "TrainerSpec", "TrainerNotAvailableError",
-           "trainer_available", "trainer_and_config"]
+PREFERENCE = ("dpo", "orpo", "kto", "cpo", "bco")  # what Unsloth's PatchDPOTrainer covers, where TRL has them
+
+
+def PatchDPOTrainer() -> None:  # noqa: N802 (Unsloth's name)
+    """Unsloth's ``PatchDPOTrainer()``: patch the preference trainers the installed TRL has (DPO, ORPO, KTO, CPO,
+    BCO) in place, as ``PatchFastRL(name)`` does for each."""
+    for name in PREFERENCE:
+        if trainer_available(name):
+            PatchFastRL(name)
+
+
+_AUTOPATCHED = False
+
+
+def autopatch_enabled() -> bool:
+    """``SLIMRL_AUTOPATCH`` is not 0 / false / no / off."""
+    return env_flag("SLIMRL_AUTOPATCH", default=True)
+
+
+def patch_on_first_use() -> None:
+    """Patched on import, as Unsloth is: the first use of ``slimrl.FastLanguageModel`` / ``FastModel`` (``from
+    slimrl import FastLanguageModel``) patches every trainer the installed TRL has, as ``PatchFastRL()`` would, and
+    says so in one line; once per process. ``SLIMRL_AUTOPATCH=0`` turns it off (``PatchFastRL`` is then the way
+    in); ``unpatch()`` undoes it either way. Current Unsloth notebooks never call ``PatchFastRL``: without this,
+    changing their import line would leave TRL untouched."""
+    global _AUTOPATCHED
+    if _AUTOPATCHED or not autopatch_enabled():
+        return
+    _AUTOPATCHED = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TRL's experimental-import notices
+        PatchFastRL()
+    print("slimrl: TRL's trainers are patched (SLIMRL_AUTOPATCH=0 turns this off; slimrl.unpatch() restores TRL)",
+          file=sys.stderr, flush=True)
+
+
+__all__ = ["PatchFastRL", "PatchDPOTrainer", "patch_on_first_use", "unpatch", "describe", "TRAINERS", "TrainerSpec",
+           "TrainerNotAvailableError", "trainer_available", "trainer_and_config"]

@@ -1,4 +1,4 @@
-"""The one default slimrl changes in a TRL config, and the table that says so at trainer start.
+"""The settings slimrl changes in a TRL config, and the table that says so at trainer start.
 
 slimrl's promise is TRL's behaviour: a TRL script trains, logs and saves the same with the patch. So the library
 keeps every TRL default (``logging_steps``, precision, learning rate, batch, optimizer, seed, ...), with exactly two
@@ -12,6 +12,15 @@ exceptions, each listed in the changed-defaults table printed once when the trai
   default runs (CUDA, XPU, MPS, or ``use_cpu=True``), it is kept.
 * ``use_vllm`` when the user asked for slimrl's engine (``FastLanguageModel.from_pretrained(fast_inference=True)``;
   :func:`slimrl.patching.online.engine_hooks.apply_engine_defaults`).
+
+And settings a script asks for that cannot run on this machine (scripts written for a GPU, TRL's argument parser
+that passes every field): each becomes the nearest setting that runs, with its line in the same table —
+``bf16=True`` without a bf16-capable accelerator (and without ``use_cpu``) -> False (fp32 training; ``fp16=True``
+runs here, through accelerate, and is kept), a bitsandbytes optimizer (``adamw_8bit``, ``paged_adamw_8bit``, ...)
+without a usable bitsandbytes -> ``adamw_torch``; and, at trainer start, ``use_vllm=True`` without vLLM (and
+without slimrl's engine) -> False, generation with transformers
+(:func:`slimrl.patching.online.engine_hooks.vllm_or_transformers`). Nothing is changed where the setting runs (a GPU
+machine keeps every one), and ``SLIMRL_STRICT=1`` (or ``PatchFastRL(..., strict=True)``) keeps TRL's own refusals.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from slimrl.compat.env import env_flag
 from slimrl.patching.state import config_state
 
 # TRL's configs leave bf16 at None and resolve it to ``not fp16`` in ``__post_init__`` (trl/trainer/base_config.py).
@@ -33,10 +43,56 @@ def bf16_default_runs() -> bool:
     return bool(is_torch_bf16_gpu_available() or is_torch_xla_available())
 
 
+_STRICT = {"on": False}  # PatchFastRL(strict=True)
+
+
+def set_strict(on: bool) -> None:
+    """``PatchFastRL(..., strict=True)``: keep TRL's refusals of settings this machine cannot run."""
+    _STRICT["on"] = bool(on)
+
+
+def strict() -> bool:
+    return _STRICT["on"] or env_flag("SLIMRL_STRICT")
+
+
 def apply_config_defaults(config_cls: type, kwargs: dict) -> tuple[dict, dict]:
-    """(kwargs with slimrl's changed defaults filled in, {name: (TRL's default, slimrl's)} of what changed)."""
+    """(kwargs with slimrl's changed settings, {name: (the value asked for, slimrl's, as text)} of what changed):
+    TRL's ``bf16`` default where it cannot run, and (unless strict) what a script asks for that cannot run here."""
+    kwargs, changed = _trl_bf16_default(config_cls, kwargs)
+    if not strict():
+        kwargs, more = nearest_that_runs(config_cls, kwargs)
+        changed.update(more)
+    return kwargs, changed
+
+
+def nearest_that_runs(config_cls: type, kwargs: dict) -> tuple[dict, dict]:
+    """The module docstring's second list: settings the user passed that cannot run on this machine."""
+    kwargs, changed = dict(kwargs), {}
+    if kwargs.get("bf16") is True and not kwargs.get("use_cpu") and not bf16_default_runs():
+        kwargs["bf16"] = False
+        changed["bf16"] = (True, "False (no bf16-capable accelerator here: fp32 training)")
+    optim = str(kwargs.get("optim") or "")
+    if optim and _needs_bitsandbytes(optim) and not _bitsandbytes_usable():
+        kwargs["optim"] = "adamw_torch"
+        changed["optim"] = (optim, "adamw_torch (bitsandbytes is not usable here: pip install 'slimrl[quant]')")
+    return kwargs, changed
+
+
+def _needs_bitsandbytes(optim: str) -> bool:
+    return "8bit" in optim or "bnb" in optim or optim.startswith("paged_")
+
+
+def _bitsandbytes_usable() -> bool:
+    from slimrl.compat.quant import bitsandbytes_works
+
+    return bitsandbytes_works()
+
+
+def _trl_bf16_default(config_cls: type, kwargs: dict) -> tuple[dict, dict]:
+    """TRL's own ``bf16=True`` default where it cannot run (first item of the module docstring)."""
     defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
-    if "bf16" not in defaults or any(k in kwargs for k in _PRECISION_FLAGS):
+    # a flag at its default counts as not passed: TRL's argument parser passes every field
+    if "bf16" not in defaults or any(k in kwargs and kwargs[k] != defaults.get(k) for k in _PRECISION_FLAGS):
         return kwargs, {}
     trl_bf16 = defaults["bf16"] is None or defaults["bf16"] is True  # None: TRL resolves it to True (fp16 unset)
     if not trl_bf16 or defaults.get("fp16") or defaults.get("use_cpu") or bf16_default_runs():
@@ -65,4 +121,5 @@ def print_changed_defaults(config: Any) -> None:
         return
     width = max(len(n) for n in changed)
     rows = "\n".join(f"  {n:<{width}}  {old!s} -> {new!s}" for n, (old, new) in changed.items())
-    print(f"slimrl: defaults changed (pass them to {type(config).__name__} to keep TRL's):\n{rows}", flush=True)
+    print(f"slimrl: settings changed in {type(config).__name__} (asked for -> what runs here; SLIMRL_STRICT=1 "
+          f"keeps what was asked):\n{rows}", flush=True)

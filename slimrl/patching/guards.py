@@ -20,12 +20,12 @@ gradient, one host sync), not one sync per parameter.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from slimrl.compat.callsite import warn
 from slimrl.patching.state import trainer_state
 
 
@@ -78,9 +78,9 @@ def check_finite_step(trainer: Any, model: torch.nn.Module, loss: torch.Tensor) 
     if any(p.dtype == torch.float16 for _, p in params):
         if not trainer_state(trainer).fp16_warned:
             trainer_state(trainer).fp16_warned = True
-            warnings.warn(f"step {step}: non-finite loss or gradients with float16 weights (fp16 overflow); TRL "
+            warn(f"step {step}: non-finite loss or gradients with float16 weights (fp16 overflow); TRL "
                           f"applies the step as it is. Train in bfloat16/float32 or lower the learning rate.",
-                          RuntimeWarning, stacklevel=3)
+                          RuntimeWarning)
         return
     if not loss_ok:
         what = f"the loss is {loss.item()}"

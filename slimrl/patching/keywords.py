@@ -9,6 +9,10 @@ it today:
   ``args``; ``max_prompt_length`` / ``max_target_length``, which TRL 1.12+ configs no longer have (prompt and
   completion are truncated together by ``max_length``), are dropped with a warning that says so.
 * generation configs (GRPO, RLOO): ``max_new_tokens=`` -> ``max_completion_length=``.
+* every config: ``warmup_ratio=r`` (transformers < 5) -> ``warmup_steps=r`` (transformers 5 reads a float in
+  [0, 1) there as the same ratio of the total steps); ``max_prompt_length`` / ``max_target_length`` where the config
+  no longer has them: dropped with the warning above (on GRPO/RLOO: the prompt is not cut, ``max_seq_length`` bounds
+  prompt + completion).
 
 Anything else TRL does not know still raises TRL's own ``TypeError``.
 """
@@ -18,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
-import warnings
+
+from slimrl.compat.callsite import warn
 
 # old name -> new name; ``config``/``policy``/``ref_policy`` are TRL 0.12-0.14's PPOTrainer spellings
 TRAINER_RENAMES = {"tokenizer": "processing_class", "config": "args", "policy": "model", "ref_policy": "ref_model"}
@@ -32,7 +37,7 @@ REMOVED_CONFIG_FIELDS = {
 
 
 def _warn(message: str) -> None:
-    warnings.warn(message, FutureWarning, stacklevel=4)
+    warn(message, FutureWarning)
 
 
 def _config_class(trainer_cls: type) -> type | None:
@@ -80,9 +85,25 @@ def translate_trainer_kwargs(trainer_cls: type, orig_init, args: tuple, kwargs: 
 
 
 def translate_config_kwargs(config_cls: type, kwargs: dict) -> dict:
-    """Rewrite legacy keywords in a config constructor call (``max_new_tokens`` -> ``max_completion_length``)."""
+    """Rewrite legacy keywords in a config constructor call (module docstring)."""
     kwargs = dict(kwargs)
-    _rename(kwargs, CONFIG_RENAMES, config_cls.__dataclass_fields__, config_cls.__name__)
+    fields = config_cls.__dataclass_fields__
+    _rename(kwargs, CONFIG_RENAMES, fields, config_cls.__name__)
+    owner = config_cls.__name__
+    if "warmup_ratio" in kwargs and "warmup_ratio" not in fields and "warmup_steps" in fields:
+        ratio = kwargs.pop("warmup_ratio")
+        if kwargs.get("warmup_steps"):
+            raise TypeError(f"{owner}: pass warmup_steps= only (got both warmup_ratio= and warmup_steps=)")
+        if not isinstance(ratio, int | float) or isinstance(ratio, bool) or not 0 <= ratio < 1:
+            raise ValueError(f"{owner}(warmup_ratio={ratio!r}) is invalid: use a fraction in [0, 1)")
+        _warn(f"{owner}(warmup_ratio={ratio}) is transformers' old name; slimrl passed it on as "
+              f"warmup_steps={float(ratio)} (a float in [0, 1) is the same ratio of the total steps)")
+        kwargs["warmup_steps"] = float(ratio)
+    for key in [k for k in kwargs if k not in fields and k in REMOVED_CONFIG_FIELDS]:
+        kwargs.pop(key)
+        why = "the prompt is kept whole; max_seq_length bounds prompt + completion" \
+            if "max_length" not in fields else REMOVED_CONFIG_FIELDS[key]
+        _warn(f"{owner}({key}=...) is ignored: {owner} in this TRL has no {key} ({why})")
     return kwargs
 
 

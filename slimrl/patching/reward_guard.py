@@ -5,7 +5,10 @@ expects one float (or ``None``: "this function does not score that completion") 
 surfaces later as a shape error deep inside TRL, an exception carries no hint which reward raised, and a NaN or
 inf reward silently poisons the advantages. :func:`guard_reward_funcs` wraps each plain Python reward function
 (not reward models, not async functions) so each of these stops the step with a message that says which
-function, which completion and what to return instead.
+function, which completion and what to return instead. A function written without ``**kwargs`` (``def
+reward(completions, prompts)``) stops TRL alone with a TypeError on the arguments it does not name; guarded, it is
+given exactly the arguments it names, and one that requires an argument TRL never passes is refused at trainer
+start, naming what TRL passes.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import sys
 from typing import Any
 
 
@@ -30,16 +34,70 @@ def _short(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def guarded_reward(fn):
-    """``fn`` with its output checked (length, finiteness) and its exceptions re-raised with context."""
+# What TRL passes every reward function besides the dataset's columns (GRPOTrainer._calculate_rewards; "prompt",
+# "completion" and "completion_ids" columns are not passed as columns).
+TRL_PASSES = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")
+NOT_COLUMNS = ("prompt", "completion", "completion_ids")
+
+
+def named_arguments(fn) -> tuple[str, ...] | None:
+    """The keyword names ``fn`` takes when it has no ``**kwargs`` (None when it has, or its signature is unknown)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return tuple(p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                      inspect.Parameter.KEYWORD_ONLY))
+
+
+def _required(fn) -> tuple[str, ...]:
+    return tuple(p.name for p in inspect.signature(fn).parameters.values()
+                 if p.default is inspect.Parameter.empty
+                 and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))
+
+
+def check_reward_signature(fn, columns: list[str] | None) -> tuple[str, ...] | None:
+    """Before training: a function without ``**kwargs`` that requires an argument TRL never passes is an error
+    naming it and what TRL passes; returns the names it takes (None: it takes ``**kwargs``)."""
+    names = named_arguments(fn)
+    if names is None or columns is None:
+        return names
+    provided = set(TRL_PASSES) | {c for c in columns if c not in NOT_COLUMNS}
+    missing = [n for n in _required(fn) if n not in provided]
+    if missing:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise TypeError(f"reward function {name!r} requires {', '.join(map(repr, missing))}, which TRL does not "
+                        f"pass: it passes {', '.join(TRL_PASSES)} and the dataset's columns "
+                        f"({', '.join(c for c in columns if c not in NOT_COLUMNS) or 'none besides prompt'}); "
+                        f"rename the parameter or give it a default")
+    return names
+
+
+def guarded_reward(fn, columns: list[str] | None = None):
+    """``fn`` with its output checked (length, finiteness) and its exceptions re-raised with context; a function
+    without ``**kwargs`` gets only the keyword arguments it names (one line per function: TRL alone would pass it
+    every argument and stop with a TypeError)."""
     if getattr(fn, "__slimrl_guarded__", False) or not callable(fn) or inspect.iscoroutinefunction(fn):
         return fn
     name = getattr(fn, "__name__", type(fn).__name__)
+    takes = check_reward_signature(fn, columns)
+    required = _required(fn) if takes is not None else ()  # read once here, not at every reward call
+    if takes is not None:
+        print(f"slimrl: reward function {name!r} has no **kwargs: it is given only the arguments it names "
+              f"({', '.join(takes) or 'none'})", file=sys.stderr, flush=True)
 
     @functools.wraps(fn)
     def slimrl_guarded_reward(*args, **kwargs):
         prompts = kwargs.get("prompts") or []
         completions = kwargs.get("completions")
+        if takes is not None:
+            absent = [n for n in required[len(args):] if n not in kwargs]
+            if absent:
+                raise RewardFunctionError(f"reward function {name!r} requires {', '.join(map(repr, absent))}, "
+                                          f"which TRL did not pass (it passed {', '.join(sorted(kwargs))})")
+            kwargs = {k: v for k, v in kwargs.items() if k in takes}
         try:
             out = fn(*args, **kwargs)
         except Exception as err:
@@ -64,13 +122,17 @@ def guarded_reward(fn):
     return slimrl_guarded_reward
 
 
-def guard_reward_funcs(reward_funcs: Any) -> Any:
+def guard_reward_funcs(reward_funcs: Any, train_dataset: Any = None) -> Any:
     """The same ``reward_funcs`` argument (one or a list) with each plain Python function guarded; reward models
-    (``nn.Module``) and model ids (``str``) pass through unchanged."""
+    (``nn.Module``) and model ids (``str``) pass through unchanged. ``train_dataset``'s columns (when it has them)
+    are what TRL passes besides :data:`TRL_PASSES`."""
     import torch
 
+    columns = getattr(train_dataset, "column_names", None)
+    columns = list(columns) if isinstance(columns, list | tuple) else None
+
     def one(f):
-        return f if isinstance(f, str | torch.nn.Module) else guarded_reward(f)
+        return f if isinstance(f, str | torch.nn.Module) else guarded_reward(f, columns)
 
     if isinstance(reward_funcs, list | tuple):
         return type(reward_funcs)(one(f) for f in reward_funcs)

@@ -31,10 +31,10 @@ from typing import Any
 
 from slimrl.compat.trl_info import EVERY_RELEASE, TESTED_TRL, UNTIL_1_12, UNTIL_1_13, has_fused_head
 from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, ONLINE_FIELDS, config_init_factory, config_patches
-from slimrl.patching.online.engine_hooks import apply_engine_defaults
+from slimrl.patching.online.engine_hooks import apply_engine_defaults, vllm_or_transformers
 from slimrl.patching.registry import Patch, register
 from slimrl.patching.routes import fused_head
-from slimrl.patching.steps import training_step_factory
+from slimrl.patching.steps import push_to_hub_factory, training_step_factory
 from slimrl.patching.trainer_init import trainer_init_factory
 from slimrl.patching.trainers import bco, cpo, dpo, grpo, kto, online_dpo, orpo, ppo, prm, reward, rloo, sft, xpo
 from slimrl.patching.validation import check_sequence_budget, sft_layouts
@@ -113,7 +113,8 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                 note=ROUTES["method capture"],
                 parity_test="all 8 loss types × beta, `tests/patching/trainers/test_grpo.py`",
                 fields=ALL_FIELDS, config_init=grpo.grpo_config_init_factory,
-                init_hooks=(check_sequence_budget, apply_engine_defaults), auto_fit=True,
+                init_hooks=(check_sequence_budget, apply_engine_defaults,
+                            functools.partial(vllm_or_transformers, trainer_module=grpo.MODULE)), auto_fit=True,
                 training_step=grpo.grpo_training_step_factory, patches=tuple(grpo.PATCHES), cli="online"),
     TrainerSpec("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=("fused head",),
                 scenario=dpo.scenario,
@@ -157,7 +158,8 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; " + ROUTES["method capture"] + " on 1.12",
                 parity_test="two steps with generation, old log-probs and KL, `tests/patching/trainers/test_rloo.py`",
                 fields=ONLINE_FIELDS, config_init=rloo.rloo_config_init_factory,
-                init_hooks=(check_sequence_budget, apply_engine_defaults), auto_fit=True,
+                init_hooks=(check_sequence_budget, apply_engine_defaults,
+                            functools.partial(vllm_or_transformers, trainer_module=rloo.MODULE)), auto_fit=True,
                 training_step=rloo.rloo_training_step_factory, patches=tuple(rloo.PATCHES), cli="online"),
     TrainerSpec("online_dpo", online_dpo.TRAINER, online_dpo.CONFIG, layouts=PROMPT, routes=("score positions",),
                 scenario=online_dpo.scenario,
@@ -206,7 +208,8 @@ def fused_head_users() -> tuple[str, ...]:
 def spec_patches(spec: TrainerSpec) -> list[Patch]:
     """Every patch of one trainer: the shared ones (``__init__``, ``training_step``, config fields and
     ``__init__``) and its own; all limited to the TRL releases that have it."""
-    out = [Patch(spec.name, spec.trainer, "__init__", _init_factory(spec), wrap=True)]
+    out = [Patch(spec.name, spec.trainer, "__init__", _init_factory(spec), wrap=True),
+           Patch(spec.name, spec.trainer, "push_to_hub", push_to_hub_factory, wrap=True)]
     if spec.training_step is not None:
         out.append(Patch(spec.name, spec.trainer, "training_step", spec.training_step, wrap=True))
     out += config_patches(spec.name, spec.config, fields=spec.fields, init=spec.config_init)

@@ -65,3 +65,25 @@ def prediction_step_factory(orig_prediction_step):
             return orig_prediction_step(self, *args, **kwargs)
 
     return slimrl_prediction_step
+
+
+def push_to_hub_factory(orig_push_to_hub):
+    """A trainer's ``push_to_hub`` where the Hugging Face Hub is switched off (``HF_HUB_OFFLINE=1``): the model is
+    saved to ``output_dir`` as the push would have (``save_model``) and one line says the upload was skipped and how
+    to make it, instead of ``huggingface_hub``'s offline-mode traceback at the end of a finished run. Online (or with
+    ``SLIMRL_STRICT=1``) it is TRL's own ``push_to_hub``."""
+
+    @functools.wraps(orig_push_to_hub)
+    def slimrl_push_to_hub(self, *args, **kwargs):
+        from huggingface_hub import constants
+
+        from slimrl.patching.defaults import strict
+
+        if not constants.HF_HUB_OFFLINE or strict():
+            return orig_push_to_hub(self, *args, **kwargs)
+        self.save_model(self.args.output_dir)
+        print(f"slimrl: push_to_hub skipped: HF_HUB_OFFLINE is set; the model is saved in {self.args.output_dir} "
+              f"(unset HF_HUB_OFFLINE and call trainer.push_to_hub() to upload it)", flush=True)
+        return None
+
+    return slimrl_push_to_hub

@@ -62,7 +62,7 @@ def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[
         if fit is not None:
             fit(bound)
         if bound.get("reward_funcs") is not None:  # GRPO, RLOO, OnlineDPO, XPO
-            bound["reward_funcs"] = guard_reward_funcs(bound["reward_funcs"])
+            bound["reward_funcs"] = guard_reward_funcs(bound["reward_funcs"], bound.get("train_dataset"))
         state = trainer_state(self)
         state.algorithm, state.workload = algorithm, workload
         orig_init(self, **bound)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from slimrl.compat.callsite import warn
+
 
 def model_max_seq_length(model: Any) -> int | None:
     """``max_seq_length`` recorded by ``FastLanguageModel.from_pretrained`` (None for other models)."""
@@ -65,7 +67,6 @@ def check_learning_rate(kwargs: dict, defaults: dict) -> None:
     """Every patched config: ``learning_rate`` below 0 is a ValueError (torch refuses it, but only once the model is
     loaded and the optimizer built); outside [1e-7, 1] (0 included) a warning (almost surely a typo, not
     impossible)."""
-    import warnings
 
     lr = kwargs.get("learning_rate", defaults.get("learning_rate"))
     if lr is None:
@@ -73,8 +74,8 @@ def check_learning_rate(kwargs: dict, defaults: dict) -> None:
     if float(lr) < 0:
         raise ValueError(f"learning_rate={lr} is invalid: it must be >= 0 (e.g. 1e-5 for LoRA; 0 trains nothing)")
     if not 1e-7 <= float(lr) <= 1:
-        warnings.warn(f"learning_rate={lr} is outside [1e-7, 1]: check it (LoRA usually runs at 5e-6 to 5e-4)",
-                      UserWarning, stacklevel=5)
+        warn(f"learning_rate={lr} is outside [1e-7, 1]: check it (LoRA usually runs at 5e-6 to 5e-4)",
+                      UserWarning)
 
 
 def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
@@ -91,7 +92,6 @@ def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
 
     ``defaults``: the config class's field defaults (for the values the user did not pass).
     """
-    import warnings
 
     def get(name):
         return kwargs.get(name, defaults.get(name))
@@ -109,10 +109,10 @@ def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
         kwargs.get("steps_per_generation") is not None
     batch, accum = get("per_device_train_batch_size") or 1, get("gradient_accumulation_steps") or 1
     if n_gen and not explicit_generation and (batch * accum * _world_size()) % n_gen != 0:
-        warnings.warn(f"per_device_train_batch_size={batch} x gradient_accumulation_steps={accum} x "
+        warn(f"per_device_train_batch_size={batch} x gradient_accumulation_steps={accum} x "
                       f"{_world_size()} process(es) is not a multiple of num_generations={n_gen}: slimrl set "
                       f"per_device_train_batch_size={n_gen} (one prompt's {n_gen} completions per device step)",
-                      UserWarning, stacklevel=5)
+                      UserWarning)
         kwargs = {**kwargs, "per_device_train_batch_size": n_gen}
         batch = n_gen
     mini = kwargs.get("unsloth_grpo_mini_batch")

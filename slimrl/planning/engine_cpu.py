@@ -84,7 +84,8 @@ def runtime_bytes(config: Any, lora_r: int, dtype: torch.dtype) -> tuple[int | N
     code = _CALIBRATE.format(config=json.dumps(small), model_type=config.model_type, lora_r=max(lora_r, 8),
                              dtype=str(dtype).removeprefix("torch."))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0"))
+                          env=dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                                   SLIMRL_AUTOPATCH="0"))  # patching imports TRL (and vLLM) before the reading
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SLIMRL_ENGINE_DELTA ")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -109,7 +110,7 @@ import json, shutil, tempfile, warnings
 warnings.simplefilter("ignore")
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-from slimrl import FastLanguageModel
+from slimrl.models import FastLanguageModel  # not slimrl.FastLanguageModel: no patch on first use
 from slimrl.compat.memory import resident_bytes
 from slimrl.models.loader import resolve_model_path
 from vllm import SamplingParams

@@ -248,7 +248,7 @@ def make_setup(model: str | None = None, full: bool = False, device: str = "cpu"
 
 def _check_bitsandbytes(quantized: str, device: str) -> None:
     """``--load_in_4bit`` / ``--load_in_8bit`` can run on ``device``: bitsandbytes importable, >= 0.50 on a CPU."""
-    from slimrl.models.fast_language_model import BNB_CPU_MIN
+    from slimrl.compat.quant import BNB_CPU_MIN
 
     flag = f"--load_in_{quantized}"
     try:

@@ -60,8 +60,8 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
+    from slimrl.compat.quant import BNB_CPU_MIN
     from slimrl.compat.trl_info import SUPPORTED_TRL, TESTED_TRL
-    from slimrl.models.fast_language_model import BNB_CPU_MIN
 
     versions = {"python": platform.python_version(), **{name: _version(name) for name in PACKAGES}}
     dev = _device()

@@ -297,9 +297,11 @@ def _cli(tmp: Path, extra: list[str], env: dict | None = None) -> subprocess.Pop
             "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "8",
             "--max_seq_length", "64", "--eval_size", "0", "--use_gradient_checkpointing", "false",
             "--output_dir", str(tmp / "out"), "--disable_tqdm", "true", "--threads", "1", *extra]
+    # SIGINT back to its default in the child: a suite started in the background (`make test &`) hands its
+    # children SIGINT ignored, and the run would then never see the Ctrl-C this file sends it
     return subprocess.Popen([sys.executable, "-m", "slimrl", "train", *argv], cwd=ROOT,
                             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -310,7 +312,7 @@ def test_stop_before_the_first_checkpoint_says_nothing_was_saved(tmp_path, sig):
         time.sleep(0.2)
     time.sleep(1.0)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=240)  # the step in flight ends first (its reward sleeps); slow when loaded
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == ("slimrl train: interrupted before the first checkpoint; nothing was "
                                             "saved yet (run again to start over)")

