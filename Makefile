@@ -106,7 +106,7 @@ test-trl116: $(STAMP)
 	$(PY) -m slimrl verify --all --tiny --quiet
 
 test-trl112: $(STAMP112)
-	$(VENV112)/bin/python -m pytest -q -p no:cacheprovider tests/patching tests/models tests/e2e \
+	$(VENV112)/bin/python -m pytest -q -p no:cacheprovider tests/patching tests/models tests/e2e tests/health \
 	  --ignore=tests/models/test_hub_loading.py  # ops/compat/hub loading do not depend on the TRL release
 	$(VENV112)/bin/python -m slimrl verify --all --tiny --quiet
 

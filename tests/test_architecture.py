@@ -56,6 +56,13 @@ def test_export_reads_models_it_is_given():
         assert not bad, (path, bad)
 
 
+def test_health_only_reads_logs():
+    """The run-health checks read the rows TRL logs: they never reach into patching, models or the CLI."""
+    for path, imported in _modules("health").items():
+        bad = _outside(imported, "slimrl.health", "slimrl.compat")
+        assert not bad, (path, bad)
+
+
 def test_planning_is_a_pure_predictor():
     """The planner reads configs and traces slimrl's ops and models; it never reaches into the trainers."""
     for path, imported in _modules("planning").items():

@@ -15,9 +15,12 @@ from transformers import TrainerCallback
 # Columns written to metrics.csv (metrics.jsonl keeps every key TRL logs).
 CSV_COLUMNS = ("step", "loss", "reward", "reward_std", "kl", "entropy", "completions/mean_length",
                "rewards/margins", "rewards/accuracies", "memory/peak_mb", "tokens_per_s", "step_time",
-               "learning_rate", "grad_norm")
+               "learning_rate", "grad_norm", "frac_reward_zero_std", "completions/clipped_ratio")
 PLOTTED = (("reward", "reward"), ("kl", "KL"), ("completions/mean_length", "completion length (tokens)"),
-           ("memory/peak_mb", "peak memory (MB)"))
+           ("memory/peak_mb", "peak memory (MB)"), ("frac_reward_zero_std", "groups without reward spread (no signal)"),
+           ("entropy", "entropy (nats per token)"), ("completions/clipped_ratio", "completions truncated"))
+# Panels with a moving average drawn over the per-step points (noisy per step: the trend is what a user reads).
+SMOOTHED = ("reward",)
 # Offline (preference / SFT) trainers log no reward: their panels.
 PLOTTED_OFFLINE = (("loss", "loss"), ("rewards/margins", "reward margin (chosen - rejected)"),
                    ("rewards/accuracies", "preference accuracy"), ("grad_norm", "gradient norm"))
@@ -85,6 +88,8 @@ class StepLineCallback(TrainerCallback):
         parts = [f"step {state.global_step}/{state.max_steps}"]
         parts += [f"{label} {fmt.format(logs[key])}" for key, label, fmt in STEP_LINE
                   if isinstance(logs.get(key), int | float)]
+        if isinstance(logs.get("frac_reward_zero_std"), int | float):  # groups whose rewards differ: they teach
+            parts.append(f"signal {1 - logs['frac_reward_zero_std']:.0%}")
         parts.append(f"{per_step:.1f} s")
         if isinstance(logs.get("memory/peak_mb"), int | float):
             parts.append(f"{logs['memory/peak_mb']:.0f} MB")
@@ -119,9 +124,16 @@ def read_metrics(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def reward_panels(rows: list[dict]) -> tuple[tuple[str, str], ...]:
+    """One panel per reward function the run logged (``rewards/<fn>/mean``), in order of appearance."""
+    keys = dict.fromkeys(k for r in rows for k in r if k.startswith("rewards/") and k.endswith("/mean"))
+    return tuple((k, f"reward: {k[len('rewards/'):-len('/mean')]}") for k in keys)
+
+
 def plot_metrics(rows: list[dict], path: str | Path, panels: tuple = PLOTTED) -> Path | None:
-    """One panel per ``(key, title)`` of ``panels`` (default: reward, KL, completion length, peak memory) per
-    step, as a PNG. None without matplotlib or rows."""
+    """One panel per ``(key, title)`` of ``panels`` (default: reward, KL, completion length, peak memory, the groups
+    without reward spread, entropy, the truncated completions) and, for an online run, one per reward function,
+    per step, as a PNG; rewards get a 5-step moving average. None without matplotlib or rows."""
     if not rows:
         return None
     try:
@@ -131,12 +143,16 @@ def plot_metrics(rows: list[dict], path: str | Path, panels: tuple = PLOTTED) ->
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5))
+    if panels is PLOTTED:
+        panels = panels + reward_panels(rows)
+    cols = 2 if len(panels) <= 4 else 3
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.25 * nrows), squeeze=False)
     for ax, (key, title) in zip(axes.flat, panels):
         pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float) and math.isfinite(r[key])]
         if pts:
             ax.plot(*zip(*pts), marker="o", markersize=3, label=key)
-            if key == "reward" and len(pts) > 1:  # noisy per step: the trend is what a user reads
+            if (key in SMOOTHED or key.startswith("rewards/")) and len(pts) > 1:
                 steps, values = zip(*pts)
                 ax.plot(steps, moving_average(list(values)), linewidth=2, label="moving average (5 steps)")
                 ax.legend(fontsize=8)
@@ -145,6 +161,8 @@ def plot_metrics(rows: list[dict], path: str | Path, panels: tuple = PLOTTED) ->
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -180,7 +198,7 @@ def plot_for(out: Path, online: bool) -> Path | None:
 
 def print_summary(algorithm: str, steps: int, seconds: float, peak_mb: float, out: Path, plot: Path | None,
                   key: str, before: dict | None, after: dict | None, eval_rows: int,
-                  resume_from: Path | None) -> dict[str, Any]:
+                  resume_from: Path | None, health: dict[str, str] | None = None) -> dict[str, Any]:
     """The summary table `slimrl train` prints at the end; returns the same facts as a dict."""
     rows = read_metrics(out / "metrics.jsonl")
     summary = {
@@ -201,12 +219,16 @@ def print_summary(algorithm: str, steps: int, seconds: float, peak_mb: float, ou
         items.append(("train loss (first 5 -> last 5 steps)", fmt_change(summary["train_loss_start"],
                                                                          summary["train_loss_end"])))
     if before and after:
-        items += [(f"held-out {key} (greedy, {eval_rows} rows)", fmt_change(before[key], after[key])),
-                  ("held-out total reward (greedy)", fmt_change(before["reward"], after["reward"]))]
+        items += [(f"held-out {name} (greedy, {eval_rows} rows)", fmt_change(before[name], after[name]))
+                  for name in before if name != "reward"]
+        items.append(("held-out total reward (greedy)", fmt_change(before["reward"], after["reward"])))
+    summary["health"] = health
     items += [("adapter + tokenizer", out / "adapter"), ("checkpoints", f"{out}/checkpoint-*"),
               ("metrics", f"{out}/metrics.jsonl, metrics.csv"), ("plot", plot or "matplotlib not installed")]
     if resume_from:
         items.append(("resumed from", resume_from))
     items.append(("export (merged model, GGUF)", f"slimrl export --adapter {out} --formats merged_16bit,gguf:q8_0"))
+    if health:
+        items += [(f"health: {name}", status) for name, status in health.items()]
     print("\nslimrl train: summary\n" + summary_table(items), flush=True)
     return summary

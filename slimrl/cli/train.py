@@ -143,6 +143,7 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
     from slimrl import FastLanguageModel
     from slimrl.cli.report import MetricsFileCallback, plot_for, print_summary, use_step_lines
     from slimrl.compat.memory import peak_window
+    from slimrl.health import monitor_of
 
     t_start = time.time()
     with peak_window(torch.device("cuda" if torch.cuda.is_available() else "cpu")) as window:
@@ -177,9 +178,11 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
             print(f"slimrl train: exporting to {out / 'export'}", flush=True)
             export_all(model, tokenizer, out / "export", *parse_formats(targs.export, "--export"))
         plot = plot_for(out, targs.algorithm in ONLINE)
+        monitor = monitor_of(trainer)
         return print_summary(targs.algorithm, trainer.state.global_step, time.time() - t_start,
                              window.peak_bytes() / 2**20, out, plot, rewards[0].__name__, before, after,
-                             len(eval_ds) if eval_ds else 0, resume_from)
+                             len(eval_ds) if eval_ds else 0, resume_from,
+                             health=monitor.report() if monitor is not None else None)
 
 
 def _interrupted_message(cfg: Any) -> str:

@@ -55,10 +55,32 @@ def _optional_positive_int(name: str, value: Any) -> Any:
     return value
 
 
+def _window(name: str, value: Any) -> Any:
+    if not _positive_int(value):
+        raise ValueError(f"{name}={value!r} is invalid: use an int >= 1")
+    return value
+
+
 def _flag(name: str, value: Any) -> Any:
     if not isinstance(value, bool):
         raise ValueError(f"{name}={value!r} is invalid: use true or false")
     return value
+
+
+def _number(name: str, value: Any, low: float, high: float | None, what: str) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > low and \
+        (high is None or value <= high)
+    if not ok:
+        raise ValueError(f"{name}={value!r} is invalid: use {what}")
+    return float(value)
+
+
+def _fraction(name: str, value: Any) -> float:
+    return _number(name, value, 0.0, 1.0, "a fraction in (0, 1], e.g. 0.9")
+
+
+def _positive(name: str, value: Any) -> float:
+    return _number(name, value, 0.0, None, "a number > 0")
 
 
 def _size(name: str, value: Any) -> Any:
@@ -118,6 +140,28 @@ FIELDS: tuple[ExtraField, ...] = (
     ExtraField("slimrl_longest_first", bool, False, "the first step generates the longest completions the run "
                "allows, so a run that cannot fit fails at step 1.", _flag, "online",
                "only GRPO and RLOO generate their completions"),
+)
+_HEALTH = "only GRPO and RLOO log the rewards, groups and completions the run-health checks read"
+FIELDS += (
+    ExtraField("slimrl_health", bool, True, "run-health checks on what the trainer logs: one warning per problem "
+               "found (no learning signal, truncation, entropy collapse, KL or clip runaway, NaN, rewards that "
+               "disagree) and a health/<check> metric each (GRPO, RLOO).", _flag, "online", _HEALTH),
+    ExtraField("slimrl_health_window", int, 5, "logged steps each run-health check averages over.", _window, "online",
+               _HEALTH),
+    ExtraField("slimrl_health_zero_std", float, 0.9, "warn when this fraction of groups has no reward spread "
+               "(frac_reward_zero_std).", _fraction, "online", _HEALTH),
+    ExtraField("slimrl_health_min_groups", int, 32, "prompt groups the no-signal check averages over at least "
+               "(its window widens to cover them).", _window, "online", _HEALTH),
+    ExtraField("slimrl_health_truncated", float, 0.8, "warn when this fraction of completions is cut at "
+               "max_completion_length (completions/clipped_ratio).", _fraction, "online", _HEALTH),
+    ExtraField("slimrl_health_entropy_drop", float, 0.05, "warn when entropy falls below this fraction of its "
+               "first-window mean.", _fraction, "online", _HEALTH),
+    ExtraField("slimrl_health_kl_max", float, 1.0, "warn when the KL to the reference (nats per token) "
+               "averages this or more.", _positive, "online", _HEALTH),
+    ExtraField("slimrl_health_clip_max", float, 0.3, "warn when this fraction of tokens is clipped "
+               "(clip_ratio/region_mean).", _fraction, "online", _HEALTH),
+    ExtraField("slimrl_health_reward_z", float, 2.0, "standard errors by which one reward must rise and another "
+               "fall for the reward-conflict warning.", _positive, "online", _HEALTH),
 )
 EXTRA_FIELDS: dict[str, ExtraField] = {f.name: f for f in FIELDS}
 _SCOPES = {"log-probs": ("log-probs",), "online": ("log-probs", "online"), "grpo": ("log-probs", "online", "grpo")}

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slimrl.compat.trl_info import EVERY_RELEASE, TESTED_TRL, UNTIL_1_12, UNTIL_1_13, has_fused_head
+from slimrl.health import attach_health
 from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, ONLINE_FIELDS, config_init_factory, config_patches
 from slimrl.patching.online.engine_hooks import apply_engine_defaults, vllm_or_transformers
 from slimrl.patching.registry import Patch, register
@@ -67,6 +68,7 @@ class TrainerSpec:
     fields: tuple[str, ...] = ()  # slimrl config fields that act on it (the others are refused unless default)
     config_init: Callable = config_init_factory  # factory(orig_init, fields=) for its config's __init__
     init_hooks: tuple[Callable[[Any, Any], None], ...] = ()  # run as hook(model, args) before TRL's __init__
+    after_init: tuple[Callable[[Any], None], ...] = ()  # run as hook(trainer) after TRL's __init__
     auto_fit: bool = False  # honours slimrl_auto_fit (slimrl.patching.online.autofit) before TRL's __init__
     training_step: Callable | None = training_step_factory  # factory for its training_step (None: not patched)
     patches: tuple[Patch, ...] = field(default=())  # its own, from trainers/<name>.py
@@ -115,6 +117,7 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                 fields=ALL_FIELDS, config_init=grpo.grpo_config_init_factory,
                 init_hooks=(check_sequence_budget, apply_engine_defaults,
                             functools.partial(vllm_or_transformers, trainer_module=grpo.MODULE)), auto_fit=True,
+                after_init=(attach_health,),
                 training_step=grpo.grpo_training_step_factory, patches=tuple(grpo.PATCHES), cli="online"),
     TrainerSpec("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=("fused head",),
                 scenario=dpo.scenario,
@@ -160,6 +163,7 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                 fields=ONLINE_FIELDS, config_init=rloo.rloo_config_init_factory,
                 init_hooks=(check_sequence_budget, apply_engine_defaults,
                             functools.partial(vllm_or_transformers, trainer_module=rloo.MODULE)), auto_fit=True,
+                after_init=(attach_health,),
                 training_step=rloo.rloo_training_step_factory, patches=tuple(rloo.PATCHES), cli="online"),
     TrainerSpec("online_dpo", online_dpo.TRAINER, online_dpo.CONFIG, layouts=PROMPT, routes=("score positions",),
                 scenario=online_dpo.scenario,
@@ -225,7 +229,8 @@ def _init_factory(spec: TrainerSpec) -> Callable:
 
     def trainer_init(orig_init):
         return trainer_init_factory(orig_init, hooks, fit=fit, algorithm=spec.name, workload=spec.workload,
-                                    trainer=spec.trainer_class_name, layouts=spec.dataset_layouts)
+                                    trainer=spec.trainer_class_name, layouts=spec.dataset_layouts,
+                                    after=spec.after_init)
 
     trainer_init.__qualname__ = "trainer_init_factory"
     return trainer_init

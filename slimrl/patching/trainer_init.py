@@ -8,7 +8,9 @@
    the engine's ``use_vllm`` default), then its auto-fit (GRPO/RLOO with ``slimrl_auto_fit``,
    :mod:`slimrl.patching.online.autofit`) with every argument;
 4. Python reward functions guarded (:mod:`slimrl.patching.reward_guard`);
-5. TRL's ``__init__``, then the changed-defaults table (:mod:`slimrl.patching.defaults`).
+5. TRL's ``__init__``, then the changed-defaults table (:mod:`slimrl.patching.defaults`);
+6. the trainer's own after-hooks from its spec, each ``hook(trainer)`` (GRPO/RLOO: the run-health monitor,
+   :mod:`slimrl.health`).
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, trainer: str | No
 
 def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[[dict], None] | None = None,
                          algorithm: str = "", workload: Any = None, trainer: str | None = None,
-                         layouts: Callable[[Any], tuple] | None = None):
-    """A trainer's ``__init__`` preceded by steps 1-4 of the module docstring; the trainer's state records which
-    trainer it is (``algorithm``, and ``workload`` for the planner)."""
+                         layouts: Callable[[Any], tuple] | None = None,
+                         after: tuple[Callable[[Any], None], ...] = ()):
+    """A trainer's ``__init__`` preceded by steps 1-4 of the module docstring and followed by step 6 (``after``);
+    the trainer's state records which trainer it is (``algorithm``, and ``workload`` for the planner)."""
 
     @functools.wraps(orig_init)
     def slimrl_trainer_init(self, *args, **kwargs):
@@ -67,5 +70,7 @@ def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[
         state.algorithm, state.workload = algorithm, workload
         orig_init(self, **bound)
         print_changed_defaults(getattr(self, "args", None))
+        for hook in after:
+            hook(self)
 
     return slimrl_trainer_init

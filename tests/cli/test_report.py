@@ -15,10 +15,11 @@ def test_one_compact_line_per_step():
     cb.on_train_begin(None, state, None)
     state.global_step = 3
     cb.on_log(None, state, None, logs={"loss": 0.0123, "reward": 0.8125, "kl": 0.00123, "completions/mean_length":
-                                       18.44, "memory/peak_mb": 1732.4, "learning_rate": 2e-4, "epoch": 0.1})
+                                       18.44, "memory/peak_mb": 1732.4, "learning_rate": 2e-4, "epoch": 0.1,
+                                       "frac_reward_zero_std": 0.25})
     cb.on_log(None, state, None, logs={"train_runtime": 12.0})  # the final summary row: not a step
     (line,) = out.getvalue().splitlines()
-    assert line.startswith("step 3/30  loss 0.0123  reward 0.812  kl 0.0012  len 18.4  ")
+    assert line.startswith("step 3/30  loss 0.0123  reward 0.812  kl 0.0012  len 18.4  signal 75%  ")
     assert line.endswith(" s  1732 MB") and "{" not in line
 
 
@@ -41,3 +42,24 @@ def test_reward_panel_draws_the_moving_average(tmp_path, monkeypatch):
     rows = [{"step": i, "reward": float(i % 3), "kl": 0.01} for i in range(1, 9)]
     assert plot_metrics(rows, tmp_path / "m.png").stat().st_size > 1000
     assert "moving average (5 steps)" in drawn and "reward" in drawn
+
+
+def test_one_panel_per_reward_function_and_the_health_panels(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    titles, labels = [], []
+    real_title, real_plot = matplotlib.axes.Axes.set_title, matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda self, t, *a, **k: (titles.append(t),
+                                                                                    real_title(self, t, *a, **k))[1])
+
+    def spy(self, *args, **kwargs):
+        labels.append(kwargs.get("label"))
+        return real_plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    rows = [{"step": i, "reward": 1.0, "rewards/fmt/mean": 0.1 * i, "rewards/correct/mean": 0.5,
+             "frac_reward_zero_std": 0.5, "entropy": 1.0, "completions/clipped_ratio": 0.0} for i in range(1, 9)]
+    assert plot_metrics(rows, tmp_path / "m.png").stat().st_size > 1000
+    assert {"reward: fmt", "reward: correct", "groups without reward spread (no signal)", "entropy (nats per token)",
+            "completions truncated"} <= set(titles)
+    assert labels.count("moving average (5 steps)") == 3  # the total reward and each function's

@@ -60,6 +60,35 @@ def test_run_writes_adapter_metrics_plot_and_summary(setup, capsys):
     assert (out / "checkpoint-2" / "optimizer.pt").is_file() and (out / "checkpoint-4" / "rng_state.pth").is_file()
 
 
+def test_tensorboard_gets_the_health_metrics_and_the_summary_its_section(setup, capsys):
+    """``--report_to tensorboard`` as in TRL (the real package writes the events, its reader reads them back); the
+    run-health metrics are among them, and the summary ends with one line per check."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    argv = _argv(setup, "tb", steps=3) + ["--report_to", "tensorboard", "--slimrl_health_window", "2",
+                                          "--slimrl_health_min_groups", "1",
+                                          "--save_steps", "10"]
+    try:
+        assert train.main(argv) == 0
+    finally:
+        unpatch()
+    (events,) = (setup / "tb").rglob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events.parent))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/reward", "train/frac_reward_zero_std", "train/health/no_signal", "train/health/truncated"} <= tags
+    assert [e.step for e in acc.Scalars("train/health/truncated")] == [2, 3]
+    stdout = capsys.readouterr().out
+    health = [line for line in stdout.splitlines() if line.startswith("health: ")]
+    assert [line.split()[1] for line in health] == ["no_signal", "truncated", "entropy", "kl", "clip", "not_finite",
+                                                    "reward_conflict"]
+    status = {line.split()[1]: line.split(None, 2)[2].strip() for line in health}
+    assert status["no_signal"] in ("ok", "warned at step 2", "warned at step 3") and status["kl"] in ("ok",)
+    assert status["entropy"] == "not judged (too few logged steps)"  # two windows of 2 needed, 3 steps run
+    assert status["reward_conflict"] == "not judged (one reward function)"
+
+
 def _cli(tmp_path: Path, out: str, extra: list[str] = (), env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "slimrl", "train", *_argv(tmp_path, out, steps=6), *extra],
                             cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,

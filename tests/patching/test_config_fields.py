@@ -50,7 +50,11 @@ def test_every_patched_config_has_its_fields_in_help_flags_and_to_dict(patched, 
         values = {"unsloth_num_chunks": 3, "unsloth_logit_chunk_multiplier": 2, "max_seq_length": 256,
                   "unsloth_grpo_mini_batch": None, "slimrl_reuse_old_logps": False, "slimrl_length_groups": False,
                   "slimrl_token_budget": 4096, "slimrl_oom_recovery": False, "slimrl_auto_fit": True,
-                  "slimrl_memory_budget": "12GB", "slimrl_longest_first": True}
+                  "slimrl_memory_budget": "12GB", "slimrl_longest_first": True, "slimrl_health": False,
+                  "slimrl_health_window": 7, "slimrl_health_min_groups": 8, "slimrl_health_zero_std": 0.5,
+                  "slimrl_health_truncated": 0.25,
+                  "slimrl_health_entropy_drop": 0.2, "slimrl_health_kl_max": 3.0, "slimrl_health_clip_max": 0.75,
+                  "slimrl_health_reward_z": 3.0}
         for name in own:
             assert f"--{name}" in help_text, (cls.__name__, name)
             if values[name] is not None:
