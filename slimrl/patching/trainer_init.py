@@ -34,12 +34,14 @@ def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, trainer: str | No
                          layouts: Callable[[Any], tuple] | None = None) -> None:
     """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset``, one without a column layout the
     TRL trainer named ``trainer`` accepts (``layouts(args)``), and a model/config precision mismatch the user wrote
-    are errors naming the fix (:mod:`slimrl.patching.validation`)."""
+    are errors naming the fix (:mod:`slimrl.patching.validation`). With GRPO's ``environment_factory`` the columns
+    are the environment's (TRL takes any, e.g. only ``environment``: each ``reset()`` returns the prompt), so the
+    layout is left to TRL there."""
     from slimrl.patching.validation import check_dataset, check_layout, check_precision
 
     bound = bound_inputs(orig_init, args, kwargs)
     check_dataset(bound.get("train_dataset"))
-    if layouts is not None:
+    if layouts is not None and bound.get("environment_factory") is None:  # an environment's reset() gives the prompt
         check_layout(bound.get("train_dataset"), trainer, layouts(bound.get("args")), bound.get("args"),
                      bound.get("formatting_func"))
     check_precision(bound.get("model"), bound.get("args"))
