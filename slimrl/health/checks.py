@@ -97,6 +97,12 @@ def _window_mean(rows: Sequence[Row], key: str, window: int) -> float | None:
     return mean([float(r[key]) for r in last])
 
 
+def _at_least(rows: Sequence[Row], key: str, window: int, limit: float, say: Callable[[float], str]) -> Verdict:
+    """Whether ``key``'s mean over the last ``window`` rows is ``limit`` or more; ``say(mean)`` is the message."""
+    m = _window_mean(rows, key, window)
+    return None if m is None else (m >= limit, say(m))
+
+
 def _steps(rows: Sequence[Row], window: int) -> str:
     last = rows[-window:]
     return f"steps {last[0].get('step', '?')}-{last[-1].get('step', '?')}"
@@ -104,26 +110,20 @@ def _steps(rows: Sequence[Row], window: int) -> str:
 
 def no_signal(rows: Sequence[Row], t: Thresholds) -> Verdict:
     window = max(t.window, math.ceil(t.min_groups / t.groups_per_row))
-    m = _window_mean(rows, "frac_reward_zero_std", window)
-    if m is None:
-        return None
-    return m >= t.zero_std, (
+    return _at_least(rows, "frac_reward_zero_std", window, t.zero_std, lambda m: (
         f"no learning signal: in {m:.0%} of groups every completion got the same reward ({_steps(rows, window)}, "
         f"frac_reward_zero_std), so their advantages are 0 and they teach nothing; the rewards are too easy or too "
         f"hard for this model: give partial credit, choose prompts of matching difficulty, or raise num_generations "
-        f"or temperature")
+        f"or temperature"))
 
 
 def truncated(rows: Sequence[Row], t: Thresholds) -> Verdict:
-    m = _window_mean(rows, "completions/clipped_ratio", t.window)
-    if m is None:
-        return None
     limit = f"max_completion_length={t.max_completion_length}" if t.max_completion_length else \
         "max_completion_length"
-    return m >= t.truncated, (
+    return _at_least(rows, "completions/clipped_ratio", t.window, t.truncated, lambda m: (
         f"completions truncated: {m:.0%} of completions were cut off at {limit} ({_steps(rows, t.window)}, "
         f"completions/clipped_ratio), so the rewards judge unfinished text; raise max_completion_length, or reward "
-        f"answers that finish (a closing tag or format) within it")
+        f"answers that finish (a closing tag or format) within it"))
 
 
 def entropy(rows: Sequence[Row], t: Thresholds) -> Verdict:
@@ -139,25 +139,19 @@ def entropy(rows: Sequence[Row], t: Thresholds) -> Verdict:
 
 
 def kl(rows: Sequence[Row], t: Thresholds) -> Verdict:
-    m = _window_mean(rows, "kl", t.window)
-    if m is None:
-        return None
-    return m >= t.kl_max, (
+    return _at_least(rows, "kl", t.window, t.kl_max, lambda m: (
         f"KL runaway: the KL to the reference model averaged {m:.3g} nats per token ({_steps(rows, t.window)}, "
         f"kl; limit slimrl_health_kl_max={t.kl_max:g}): the policy is moving far from where it started; lower "
-        f"the learning rate, raise beta, and check that no reward can be gamed")
+        f"the learning rate, raise beta, and check that no reward can be gamed"))
 
 
 def clip(rows: Sequence[Row], t: Thresholds) -> Verdict:
     key = "clip_ratio/region_mean" if any(finite(r.get("clip_ratio/region_mean")) for r in rows[-t.window:]) \
         else "cispo_clip_ratio"
-    m = _window_mean(rows, key, t.window)
-    if m is None:
-        return None
-    return m >= t.clip_max, (
+    return _at_least(rows, key, t.window, t.clip_max, lambda m: (
         f"clip ratio runaway: {m:.0%} of completion tokens fell outside the trust region ({_steps(rows, t.window)}, "
         f"{key}; limit slimrl_health_clip_max={t.clip_max:g}): each update moves the policy too far from the one "
-        f"that generated; lower the learning rate or num_iterations")
+        f"that generated; lower the learning rate or num_iterations"))
 
 
 def not_finite(rows: Sequence[Row], t: Thresholds) -> Verdict:
