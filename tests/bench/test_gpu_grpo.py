@@ -34,31 +34,14 @@ def test_longest_fitting_finds_the_boundary(boundary):
     assert len(probed) <= math.ceil(math.log2(128)) + 1 and all(p % 256 == 0 for p in probed)
 
 
-def test_smoke_cpu_tiny(tmp_path, monkeypatch, capsys):
-    """``--device cpu --tiny``: TRL alone and slimrl each run a GRPO step in their own process on random
-    completions of exactly the asked length; Liger and QLoRA say why they are skipped; ``--fit`` probes."""
+def test_a_probe_over_the_cap_does_not_fit(tmp_path, monkeypatch, capsys):
+    """``--fit`` on this CPU: a probe whose peak RSS is over ``--cap-gb`` does not fit (the step-time runs and the
+    kernel comparison are rehearsed by tests/bench/test_gpu_run.py)."""
     monkeypatch.setattr(sys, "argv", ["gpu_grpo.py"])
     gpu_grpo = _bench("gpu_grpo")
     common = ["--device", "cpu", "--tiny", "--generations", "2", "--steps", "1", "--cache", str(tmp_path)]
-    res = gpu_grpo.main(common + ["--sides", "trl,trl-liger,slimrl", "--length", "12"])
-    for side in ("trl", "slimrl"):
-        assert res[side]["completion_len"] == 12 and res[side]["peak_gb"] > 0.1, res[side]
-        assert math.isfinite(res[side]["loss"]) and res[side]["grad_norm"] > 0  # advantages are not all 0
-    assert "liger-kernel" in res["trl-liger"]["skipped"]
     fit = gpu_grpo.main(common + ["--sides", "slimrl", "--fit", "--cap-gb", "0.1", "--fit-range", "16:16",
                                   "--fit-step", "16"])
     probe = fit["slimrl"]["probes"][16]
     assert fit["slimrl"]["longest_fit"] is None and probe["fits"] is False and probe["peak_gb"] > 0.1
-    out = capsys.readouterr().out
-    assert "trl-liger  skipped" in out and "longest completion that fits: None" in out
-
-
-def test_logprob_bench_cpu_tiny(monkeypatch, capsys):
-    """``bench/gpu_logprob.py --device cpu --tiny``: every pass timed for both kernels, a decision per row."""
-    monkeypatch.syspath_prepend(str(BENCH))
-    gpu_logprob = _bench("gpu_logprob")
-    res = gpu_logprob.main(["--device", "cpu", "--tiny", "--repeats", "1"])
-    assert set(res["passes"]) == {"policy (grad)", "old/ref (no grad)"}
-    assert set(res["passes"]["old/ref (no grad)"]) == {"trl", "slimrl same outputs", "slimrl as used"}
-    assert all(t > 0 for cases in res["passes"].values() for t, _ in cases.values())
-    assert capsys.readouterr().out.count("x TRL ->") == 3
+    assert "longest completion that fits: None" in capsys.readouterr().out
