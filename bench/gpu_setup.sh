@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Install the wheels `make gpu-wheels` put in .gpu-wheels/ on the lent GPU machine (no package registry there):
 #   bash bench/gpu_setup.sh && python3 bench/gpu_grpo.py --help
-# --no-deps: that machine's torch, transformers, peft, accelerate, pyarrow stay as they are (its transformers may be
-# older than the floor slimrl declares; `slimrl doctor` and the CUDA tests say if that matters). The import check
-# below names any module still missing: add its wheel with `make gpu-wheels GPU_EXTRA=<name>` on the build machine.
+# --no-deps: that machine's torch, transformers, peft, accelerate, pyarrow stay as they are (its transformers is
+# 5.17, which `make test-tf-gpu` runs TRL 1.16 and slimrl on; `slimrl doctor` and the CUDA tests say if more
+# matters). The import check below names any module still missing: add its wheel with
+# `make gpu-wheels GPU_EXTRA=<name>` on the build machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
