@@ -86,16 +86,14 @@ STAGES = ("setup+tests", "bench-a", "bench-b")
 NEEDED = ("trl", "datasets", "slimrl", "peft", "accelerate")
 
 
-def ready(py: str) -> bool:
-    """Whether ``py`` imports everything the stages need (then setup is not run again)."""
-    code = f"import importlib; [importlib.import_module(m) for m in {NEEDED!r}]"
-    return subprocess.run([py, "-c", code], capture_output=True).returncode == 0
-
-
-def versions(py: str) -> dict:
-    """torch, transformers, trl, peft, slimrl versions and the device name, as ``py`` sees them."""
-    code = ("import json, importlib.metadata as m, torch\n"
-            "v = {}\n"
+def probe(py: str) -> dict:
+    """What ``py`` sees, in one process: the modules of :data:`NEEDED` it cannot import (``missing``: then setup
+    runs), torch, transformers, trl, peft, accelerate, slimrl versions and the device name."""
+    code = ("import json, importlib, importlib.metadata as m, torch\n"
+            "v = {'missing': []}\n"
+            f"for name in {NEEDED!r}:\n"
+            "    try: importlib.import_module(name)\n"
+            "    except Exception: v['missing'].append(name)\n"
             "for p in ('torch', 'transformers', 'trl', 'peft', 'accelerate', 'slimrl'):\n"
             "    try: v[p] = m.version(p)\n"
             "    except m.PackageNotFoundError: v[p] = None\n"
@@ -105,7 +103,7 @@ def versions(py: str) -> dict:
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        return {"error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
+        return {"missing": list(NEEDED), "error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
 
 
 def run_step(step: Step, py: str, log, limit_s: int) -> dict:
@@ -138,12 +136,14 @@ def run_stage(stage: str, out: Path, py: str, tiny: bool) -> dict:
     started = time.perf_counter()
     report: dict = {"stage": stage, "tiny": tiny, "steps": []}
     with open(out / f"{stage}.log", "w") as log:
-        if ready(py):
+        seen = probe(py)
+        if not seen["missing"]:
             report["setup"] = "already installed"
         else:
             setup = Step("setup", ("bash", "bench/gpu_setup.sh"), 120)
             report["setup"] = run_step(setup, py, log, setup.limit_s)
-        report["versions"] = versions(py)
+            seen = probe(py)
+        report["versions"] = {k: v for k, v in seen.items() if k != "missing"}
         for step in steps(stage, tiny):
             limit = step.rehearsal_limit_s if tiny else step.limit_s
             left = STAGE_BUDGET_S - (time.perf_counter() - started)

@@ -12,6 +12,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from slimrl.health.checks import reward_keys, reward_name
+
 # Columns written to metrics.csv (metrics.jsonl keeps every key TRL logs).
 CSV_COLUMNS = ("step", "loss", "reward", "reward_std", "kl", "entropy", "completions/mean_length",
                "rewards/margins", "rewards/accuracies", "memory/peak_mb", "tokens_per_s", "step_time",
@@ -126,8 +128,7 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 def reward_panels(rows: list[dict]) -> tuple[tuple[str, str], ...]:
     """One panel per reward function the run logged (``rewards/<fn>/mean``), in order of appearance."""
-    keys = dict.fromkeys(k for r in rows for k in r if k.startswith("rewards/") and k.endswith("/mean"))
-    return tuple((k, f"reward: {k[len('rewards/'):-len('/mean')]}") for k in keys)
+    return tuple((k, f"reward: {reward_name(k)}") for k in reward_keys(rows))
 
 
 def plot_metrics(rows: list[dict], path: str | Path, panels: tuple = PLOTTED) -> Path | None:
@@ -197,7 +198,7 @@ def plot_for(out: Path, online: bool) -> Path | None:
 
 
 def print_summary(algorithm: str, steps: int, seconds: float, peak_mb: float, out: Path, plot: Path | None,
-                  key: str, before: dict | None, after: dict | None, eval_rows: int,
+                  before: dict | None, after: dict | None, eval_rows: int,
                   resume_from: Path | None, health: dict[str, str] | None = None) -> dict[str, Any]:
     """The summary table `slimrl train` prints at the end; returns the same facts as a dict."""
     rows = read_metrics(out / "metrics.jsonl")

@@ -180,7 +180,7 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
         plot = plot_for(out, targs.algorithm in ONLINE)
         monitor = monitor_of(trainer)
         return print_summary(targs.algorithm, trainer.state.global_step, time.time() - t_start,
-                             window.peak_bytes() / 2**20, out, plot, rewards[0].__name__, before, after,
+                             window.peak_bytes() / 2**20, out, plot, before, after,
                              len(eval_ds) if eval_ds else 0, resume_from,
                              health=monitor.report() if monitor is not None else None)
 

@@ -85,6 +85,16 @@ def series(rows: Sequence[Row], key: str) -> list[float]:
     return [float(r[key]) for r in rows if finite(r.get(key))]
 
 
+def reward_keys(rows: Sequence[Row]) -> list[str]:
+    """The ``rewards/<fn>/mean`` keys TRL logged in ``rows`` (one per reward function), in order of appearance."""
+    return list(dict.fromkeys(k for r in rows for k in r if k.startswith("rewards/") and k.endswith("/mean")))
+
+
+def reward_name(key: str) -> str:
+    """``rewards/<fn>/mean`` -> ``<fn>``."""
+    return key[len("rewards/"):-len("/mean")]
+
+
 def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
@@ -164,10 +174,9 @@ def not_finite(rows: Sequence[Row], t: Thresholds) -> Verdict:
     last = rows[-t.window:]
     if len(last) < t.window:
         return False, ""
-    names = sorted({k for r in last for k in r if k.startswith("rewards/") and k.endswith("/mean")})
-    dead = [k for k in names if all(k in r and not finite(r[k]) for r in last)]
+    dead = [k for k in sorted(reward_keys(last)) if all(k in r and not finite(r[k]) for r in last)]
     if dead:
-        fn = dead[0][len("rewards/"):-len("/mean")]
+        fn = reward_name(dead[0])
         return True, (f"reward function {fn!r} gave no finite reward to any completion ({_steps(rows, t.window)}, "
                       f"{dead[0]} is NaN): make it return a float for every completion (None only where it does "
                       f"not apply)")
@@ -195,7 +204,7 @@ def _shift(values: Sequence[float], window: int) -> tuple[float, float, float]:
 
 
 def reward_conflict(rows: Sequence[Row], t: Thresholds) -> Verdict:
-    keys = sorted({k for r in rows for k in r if k.startswith("rewards/") and k.endswith("/mean")})
+    keys = sorted(reward_keys(rows))
     if len(keys) < 2:
         return None
     paired = [r for r in rows if all(finite(r.get(k)) for k in keys)]  # rows where every function scored
@@ -216,7 +225,7 @@ def reward_conflict(rows: Sequence[Row], t: Thresholds) -> Verdict:
             rose = d_up > 0 and d_up > t.reward_z * se_up
             fell = d_dn < 0 and -d_dn > t.reward_z * se_dn
             if rose and fell and _corr(values[up][:-w], values[down][:-w]) > 0:
-                name_up, name_dn = up[len("rewards/"):-len("/mean")], down[len("rewards/"):-len("/mean")]
+                name_up, name_dn = reward_name(up), reward_name(down)
                 return True, (
                     f"rewards disagree: {name_up!r} rose ({b_up:.3g} -> {n_up:.3g}) while {name_dn!r}, which moved "
                     f"with it before, fell ({b_dn:.3g} -> {n_dn:.3g}) ({_steps(paired, w)} vs the {w} before): "

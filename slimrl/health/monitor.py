@@ -20,7 +20,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from slimrl.compat.callsite import warn
-from slimrl.health.checks import CHECKS, Row, Thresholds, finite
+from slimrl.health.checks import CHECKS, Row, Thresholds, finite, reward_keys
 
 
 class RunHealthWarning(UserWarning):
@@ -91,8 +91,7 @@ def _why_not(name: str, history: list[Row]) -> str:
            "kl": "kl", "clip": "clip_ratio/region_mean"}.get(name)
     if key is not None and not any(finite(r.get(key)) for r in history):
         return f"{key} not logged" + (": beta = 0" if key == "kl" else "")
-    if name == "reward_conflict" and len({k for r in history for k in r if k.startswith("rewards/")
-                                           and k.endswith("/mean")}) < 2:
+    if name == "reward_conflict" and len(reward_keys(history)) < 2:
         return "one reward function"
     return "too few logged steps"
 

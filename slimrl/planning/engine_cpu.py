@@ -12,7 +12,8 @@ On vLLM's CPU build the engine keeps, besides the base weights it shares with th
   with two decoder layers (random weights from the config, nothing loaded), starts slimrl's engine on it, generates
   and puts it in standby, then subtracts the computed parts above (about 15 s; cached as JSON under
   ``SLIMRL_CACHE``). The runtime does not grow with depth (measured at 2, 4 and 30 layers of SmolLM2-135M's shape;
-  docs/BENCHMARKS.md), so two layers stand for the model.
+  docs/BENCHMARKS.md), so two layers stand for the model. It does depend on the machine: vLLM's CPU GEMM dispatch
+  (oneDNN, sgl or zentorch, by ISA) decides what stays resident (518 MB on an AVX2 EPYC, 48 MB on the CI runner).
 
 The KV cache is not here: vLLM's CPU build allocates it uninitialised, generation writes the pages it uses and
 standby returns them after each generation, so the plan puts those pages in the ``generation`` phase.

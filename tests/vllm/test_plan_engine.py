@@ -18,7 +18,9 @@ def test_engine_runtime_is_measured_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("SLIMRL_CACHE", str(tmp_path))
     config = load_config("SmolLM2-135M-Instruct")
     runtime, how = engine_cpu.runtime_bytes(config, 16, torch.float32)
-    assert how == "measured" and 100 * 2**20 < runtime < 2 * 2**30, runtime  # 518 MB on the 2-core CPU
+    # What vLLM's CPU build keeps resident depends on the machine's ISA (its GEMM dispatch: oneDNN, sgl, zentorch):
+    # 518 MB on this workplace's AVX2 EPYC, 48 MB on the CI runner. So only: measured, positive, under 2 GiB.
+    assert how == "measured" and 0 < runtime < 2 * 2**30, runtime
     cached = list(tmp_path.glob("engine-runtime-v1-cpu-*.json"))
     assert len(cached) == 1
     cached[0].write_text('{"runtime_bytes": 7}')  # the second call reads the cache, never measures again
