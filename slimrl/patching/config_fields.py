@@ -126,6 +126,9 @@ FIELDS: tuple[ExtraField, ...] = (
                _flag, "grpo", "only GRPO has the vLLM importance-sampling pass it skips"),
     ExtraField("slimrl_length_groups", bool, True, "log-prob forwards over rows grouped by completion length, "
                "trailing padding cut (GRPO).", _flag, "grpo", "only GRPO's log-prob forwards are grouped by length"),
+    ExtraField("slimrl_shared_prefix", bool, True, "log-prob forwards with each prompt once per group: the rows "
+               "of a prompt packed as [prompt, c1, ..., cG], same log-probs and gradients (GRPO; sdpa attention).",
+               _flag, "grpo", "only GRPO's log-prob forwards repeat each prompt once per completion"),
     ExtraField("slimrl_token_budget", int | None, None, "tokens per log-prob forward when grouping by length (None: "
                "the trainer's own rows x padded length).", _optional_positive_int, "grpo",
                "only GRPO's log-prob forwards are grouped by length"),

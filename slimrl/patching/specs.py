@@ -34,7 +34,7 @@ from slimrl.health import attach_health
 from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, ONLINE_FIELDS, config_init_factory, config_patches
 from slimrl.patching.online.engine_hooks import apply_engine_defaults, vllm_or_transformers
 from slimrl.patching.registry import Patch, register
-from slimrl.patching.routes import fused_head
+from slimrl.patching.routes import fused_head, shared_prefix
 from slimrl.patching.steps import push_to_hub_factory, training_step_factory
 from slimrl.patching.trainer_init import trainer_init_factory
 from slimrl.patching.trainers import bco, cpo, dpo, grpo, kto, online_dpo, orpo, ppo, prm, reward, rloo, sft, xpo
@@ -250,6 +250,7 @@ def register_all() -> None:
             register(patch)
     for patch in fused_head.kernel_patches(fused_head_users()):
         register(patch)
+    register(shared_prefix.attention_patch(("grpo", "rloo")))
 
 
 def readme_table() -> str:

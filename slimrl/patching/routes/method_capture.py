@@ -24,6 +24,7 @@ import torch
 from slimrl.compat.heads import capture_head_input, plain_linear_head
 from slimrl.compat.malloc import recycling_phase
 from slimrl.patching.registry import original
+from slimrl.patching.routes import shared_prefix
 from slimrl.patching.routes.head import Head
 from slimrl.patching.state import trainer_state
 from slimrl.patching.validation import check_batch_length
@@ -84,6 +85,13 @@ def length_groups(lengths: list[int], prompt_width: int, budget: int, forward_co
     return groups[::-1]
 
 
+def completion_lengths(attention_mask: torch.Tensor, logits_to_keep: int) -> list[int]:
+    """Per row, 1 + the index of its last real completion token (0 for an empty completion)."""
+    valid = attention_mask[:, -logits_to_keep:].bool()  # [B, C]
+    last = logits_to_keep - valid.flip(-1).int().argmax(-1)  # [B]
+    return torch.where(valid.any(-1), last, 0).tolist()
+
+
 def _groups_for(self, attention_mask: torch.Tensor, logits_to_keep: int,
                 batch_size: int) -> list[tuple[list[int], int]]:
     """The forwards of one call as (rows, completion columns kept): TRL's fixed row batches at the full width, or
@@ -92,9 +100,7 @@ def _groups_for(self, attention_mask: torch.Tensor, logits_to_keep: int,
     rows = attention_mask.size(0)
     if not getattr(self.args, "slimrl_length_groups", True):
         return [(list(range(s, min(s + batch_size, rows))), logits_to_keep) for s in range(0, rows, batch_size)]
-    valid = attention_mask[:, -logits_to_keep:].bool()  # [B, C]
-    last = logits_to_keep - valid.flip(-1).int().argmax(-1)  # [B]: 1 + index of the last real completion token
-    lengths = torch.where(valid.any(-1), last, 0).tolist()
+    lengths = completion_lengths(attention_mask, logits_to_keep)
     prompt_width = attention_mask.size(1) - logits_to_keep
     budget = getattr(self.args, "slimrl_token_budget", None) or batch_size * attention_mask.size(1)
     cost = FORWARD_COST_TOKENS.get(attention_mask.device.type, FORWARD_COST_TOKENS["cuda"])
@@ -111,6 +117,12 @@ def _logps_through_ops(self, model, config, head, input_ids, attention_mask, log
     mini = getattr(self.args, "unsloth_grpo_mini_batch", None)
     if mini and not torch.is_grad_enabled():  # no-grad passes: fewer rows per forward, lower activation peak
         batch_size = min(batch_size, mini)
+    budget = getattr(self.args, "slimrl_token_budget", None) or batch_size * attention_mask.size(1)
+    lengths = completion_lengths(attention_mask, logits_to_keep)
+    shared = shared_prefix.shared_prompts(self, config, input_ids, attention_mask, logits_to_keep, lengths)
+    if shared is not None:
+        return shared_prefix.logps_shared_prefix(self, model, head, projection, input_ids, shared[0], lengths,
+                                                 shared[1], logits_to_keep, budget, compute_entropy)
     prompt_width = input_ids.size(1) - logits_to_keep
     all_logps, all_entropies, order = [], [], []
     for rows, keep in _groups_for(self, attention_mask, logits_to_keep, batch_size):

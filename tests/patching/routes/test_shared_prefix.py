@@ -1,0 +1,118 @@
+"""The shared-prefix layout (:mod:`slimrl.patching.routes.shared_prefix`): GRPO with each prompt computed once per
+group equals TRL alone — same sampled completions, same logged losses, same parameter updates after two steps — on
+Llama-, Qwen2-, Qwen3- and Gemma3-style tiny models, with prompts of different lengths in one batch (different left
+padding), natural (mixed) completion lengths, beta > 0, old log-probs (``num_iterations=2``), groups split across
+micro-batches and gradient checkpointing; and the fallbacks (eager attention, a binding sliding window, the field
+off) run TRL's layout with one log line.
+
+Tolerance: relative error <= 1e-4 on updates and losses (fp32; the packed forward sums attention over the same keys
+in a different grouping, ~1e-7 relative per op, accumulated over 2 layers, the backward and 2 steps)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from slimrl.patching.state import trainer_state
+from tests.patching.parity import assert_patched_equals_unpatched
+from tests.tiny import NARROW, tiny_tokenizer
+
+PROMPTS = ["1+2=", "13+4=", "5+126=", "7=", "40+5+6="]  # five lengths: five left paddings
+
+
+def _model(family: str, attn: str = "sdpa", **overrides):
+    from transformers import AutoConfig
+
+    from slimrl.verify.tiny import build
+
+    fields = dict(vocab_size=49, hidden_size=NARROW["hidden_size"], intermediate_size=NARROW["intermediate_size"],
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    if family in ("qwen3", "gemma3_text"):
+        fields["head_dim"] = 8
+    if family == "gemma3_text":
+        fields.update(sliding_window=64, layer_types=["sliding_attention", "full_attention"])
+    fields.update(overrides)
+    config = AutoConfig.for_model(family, **fields)
+    config._attn_implementation = attn
+    model = build(config, seed=0)
+    model.generation_config.eos_token_id = 1
+    return model
+
+
+def run_grpo(out, family="llama", attn="sdpa", model_overrides=None, **cfg):
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from trl import GRPOConfig, GRPOTrainer
+
+    model = _model(family, attn, **(model_overrides or {}))
+    torch.manual_seed(1)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
+                                             init_lora_weights=False, task_type="CAUSAL_LM"))
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    seen: list[list[str]] = []
+
+    def reward_digits(completions, **kwargs):
+        seen.append(list(completions))
+        return [float(sum(ch.isdigit() for ch in c)) for c in completions]
+
+    args = dict(output_dir=str(out), per_device_train_batch_size=8, num_generations=4, max_completion_length=10,
+                max_steps=2, num_iterations=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant",
+                beta=0.04, loss_type="dapo", temperature=0.9, report_to="none", use_cpu=True, bf16=False,
+                save_strategy="no", logging_steps=1, seed=7, gradient_checkpointing=False, disable_dropout=True)
+    args.update(cfg)
+    trainer = GRPOTrainer(model=model, args=GRPOConfig(**args), reward_funcs=[reward_digits],
+                          train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]),
+                          processing_class=tiny_tokenizer())
+    trainer.train()
+    deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return seen, deltas, losses, trainer
+
+
+def _parity(tmp_path, **kwargs):
+    return assert_patched_equals_unpatched(lambda out: run_grpo(out, **kwargs), "grpo", tmp_path)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma3_text"])
+def test_packed_rows_equal_trl_alone(tmp_path, family):
+    trainer = _parity(tmp_path, family=family)
+    assert trainer_state(trainer).shared_prefix_forwards > 0, "the shared-prefix layout was not used"
+
+
+def test_groups_split_across_micro_batches_with_checkpointing(tmp_path):
+    """2 rows per micro-batch, 4 completions per prompt (each group in two calls), TRL's gradient checkpointing:
+    the layers recomputed in the backward get the layout again."""
+    trainer = _parity(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                      gradient_checkpointing=True)
+    assert trainer_state(trainer).shared_prefix_forwards > 0
+
+
+@pytest.mark.parametrize("case,expected", [
+    (dict(attn="eager"), "attention implementation 'eager'"),
+    (dict(family="gemma3_text", model_overrides=dict(sliding_window=4)), "a sliding window of 4 tokens"),
+])
+def test_fallback_runs_trl_layout_with_one_line(tmp_path, caplog, case, expected):
+    from slimrl.patching.routes import shared_prefix
+
+    shared_prefix._SAID.clear()
+    with caplog.at_level(logging.INFO, logger="slimrl"):
+        trainer = _parity(tmp_path, **case)
+    assert trainer_state(trainer).shared_prefix_forwards == 0
+    lines = [r.getMessage() for r in caplog.records if "shared-prefix layout off" in r.getMessage()]
+    assert len(lines) == 1 and expected in lines[0], lines
+
+
+def test_field_off_runs_trl_layout_silently(tmp_path, caplog):
+    from slimrl import PatchFastRL, unpatch
+
+    PatchFastRL("grpo")
+    try:
+        with caplog.at_level(logging.INFO, logger="slimrl"):
+            _, _, _, trainer = run_grpo(tmp_path, slimrl_shared_prefix=False, max_steps=1)
+    finally:
+        unpatch()
+    assert trainer_state(trainer).served_calls > 0 and trainer_state(trainer).shared_prefix_forwards == 0
+    assert not [r for r in caplog.records if "shared-prefix" in r.getMessage()]
