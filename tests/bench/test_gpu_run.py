@@ -11,6 +11,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -22,6 +24,7 @@ def _bench(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_every_stage_rehearsed_fits_what_comes_back(tmp_path, capsys):
     gpu_run, gpu_report = _bench("gpu_run"), _bench("gpu_report")
     out = tmp_path / "out"

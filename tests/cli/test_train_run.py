@@ -95,6 +95,7 @@ def _cli(tmp_path: Path, out: str, extra: list[str] = (), env: dict | None = Non
                             stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_adapter(setup):
     """A real SIGKILL of the training process after its first checkpoint; `--resume` then reaches the adapter
     of an uninterrupted run with the same seed (fp32 CPU: bit-identical is expected; compared at 1e-6)."""

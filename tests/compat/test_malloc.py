@@ -49,6 +49,7 @@ def _huge_pages_possible() -> bool:
     return huge_pages_possible()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _huge_pages_possible(), reason="needs glibc >= 2.35 and transparent huge pages")
 def test_restart_once_with_huge_pages_and_fewer_page_faults():
     """``slimrl train``'s restart: same process id and arguments, the tunable set once (no loop), kept tunables;

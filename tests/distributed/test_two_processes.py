@@ -30,8 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(shutil.which("accelerate", path=str(Path(sys.executable).parent)) is None,
                     reason="accelerate CLI not installed next to this python")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo variant of the test")
-@pytest.mark.parametrize("config, port", [("two_processes.yaml", 29517), ("fsdp2.yaml", 29518),
-                                          ("deepspeed_zero2.yaml", 29519), ("deepspeed_zero3.yaml", 29520)])
+@pytest.mark.parametrize("config, port", [("two_processes.yaml", 29517),  # DDP in `make test`, the rest in test-full
+                                          pytest.param("fsdp2.yaml", 29518, marks=pytest.mark.slow),
+                                          pytest.param("deepspeed_zero2.yaml", 29519, marks=pytest.mark.slow),
+                                          pytest.param("deepspeed_zero3.yaml", 29520, marks=pytest.mark.slow)])
 def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path, config, port):
     """DDP, FSDP2 (parameters sharded as DTensors; slimrl's log-prob path reads the sharded head with
     ``full_tensor()``), DeepSpeed ZeRO-2, and ZeRO-3 (the head partitioned: slimrl leaves the log-prob pass to TRL's
@@ -91,6 +93,7 @@ def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path, config, port):
         assert rel <= 1e-4, f"{name}: update with 2 processes vs 1 process, relative difference {rel:.2e}"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("accelerate", path=str(Path(sys.executable).parent)) is None,
                     reason="accelerate CLI not installed next to this python")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo variant of the test")

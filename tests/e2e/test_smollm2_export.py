@@ -64,6 +64,7 @@ def test_merged_reference_is_the_peft_model(exported):
     assert float((ref - peft).norm() / peft.norm()) <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", TYPES)
 def test_gguf_reads_back_to_the_merged_model(exported, kind):
     out, files, tok, batch, ref, _ = exported
