@@ -17,7 +17,9 @@ only), so the training side is what is measured; ``--generate`` keeps HF generat
 per step; ``--steps`` steps, the last one reported.
 
 ``slimrl/resident`` is slimrl with GPU-resident checkpointing (``use_gradient_checkpointing=True``) instead of its
-default offloaded one: the pair measures the offload's cost in time and its saving in memory.
+default offloaded one: the pair measures the offload's cost in time and its saving in memory. ``slimrl/noshared`` is
+slimrl with TRL's row layout in the log-prob passes (``slimrl_shared_prefix=False``: each prompt repeated in its
+group's rows); with a long ``--prompt-length`` the pair measures the shared-prefix layout.
 
 Figures per side: peak memory (``torch.cuda.max_memory_allocated`` on CUDA, peak RSS on CPU; weights included),
 seconds per step, and with ``--fit`` the longest completion length that fits ``--cap-gb`` (binary search, every
@@ -40,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_step import RESULT_TAG  # noqa: E402 - the bench directory is not a package
 from grpo_step import run_worker as run_process  # noqa: E402
 
-SIDES = ("trl", "trl-liger", "slimrl", "slimrl/resident")
+SIDES = ("trl", "trl-liger", "slimrl", "slimrl/resident", "slimrl/noshared")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 # Public model shapes (config.json values that set memory and compute); random weights.
@@ -173,6 +175,7 @@ def worker(args: argparse.Namespace) -> dict:
         num_generations=args.generations, max_completion_length=args.length, max_steps=args.steps,
         generation_kwargs={"min_new_tokens": args.length} if args.generate else {}, report_to="none",
         logging_steps=1, save_strategy="no", seed=0, use_liger_kernel=side == "trl-liger",
+        **({"slimrl_shared_prefix": False} if side == "slimrl/noshared" else {}),
         **({"gradient_checkpointing": False} if args.ckpt == "false" else {}),
         **({"bf16": True} if args.device == "cuda" else {"bf16": False, "use_cpu": True}),
     )

@@ -20,13 +20,19 @@ With the engine modes use ``--steps 2``: the engine starts during the first step
 
 Step-time features, one row each in the same run: a slimrl mode may end in ``/noreuse`` (TRL's old-log-prob
 pass kept: ``slimrl_reuse_old_logps=False``), ``/nogroups`` (TRL's fixed row batches at the full padded width:
-``slimrl_length_groups=False``), ``/nolevers`` (both), ``/autofit`` (``slimrl_auto_fit`` at ``--budget``, default
-12GB: the plan's fastest settings that fit) or ``/thp`` (malloc's mmap-ed blocks on transparent huge
-pages, see ``run_worker``), e.g. ``--modes trl,engine/nolevers,engine/noreuse,engine``.
+``slimrl_length_groups=False``), ``/nolevers`` (both), ``/noshared`` (TRL's row layout in the log-prob passes,
+each prompt repeated in its group's rows: ``slimrl_shared_prefix=False``), ``/autofit`` (``slimrl_auto_fit`` at
+``--budget``, default 12GB: the plan's fastest settings that fit) or ``/thp`` (malloc's mmap-ed blocks on
+transparent huge pages, see ``run_worker``), e.g. ``--modes trl,engine/nolevers,engine/noreuse,engine``.
 
 ``--mixed``: completion lengths drawn uniformly from 16..``--length`` per completion (seeded, the same on every
 side), instead of all forced to ``--length``: a logits processor ends each row with EOS at its length (HF generate),
 per-row ``min_tokens = max_tokens`` (the engine).
+
+``--prompt-tokens P``: the prompt grows to about ``P`` tokens after the chat template (a long instruction followed by
+a story to continue, the same text on every side) instead of the one-line default (about 40 tokens). The three
+shapes of the shared-prefix issue: ``--prompt-tokens 72 --length 20`` (the default ``slimrl train`` job's lengths),
+``--prompt-tokens 200 --length 256 --mixed`` (GSM8K-shaped) and ``--prompt-tokens 2048 --length 256`` (long prompt).
 
 The worker also samples RSS every 10 ms and labels it with the phase the trainer is in (generation, no-grad
 log-probs, policy forward, backward, other), so ``--profile`` prints where the peak comes from.
@@ -186,6 +192,32 @@ def force_mixed_lengths_engine(engine, longest: int) -> None:
     engine.generate = generate
 
 
+STORY = ("Once upon a time the number five lived in a small town of numbers, where every morning it counted the "
+         "houses on its street, greeted the fours and the sixes, and wondered what lay past the river of zeros. ")
+
+
+def prompt_messages(tok, tokens: int) -> list[dict]:
+    """One user message whose chat-templated length is about ``tokens`` (at least it, within one sentence);
+    0 gives the bench's short default prompt."""
+    ask = "Write a long story about the number five."
+    if tokens <= 0:
+        return [{"role": "user", "content": ask}]
+    text = ask + " Continue this story, keeping its voice:\n"
+
+    def length(content: str) -> int:
+        return len(tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False))
+
+    while length(text) < tokens:
+        text += STORY
+    words = text.split(" ")  # trim back to the smallest prefix of words that still reaches ``tokens``
+    lo, hi = 1, len(words)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if length(" ".join(words[:mid])) >= tokens else (mid + 1, hi)
+    return [{"role": "user", "content": " ".join(words[:lo])}]
+
+
 def worker(args: argparse.Namespace) -> dict:
     import torch
 
@@ -228,6 +260,8 @@ def worker(args: argparse.Namespace) -> dict:
             extra["slimrl_reuse_old_logps"] = False
         if {"nogroups", "nolevers"} & set(flags):
             extra["slimrl_length_groups"] = False
+        if "noshared" in flags:
+            extra["slimrl_shared_prefix"] = False
         if "autofit" in flags:
             extra.update(slimrl_auto_fit=True, slimrl_memory_budget=args.budget)
     else:
@@ -236,7 +270,8 @@ def worker(args: argparse.Namespace) -> dict:
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(path)
-    prompt = [{"role": "user", "content": "Write a long story about the number five."}]
+    prompt = prompt_messages(tok, args.prompt_tokens)
+    prompt_len = len(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
     ds = Dataset.from_list([{"prompt": prompt}] * 16)
     cfg = GRPOConfig(
         output_dir="/tmp/slimrl-bench", per_device_train_batch_size=args.generations,
@@ -285,6 +320,8 @@ def worker(args: argparse.Namespace) -> dict:
         trainer.train()
     prof.stop()
     logs = [h for h in trainer.state.log_history if "loss" in h]
+    from slimrl.patching.state import trainer_state
+
     engine = getattr(getattr(trainer, "vllm_generation", None), "engine", None)
     return {
         "sync_s": engine.timings["last_sync_s"] if engine is not None else (sync_times[-1] if sync_times else None),
@@ -293,7 +330,8 @@ def worker(args: argparse.Namespace) -> dict:
         "phase_s": prof.seconds, "loss": logs[-1]["loss"] if logs else None,
         "completion_len": logs[-1].get("completions/mean_length") if logs else None,
         "grad_ckpt": cfg.gradient_checkpointing, "threads": torch.get_num_threads(),
-        "no_grad_rows": getattr(cfg, "unsloth_grpo_mini_batch", None),
+        "no_grad_rows": getattr(cfg, "unsloth_grpo_mini_batch", None), "prompt_tokens": prompt_len,
+        "shared_prefix_forwards": trainer_state(trainer).shared_prefix_forwards if slimrl_side else None,
     }
 
 
@@ -308,6 +346,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print peak RSS per phase")
     ap.add_argument("--mixed", action="store_true", help="completion lengths drawn from 16..--length")
     ap.add_argument("--budget", default="12GB", help="memory budget of the /autofit modes")
+    ap.add_argument("--prompt-tokens", type=int, default=0, help="prompt of about this many tokens (0: short)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -318,12 +357,15 @@ def main() -> None:
         forwarded = [a for i, a in enumerate(sys.argv[1:]) if not a.startswith("--modes")
                      and not (i > 0 and sys.argv[i] == "--modes")]  # drop "--modes X" and "--modes=X"
         results[mode] = run_worker([sys.executable, __file__, "--worker", mode] + forwarded, mode)
-    print(f"GRPO step, SmolLM2-135M, LoRA r=16, beta=0.04, {args.generations} x {args.length} tokens, "
+    first = next(iter(results.values()))
+    print(f"GRPO step, SmolLM2-135M, LoRA r=16, beta=0.04, prompt {first['prompt_tokens']} tokens, "
+          f"{args.generations} x {args.length} tokens{' (mixed lengths)' if args.mixed else ''}, "
           f"grad-ckpt={args.grad_ckpt}")
     print(f"{'mode':16} {'peak RSS MB':>12} {'s/step':>8} {'loss':>10} {'mean len':>9} {'grad-ckpt':>9}")
     for mode, r in results.items():
         print(f"{mode:16} {r['peak_rss_mb']:12.0f} {r['step_s'][-1]:8.1f} {r['loss']!s:>10} "
-              f"{r['completion_len']!s:>9} {r['grad_ckpt']!s:>9}")
+              f"{r['completion_len']!s:>9} {r['grad_ckpt']!s:>9}"
+              + (f"  shared-prefix forwards {r['shared_prefix_forwards']}" if r.get("shared_prefix_forwards") else ""))
         if args.profile:
             for phase, mb in sorted(r["phase_peak_rss_mb"].items(), key=lambda kv: -kv[1]):
                 secs = r.get("phase_s", {}).get(phase)

@@ -21,7 +21,9 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_grpo import RESULT_TAG, run_worker  # noqa: E402 - the bench directory is not a package
 
-# (rows = generations, completion length, checkpointing, LoRA r, sampling)
+# (rows = generations, completion length, checkpointing, LoRA r, sampling[, prompt tokens, side]); the default
+# prompt is PROMPT tokens and the side slimrl (shared-prefix layout on: one prompt per step); "slimrl/noshared" keeps
+# TRL's row layout in the log-prob passes
 ROWS = [
     (4, 128, "slimrl", 16, "generate"),
     (8, 256, "slimrl", 16, "generate"),
@@ -32,6 +34,8 @@ ROWS = [
     (16, 512, "slimrl", 64, "random"),
     (4, 1024, "false", 32, "random"),
     (4, 2048, "slimrl", 8, "random"),
+    (8, 256, "slimrl", 16, "random", 1024, "slimrl"),
+    (8, 256, "slimrl", 16, "random", 1024, "slimrl/noshared"),
 ]
 PROMPT = 32
 # Engine rows (rows = generations, completion length): bench/grpo_step.py's `engine` worker (slimrl's colocated vLLM
@@ -55,25 +59,30 @@ def main() -> None:
           f"{'error':>7}", flush=True)
     results = []
     for i in picked:
-        rows, length, ckpt, r, sampling = ROWS[i]
+        rows, length, ckpt, r, sampling, *more = ROWS[i]
+        prompt, side = more or (PROMPT, "slimrl")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             predicted = plan(args.model, Settings(per_device_train_batch_size=rows, num_generations=rows,
-                                                  max_prompt_length=PROMPT, max_completion_length=length, lora_r=r,
-                                                  gradient_checkpointing=ckpt, device="cpu"), search=False)
-        worker_args = SimpleNamespace(shape="tiny", quant="bf16", generations=rows, prompt_length=PROMPT, steps=1,
+                                                  max_prompt_length=prompt, max_completion_length=length, lora_r=r,
+                                                  gradient_checkpointing=ckpt, device="cpu",
+                                                  shared_prefix=side != "slimrl/noshared"), search=False)
+        worker_args = SimpleNamespace(shape="tiny", quant="bf16", generations=rows, prompt_length=prompt, steps=1,
                                       device="cpu", cache="/tmp/slimrl-gpu-models", cap_gb=None, model=args.model,
                                       lora_r=r, ckpt=ckpt, generate=sampling == "generate")
-        measured = run_worker(worker_args, "slimrl", length)
-        assert measured["prompt_tokens"] == PROMPT, measured["prompt_tokens"]
+        measured = run_worker(worker_args, side, length)
+        assert measured["prompt_tokens"] == prompt, measured["prompt_tokens"]
         error = predicted.peak_bytes / measured["peak_bytes"] - 1
         row = {"row": i, "rows": rows, "length": length, "ckpt": ckpt, "lora_r": r, "sampling": sampling,
+               "prompt": prompt, "shared_prefix": predicted.settings["shared_prefix"],
                "predicted_mb": predicted.peak_bytes / 2**20, "measured_mb": measured["peak_bytes"] / 2**20,
                "error": error, "phases_mb": {k: v / 2**20 for k, v in predicted.phases.items()},
                "step_s": measured["step_s"][-1], "predicted_step_s": predicted.step_seconds}
         results.append(row)
         print(f"{i:2} {rows:>4} x {length:<5} {ckpt:>9} {r:>3} {sampling:>9} {row['predicted_mb']:8.0f} MB "
-              f"{row['measured_mb']:8.0f} MB {100 * error:+6.1f}%", flush=True)
+              f"{row['measured_mb']:8.0f} MB {100 * error:+6.1f}%  prompt {prompt}"
+              f"{' shared prefix' if row['shared_prefix'] else ''}  {row['predicted_step_s']:.0f} s predicted, "
+              f"{row['step_s']:.0f} s measured", flush=True)
     if args.engine:
         results += engine_rows(args.engine, args.model)
     print(RESULT_TAG + json.dumps(results))

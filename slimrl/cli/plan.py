@@ -37,6 +37,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", default=None, help="memory budget, e.g. 20GB: adds fits, recommended settings and the "
                                                   "longest completion that fits")
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0 adds the reference pass)")
+    p.add_argument("--shared_prefix", type=_bool, default=True, help="slimrl_shared_prefix: each prompt once per "
+                   "group in the log-prob passes where the layout applies (GRPO; default true)")
     p.add_argument("--json", action="store_true", help="the plan as one JSON object")
     return p
 
@@ -46,7 +48,8 @@ def format_plan(data: dict[str, Any]) -> str:
     lines = [f"slimrl plan: {s['model']}, {s['algorithm']}, {s['per_device_train_batch_size']} rows x "
              f"({s['max_prompt_length']} + {s['max_completion_length']}) tokens, LoRA r={s['lora_r']}, "
              f"checkpointing {s['gradient_checkpointing']}, {'engine' if s['fast_inference'] else 'HF generate'}, "
-             f"{s['device']}", "", f"  {'phase':24} {'memory':>10} {'time':>9}"]
+             f"{s['device']}" + (", each prompt once per group (shared prefix)" if s.get("shared_prefix") else ""), "",
+             f"  {'phase':24} {'memory':>10} {'time':>9}"]
     for name, nbytes in data["phases"].items():
         secs = data["step_split"].get(name)
         lines.append(f"  {name:24} {nbytes / 2**30:8.2f} GB {'' if secs is None else f'{secs:7.1f} s'}")

@@ -19,6 +19,11 @@ Memory (bytes) = runtime + weights + adapter state + the largest phase, where
   for the backward under the checkpointing policy) and ``backward`` (the peak of forward + backward: recompute and
   head chunks included).
 
+**Shared-prefix layout** (``Settings.shared_prefix``, slimrl's ``slimrl_shared_prefix``, default on; a trainer whose
+workload declares it, a model it applies to: :func:`shared_prefix_applies`): a log-prob pass over ``n`` rows of
+groups of ``G`` runs ``ceil(n / G)`` packed rows of ``P + min(n, G) * C`` tokens; traced as such, plus the one
+layer's gathered prompt keys and values the attention of :mod:`slimrl.ops.prefix_attention` holds while it runs.
+
 No allocator factor: on CUDA the prediction is of allocated bytes (what ``max_memory_allocated`` reports, the
 caching allocator's reserve not included); on CPU slimrl returns freed blocks to the OS during the gradient passes
 (:mod:`slimrl.compat.malloc`), and resident size tracked live bytes within the error of ``bench/plan_accuracy.py``
@@ -52,6 +57,7 @@ class Workload:
     paired: bool = False  # chosen and rejected rows in one forward (twice the rows)
     reference: str = "beta"  # a frozen reference's no-grad pass: "always", "beta" (when beta > 0) or "never"
     entropy: bool = True  # the policy's log-prob pass also computes entropies
+    shared_prefix: bool = True  # generating, its log-prob passes pack each prompt once per group (slimrl_shared_prefix)
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,7 @@ class Settings:
     unsloth_grpo_mini_batch: int | None = None
     gpu_memory_utilization: float = 0.5
     chunk_rows: int | None = None  # rows per head chunk (None: as the op chooses)
+    shared_prefix: bool = True  # slimrl_shared_prefix: each prompt once per group where the layout applies
 
 
 @dataclass
@@ -152,6 +159,7 @@ def plan(model: Any = "SmolLM2-135M-Instruct", settings: Settings | None = None,
     settings = {"model": name, **{f.name: getattr(settings, f.name) for f in fields(settings)
                                   if f.name not in ("gpu_memory_utilization", "chunk_rows")}}
     config = config if config is not None else load_config(model)
+    settings["shared_prefix"] = shared_prefix_applies(config, settings)
     try:
         budget_bytes = None if budget is None else parse_bytes(budget)
     except ValueError as err:
@@ -190,8 +198,50 @@ def _check(s: Settings) -> None:
         value = getattr(s, name)
         if not isinstance(value, int) or value < 1:
             raise PlanInputError(f"--{name} {value!r}: must be a positive integer")
+    if not isinstance(s.shared_prefix, bool):
+        raise PlanInputError(f"--shared_prefix {s.shared_prefix!r}: write true or false")
     if not isinstance(s.lora_r, int) or s.lora_r < 0:
         raise PlanInputError(f"--lora_r {s.lora_r!r}: must be 0 (full fine-tuning) or a positive rank")
+
+
+def shared_prefix_applies(config: Any, s: dict[str, Any]) -> bool:
+    """Whether the run's log-prob passes take the shared-prefix layout: asked for, declared by the trainer's
+    workload, more than one completion per prompt, and a model the layout runs on (the checks of
+    :func:`slimrl.patching.routes.shared_prefix.why_not` that the config answers: family, soft-capping, a sliding
+    window shorter than prompt + completion; the attention implementation is taken to be ``sdpa``, the default)."""
+    from slimrl.patching.routes.shared_prefix import FAMILIES
+
+    work = s["workload"]
+    if not (s["shared_prefix"] and work.generates and work.shared_prefix and s["num_generations"] > 1):
+        return False
+    text = getattr(config, "text_config", None) or config
+    if config.model_type not in FAMILIES and getattr(text, "model_type", None) not in FAMILIES:
+        return False
+    if getattr(text, "attn_logit_softcapping", None):
+        return False
+    window = getattr(text, "sliding_window", None)
+    uses_window = window and (getattr(text, "use_sliding_window", True) or getattr(text, "layer_types", None))
+    return not (uses_window and s["max_prompt_length"] + s["max_completion_length"] > window)
+
+
+def packed(rows: int, generations: int, prompt: int, completion: int, shared: bool) -> tuple[int, int, int]:
+    """A log-prob pass over ``rows`` rows as the model sees it: (sequences, prompt tokens, scored tokens per
+    sequence). TRL's layout: ``rows`` sequences of prompt + completion; shared prefix: ``ceil(rows / G)`` packed rows
+    of the prompt then ``min(rows, G)`` completions."""
+    if not shared:
+        return rows, prompt, completion
+    return -(-rows // generations), prompt, min(rows, generations) * completion
+
+
+def _prefix_gather_bytes(config: Any, rows: int, generations: int, prompt: int, completion: int,
+                         dtype: torch.dtype) -> int:
+    """The shared-prefix attention's own transient in one layer: each completion segment's keys and values, the
+    prompt's gathered and both repeated to every query head (``2 x S x heads x (P + C) x head_dim``)."""
+    text = getattr(config, "text_config", None) or config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    size = torch.tensor([], dtype=dtype).element_size()
+    return 2 * rows * heads * (prompt + completion) * head_dim * size
 
 
 _MODELS: dict[tuple, Any] = {}
@@ -264,17 +314,22 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
             (prefill,) = layered(f"prefill {rows} {prompt}", lambda m: (trace.trace_prefill(m, rows, prompt),))
             phases["generation"] = max(prefill, kv + regrow + decode)
     passes = _no_grad_passes(s)
+    shared, groups = s["shared_prefix"], s["num_generations"]
     if passes:
-        _, peak = layered(f"no grad {mini} {prompt} {completion} {chunk}",
-                          lambda m: trace.trace_logprob_pass(m, mini, prompt, completion, grad=False,
-                                                             entropy=False, chunk_rows=chunk))
-        phases["logprobs_no_grad"] = peak
+        seqs, p, c = packed(mini, groups, prompt, completion, shared)
+        _, peak = layered(f"no grad {seqs} {p} {c} {chunk}",
+                          lambda m: trace.trace_logprob_pass(m, seqs, p, c, grad=False, entropy=False,
+                                                             chunk_rows=chunk))
+        extra = _prefix_gather_bytes(config, mini, groups, prompt, completion, dtype) if shared else 0
+        phases["logprobs_no_grad"] = peak + extra
     entropy = work.entropy
-    kept, peak = layered(f"grad {rows} {prompt} {completion} {chunk} {entropy}",
-                         lambda m: trace.trace_logprob_pass(m, rows, prompt, completion, grad=True,
-                                                            entropy=entropy, chunk_rows=chunk))
+    seqs, p, c = packed(rows, groups, prompt, completion, shared)
+    kept, peak = layered(f"grad {seqs} {p} {c} {chunk} {entropy}",
+                         lambda m: trace.trace_logprob_pass(m, seqs, p, c, grad=True, entropy=entropy,
+                                                            chunk_rows=chunk))
     phases["policy_forward"] = kept
-    phases["backward"] = peak
+    phases["backward"] = peak + (_prefix_gather_bytes(config, rows, groups, prompt, completion, dtype)
+                                 if shared else 0)
     peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[_largest_phase(phases)]
     split = _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
     return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases,
@@ -313,8 +368,13 @@ def _no_grad_passes(s: dict[str, Any]) -> int:
 def _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp):
     layers, hidden, vocab = shape["layers"], shape["hidden"], shape["vocab"]
     tokens, context = rows * (prompt + completion), prompt + completion
+    pairs = None  # TRL's layout: causal over each row
+    if s["shared_prefix"]:  # the prompt once per group: causal over it, each completion over it and itself
+        seqs = packed(rows, s["num_generations"], prompt, completion, True)[0]
+        tokens = seqs * prompt + rows * completion
+        pairs = seqs * prompt * prompt / 2 + rows * completion * (prompt + completion / 2)
     fwd = forward_flops(tokens, context, rows * completion, params=params, layers=layers, hidden=hidden,
-                        vocab=vocab)
+                        vocab=vocab, pairs=pairs)
     split: dict[str, float] = {}
     if s["workload"].generates:
         prefill = forward_flops(rows * prompt, prompt, 0, params=params, layers=layers, hidden=hidden, vocab=vocab)

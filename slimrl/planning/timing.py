@@ -110,10 +110,12 @@ def _runtime_bytes() -> int:
 
 
 def forward_flops(tokens: int, context: int, scored: int, *, params: int, layers: int, hidden: int,
-                  vocab: int) -> float:
+                  vocab: int, pairs: float | None = None) -> float:
     """FLOPs of a forward over ``tokens`` tokens of sequences of ``context`` tokens, ``scored`` of them through the
-    head."""
-    return tokens * (2 * params + 4 * layers * hidden * context / 2) + scored * 2 * hidden * vocab
+    head; ``pairs``: the (query, key) pairs attention scores when not causal over each sequence (the shared-prefix
+    layout), else ``tokens x context / 2``."""
+    pairs = tokens * context / 2 if pairs is None else pairs
+    return tokens * 2 * params + 4 * layers * hidden * pairs + scored * 2 * hidden * vocab
 
 
 def decode_seconds(steps: int, rows: int, *, params: int, weight_bytes: int, kv_bytes_per_token: int,

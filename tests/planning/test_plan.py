@@ -73,7 +73,7 @@ def test_depth_extrapolation_equals_the_full_trace(tmp_path):
     for mode in ("true", "false"):
         p = plan(str(tmp_path), Settings(per_device_train_batch_size=4, max_prompt_length=16,
                                          max_completion_length=48, lora_r=8, gradient_checkpointing=mode,
-                                         chunk_rows=32), search=False)
+                                         chunk_rows=32, shared_prefix=False), search=False)
         full = trace.meta_model(config, torch.float32, 8, 1 if mode == "true" else 0)
         kept, peak = trace.trace_logprob_pass(full, 4, 16, 48, grad=True, entropy=True, chunk_rows=32)
         assert p.phases["policy_forward"] == pytest.approx(kept, rel=1e-3)
@@ -178,3 +178,76 @@ def test_engine_on_cpu_is_persistent_and_its_runtime_named_when_not_measured(mon
     importlib.import_module("slimrl.planning.plan")._TRACES.clear()  # the runtime is memoised per config
     measured = plan(config, Settings(lora_r=8, fast_inference=True), search=False)
     assert measured.phases["engine"] == engine + 123 * 2**20 and not measured.notes
+
+
+def _policy_trace(config, seqs, prompt, completion):
+    model = trace.meta_model(config, torch.float32, 8, 1)
+    return trace.trace_logprob_pass(model, seqs, prompt, completion, grad=True, entropy=True, chunk_rows=32)
+
+
+@pytest.mark.parametrize("rows", [8, 4])
+def test_shared_prefix_plans_packed_rows(rows):
+    """With the layout, the policy pass over ``rows`` rows of one group (G = 8) is traced as one packed row of the
+    prompt and ``rows`` completions, plus the attention's gathered prompt keys/values of one layer
+    (2 x rows x heads x (P + C) x head_dim fp32); TRL's layout as ``rows`` rows of prompt + completion. Step time
+    follows the tokens: 128 + rows*16 against rows*(128 + 16)."""
+    config, prompt, completion = _config(layers=7), 128, 16
+    kw = dict(per_device_train_batch_size=rows, num_generations=8, max_prompt_length=prompt,
+              max_completion_length=completion, lora_r=8, gradient_checkpointing="true", chunk_rows=32)
+    on = plan(config, Settings(**kw), search=False)
+    off = plan(config, Settings(**kw, shared_prefix=False), search=False)
+    assert on.settings["shared_prefix"] is True and off.settings["shared_prefix"] is False
+    kept, peak = _policy_trace(config, 1, prompt, rows * completion)
+    gathered = 2 * rows * 4 * (prompt + completion) * 16 * 4
+    assert on.phases["policy_forward"] == pytest.approx(kept, rel=1e-3)
+    assert on.phases["backward"] == pytest.approx(peak + gathered, rel=1e-3)
+    kept_off, peak_off = _policy_trace(config, rows, prompt, completion)
+    assert off.phases["backward"] == pytest.approx(peak_off, rel=1e-3) and kept < kept_off
+    ratio = on.step_split["policy_forward"] / off.step_split["policy_forward"]
+    tokens = (prompt + rows * completion) / (rows * (prompt + completion))
+    assert tokens * 0.9 < ratio < tokens * 1.2, (ratio, tokens)  # the head's share is the same on both sides
+    assert on.step_split["generation"] == off.step_split["generation"]
+
+
+def test_shared_prefix_is_planned_only_where_it_runs():
+    """Not planned: one completion per prompt, a trainer that does not generate or does not take the layout (RLOO,
+    served by TRL's fused head), a family the layout is not tested on, a sliding window shorter than the row."""
+    from transformers import GPT2Config, MistralConfig
+
+    from slimrl.patching.specs import PLANNED
+    from slimrl.planning.plan import shared_prefix_applies
+
+    base = dict(Settings().__dict__, max_prompt_length=64, max_completion_length=64)
+    config = _config()
+    assert shared_prefix_applies(config, base)
+    assert shared_prefix_applies(config, dict(base, workload=PLANNED["grpo"]))
+    assert not shared_prefix_applies(config, dict(base, num_generations=1))
+    assert not shared_prefix_applies(config, dict(base, shared_prefix=False))
+    for name in ("rloo", "dpo", "sft"):
+        assert not shared_prefix_applies(config, dict(base, workload=PLANNED[name])), name
+    assert not shared_prefix_applies(GPT2Config(n_layer=2, n_embd=64, n_head=4), base)
+    window = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, sliding_window=96)
+    assert not shared_prefix_applies(window, base)
+    assert shared_prefix_applies(window, dict(base, max_completion_length=16))
+
+
+def test_cli_takes_shared_prefix_off(tmp_path, capsys):
+    _config(layers=2).save_pretrained(tmp_path)
+    argv = ["--model", str(tmp_path), "--max_prompt_length", "64", "--max_completion_length", "16"]
+    assert plan_cli.main(argv + ["--json"]) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert plan_cli.main(argv + ["--json", "--shared_prefix", "false"]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert on["settings"]["shared_prefix"] is True and off["settings"]["shared_prefix"] is False
+    assert on["step_split"]["backward"] < off["step_split"]["backward"]
+    assert plan_cli.main(argv) == 0
+    assert "each prompt once per group" in capsys.readouterr().out
+
+
+def test_forward_flops_pairs_default_is_causal_per_row():
+    from slimrl.planning.timing import forward_flops
+
+    kw = dict(params=1000, layers=2, hidden=8, vocab=50)
+    assert forward_flops(300, 100, 40, **kw) == forward_flops(300, 100, 40, **kw, pairs=300 * 100 / 2)
+    assert forward_flops(300, 100, 40, **kw, pairs=0) == 300 * 2 * 1000 + 40 * 2 * 8 * 50

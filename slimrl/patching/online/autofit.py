@@ -79,7 +79,8 @@ def settings_of(model: Any, args: Any, prompt: int | None, algorithm: str, workl
                     num_generations=args.num_generations, max_prompt_length=prompt, max_completion_length=completion,
                     lora_r=lora_r, load_in_4bit=bool(getattr(model, "is_loaded_in_4bit", False)),
                     fast_inference=engine_of(model) is not None, device="cuda" if cuda else "cpu",
-                    beta=float(getattr(args, "beta", 0.0) or 0.0))
+                    beta=float(getattr(args, "beta", 0.0) or 0.0),
+                    shared_prefix=bool(getattr(args, "slimrl_shared_prefix", True)))
 
 
 def apply_auto_fit(bound: dict[str, Any], algorithm: str, workload: Workload) -> None:

@@ -31,7 +31,7 @@ from slimrl.planning.plan import Workload
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 CONFIG = "trl.trainer.grpo_config:GRPOConfig"
 # what one step does, for `slimrl plan`
-WORKLOAD = Workload(generates=True, reference="beta", entropy=True)
+WORKLOAD = Workload(generates=True, reference="beta", entropy=True, shared_prefix=True)
 MODULE = "trl.trainer.grpo_trainer"
 
 

@@ -22,8 +22,9 @@ from slimrl.planning.plan import Workload
 
 TRAINER = "trl.trainer.rloo_trainer:RLOOTrainer"
 CONFIG = "trl.trainer.rloo_config:RLOOConfig"
-# what one step does, for `slimrl plan`
-WORKLOAD = Workload(generates=True, reference="beta", entropy=False)
+# what one step does, for `slimrl plan` (no shared-prefix layout planned: from TRL 1.15 RLOO's log-prob passes run
+# through TRL's fused head, which the layout does not serve)
+WORKLOAD = Workload(generates=True, reference="beta", entropy=False, shared_prefix=False)
 MODULE = "trl.trainer.rloo_trainer"
 
 
