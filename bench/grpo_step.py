@@ -332,6 +332,7 @@ def worker(args: argparse.Namespace) -> dict:
         "grad_ckpt": cfg.gradient_checkpointing, "threads": torch.get_num_threads(),
         "no_grad_rows": getattr(cfg, "unsloth_grpo_mini_batch", None), "prompt_tokens": prompt_len,
         "shared_prefix_forwards": trainer_state(trainer).shared_prefix_forwards if slimrl_side else None,
+        "shared_prefills": trainer_state(trainer).shared_prefills if slimrl_side else None,
     }
 
 
@@ -365,7 +366,8 @@ def main() -> None:
     for mode, r in results.items():
         print(f"{mode:16} {r['peak_rss_mb']:12.0f} {r['step_s'][-1]:8.1f} {r['loss']!s:>10} "
               f"{r['completion_len']!s:>9} {r['grad_ckpt']!s:>9}"
-              + (f"  shared-prefix forwards {r['shared_prefix_forwards']}" if r.get("shared_prefix_forwards") else ""))
+              + (f"  shared-prefix forwards {r['shared_prefix_forwards']}" if r.get("shared_prefix_forwards") else "")
+              + (f", shared prefills {r['shared_prefills']}" if r.get("shared_prefills") else ""))
         if args.profile:
             for phase, mb in sorted(r["phase_peak_rss_mb"].items(), key=lambda kv: -kv[1]):
                 secs = r.get("phase_s", {}).get(phase)

@@ -23,6 +23,7 @@ class TrainerState:
     trained_tokens: int = 0  # completion tokens slimrl's log-prob path projected with gradient (this step)
     served_calls: int = 0  # forwards and kernel calls slimrl's log-prob routes served (all steps)
     shared_prefix_forwards: int = 0  # of those, forwards over shared-prefix packed rows (all steps)
+    shared_prefills: int = 0  # HF generate calls whose repeated prompts were prefilled once (all steps)
     grad_rows: int | None = None  # rows per policy-backward slice, once an out-of-memory split it
     no_grad_rows: int | None = None  # rows per no-grad log-prob forward, once an out-of-memory split it
     oom_splits: int = 0  # out-of-memory splits so far (metric memory/oom_splits)

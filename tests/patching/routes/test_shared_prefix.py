@@ -2,7 +2,8 @@
 group equals TRL alone — same sampled completions, same logged losses, same parameter updates after two steps — on
 Llama-, Qwen2-, Qwen3- and Gemma3-style tiny models, with prompts of different lengths in one batch (different left
 padding), natural (mixed) completion lengths, beta > 0, old log-probs (``num_iterations=2``), groups split across
-micro-batches and gradient checkpointing; and the fallbacks (eager attention, a binding sliding window, the field
+micro-batches and gradient checkpointing, generation's prefill shared (:mod:`slimrl.generation.shared_prefill`: TRL
+alone samples the same completions); and the fallbacks (eager attention, a binding sliding window, the field
 off) run TRL's layout with one log line.
 
 Tolerance: relative error <= 1e-4 on updates and losses (fp32; the packed forward sums attention over the same keys
@@ -80,6 +81,7 @@ def _parity(tmp_path, **kwargs):
 def test_packed_rows_equal_trl_alone(tmp_path, family):
     trainer = _parity(tmp_path, family=family)
     assert trainer_state(trainer).shared_prefix_forwards > 0, "the shared-prefix layout was not used"
+    assert trainer_state(trainer).shared_prefills > 0, "generation's prefill was not shared"
 
 
 def test_groups_split_across_micro_batches_with_checkpointing(tmp_path):
@@ -115,4 +117,5 @@ def test_field_off_runs_trl_layout_silently(tmp_path, caplog):
     finally:
         unpatch()
     assert trainer_state(trainer).served_calls > 0 and trainer_state(trainer).shared_prefix_forwards == 0
-    assert not [r for r in caplog.records if "shared-prefix" in r.getMessage()]
+    assert trainer_state(trainer).shared_prefills == 0
+    assert not [r for r in caplog.records if "shared-prefix" in r.getMessage() or "shared prefill" in r.getMessage()]
