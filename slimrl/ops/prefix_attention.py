@@ -24,9 +24,29 @@ once per segment, each segment's own keys causal), so memory grows with ``P + G 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+# Model families whose decoder takes explicit position ids and runs attention through transformers' interface,
+# tested against TRL's layout (tests/patching/routes/test_shared_prefix.py).
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3_text", "smollm3")
+
+
+def model_reason(config: Any, row_tokens: int) -> str | None:
+    """Why a model of ``config`` cannot run this attention on rows of ``row_tokens`` (prompt + completion) tokens:
+    a family not tested with it, attention soft-capping, a sliding window shorter than the row; None: it can."""
+    text = getattr(config, "text_config", None) or config
+    if config.model_type not in FAMILIES and getattr(text, "model_type", None) not in FAMILIES:
+        return f"model type {config.model_type!r} is not tested with the layout (tested: {', '.join(FAMILIES)})"
+    if getattr(text, "attn_logit_softcapping", None):
+        return "attention soft-capping"
+    window = getattr(text, "sliding_window", None)
+    uses_window = window and (getattr(text, "use_sliding_window", True) or getattr(text, "layer_types", None))
+    if uses_window and row_tokens > window:
+        return f"a sliding window of {window} tokens, shorter than prompt + completion ({row_tokens})"
+    return None
 
 
 @dataclass(frozen=True)

@@ -206,22 +206,15 @@ def _check(s: Settings) -> None:
 
 def shared_prefix_applies(config: Any, s: dict[str, Any]) -> bool:
     """Whether the run's log-prob passes take the shared-prefix layout: asked for, declared by the trainer's
-    workload, more than one completion per prompt, and a model the layout runs on (the checks of
-    :func:`slimrl.patching.routes.shared_prefix.why_not` that the config answers: family, soft-capping, a sliding
-    window shorter than prompt + completion; the attention implementation is taken to be ``sdpa``, the default)."""
-    from slimrl.patching.routes.shared_prefix import FAMILIES
+    workload, more than one completion per prompt, and a model the layout runs on
+    (:func:`slimrl.ops.prefix_attention.model_reason`: family, soft-capping, a sliding window shorter than prompt +
+    completion; the attention implementation is taken to be ``sdpa``, the default)."""
+    from slimrl.ops.prefix_attention import model_reason
 
     work = s["workload"]
     if not (s["shared_prefix"] and work.generates and work.shared_prefix and s["num_generations"] > 1):
         return False
-    text = getattr(config, "text_config", None) or config
-    if config.model_type not in FAMILIES and getattr(text, "model_type", None) not in FAMILIES:
-        return False
-    if getattr(text, "attn_logit_softcapping", None):
-        return False
-    window = getattr(text, "sliding_window", None)
-    uses_window = window and (getattr(text, "use_sliding_window", True) or getattr(text, "layer_types", None))
-    return not (uses_window and s["max_prompt_length"] + s["max_completion_length"] > window)
+    return model_reason(config, s["max_prompt_length"] + s["max_completion_length"]) is None
 
 
 def packed(rows: int, generations: int, prompt: int, completion: int, shared: bool) -> tuple[int, int, int]:

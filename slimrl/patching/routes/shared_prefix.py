@@ -31,16 +31,13 @@ from typing import Any
 import torch
 
 from slimrl.compat.heads import capture_head_input
-from slimrl.ops.prefix_attention import PackedLayout, shared_prefix_attention
+from slimrl.ops.prefix_attention import PackedLayout, model_reason, shared_prefix_attention
 from slimrl.patching.registry import Patch
 from slimrl.patching.routes.head import Head
 from slimrl.patching.state import trainer_state
 
 logger = logging.getLogger("slimrl")
 
-# Model families whose decoder takes explicit position ids and runs attention through transformers' interface,
-# tested against TRL's layout (tests/patching/routes/test_shared_prefix.py).
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3_text", "smollm3")
 _SAID: set[str] = set()
 
 
@@ -79,15 +76,7 @@ def why_not(trainer: Any, config: Any, prompt_width: int, longest: int) -> str |
         return f"attention implementation {impl!r} (the layout runs through transformers' 'sdpa')"
     if getattr(AttentionInterface._global_mapping.get("sdpa"), "__name__", "") != "slimrl_sdpa_or_shared_prefix":
         return "transformers' sdpa attention is not slimrl's (the patch is not installed)"
-    if config.model_type not in FAMILIES and getattr(text, "model_type", None) not in FAMILIES:
-        return f"model type {config.model_type!r} is not tested with the layout (tested: {', '.join(FAMILIES)})"
-    if getattr(text, "attn_logit_softcapping", None):
-        return "attention soft-capping"
-    window = getattr(text, "sliding_window", None)
-    uses_window = window and (getattr(text, "use_sliding_window", True) or getattr(text, "layer_types", None))
-    if uses_window and prompt_width + longest > window:
-        return f"a sliding window of {window} tokens, shorter than prompt + completion ({prompt_width + longest})"
-    return None
+    return model_reason(config, prompt_width + longest)
 
 
 def say_once(reason: str) -> None:
