@@ -252,7 +252,8 @@ def worker(args: argparse.Namespace) -> dict:
     if slimrl_side:
         from slimrl import FastLanguageModel
 
-        model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=2048,
+        longest = max(2048, args.prompt_tokens + args.length + 64)  # the chat prompt plus the completion
+        model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=longest,
                                                        fast_inference=base == "engine", max_lora_rank=16)
         model = FastLanguageModel.get_peft_model(model, **lora)
         extra["unsloth_num_chunks"] = args.num_chunks
