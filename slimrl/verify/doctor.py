@@ -54,9 +54,35 @@ def _patches() -> dict[str, Any]:
     return {"registered": len(rows), "applying": sum(r["applies"] for r in rows), "missing": missing, "rows": rows}
 
 
-def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str | None = None) -> dict[str, Any]:
+def shared_prefix_note(model: str) -> tuple[str | None, str | None]:
+    """(note, problem) on whether ``model`` (its config only) takes the shared-prefix layout
+    (``slimrl_shared_prefix``): the tested family, no soft-capping, attention through ``sdpa``; a sliding window is
+    named, since it binds only when prompt + completion exceeds it."""
+    from slimrl.ops.prefix_attention import model_reason
+    from slimrl.planning.config import PlanInputError, load_config
+
+    try:
+        config = load_config(model)
+    except (PlanInputError, FileNotFoundError, OSError, ValueError) as exc:
+        return None, f"--model {model}: {str(exc).splitlines()[0]}"
+    text = getattr(config, "text_config", None) or config
+    impl = getattr(text, "_attn_implementation", None) or "sdpa"  # transformers' default where torch has it
+    reason = model_reason(config, 0)
+    if reason is None and impl != "sdpa":
+        reason = f"attention implementation {impl!r} (the layout runs through transformers' 'sdpa')"
+    if reason is not None:
+        return f"shared prefix: off for {model}: {reason}; GRPO runs TRL's row layout (one log line says so)", None
+    window = getattr(text, "sliding_window", None)
+    binds = f"; off for rows longer than its sliding window ({window} tokens)" if window else ""
+    return (f"shared prefix: on for {model} with sdpa attention, the default (GRPO: each prompt once per group in "
+            f"the log-prob passes and HF generate's prefill; eager or flash attention run TRL's layout){binds}"), None
+
+
+def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str | None = None,
+           model: str | None = None) -> dict[str, Any]:
     """Facts, notes and problems; ``fast_inference`` / ``load_in_4bit`` / ``device="cuda"``: the features the user
-    means to use (a missing requirement is then a problem, not a note)."""
+    means to use (a missing requirement is then a problem, not a note); ``model``: what its config takes (the
+    shared-prefix layout)."""
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
 
@@ -95,6 +121,10 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
         problems.append(f"device cuda: {why}; install a CUDA build of torch or use the CPU")
     if dev["cuda"] and not versions["triton"]:
         notes.append("CUDA without triton: TRL's fused-head kernel falls back to torch; slimrl's kernel runs instead")
+    if model:
+        note, problem = shared_prefix_note(model)
+        notes += [note] if note else []
+        problems += [problem] if problem else []
     return {"versions": versions, "device": dev, "patches": {k: v for k, v in patch_info.items() if k != "rows"},
             "patch_rows": patch_info["rows"], "notes": notes, "problems": problems}
 

@@ -38,3 +38,23 @@ def test_a_missing_patch_target_is_a_problem(capsys, monkeypatch):
     assert doctor.main([]) == 1
     assert "PROBLEM: patch target trl.trainer.grpo_trainer:GRPOTrainer._get_per_token_logps_and_entropies is " \
            "missing" in capsys.readouterr().out
+
+
+def test_model_says_whether_it_takes_the_shared_prefix_layout(tmp_path, capsys):
+    """A tested family: on (a sliding window named); soft-capping or an untested family: off, with the reason; a
+    model that is not there: a problem. (The attention implementation is chosen at load time, not in config.json.)"""
+    from transformers import Gemma2Config, GPT2Config, LlamaConfig, MistralConfig
+
+    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2)
+    cases = {"llama": (LlamaConfig(**small), "shared prefix: on for"),
+             "mistral": (MistralConfig(**small, sliding_window=96), "sliding window (96 tokens)"),
+             "gemma2": (Gemma2Config(**small, attn_logit_softcapping=50.0), "off for"),
+             "gpt2": (GPT2Config(n_layer=2, n_embd=64, n_head=4), "model type 'gpt2' is not tested")}
+    for name, (config, expected) in cases.items():
+        config.save_pretrained(tmp_path / name)
+        assert doctor.main(["--model", str(tmp_path / name)]) == 0, name
+        out = capsys.readouterr().out
+        assert expected in out, (name, out)
+    assert doctor.main(["--model", str(tmp_path / "absent")]) == 1
+    assert "PROBLEM: --model" in capsys.readouterr().out
