@@ -119,3 +119,47 @@ def test_field_off_runs_trl_layout_silently(tmp_path, caplog):
     assert trainer_state(trainer).served_calls > 0 and trainer_state(trainer).shared_prefix_forwards == 0
     assert trainer_state(trainer).shared_prefills == 0
     assert not [r for r in caplog.records if "shared-prefix" in r.getMessage() or "shared prefill" in r.getMessage()]
+
+
+def _rloo_uses_method_capture() -> bool:
+    from packaging.version import Version
+    from trl import __version__
+
+    return Version(__version__) < Version("1.15")
+
+
+@pytest.mark.skipif(not _rloo_uses_method_capture(), reason="from TRL 1.15 RLOO's log-probs go through TRL's fused "
+                    "head, which the layout does not serve (make test runs this on 1.12)")
+def test_rloo_packed_rows_equal_trl_alone(tmp_path):
+    """RLOO before TRL 1.15 takes the method-capture route and with it the layout: same sampled completions, losses
+    and updates as TRL alone (beta > 0, mixed lengths, five left paddings)."""
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from trl import RLOOConfig, RLOOTrainer
+
+    def run(out):
+        model = get_peft_model(_model("qwen2"), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                                                           target_modules=["q_proj", "v_proj", "up_proj"],
+                                                           task_type="CAUSAL_LM"))
+        torch.manual_seed(1)
+        before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        seen: list[list[str]] = []
+
+        def reward_digits(completions, **kwargs):
+            seen.append(list(completions))
+            return [float(sum(ch.isdigit() for ch in c)) for c in completions]
+
+        args = RLOOConfig(output_dir=str(out), per_device_train_batch_size=8, num_generations=4,
+                          max_completion_length=10, max_steps=2, learning_rate=0.5, optim="sgd",
+                          lr_scheduler_type="constant", beta=0.04, temperature=0.9, report_to="none", use_cpu=True,
+                          bf16=False, save_strategy="no", logging_steps=1, seed=7, gradient_checkpointing=False,
+                          disable_dropout=True)
+        trainer = RLOOTrainer(model=model, args=args, reward_funcs=[reward_digits],
+                              train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]),
+                              processing_class=tiny_tokenizer())
+        trainer.train()
+        deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
+        return seen, deltas, [h["loss"] for h in trainer.state.log_history if "loss" in h], trainer
+
+    trainer = assert_patched_equals_unpatched(run, "rloo", tmp_path)
+    assert trainer_state(trainer).shared_prefix_forwards > 0, "the shared-prefix layout was not used"
