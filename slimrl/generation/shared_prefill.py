@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -103,10 +103,9 @@ def prefill_once(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
         return None
     ids, mask = input_ids[rows, :-1], attention_mask[rows, :-1]  # [U, P-1]
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # [U, P-1]: generation's own
-    name = _cache_keyword(model)
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    cache = out.get(name)
+    cache = out.get("cache")  # transformers >= 5.24; before it the output field is past_key_values
     cache = out.get("past_key_values") if cache is None else cache
     cache.batch_select_indices(inverse)  # [U, ...] -> [B, ...]
     return cache
@@ -125,13 +124,13 @@ def shared_prefill_generate(generate: Any, model: Any, trainer: Any = None) -> A
             return generate(*args, **kwargs)
         mask = kwargs.get("attention_mask")
         mask = torch.ones_like(kwargs["input_ids"]) if mask is None else mask
-        if trainer is None:
-            cache = prefill_once(model, kwargs["input_ids"], mask)
-        else:
+        timing = nullcontext()
+        if trainer is not None:
             from trl.extras.profiling import profiling_context
 
-            with profiling_context(trainer, "slimrl.shared_prefill"):
-                cache = prefill_once(model, kwargs["input_ids"], mask)
+            timing = profiling_context(trainer, "slimrl.shared_prefill")
+        with timing:
+            cache = prefill_once(model, kwargs["input_ids"], mask)
         if cache is None:
             return generate(*args, **kwargs)
         if trainer is not None:

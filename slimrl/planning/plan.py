@@ -217,17 +217,16 @@ def shared_prefix_applies(config: Any, s: dict[str, Any]) -> bool:
     return model_reason(config, s["max_prompt_length"] + s["max_completion_length"]) is None
 
 
-def packed(rows: int, generations: int, prompt: int, completion: int, shared: bool) -> tuple[int, int, int]:
-    """A log-prob pass over ``rows`` rows as the model sees it: (sequences, prompt tokens, scored tokens per
-    sequence). TRL's layout: ``rows`` sequences of prompt + completion; shared prefix: ``ceil(rows / G)`` packed rows
-    of the prompt then ``min(rows, G)`` completions."""
+def packed(rows: int, generations: int, completion: int, shared: bool) -> tuple[int, int]:
+    """A log-prob pass over ``rows`` rows as the model sees it, each sequence starting with the prompt:
+    (sequences, scored tokens per sequence). TRL's layout: ``rows`` sequences of prompt + completion; shared prefix:
+    ``ceil(rows / G)`` packed rows of the prompt then ``min(rows, G)`` completions."""
     if not shared:
-        return rows, prompt, completion
-    return -(-rows // generations), prompt, min(rows, generations) * completion
+        return rows, completion
+    return -(-rows // generations), min(rows, generations) * completion
 
 
-def _prefix_gather_bytes(config: Any, rows: int, generations: int, prompt: int, completion: int,
-                         dtype: torch.dtype) -> int:
+def _prefix_gather_bytes(config: Any, rows: int, prompt: int, completion: int, dtype: torch.dtype) -> int:
     """The shared-prefix attention's own transient in one layer: each completion segment's keys and values, the
     prompt's gathered and both repeated to every query head (``2 x S x heads x (P + C) x head_dim``)."""
     text = getattr(config, "text_config", None) or config
@@ -309,20 +308,19 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     passes = _no_grad_passes(s)
     shared, groups = s["shared_prefix"], s["num_generations"]
     if passes:
-        seqs, p, c = packed(mini, groups, prompt, completion, shared)
-        _, peak = layered(f"no grad {seqs} {p} {c} {chunk}",
-                          lambda m: trace.trace_logprob_pass(m, seqs, p, c, grad=False, entropy=False,
+        seqs, c = packed(mini, groups, completion, shared)
+        _, peak = layered(f"no grad {seqs} {prompt} {c} {chunk}",
+                          lambda m: trace.trace_logprob_pass(m, seqs, prompt, c, grad=False, entropy=False,
                                                              chunk_rows=chunk))
-        extra = _prefix_gather_bytes(config, mini, groups, prompt, completion, dtype) if shared else 0
+        extra = _prefix_gather_bytes(config, mini, prompt, completion, dtype) if shared else 0
         phases["logprobs_no_grad"] = peak + extra
     entropy = work.entropy
-    seqs, p, c = packed(rows, groups, prompt, completion, shared)
-    kept, peak = layered(f"grad {seqs} {p} {c} {chunk} {entropy}",
-                         lambda m: trace.trace_logprob_pass(m, seqs, p, c, grad=True, entropy=entropy,
+    seqs, c = packed(rows, groups, completion, shared)
+    kept, peak = layered(f"grad {seqs} {prompt} {c} {chunk} {entropy}",
+                         lambda m: trace.trace_logprob_pass(m, seqs, prompt, c, grad=True, entropy=entropy,
                                                             chunk_rows=chunk))
     phases["policy_forward"] = kept
-    phases["backward"] = peak + (_prefix_gather_bytes(config, rows, groups, prompt, completion, dtype)
-                                 if shared else 0)
+    phases["backward"] = peak + (_prefix_gather_bytes(config, rows, prompt, completion, dtype) if shared else 0)
     peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[_largest_phase(phases)]
     split = _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
     return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases,
@@ -363,7 +361,7 @@ def _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completi
     tokens, context = rows * (prompt + completion), prompt + completion
     pairs = None  # TRL's layout: causal over each row
     if s["shared_prefix"]:  # the prompt once per group: causal over it, each completion over it and itself
-        seqs = packed(rows, s["num_generations"], prompt, completion, True)[0]
+        seqs = packed(rows, s["num_generations"], completion, True)[0]
         tokens = seqs * prompt + rows * completion
         pairs = seqs * prompt * prompt / 2 + rows * completion * (prompt + completion / 2)
     fwd = forward_flops(tokens, context, rows * completion, params=params, layers=layers, hidden=hidden,

@@ -43,10 +43,11 @@ def _model(family: str, attn: str = "sdpa", **overrides):
     return model
 
 
-def run_grpo(out, family="llama", attn="sdpa", model_overrides=None, **cfg):
+def run_online(out, family="llama", attn="sdpa", model_overrides=None, algorithm="grpo", **cfg):
+    """Two steps of ``algorithm`` (GRPO or RLOO, SGD) on a LoRA policy; (completions seen, updates, losses, trainer)."""
+    import trl
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
-    from trl import GRPOConfig, GRPOTrainer
 
     model = _model(family, attn, **(model_overrides or {}))
     torch.manual_seed(1)
@@ -61,12 +62,14 @@ def run_grpo(out, family="llama", attn="sdpa", model_overrides=None, **cfg):
 
     args = dict(output_dir=str(out), per_device_train_batch_size=8, num_generations=4, max_completion_length=10,
                 max_steps=2, num_iterations=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant",
-                beta=0.04, loss_type="dapo", temperature=0.9, report_to="none", use_cpu=True, bf16=False,
-                save_strategy="no", logging_steps=1, seed=7, gradient_checkpointing=False, disable_dropout=True)
+                beta=0.04, temperature=0.9, report_to="none", use_cpu=True, bf16=False,
+                save_strategy="no", logging_steps=1, seed=7, gradient_checkpointing=False, disable_dropout=True,
+                **({"loss_type": "dapo"} if algorithm == "grpo" else {}))
     args.update(cfg)
-    trainer = GRPOTrainer(model=model, args=GRPOConfig(**args), reward_funcs=[reward_digits],
-                          train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]),
-                          processing_class=tiny_tokenizer())
+    name = algorithm.upper()
+    trainer = getattr(trl, f"{name}Trainer")(model=model, args=getattr(trl, f"{name}Config")(**args),
+                                             reward_funcs=[reward_digits], processing_class=tiny_tokenizer(),
+                                             train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]))
     trainer.train()
     deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -74,7 +77,8 @@ def run_grpo(out, family="llama", attn="sdpa", model_overrides=None, **cfg):
 
 
 def _parity(tmp_path, **kwargs):
-    return assert_patched_equals_unpatched(lambda out: run_grpo(out, **kwargs), "grpo", tmp_path)
+    algorithm = kwargs.get("algorithm", "grpo")
+    return assert_patched_equals_unpatched(lambda out: run_online(out, **kwargs), algorithm, tmp_path)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma3_text"])
@@ -113,7 +117,7 @@ def test_field_off_runs_trl_layout_silently(tmp_path, caplog):
     PatchFastRL("grpo")
     try:
         with caplog.at_level(logging.INFO, logger="slimrl"):
-            _, _, _, trainer = run_grpo(tmp_path, slimrl_shared_prefix=False, max_steps=1)
+            _, _, _, trainer = run_online(tmp_path, slimrl_shared_prefix=False, max_steps=1)
     finally:
         unpatch()
     assert trainer_state(trainer).served_calls > 0 and trainer_state(trainer).shared_prefix_forwards == 0
@@ -133,33 +137,5 @@ def _rloo_uses_method_capture() -> bool:
 def test_rloo_packed_rows_equal_trl_alone(tmp_path):
     """RLOO before TRL 1.15 takes the method-capture route and with it the layout: same sampled completions, losses
     and updates as TRL alone (beta > 0, mixed lengths, five left paddings)."""
-    from datasets import Dataset
-    from peft import LoraConfig, get_peft_model
-    from trl import RLOOConfig, RLOOTrainer
-
-    def run(out):
-        model = get_peft_model(_model("qwen2"), LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
-                                                           target_modules=["q_proj", "v_proj", "up_proj"],
-                                                           task_type="CAUSAL_LM"))
-        torch.manual_seed(1)
-        before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-        seen: list[list[str]] = []
-
-        def reward_digits(completions, **kwargs):
-            seen.append(list(completions))
-            return [float(sum(ch.isdigit() for ch in c)) for c in completions]
-
-        args = RLOOConfig(output_dir=str(out), per_device_train_batch_size=8, num_generations=4,
-                          max_completion_length=10, max_steps=2, learning_rate=0.5, optim="sgd",
-                          lr_scheduler_type="constant", beta=0.04, temperature=0.9, report_to="none", use_cpu=True,
-                          bf16=False, save_strategy="no", logging_steps=1, seed=7, gradient_checkpointing=False,
-                          disable_dropout=True)
-        trainer = RLOOTrainer(model=model, args=args, reward_funcs=[reward_digits],
-                              train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]),
-                              processing_class=tiny_tokenizer())
-        trainer.train()
-        deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
-        return seen, deltas, [h["loss"] for h in trainer.state.log_history if "loss" in h], trainer
-
-    trainer = assert_patched_equals_unpatched(run, "rloo", tmp_path)
+    trainer = _parity(tmp_path, family="qwen2", algorithm="rloo", num_iterations=1)
     assert trainer_state(trainer).shared_prefix_forwards > 0, "the shared-prefix layout was not used"
