@@ -14,9 +14,11 @@ summation order of a matmul over fewer rows (fp32: ~1e-6).
 
 TRL's ``generate`` call is left alone (one log line, once per reason) when: the call carries other inputs (images,
 token types), beam search or an assistant model, a cache implementation or chunked prefill is asked for, generation
-runs without a KV cache (``use_cache`` False in the call's or the model's generation config), a module is in training
-mode (dropout would draw differently), or the model is an encoder-decoder. A call where no prompt
-repeats runs unchanged without a line.
+runs without a KV cache (``use_cache`` False in the call's or the model's generation config), a module in training
+mode would draw random numbers (dropout or router jitter above 0: the prefill would draw other ones than TRL's) or
+checkpoint its layer (no KV cache then), or the model is an encoder-decoder. A model in training mode with nothing
+that draws (TRL's RLOO generates so; ``disable_dropout``, LoRA without dropout) computes what it computes in eval
+mode, so its prefill is shared. A call where no prompt repeats runs unchanged without a line.
 """
 
 from __future__ import annotations
@@ -64,11 +66,33 @@ def why_not(model: Any, args: tuple, kwargs: dict) -> str | None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if getattr(base.config, "is_encoder_decoder", False):
         return "an encoder-decoder model"
-    if any(m.training for m in model.modules()):
-        return "a module in training mode (dropout would draw other random numbers)"
+    drawing = _draws_in_training(model)
+    if drawing:
+        return f"a module in training mode with {drawing}"
     if kwargs["input_ids"].size(1) < 2:
         return ""
     return None
+
+
+_RANDOM_RATES = ("attention_dropout", "dropout", "hidden_dropout", "router_jitter_noise", "jitter_noise")
+
+
+def _draws_in_training(model: Any) -> str:
+    """What makes ``model``'s forward differ from its eval-mode forward ("" for nothing): a module in training mode
+    that draws random numbers (a dropout module with ``p > 0``, a dropout or jitter rate above 0 read at call time)
+    or checkpoints its layer."""
+    for name, m in model.named_modules():
+        if not m.training:
+            continue
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
+            return f"dropout p={m.p} ({name})"
+        for attr in _RANDOM_RATES:
+            rate = getattr(m, attr, None)
+            if isinstance(rate, float) and rate > 0:
+                return f"{attr}={rate} ({name})"
+        if getattr(m, "gradient_checkpointing", False) is True:
+            return f"gradient checkpointing ({name or 'the model'})"
+    return ""
 
 
 def _uses_cache(model: Any, config: Any) -> bool:
@@ -107,6 +131,8 @@ def prefill_once(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     cache = out.get("cache")  # transformers >= 5.24; before it the output field is past_key_values
     cache = out.get("past_key_values") if cache is None else cache
+    if cache is None:  # the model returned no cache after all: TRL's prefill
+        return None
     cache.batch_select_indices(inverse)  # [U, ...] -> [B, ...]
     return cache
 

@@ -127,9 +127,8 @@ FIELDS: tuple[ExtraField, ...] = (
     ExtraField("slimrl_length_groups", bool, True, "log-prob forwards over rows grouped by completion length, "
                "trailing padding cut (GRPO).", _flag, "grpo", "only GRPO's log-prob forwards are grouped by length"),
     ExtraField("slimrl_shared_prefix", bool, True, "log-prob forwards with each prompt once per group: the rows "
-               "of a prompt packed as [prompt, c1, ..., cG], same log-probs and gradients (GRPO; sdpa attention); "
-               "HF generate's prefill once per distinct prompt (GRPO); RLOO before TRL 1.15 packs its log-prob "
-               "forwards too.", _flag, "online", "only GRPO and RLOO repeat each prompt once per completion"),
+               "of a prompt packed as [prompt, c1, ..., cG], same log-probs and gradients (sdpa attention); HF "
+               "generate's prefill once per distinct prompt.", _flag, "online", "only GRPO and RLOO repeat each prompt once per completion"),
     ExtraField("slimrl_token_budget", int | None, None, "tokens per log-prob forward when grouping by length (None: "
                "the trainer's own rows x padded length).", _optional_positive_int, "grpo",
                "only GRPO's log-prob forwards are grouped by length"),

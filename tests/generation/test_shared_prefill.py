@@ -78,7 +78,7 @@ def test_distinct_rows_keeps_first_seen_order():
 
 
 @pytest.mark.parametrize("case,expected", [
-    ("training", "a module in training mode"),
+    ("training", "a module in training mode with attention_dropout=0.1"),
     ("beams", "beam search"),
     ("static", "a cache implementation or chunked prefill is set"),
     ("images", "other inputs than prompt ids and mask"),
@@ -96,7 +96,7 @@ def test_what_it_cannot_serve_runs_transformers_generate_with_one_line(caplog, c
 
     kwargs = {"input_ids": ids, "attention_mask": mask, "generation_config": None}
     if case == "training":
-        model.train()
+        model = _model("llama", attention_dropout=0.1).train()
     elif case == "beams":
         from transformers import GenerationConfig
 
@@ -129,3 +129,21 @@ def test_no_repeated_prompt_runs_unchanged_and_silently(caplog):
         got = _generate(model, False, True, ids, mask)
     assert torch.equal(got.sequences, _generate(model, False, False, ids, mask).sequences)
     assert not [r for r in caplog.records if "shared prefill" in r.getMessage()]
+
+
+def test_training_mode_without_random_draws_is_shared():
+    """TRL's RLOO generates with the model in training mode: with nothing that draws (dropout 0) the forward is the
+    eval-mode one, so the prefill is shared and the tokens and logits are transformers' own; a dropout module with
+    p > 0 anywhere keeps TRL's prefill (the parametrized fallback test above)."""
+    model = _model("llama").train()
+    ids, mask = _batch()
+    ref = _generate(model, True, False, ids, mask)
+    calls = []
+    handle = model.get_input_embeddings().register_forward_hook(lambda m, a, out: calls.append(a[0].size(0)))
+    try:
+        got = _generate(model, True, True, ids, mask)
+    finally:
+        handle.remove()
+    assert calls[0] == len(PROMPTS), "the prefill did not run once per distinct prompt"
+    assert torch.equal(got.sequences, ref.sequences)
+    assert max((a - b).abs().max().item() for a, b in zip(got.logits, ref.logits, strict=True)) <= 1e-5

@@ -210,8 +210,8 @@ def test_shared_prefix_plans_packed_rows(rows):
 
 
 def test_shared_prefix_is_planned_only_where_it_runs():
-    """Not planned: one completion per prompt, a trainer that does not generate or does not take the layout (RLOO,
-    served by TRL's fused head), a family the layout is not tested on, a sliding window shorter than the row."""
+    """Planned for GRPO and RLOO; not planned: one completion per prompt, a trainer that does not generate, a family
+    the layout is not tested on, a sliding window shorter than the row."""
     from transformers import GPT2Config, MistralConfig
 
     from slimrl.patching.specs import PLANNED
@@ -221,9 +221,10 @@ def test_shared_prefix_is_planned_only_where_it_runs():
     config = _config()
     assert shared_prefix_applies(config, base)
     assert shared_prefix_applies(config, dict(base, workload=PLANNED["grpo"]))
+    assert shared_prefix_applies(config, dict(base, workload=PLANNED["rloo"]))
     assert not shared_prefix_applies(config, dict(base, num_generations=1))
     assert not shared_prefix_applies(config, dict(base, shared_prefix=False))
-    for name in ("rloo", "dpo", "sft"):
+    for name in ("dpo", "sft"):
         assert not shared_prefix_applies(config, dict(base, workload=PLANNED[name])), name
     assert not shared_prefix_applies(GPT2Config(n_layer=2, n_embd=64, n_head=4), base)
     window = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -1,7 +1,8 @@
 """The ``_get_per_token_logps_and_entropies`` both online trainers get: TRL's contract (log-probs ``[B, C]`` of the
 completion tokens under ``softmax(logits / temperature)``, entropies ``[B, C]`` when asked, the MoE aux loss)
-answered by the method-capture route, or by TRL's own method where TRL's fused head serves it (RLOO from TRL 1.15:
-slimrl swaps the head's kernel instead) with the no-grad passes cut to ``unsloth_grpo_mini_batch`` rows; an
+answered by the method-capture route, or where TRL's fused head serves it (RLOO from TRL 1.15: slimrl swaps the
+head's kernel instead) by the shared-prefix layout where it applies and TRL's own method elsewhere, with the no-grad
+passes cut to ``unsloth_grpo_mini_batch`` rows; an
 out-of-memory pass is split in row slices (:mod:`slimrl.patching.online.oom`), except for vision-language rows."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 from slimrl.patching.online.oom import logps_with_recovery
 from slimrl.patching.registry import original
-from slimrl.patching.routes.method_capture import logps_and_entropies_through_ops
+from slimrl.patching.routes.method_capture import logps_and_entropies_through_ops, logps_shared_prefix_only
 
 
 def online_logps(target: str, trainer: Any, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -25,6 +26,10 @@ def online_logps(target: str, trainer: Any, model: Any, input_ids: torch.Tensor,
         if through_ops:
             return logps_and_entropies_through_ops(target, trainer, model, ids, mask, logits_to_keep, rows,
                                                    compute_entropy, compute_aux_loss, **multimodal)
+        packed = logps_shared_prefix_only(trainer, model, ids, mask, logits_to_keep, rows, compute_entropy,
+                                          compute_aux_loss, **multimodal)
+        if packed is not None:
+            return packed
         mini = getattr(trainer.args, "unsloth_grpo_mini_batch", None)
         if mini and not torch.is_grad_enabled():
             rows = min(rows or ids.size(0), mini)

@@ -107,6 +107,37 @@ def _groups_for(self, attention_mask: torch.Tensor, logits_to_keep: int,
     return [(g, max(1, max(lengths[i] for i in g))) for g in length_groups(lengths, prompt_width, budget, cost)]
 
 
+def _packed(self, model, config, head, projection, input_ids, attention_mask, logits_to_keep, batch_size,
+            compute_entropy) -> tuple | None:
+    """The call through the shared-prefix layout (:mod:`slimrl.patching.routes.shared_prefix`), None where it does
+    not apply; ``batch_size`` (already cut to ``unsloth_grpo_mini_batch``) sets the token budget per forward."""
+    lengths = completion_lengths(attention_mask, logits_to_keep)
+    shared = shared_prefix.shared_prompts(self, config, input_ids, attention_mask, logits_to_keep, lengths)
+    if shared is None:
+        return None
+    budget = getattr(self.args, "slimrl_token_budget", None) or batch_size * attention_mask.size(1)
+    return shared_prefix.logps_shared_prefix(self, model, head, projection, input_ids, shared[0], lengths, shared[1],
+                                             logits_to_keep, budget, compute_entropy)
+
+
+def logps_shared_prefix_only(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                             compute_entropy=False, compute_aux_loss=False, **multimodal) -> tuple | None:
+    """The shared-prefix layout alone, for a trainer whose other calls keep TRL's own method (RLOO from TRL 1.15,
+    whose method runs TRL's fused head): the method's result, or None where the layout does not apply (the same
+    cases as :func:`logps_and_entropies_through_ops`' fallback, plus every call the layout itself declines)."""
+    unwrapped = self.accelerator.unwrap_model(model)
+    head = plain_linear_head(unwrapped)
+    if head is None or compute_aux_loss or _has_extra_inputs(multimodal):
+        return None
+    batch_size = batch_size or input_ids.size(0)
+    mini = getattr(self.args, "unsloth_grpo_mini_batch", None)
+    if mini and not torch.is_grad_enabled():
+        batch_size = min(batch_size, mini)
+    with nullcontext() if torch.is_grad_enabled() else recycling_phase():
+        return _packed(self, model, unwrapped.config, head, Head.of(head, unwrapped.config, self.args), input_ids,
+                       attention_mask, logits_to_keep, batch_size, compute_entropy)
+
+
 def _logps_through_ops(self, model, config, head, input_ids, attention_mask, logits_to_keep, batch_size,
                        compute_entropy):
     """The capture + :mod:`slimrl.ops` path of :func:`logps_and_entropies_through_ops`, one forward per row group
@@ -117,12 +148,10 @@ def _logps_through_ops(self, model, config, head, input_ids, attention_mask, log
     mini = getattr(self.args, "unsloth_grpo_mini_batch", None)
     if mini and not torch.is_grad_enabled():  # no-grad passes: fewer rows per forward, lower activation peak
         batch_size = min(batch_size, mini)
-    budget = getattr(self.args, "slimrl_token_budget", None) or batch_size * attention_mask.size(1)
-    lengths = completion_lengths(attention_mask, logits_to_keep)
-    shared = shared_prefix.shared_prompts(self, config, input_ids, attention_mask, logits_to_keep, lengths)
-    if shared is not None:
-        return shared_prefix.logps_shared_prefix(self, model, head, projection, input_ids, shared[0], lengths,
-                                                 shared[1], logits_to_keep, budget, compute_entropy)
+    packed = _packed(self, model, config, head, projection, input_ids, attention_mask, logits_to_keep, batch_size,
+                     compute_entropy)
+    if packed is not None:
+        return packed
     prompt_width = input_ids.size(1) - logits_to_keep
     all_logps, all_entropies, order = [], [], []
     for rows, keep in _groups_for(self, attention_mask, logits_to_keep, batch_size):

@@ -1,4 +1,7 @@
-"""The shared-prefix layout of the method-capture route (``slimrl_shared_prefix``, default on; GRPO, RLOO < 1.15).
+"""The shared-prefix layout of the log-prob passes (``slimrl_shared_prefix``, default on; GRPO and RLOO).
+
+GRPO and RLOO before TRL 1.15 reach it through the method-capture route; RLOO from 1.15 through the online log-prob
+method (:mod:`slimrl.patching.online.logps`), which keeps TRL's fused head for the calls the layout declines.
 
 In GRPO and RLOO a micro-batch holds each prompt once per completion sampled from it. Here the rows of one
 log-prob call that hold the same prompt become one packed row ``[prompt, c1, ..., cG]`` (each completion cut after

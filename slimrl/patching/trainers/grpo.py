@@ -18,13 +18,13 @@ from contextlib import contextmanager
 import torch
 
 from slimrl.compat.malloc import recycling_phase
-from slimrl.generation.shared_prefill import shared_prefill
 from slimrl.models.modes import for_inference, for_training
 from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
 from slimrl.patching.online.engine_hooks import slimrl_vllm_generation_factory
 from slimrl.patching.online.logps import online_logps
 from slimrl.patching.online.longest_first import generate_longest_first_factory
 from slimrl.patching.online.old_logps import compute_loss_factory, fill_importance_ratio, generate_and_score_factory
+from slimrl.patching.online.prefill import generate_single_turn_factory
 from slimrl.patching.online.step import online_training_step_factory
 from slimrl.patching.registry import Patch
 from slimrl.planning.plan import Workload
@@ -87,20 +87,6 @@ def grpo_generate_and_score_factory(orig):
     return generate_longest_first_factory(generate_and_score_factory(orig))
 
 
-def grpo_generate_single_turn_factory(orig):
-    """``_generate_single_turn``: HF ``generate``'s prefill once per distinct prompt with ``slimrl_shared_prefix``
-    (:mod:`slimrl.generation.shared_prefill`); vLLM paths untouched (vLLM caches shared prefixes itself)."""
-
-    @functools.wraps(orig)
-    def slimrl_generate_single_turn(self, *args, **kwargs):
-        if not getattr(self.args, "slimrl_shared_prefix", True) or getattr(self, "use_vllm", False):
-            return orig(self, *args, **kwargs)
-        with shared_prefill(self):
-            return orig(self, *args, **kwargs)
-
-    return slimrl_generate_single_turn
-
-
 # extra config values some loss types need to be well defined
 _LOSS_EXTRAS = {"luspo": {"importance_sampling_level": "sequence"}}
 
@@ -120,6 +106,6 @@ PATCHES = [
     Patch("grpo", MODULE, "unwrap_model_for_generation", slimrl_unwrap_for_generation_factory, wrap=True),
     Patch("grpo", MODULE, "VLLMGeneration", slimrl_vllm_generation_factory, wrap=True, optional=True),
     Patch("grpo", TRAINER, "_generate_and_score_completions", grpo_generate_and_score_factory, wrap=True),
-    Patch("grpo", TRAINER, "_generate_single_turn", grpo_generate_single_turn_factory, wrap=True),
+    Patch("grpo", TRAINER, "_generate_single_turn", generate_single_turn_factory, wrap=True),
     Patch("grpo", TRAINER, "_compute_loss", compute_loss_factory, wrap=True),
 ]

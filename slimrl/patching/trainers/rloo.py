@@ -3,8 +3,10 @@ the other ``k - 1`` samples' rewards as baseline, PPO-clipped sequence-level rat
 
 TRL < 1.15 computes the completion log-probs from full ``[B, C, V]`` logits in ``_get_per_token_logps_and_entropies``
 (GRPO's contract), so the method-capture route serves it. From TRL 1.15 that method calls TRL's fused head, whose
-kernel :mod:`slimrl.patching.routes.fused_head` swaps; the replacement then only splits the no-grad passes into
-``unsloth_grpo_mini_batch`` rows and delegates to TRL's. With a fast_inference engine, TRL's ``VLLMGeneration`` is
+kernel :mod:`slimrl.patching.routes.fused_head` swaps; the replacement runs the shared-prefix layout
+(:mod:`slimrl.patching.routes.shared_prefix`) where it applies, else splits the no-grad passes into
+``unsloth_grpo_mini_batch`` rows and delegates to TRL's. Generation's prefill runs once per distinct prompt (HF
+``generate``, :mod:`slimrl.patching.online.prefill`). With a fast_inference engine, TRL's ``VLLMGeneration`` is
 answered by it, and the step logs the engine's metrics.
 """
 
@@ -15,6 +17,7 @@ from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, gener
 from slimrl.patching.online.engine_hooks import slimrl_vllm_generation_factory
 from slimrl.patching.online.logps import online_logps
 from slimrl.patching.online.longest_first import generate_longest_first_factory
+from slimrl.patching.online.prefill import generate_single_turn_factory
 from slimrl.patching.online.step import online_training_step_factory
 from slimrl.patching.registry import Patch
 from slimrl.patching.routes.fused_head import prediction_step_patch
@@ -22,9 +25,8 @@ from slimrl.planning.plan import Workload
 
 TRAINER = "trl.trainer.rloo_trainer:RLOOTrainer"
 CONFIG = "trl.trainer.rloo_config:RLOOConfig"
-# what one step does, for `slimrl plan` (no shared-prefix layout planned: from TRL 1.15 RLOO's log-prob passes run
-# through TRL's fused head, which the layout does not serve)
-WORKLOAD = Workload(generates=True, reference="beta", entropy=False, shared_prefix=False)
+# what one step does, for `slimrl plan`
+WORKLOAD = Workload(generates=True, reference="beta", entropy=False)
 MODULE = "trl.trainer.rloo_trainer"
 
 
@@ -61,5 +63,6 @@ PATCHES = [
     Patch("rloo", TRAINER, "_get_per_token_logps_and_entropies", slimrl_rloo_get_per_token_logps_and_entropies),
     Patch("rloo", MODULE, "VLLMGeneration", slimrl_vllm_generation_factory, wrap=True, optional=True),
     Patch("rloo", TRAINER, "_generate_and_score_completions", generate_longest_first_factory, wrap=True),
+    Patch("rloo", TRAINER, "_generate_single_turn", generate_single_turn_factory, wrap=True),
     prediction_step_patch("rloo", TRAINER),
 ]

@@ -125,17 +125,10 @@ def test_field_off_runs_trl_layout_silently(tmp_path, caplog):
     assert not [r for r in caplog.records if "shared-prefix" in r.getMessage() or "shared prefill" in r.getMessage()]
 
 
-def _rloo_uses_method_capture() -> bool:
-    from packaging.version import Version
-    from trl import __version__
-
-    return Version(__version__) < Version("1.15")
-
-
-@pytest.mark.skipif(not _rloo_uses_method_capture(), reason="from TRL 1.15 RLOO's log-probs go through TRL's fused "
-                    "head, which the layout does not serve (make test runs this on 1.12)")
 def test_rloo_packed_rows_equal_trl_alone(tmp_path):
-    """RLOO before TRL 1.15 takes the method-capture route and with it the layout: same sampled completions, losses
-    and updates as TRL alone (beta > 0, mixed lengths, five left paddings)."""
+    """RLOO (before TRL 1.15 through the method-capture route, from 1.15 beside TRL's fused head): same sampled
+    completions, losses and updates as TRL alone (beta > 0, mixed lengths, five left paddings), generation's prefill
+    shared though RLOO generates with the model in training mode (nothing in it draws random numbers)."""
     trainer = _parity(tmp_path, family="qwen2", algorithm="rloo", num_iterations=1)
     assert trainer_state(trainer).shared_prefix_forwards > 0, "the shared-prefix layout was not used"
+    assert trainer_state(trainer).shared_prefills > 0, "generation's prefill was not shared"
