@@ -128,7 +128,8 @@ FIELDS: tuple[ExtraField, ...] = (
                "trailing padding cut (GRPO).", _flag, "grpo", "only GRPO's log-prob forwards are grouped by length"),
     ExtraField("slimrl_shared_prefix", bool, True, "log-prob forwards with each prompt once per group: the rows "
                "of a prompt packed as [prompt, c1, ..., cG], same log-probs and gradients (sdpa attention); HF "
-               "generate's prefill once per distinct prompt.", _flag, "online", "only GRPO and RLOO repeat each prompt once per completion"),
+               "generate's prefill once per distinct prompt.", _flag, "online",
+               "only GRPO and RLOO repeat each prompt once per completion"),
     ExtraField("slimrl_token_budget", int | None, None, "tokens per log-prob forward when grouping by length (None: "
                "the trainer's own rows x padded length).", _optional_positive_int, "grpo",
                "only GRPO's log-prob forwards are grouped by length"),

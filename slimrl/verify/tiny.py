@@ -24,6 +24,31 @@ def char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
+CHAT_SPECIAL = ["<pad>", "<|im_end|>", "<unk>", "<|im_start|>", "<tool_call>", "</tool_call>", "<tool_response>",
+                "</tool_response>", "<think>", "</think>"]
+
+
+def chat_tokenizer():
+    """Character-level fast tokenizer for tool calling: Qwen3's chat markers as whole tokens (pad 0, eos
+    ``<|im_end|>`` 1), every printable ASCII character and newline as one token each (vocab 107), decoding by plain
+    concatenation (so TRL's response parser reads the JSON of a tool call back), and TRL's Qwen3 chat template with
+    its response template: what TRL's agentic GRPO needs from a tokenizer, without a download."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import add_response_schema, qwen3_chat_template
+
+    chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
+    tk = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(CHAT_SPECIAL + chars)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>")
+    tok.add_special_tokens({"additional_special_tokens": CHAT_SPECIAL[3:]})
+    tok.chat_template = qwen3_chat_template
+    return add_response_schema(tok)
+
+
 def llama_config(**overrides: Any):
     """A tiny Llama config for the character tokenizer: 2 layers, hidden 64, 4 heads (2 KV), vocab 49 (not a power
     of two), tied head, fp32; ``overrides`` change any field (the tests' models are narrower)."""
