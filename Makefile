@@ -119,7 +119,7 @@ test-trl116-fast: $(STAMP)
 
 test-trl112-fast: $(STAMP112)
 	$(VENV112)/bin/python -m pytest -q -p no:cacheprovider tests/patching/test_patchfastrl.py \
-	  tests/patching/routes/test_shared_prefix.py
+	  tests/patching/routes/test_shared_prefix.py tests/patching/test_agentic_parity.py tests/patching/online/test_oom.py
 	$(VENV112)/bin/python -m slimrl verify --all --tiny --quiet
 
 test-trl112: $(STAMP112)

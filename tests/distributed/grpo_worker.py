@@ -92,7 +92,8 @@ def main(out: str, single: bool = False, sharded: bool = False) -> None:
         "world_size": state.num_processes, "prompts": seen, "engine": trainer.accelerator.distributed_type.value,
         "dtensor": any(hasattr(p, "full_tensor") for p in trainer.model_wrapped.parameters()),
         "zero3_head": hasattr(model.get_output_embeddings().weight, "ds_id"),
-        "slimrl_tokens": trainer_state(trainer).trained_tokens}))
+        "slimrl_tokens": trainer_state(trainer).trained_tokens,
+        "shared_prefix_forwards": trainer_state(trainer).shared_prefix_forwards}))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path, config, port):
     """DDP, FSDP2 (parameters sharded as DTensors; slimrl's log-prob path reads the sharded head with
     ``full_tensor()``), DeepSpeed ZeRO-2, and ZeRO-3 (the head partitioned: slimrl leaves the log-prob pass to TRL's
-    own path), each launched with the shipped config of ``examples/accelerate/``."""
+    own path), each launched with the shipped config of ``examples/accelerate/``; each rank's micro-batch holds one
+    prompt twice, so the log-prob passes take the shared-prefix layout (not under ZeRO-3)."""
     if config.startswith("deepspeed"):
         pytest.importorskip("deepspeed", reason="slimrl[deepspeed] not installed in this environment")
     accelerate = str(Path(sys.executable).parent / "accelerate")
@@ -62,6 +63,7 @@ def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path, config, port):
         assert all(i["slimrl_tokens"] == 0 for i in info), info
     else:
         assert all(i["slimrl_tokens"] > 0 for i in info), "slimrl's log-prob path did not run on every rank"
+        assert all(i["shared_prefix_forwards"] > 0 for i in info), "the shared-prefix layout did not run on every rank"
     assert sorted(info[0]["prompts"]) != sorted(info[1]["prompts"]), "both ranks saw the same prompts"
     w0, w1 = (load_file(str(tmp_path / f"rank{r}.safetensors")) for r in (0, 1))
     assert w0.keys() == w1.keys() and w0

@@ -77,6 +77,7 @@ def test_out_of_memory_split_equals_trl(tmp_path, monkeypatch, where, loss_type,
     assert logged and logged[-1] == 1.0
     kept = trainer_state(trainer).no_grad_rows if where == "no_grad" else trainer_state(trainer).grad_rows
     assert kept == 2
+    assert trainer_state(trainer).shared_prefix_forwards > 0, "the split rows did not take the shared-prefix layout"
 
 
 def test_not_out_of_memory_is_raised_unchanged():
@@ -111,7 +112,7 @@ def test_rloo_backward_out_of_memory_equals_trl(tmp_path, monkeypatch):
 
     def mlp_forward(module, x):
         out = orig_mlp(module, x)
-        if armed[0] and torch.is_grad_enabled() and x.size(0) > 2 and not fired:
+        if armed[0] and torch.is_grad_enabled() and not fired:  # the first policy forward (4 rows, packed into 1)
             def fail(grad):
                 if not fired:
                     fired.append(1)
@@ -129,4 +130,5 @@ def test_rloo_backward_out_of_memory_equals_trl(tmp_path, monkeypatch):
     trainer = assert_patched_equals_unpatched(run, "rloo", tmp_path)
     assert fired, "the failure was not injected: the test would be vacuous"
     assert trainer_state(trainer).grad_rows == 2
+    assert trainer_state(trainer).shared_prefix_forwards > 0
     assert [h["memory/oom_splits"] for h in trainer.state.log_history if "memory/oom_splits" in h][-1] == 1.0

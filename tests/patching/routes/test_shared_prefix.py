@@ -43,16 +43,21 @@ def _model(family: str, attn: str = "sdpa", **overrides):
     return model
 
 
-def run_online(out, family="llama", attn="sdpa", model_overrides=None, algorithm="grpo", **cfg):
-    """Two steps of ``algorithm`` (GRPO or RLOO, SGD) on a LoRA policy; (completions seen, updates, losses, trainer)."""
+def run_online(out, family="llama", attn="sdpa", model_overrides=None, algorithm="grpo", policy=None, built=None,
+               **cfg):
+    """Two steps of ``algorithm`` (GRPO or RLOO, SGD) on a LoRA policy (``policy``, else PEFT's LoRA on
+    :func:`_model`; ``built(trainer)`` runs after the trainer is built); (completions seen, updates, losses,
+    trainer)."""
     import trl
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
 
-    model = _model(family, attn, **(model_overrides or {}))
-    torch.manual_seed(1)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
-                                             init_lora_weights=False, task_type="CAUSAL_LM"))
+    model = policy
+    if model is None:
+        model = _model(family, attn, **(model_overrides or {}))
+        torch.manual_seed(1)
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
+                                                 init_lora_weights=False, task_type="CAUSAL_LM"))
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     seen: list[list[str]] = []
 
@@ -70,6 +75,8 @@ def run_online(out, family="llama", attn="sdpa", model_overrides=None, algorithm
     trainer = getattr(trl, f"{name}Trainer")(model=model, args=getattr(trl, f"{name}Config")(**args),
                                              reward_funcs=[reward_digits], processing_class=tiny_tokenizer(),
                                              train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]))
+    if built is not None:
+        built(trainer)
     trainer.train()
     deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -132,3 +139,55 @@ def test_rloo_packed_rows_equal_trl_alone(tmp_path):
     trainer = _parity(tmp_path, family="qwen2", algorithm="rloo", num_iterations=1)
     assert trainer_state(trainer).shared_prefix_forwards > 0, "the shared-prefix layout was not used"
     assert trainer_state(trainer).shared_prefills > 0, "generation's prefill was not shared"
+
+
+def _slimrl_policy(path, checkpointing, **load):
+    from slimrl import FastLanguageModel
+
+    model, _ = FastLanguageModel.from_pretrained(str(path), max_seq_length=256, **load)
+    return FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
+                                            init_lora_weights=False, random_state=1,
+                                            use_gradient_checkpointing=checkpointing)
+
+
+@pytest.mark.parametrize("setting", ["offloaded checkpointing", "selective checkpointing", "4-bit"])
+def test_layout_with_slimrl_loading_equals_trl_layout(tmp_path, setting):
+    """A policy loaded by ``FastLanguageModel`` with slimrl's activation checkpointing (offloaded; selective, every
+    second layer) or a 4-bit base: the layout on equals it off (TRL's rows, proven equal to TRL alone above) —
+    same completions, losses and updates (1e-4 relative, fp32). 4-bit: the base computes in fp32 here (its weights
+    dequantized in every forward, the same numbers on both sides) and the adapter, which TRL casts to bf16 on a
+    quantized base, is put back in fp32 on both sides, so that bf16 storage rounding (one ulp of a weight is ~10 % of
+    an update here) does not hide the layout's own error."""
+    from slimrl import PatchFastRL, unpatch
+    from slimrl.verify.compare import worst_parameter_error
+
+    path = tmp_path / "tiny"
+    _model("llama", hidden_size=64, intermediate_size=128).save_pretrained(path)  # 4-bit packs rows in blocks of 32
+    tiny_tokenizer().save_pretrained(path)
+    load, checkpointing, cfg = {}, "slimrl", dict(gradient_checkpointing=True)
+
+    def adapter_in_fp32(trainer):
+        for p in trainer.model.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()
+
+    if setting == "selective checkpointing":
+        checkpointing = "selective"
+    elif setting == "4-bit":
+        pytest.importorskip("bitsandbytes", minversion="0.50")
+        load, checkpointing = dict(load_in_4bit=True, dtype=torch.float32), False
+        cfg = dict(gradient_checkpointing=False, built=adapter_in_fp32)
+    PatchFastRL("grpo")
+    try:
+        off = run_online(tmp_path / "off", policy=_slimrl_policy(path, checkpointing, **load),
+                         slimrl_shared_prefix=False, **cfg)
+        on = run_online(tmp_path / "on", policy=_slimrl_policy(path, checkpointing, **load), **cfg)
+    finally:
+        unpatch()
+    rtol = 1e-4
+    assert trainer_state(on[3]).shared_prefix_forwards > 0 and trainer_state(off[3]).shared_prefix_forwards == 0
+    assert on[0] == off[0], "the layout changed the sampled completions"
+    assert any(d.abs().max() > 0 for d in off[1].values()), "no update: the test would be vacuous"
+    worst, name = worst_parameter_error(on[1], off[1])
+    assert worst <= rtol, f"{name}: relative error {worst:.2e}"
+    assert on[2] == pytest.approx(off[2], rel=rtol, abs=1e-6)
