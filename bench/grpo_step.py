@@ -1,4 +1,5 @@
-"""One GRPO step on the real SmolLM2-135M: TRL alone vs slimrl, each in its own process.
+"""One GRPO (or ``--algorithm rloo``: RLOO) step on the real SmolLM2-135M: TRL alone vs slimrl, each in its own
+process.
 
     python bench/grpo_step.py --generations 8 --length 512            # both, prints ratios
     python bench/grpo_step.py --generations 4 --length 64 --modes trl  # one side only
@@ -236,8 +237,11 @@ def worker(args: argparse.Namespace) -> dict:
     if slimrl_side:
         from slimrl import FastLanguageModel, PatchFastRL
 
-        PatchFastRL("grpo", FastLanguageModel)
-    from trl import GRPOConfig, GRPOTrainer
+        PatchFastRL(args.algorithm, FastLanguageModel)
+    import trl
+
+    name = args.algorithm.upper()
+    Config, Trainer = getattr(trl, f"{name}Config"), getattr(trl, f"{name}Trainer")
 
     extra = {}
     force = {"min_new_tokens": args.length}
@@ -274,7 +278,7 @@ def worker(args: argparse.Namespace) -> dict:
     prompt = prompt_messages(tok, args.prompt_tokens)
     prompt_len = len(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
     ds = Dataset.from_list([{"prompt": prompt}] * 16)
-    cfg = GRPOConfig(
+    cfg = Config(
         output_dir="/tmp/slimrl-bench", per_device_train_batch_size=args.generations,
         num_generations=args.generations, max_completion_length=args.length, beta=0.04,
         generation_kwargs=force, max_steps=args.steps, report_to="none",
@@ -283,7 +287,7 @@ def worker(args: argparse.Namespace) -> dict:
         **extra,
     )
     trainer_kwargs = {} if slimrl_side else {"peft_config": LoraConfig(task_type="CAUSAL_LM", **lora)}
-    trainer = GRPOTrainer(model=model, args=cfg, reward_funcs=[_reward_len], train_dataset=ds,
+    trainer = Trainer(model=model, args=cfg, reward_funcs=[_reward_len], train_dataset=ds,
                           processing_class=tok, **trainer_kwargs)
     prof.wrap(trainer, "_generate", "generation")
     sync_times: list[float] = []
@@ -349,6 +353,7 @@ def main() -> None:
     ap.add_argument("--mixed", action="store_true", help="completion lengths drawn from 16..--length")
     ap.add_argument("--budget", default="12GB", help="memory budget of the /autofit modes")
     ap.add_argument("--prompt-tokens", type=int, default=0, help="prompt of about this many tokens (0: short)")
+    ap.add_argument("--algorithm", choices=["grpo", "rloo"], default="grpo")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -360,7 +365,7 @@ def main() -> None:
                      and not (i > 0 and sys.argv[i] == "--modes")]  # drop "--modes X" and "--modes=X"
         results[mode] = run_worker([sys.executable, __file__, "--worker", mode] + forwarded, mode)
     first = next(iter(results.values()))
-    print(f"GRPO step, SmolLM2-135M, LoRA r=16, beta=0.04, prompt {first['prompt_tokens']} tokens, "
+    print(f"{args.algorithm.upper()} step, SmolLM2-135M, LoRA r=16, beta=0.04, prompt {first['prompt_tokens']} tokens, "
           f"{args.generations} x {args.length} tokens{' (mixed lengths)' if args.mixed else ''}, "
           f"grad-ckpt={args.grad_ckpt}")
     print(f"{'mode':16} {'peak RSS MB':>12} {'s/step':>8} {'loss':>10} {'mean len':>9} {'grad-ckpt':>9}")

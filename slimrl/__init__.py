@@ -13,7 +13,13 @@ from typing import Any
 from slimrl.compat.callsite import install_one_line_errors
 from slimrl.compat.devices import is_bfloat16_supported
 from slimrl.patching import PatchDPOTrainer, PatchFastRL, unpatch
-from slimrl.rewards import check_python_modules, create_locked_down_function, execute_with_time_limit
+from slimrl.rewards import (
+    SandboxLimits,
+    check_python_modules,
+    create_locked_down_function,
+    execute_with_time_limit,
+    run_sandboxed,
+)
 from slimrl.sampling import vLLMSamplingParams
 from slimrl.verify import verify  # `slimrl.verify(...)`: the patch proven exact on your setup (slimrl verify)
 
@@ -36,5 +42,5 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["FastLanguageModel", "FastModel", "PatchFastRL", "PatchDPOTrainer", "unpatch", "vLLMSamplingParams",
            "is_bfloat16_supported", "verify", "check_python_modules", "create_locked_down_function",
-           "execute_with_time_limit"]
+           "execute_with_time_limit", "run_sandboxed", "SandboxLimits"]
 __version__ = "0.1.0"
