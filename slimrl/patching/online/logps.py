@@ -7,10 +7,12 @@ out-of-memory pass is split in row slices (:mod:`slimrl.patching.online.oom`), e
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 
+from slimrl.compat.malloc import recycling_phase
 from slimrl.patching.online.oom import logps_with_recovery
 from slimrl.patching.registry import original
 from slimrl.patching.routes.method_capture import logps_and_entropies_through_ops, logps_shared_prefix_only
@@ -33,9 +35,10 @@ def online_logps(target: str, trainer: Any, model: Any, input_ids: torch.Tensor,
         mini = getattr(trainer.args, "unsloth_grpo_mini_batch", None)
         if mini and not torch.is_grad_enabled():
             rows = min(rows or ids.size(0), mini)
-        return original(target, "_get_per_token_logps_and_entropies")(
-            trainer, model, ids, mask, logits_to_keep, batch_size=rows, compute_entropy=compute_entropy,
-            compute_aux_loss=compute_aux_loss, **multimodal)
+        with nullcontext() if torch.is_grad_enabled() else recycling_phase():  # as the method-capture route does
+            return original(target, "_get_per_token_logps_and_entropies")(
+                trainer, model, ids, mask, logits_to_keep, batch_size=rows, compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss, **multimodal)
 
     if any(v is not None for v in multimodal.values()):  # vision-language rows: not split
         return compute(input_ids, attention_mask, batch_size)
