@@ -18,6 +18,7 @@ import torch
 from slimrl import PatchFastRL, unpatch
 from slimrl.compat.trl_info import grpo_loss_types
 from slimrl.patching.routes import served
+from slimrl.patching.state import trainer_state
 from tests.patching.parity import assert_patched_equals_unpatched
 from tests.tiny import tiny_llama, tiny_tokenizer
 
@@ -70,9 +71,11 @@ def check_parity(tmp_path, loss_type, beta, **overrides):
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_grpo_patched_equals_trl(tmp_path, loss_type, beta):
+    """Every loss type x beta, each micro-batch one prompt's group: through the shared-prefix layout (the default)."""
     trainer = check_parity(tmp_path, loss_type, beta)
     metrics = trainer.state.log_history[0]
     assert metrics["memory/peak_mb"] > 0 and metrics["tokens_per_s"] > 0
+    assert trainer_state(trainer).shared_prefix_forwards > 0
 
 
 def test_entropy_bonus_and_entropy_mask_parity(tmp_path):
