@@ -8,7 +8,9 @@ model (``full=True``). Compared, as relative errors ``|a - b| / |b|`` (L2 norms)
 the gradient of every parameter at the first step (worst parameter), and the whole update after the two steps (all
 trainable parameters as one vector: step two's gradient is taken at slightly different weights, so a parameter whose
 two steps nearly cancel would magnify rounding in a per-parameter ratio). A row passes when all three are within the
-tolerance the project's own parity tests use. For GRPO and RLOO the patched run also checks that the generator
+tolerance the project's own parity tests use. GRPO also gets the agentic rows ``tools``, ``environment`` and
+``rollout_func`` (:mod:`slimrl.verify.agentic`: scripted multi-turn rollouts, the same on both sides). For GRPO and
+RLOO the patched run also checks that the generator
 sampled from the model being trained (:mod:`slimrl.verify.generation`: the largest difference between the log-prob
 the generator gave a sampled token and the training model's, within :data:`GEN_TOLERANCE`).
 
@@ -33,6 +35,7 @@ from typing import Any
 
 import torch
 
+from slimrl.verify.agentic import KINDS as AGENTIC
 from slimrl.verify.compare import joint_error, loss_error, worst_parameter_error
 from slimrl.verify.reference import trl_kernel_where_missing
 from slimrl.verify.scenarios import Kit, Setup, UnquantizableError, loss_types
@@ -120,7 +123,7 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
             if not grads:
                 grads.update({n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None})
 
-    probe = GenerationProbe(trainer) if patched and name in PROBED else None
+    probe = GenerationProbe(trainer) if patched and name in PROBED and loss_type not in AGENTIC else None
     trainer.add_callback(FirstGradients())
     trainer.remove_callback(PrinterCallback)  # the table is the output, not TRL's log dictionaries
     trainer.train()
@@ -171,7 +174,7 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
     uses_ops = bool(TRAINERS[name].routes)
     if not problem and uses_ops and not ours["used"] and _route_applies(name):
         problem = "slimrl's log-prob path did not run"
-    if not problem and name in PROBED and math.isnan(ours["gen_err"]):
+    if not problem and name in PROBED and loss_type not in AGENTIC and math.isnan(ours["gen_err"]):
         problem = "no generated token was checked against the training model"
     # the generator computes in the trained parameters' precision too (a QLoRA adapter's bf16 branch): on a CPU with
     # native bf16 dot products (AVX512-BF16) one decoding row and the scored batch round differently at that level

@@ -148,8 +148,10 @@ def loss_types(name: str, config_cls: type) -> list[str]:
     ``chunked_nll`` (SFT) is TRL's own non-fused path, left out."""
     from slimrl.compat.trl_info import config_choices, grpo_loss_types
 
-    if name == "grpo":
-        return grpo_loss_types()
+    if name == "grpo":  # and the agentic rows the installed TRL can run (slimrl.verify.agentic)
+        from slimrl.verify.agentic import available
+
+        return grpo_loss_types() + available()
     if name in ("dpo", "kto", "sft", "cpo", "online_dpo") and "loss_type" in config_cls.__dataclass_fields__:
         return list(dict.fromkeys(t for t in config_choices(config_cls) if t != "chunked_nll")) or ["default"]
     return ["default"]

@@ -2,9 +2,10 @@
 patched on the same scripted rollouts — the same completions and tool results reach the rewards, the same logged
 losses and tool metrics, the same parameter updates after two steps.
 
-Generations are scripted as TRL's own tests script them (the model's ``generate`` replaced by a function of the
-prompt), so the tool loop meets what a trained model would write: a valid call, a call with a wrong argument name,
-a call whose tool raises, malformed JSON, plain text, and a second turn after each tool result. The tokenizer is
+Generations are scripted as TRL's own tests script them (:class:`slimrl.verify.agentic.Scripted`, shared with
+``slimrl verify``'s agentic rows), so the tool loop meets what a trained model would write: a valid call, a call
+with a wrong argument name, a call whose tool raises, malformed JSON, plain text, and a second turn after each tool
+result. The tokenizer is
 :func:`slimrl.verify.tiny.chat_tokenizer` (character level, Qwen3's chat template and response parser); the model a
 2-layer Qwen2-style LoRA policy, fp32. The multi-turn rows (tool-result tokens inside the completion, masked from the
 loss by TRL's ``tool_mask`` / ``env_mask``) go through the shared-prefix layout: the prompt, with its tool
@@ -17,12 +18,24 @@ layers, the backward and 2 steps). Tool metrics equal exactly (they count calls)
 from __future__ import annotations
 
 import inspect
-import json
 
 import pytest
 import torch
 
 from slimrl.patching.state import trainer_state
+from slimrl.verify.agentic import (
+    ENV_TURNS,
+    QUESTIONS,
+    Counter,
+    Echo,
+    Scripted,
+    divide,
+    first_turns,
+    multiply,
+    multiply_async,
+    rollout_func,
+)
+from slimrl.verify.agentic import completion_text as _text
 from tests.patching.parity import assert_patched_equals_unpatched
 
 
@@ -34,73 +47,6 @@ def _trl_has(keyword: str) -> bool:
 
 pytestmark = pytest.mark.skipif(not _trl_has("environment_factory"), reason="this TRL's GRPO has no agentic paths")
 
-QUESTIONS = ["What is 3 times 4?", "Multiply 12 by 7, then say done."]
-TOOL_METRICS = ("tools/call_frequency", "tools/failure_frequency")
-
-
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: the first factor
-        b: the second factor
-    """
-    return a * b
-
-
-async def multiply_async(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: the first factor
-        b: the second factor
-    """
-    return a * b
-
-
-def divide(a: int, b: int) -> float:
-    """Divide a by b.
-
-    Args:
-        a: the dividend
-        b: the divisor
-    """
-    return a / b  # b = 0 raises: a failing tool
-
-
-def _call(name: str, **arguments) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call><|im_end|>"
-
-
-def first_turns(multiply_name: str) -> list[str]:
-    """What the model writes first, one per completion of a group (row i of a group gets entry i)."""
-    return [_call(multiply_name, a=3, b=4), _call(multiply_name, a=3, c=4), _call("divide", a=1, b=0),
-            '<tool_call>\n{"name": "multiply", "arguments": {"a": 3,,}\n</tool_call><|im_end|>',
-            "I know this one: 12<|im_end|>", _call(multiply_name, a=12, b=7)]
-
-
-class Scripted:
-    """A model's ``generate`` replaced by a script: a row whose prompt holds a tool result gets ``"Done <n>"``, any
-    other row its group position's entry of ``first``; returns ``[prompt, completion]`` right-padded with pad."""
-
-    def __init__(self, tokenizer, first: list[str]):
-        self.tok, self.first = tokenizer, first
-        self.response = tokenizer.convert_tokens_to_ids("<tool_response>")
-
-    def __call__(self, input_ids=None, **kwargs):
-        texts = []
-        for row, ids in enumerate(input_ids.tolist()):
-            if self.response in ids:
-                texts.append(f"Done {sum(ids) % 97}<|im_end|>")
-            else:
-                texts.append(self.first[row % len(self.first)])
-        rows = [self.tok(t, add_special_tokens=False).input_ids for t in texts]
-        width = max(map(len, rows))
-        pad = self.tok.pad_token_id
-        completion = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=input_ids.device)
-        return torch.cat([input_ids, completion], dim=-1)
-
-
 def _policy(tokenizer):
     from peft import LoraConfig, get_peft_model
 
@@ -110,11 +56,6 @@ def _policy(tokenizer):
     torch.manual_seed(1)
     return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
                                             init_lora_weights=False, task_type="CAUSAL_LM"))
-
-
-def _text(completion) -> str:
-    """A conversational completion's messages as one string (tool calls and tool results included)."""
-    return json.dumps(completion, sort_keys=True, default=str)
 
 
 def run_agentic(out, trainer_kwargs: dict, first: list[str] | None = None, dataset="questions", **cfg):
@@ -184,45 +125,6 @@ def test_tools_train_as_trl_alone(tmp_path, tool):
     assert [h["tools/failure_frequency"] for h in logged] == pytest.approx([2 / 4] * 2)  # wrong argument, b = 0
 
 
-class Counter:
-    """An environment with a tool method and its own reward (the running total)."""
-
-    def reset(self, **kwargs):
-        self.total = 0
-        return "Start at zero."
-
-    def add(self, n: int) -> str:
-        """Add n to the running total.
-
-        Args:
-            n: how much to add
-        """
-        self.total += n
-        return str(self.total)
-
-    def get_reward(self) -> float:
-        return float(self.total)
-
-
-class Echo:
-    """A second environment: its tool shouts back."""
-
-    def reset(self, **kwargs):
-        return None
-
-    def shout(self, word: str) -> str:
-        """Repeat a word loudly.
-
-        Args:
-            word: the word
-        """
-        return word.upper()
-
-
-ENV_TURNS = [_call("add", n=2), _call("add", m=2), _call("shout", word="hey"), "nothing to do<|im_end|>",
-             _call("add", n=5), _call("add", n=1)]
-
-
 def test_environment_with_its_own_reward_mixed_with_reward_funcs(tmp_path):
     """One environment class: its tool in the loop, its ``get_reward`` a second reward source beside
     ``reward_funcs`` (TRL logs it under the class name)."""
@@ -254,27 +156,11 @@ def test_rollout_func_extra_fields_and_env_mask(tmp_path):
     tokens), and its extra field reaches the reward functions."""
     from slimrl.verify.tiny import chat_tokenizer
 
-    tok = chat_tokenizer()
     received = []
-
-    def rollout(prompts, trainer):
-        prompt_ids, completion_ids, env_mask, level = [], [], [], []
-        for i, p in enumerate(prompts):  # each prompt once per completion, as this TRL passes them
-            ids = tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-            for g in [i % trainer.num_generations]:
-                said = tok(f"try {g}", add_special_tokens=False).input_ids
-                feedback = tok(f" [env: {'hot' if g % 2 else 'cold'}] ", add_special_tokens=False).input_ids
-                final = tok(f"answer {g * 3}<|im_end|>", add_special_tokens=False).input_ids
-                prompt_ids.append(ids)
-                completion_ids.append(said + feedback + final)
-                env_mask.append([1] * len(said) + [0] * len(feedback) + [1] * len(final))
-                level.append(g % 3)
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None, "env_mask": env_mask,
-                "level": level}
 
     def reward_level(completions, level, **kwargs):
         received.append(list(level))
         return [float(lv) + len(_text(c)) % 3 for lv, c in zip(level, completions, strict=True)]
 
-    trainer, _ = _parity(tmp_path, {"rollout_func": rollout, "reward_funcs": [reward_level]})
+    trainer, _ = _parity(tmp_path, {"rollout_func": rollout_func(chat_tokenizer()), "reward_funcs": [reward_level]})
     assert received and all(sorted(set(r)) == [0, 1, 2] for r in received), "the extra field did not reach the reward"

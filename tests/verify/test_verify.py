@@ -22,6 +22,31 @@ def test_rows_pass_and_the_table_says_why_the_tolerance():
     assert "PASS" in table and "tolerance 1e-04: fp32: slimrl and TRL sum the vocabulary" in table
 
 
+def test_agentic_rows_pass_and_catch_a_broken_layout(monkeypatch):
+    """``tools``, ``environment``, ``rollout_func``: scripted multi-turn rollouts, TRL alone vs patched; a broken
+    shared-prefix attention (each position's output mixed with its neighbour's) fails every row."""
+    from slimrl.ops import prefix_attention
+    from slimrl.verify.agentic import available
+
+    kinds = available()
+    if not kinds:
+        pytest.skip("this TRL's GRPO has no agentic paths")
+    rows = [row for kind in kinds for row in verify(["grpo"], loss_type=kind)]
+    assert [(r.loss_type, r.passed) for r in rows] == [(k, True) for k in kinds]
+    assert all(0 < r.grad_err for r in rows), "no gradient compared: vacuous"
+    real = prefix_attention.shared_prefix_attention
+
+    def leaky(query, key, value, layout, **kwargs):
+        out = real(query, key, value, layout, **kwargs)  # [R, T, h, d]
+        return out + 1e-3 * out.roll(1, dims=1)
+
+    from slimrl.patching.routes import shared_prefix
+
+    monkeypatch.setattr(shared_prefix, "shared_prefix_attention", leaky)
+    broken = [row for kind in kinds for row in verify(["grpo"], loss_type=kind)]
+    assert not any(r.passed for r in broken)
+
+
 def test_sabotaged_op_fails_and_exits_1(monkeypatch, capsys):
     """Break the op on purpose (temperature ignored): verify must see it."""
     from slimrl.ops import chunked_logprob
