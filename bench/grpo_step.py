@@ -35,6 +35,13 @@ a story to continue, the same text on every side) instead of the one-line defaul
 shapes of the shared-prefix issue: ``--prompt-tokens 72 --length 20`` (the default ``slimrl train`` job's lengths),
 ``--prompt-tokens 200 --length 256 --mixed`` (GSM8K-shaped) and ``--prompt-tokens 2048 --length 256`` (long prompt).
 
+``--tools`` (GRPO, HF generate): a multi-turn tool task — TRL's ``tools=[calculator]`` with TRL's Qwen3 chat template
+on SmolLM2's tokenizer (the same ChatML markers; SmolLM2's own template has no tools), a system + user prompt (about
+230 tokens with the tool description); each completion's first turn is forced to a calculator call (8 spellings of
+the expression), TRL runs the tool and the second turn samples exactly ``--length`` tokens
+(:func:`force_tool_turns`). The completions then hold the call, the tool result (masked from the loss by TRL) and
+the answer; generation's phase includes TRL's tool loop.
+
 The worker also samples RSS every 10 ms and labels it with the phase the trainer is in (generation, no-grad
 log-probs, policy forward, backward, other), so ``--profile`` prints where the peak comes from.
 """
@@ -131,6 +138,8 @@ class PhaseProfiler:
 
 
 def _reward_len(completions, **kwargs):
+    if os.environ.get("BENCH_SHOW"):
+        print("COMPLETIONS", [str(c)[:160] for c in completions], flush=True)
     return [float(len(c[0]["content"]) if isinstance(c, list) else len(c)) / 100.0 for c in completions]
 
 
@@ -193,6 +202,81 @@ def force_mixed_lengths_engine(engine, longest: int) -> None:
     engine.generate = generate
 
 
+CALLS = ["37*48+12", "37*48+12", "(37*48)+12", "37*(48+12)", "37*48-12", "1776+12", "37*48 + 12", "48*37+12"]
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: the expression, e.g. "12*7+3"
+    """
+    import ast
+    import operator
+
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+    def ev(node):
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in ops:
+            return ops[type(node.op)](ev(node.left), ev(node.right))
+        raise ValueError("unsupported expression")
+
+    return str(ev(ast.parse(expression, mode="eval").body))
+
+
+TOOL_MESSAGES = [{"role": "system", "content": "Use the calculator tool for arithmetic, then give the answer."},
+                 {"role": "user", "content": "What is 37*48+12?"}]
+
+
+def force_tool_turns(tok, length: int) -> None:
+    """``--tools`` (HF generate): a first turn is forced to a calculator call (row i: ``CALLS[i % 8]``, then the
+    end of the turn); a turn after a tool result samples freely for exactly ``length`` tokens. (Bench-only: it
+    makes the multi-turn shape the same on every side without a model trained to call tools.)"""
+    import json
+
+    import torch
+    from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList
+
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def call_ids(expression: str) -> list[int]:
+        text = "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+        return tok(text + "\n</tool_call>", add_special_tokens=False).input_ids + [eos]
+
+    class Force(LogitsProcessor):
+        def __init__(self, plans: list[list[int] | None], prompt_width: int) -> None:
+            self.plans, self.prompt_width = plans, prompt_width
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            step = input_ids.shape[1] - self.prompt_width
+            for row, plan in enumerate(self.plans):
+                if plan is not None:  # a first turn: the call, token by token
+                    token = plan[step] if step < len(plan) else eos
+                    scores[row, :] = -float("inf")
+                    scores[row, token] = 0.0
+                elif step + 1 < length:
+                    scores[row, eos] = -float("inf")
+                else:
+                    scores[row, :] = -float("inf")
+                    scores[row, eos] = 0.0
+            return scores
+
+    def after_tool(ids: list[int]) -> bool:
+        return "<tool_response>" in tok.decode(ids)
+
+    orig = GenerationMixin.generate
+
+    def generate(self, inputs=None, *args, **kwargs):
+        ids = kwargs.get("input_ids", inputs)
+        plans = [None if after_tool(row) else call_ids(CALLS[i % len(CALLS)]) for i, row in enumerate(ids.tolist())]
+        kwargs["logits_processor"] = LogitsProcessorList([Force(plans, ids.shape[1])])
+        return orig(self, inputs, *args, **kwargs)
+
+    GenerationMixin.generate = generate
+
+
 STORY = ("Once upon a time the number five lived in a small town of numbers, where every morning it counted the "
          "houses on its street, greeted the fours and the sixes, and wondered what lay past the river of zeros. ")
 
@@ -241,7 +325,7 @@ def worker(args: argparse.Namespace) -> dict:
     import trl
 
     name = args.algorithm.upper()
-    Config, Trainer = getattr(trl, f"{name}Config"), getattr(trl, f"{name}Trainer")
+    config_cls, trainer_cls = getattr(trl, f"{name}Config"), getattr(trl, f"{name}Trainer")
 
     extra = {}
     force = {"min_new_tokens": args.length}
@@ -250,6 +334,10 @@ def worker(args: argparse.Namespace) -> dict:
     if args.mixed:
         if base == "trl-vllm":
             raise SystemExit("--mixed is not available for trl-vllm (TRL's own vLLM call takes no per-row lengths)")
+        force = {}
+    if args.tools:
+        if base in ("engine", "trl-vllm"):
+            raise SystemExit("--tools is measured with HF generate only (its turns are forced by a logits processor)")
         force = {}
     if base == "trl-vllm":
         extra.update(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=2048)
@@ -276,22 +364,34 @@ def worker(args: argparse.Namespace) -> dict:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(path)
     prompt = prompt_messages(tok, args.prompt_tokens)
-    prompt_len = len(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
+    if args.tools:
+        from trl.chat_template_utils import qwen3_chat_template
+
+        tok.chat_template = qwen3_chat_template  # SmolLM2's own template has no tools; same ChatML markers
+        prompt = TOOL_MESSAGES
+        extra["max_tool_calling_iterations"] = 1
+    prompt_len = len(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False,
+                                             **({"tools": [calculator]} if args.tools else {})))
     ds = Dataset.from_list([{"prompt": prompt}] * 16)
-    cfg = Config(
+    cfg = config_cls(
         output_dir="/tmp/slimrl-bench", per_device_train_batch_size=args.generations,
-        num_generations=args.generations, max_completion_length=args.length, beta=0.04,
+        num_generations=args.generations, beta=0.04,
+        max_completion_length=args.length + (96 if args.tools else 0),  # tools: the call and its result too
         generation_kwargs=force, max_steps=args.steps, report_to="none",
         logging_steps=1, save_strategy="no", bf16=False, use_cpu=True, seed=0,
         **({} if args.grad_ckpt == "default" else {"gradient_checkpointing": args.grad_ckpt == "on"}),
         **extra,
     )
     trainer_kwargs = {} if slimrl_side else {"peft_config": LoraConfig(task_type="CAUSAL_LM", **lora)}
-    trainer = Trainer(model=model, args=cfg, reward_funcs=[_reward_len], train_dataset=ds,
+    if args.tools:
+        trainer_kwargs["tools"] = [calculator]
+    trainer = trainer_cls(model=model, args=cfg, reward_funcs=[_reward_len], train_dataset=ds,
                           processing_class=tok, **trainer_kwargs)
     prof.wrap(trainer, "_generate", "generation")
     sync_times: list[float] = []
-    if args.mixed:
+    if args.tools:
+        force_tool_turns(tok, args.length)
+    elif args.mixed:
         engine = getattr(model, "vllm_engine", None)
         if engine is not None:
             force_mixed_lengths_engine(engine, args.length)
@@ -334,6 +434,7 @@ def worker(args: argparse.Namespace) -> dict:
         "step_s": step_times, "phase_peak_rss_mb": prof.peaks,
         "phase_s": prof.seconds, "loss": logs[-1]["loss"] if logs else None,
         "completion_len": logs[-1].get("completions/mean_length") if logs else None,
+        "tool_calls": logs[-1].get("tools/call_frequency") if logs else None,
         "grad_ckpt": cfg.gradient_checkpointing, "threads": torch.get_num_threads(),
         "no_grad_rows": getattr(cfg, "unsloth_grpo_mini_batch", None), "prompt_tokens": prompt_len,
         "shared_prefix_forwards": trainer_state(trainer).shared_prefix_forwards if slimrl_side else None,
@@ -354,6 +455,8 @@ def main() -> None:
     ap.add_argument("--budget", default="12GB", help="memory budget of the /autofit modes")
     ap.add_argument("--prompt-tokens", type=int, default=0, help="prompt of about this many tokens (0: short)")
     ap.add_argument("--algorithm", choices=["grpo", "rloo"], default="grpo")
+    ap.add_argument("--tools", action="store_true",
+                    help="a multi-turn tool task (GRPO, HF generate; see force_tool_turns)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -373,7 +476,8 @@ def main() -> None:
         print(f"{mode:16} {r['peak_rss_mb']:12.0f} {r['step_s'][-1]:8.1f} {r['loss']!s:>10} "
               f"{r['completion_len']!s:>9} {r['grad_ckpt']!s:>9}"
               + (f"  shared-prefix forwards {r['shared_prefix_forwards']}" if r.get("shared_prefix_forwards") else "")
-              + (f", shared prefills {r['shared_prefills']}" if r.get("shared_prefills") else ""))
+              + (f", shared prefills {r['shared_prefills']}" if r.get("shared_prefills") else "")
+              + (f"  tool calls/completion {r['tool_calls']}" if r.get("tool_calls") is not None else ""))
         if args.profile:
             for phase, mb in sorted(r["phase_peak_rss_mb"].items(), key=lambda kv: -kv[1]):
                 secs = r.get("phase_s", {}).get(phase)
