@@ -158,7 +158,8 @@ test-tf-gpu: $(STAMP)
 	$(VENVTFGPU)/bin/python -m pytest -q -p no:cacheprovider tests/patching/trainers/test_grpo.py tests/health
 
 test-vllm-fast: $(STAMPVLLM)
-	$(VENVVLLM)/bin/python -m pytest -q -p no:cacheprovider tests/vllm/test_grpo_engine.py tests/vllm/test_plan_engine.py
+	$(VENVVLLM)/bin/python -m pytest -q -p no:cacheprovider tests/vllm/test_grpo_engine.py tests/vllm/test_plan_engine.py \
+	  tests/vllm/test_agentic_engine.py
 
 test-vllm: $(STAMPVLLM)
 	$(VENVVLLM)/bin/python -m pytest -q -p no:cacheprovider tests/vllm
