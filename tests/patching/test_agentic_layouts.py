@@ -9,6 +9,7 @@ import inspect
 import pytest
 
 from slimrl import PatchFastRL, unpatch
+from slimrl.verify.agentic import Counter  # an environment that owns its data: reset() gives the prompt
 from tests.tiny import CPU_ARGS, tiny_llama, tiny_tokenizer
 
 
@@ -19,26 +20,6 @@ def _has_environments() -> bool:
 
 
 pytestmark = pytest.mark.skipif(not _has_environments(), reason="this TRL's GRPOTrainer has no environment_factory")
-
-class Counter:
-    """An environment that owns its data: reset() returns the prompt, a tool method changes its state."""
-
-    def __init__(self):
-        self.total = 0
-
-    def reset(self, **kwargs):
-        self.total = 0
-        return "count to 3"
-
-    def add(self, n: int) -> str:
-        """Add n to the running total.
-
-        Args:
-            n: how much to add
-        """
-        self.total += n
-        return str(self.total)
-
 
 def ones(completions, **kwargs):
     return [1.0] * len(completions)
