@@ -3,9 +3,11 @@ exported with ``save_pretrained_gguf`` at f16 and read back by transformers' own
 logits (relative 2e-3: one fp16 rounding of every weight) and the same top-1 everywhere.
 
 The tokenizer is SmolLM2's (a BPE vocabulary llama.cpp's converter recognises), the model's vocabulary sized to it.
-Not covered here: Qwen2 (its converter identifies the tokenizer by a hash of Qwen's own pre-tokenizer, which is not
-available offline) and Gemma 2/3 (their converter needs a SentencePiece model file). Qwen3 uses head_dim 128: the
-GGUF reader in transformers assumes it when reading Qwen3 back."""
+Gemma 3 (text) goes through the converter's BPE path (it reads a SentencePiece ``tokenizer.model`` where the model
+directory has one, else the tokenizer's BPE vocabulary). Not covered here: Qwen2 (its converter identifies the
+tokenizer by a hash of Qwen's own pre-tokenizer, which is not available offline) and Gemma 2 (its converter reads
+only a SentencePiece model file). Qwen3 uses head_dim 128: the GGUF reader in transformers assumes it when reading
+Qwen3 back."""
 
 from __future__ import annotations
 
@@ -22,12 +24,14 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
 
 
 def _configs(vocab: int) -> dict:
-    from transformers import LlamaConfig, MistralConfig, Qwen3Config
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen3Config
 
     return {
         "llama": LlamaConfig(vocab_size=vocab, tie_word_embeddings=True, **SMALL),
         "qwen3": Qwen3Config(vocab_size=vocab, head_dim=128, tie_word_embeddings=True, **SMALL),
         "mistral": MistralConfig(vocab_size=vocab, sliding_window=None, **SMALL),
+        "gemma3_text": Gemma3TextConfig(vocab_size=vocab, head_dim=16, sliding_window=128, tie_word_embeddings=True,
+                                        **SMALL),
     }
 
 
@@ -40,7 +44,7 @@ def smollm_tokenizer():
     return AutoTokenizer.from_pretrained(str(resolve_model_path("SmolLM2-135M-Instruct", None)))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gemma3_text"])
 def test_family_round_trips_through_gguf(family, smollm_tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM
 
