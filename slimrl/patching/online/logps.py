@@ -7,15 +7,18 @@ out-of-memory pass is split in row slices (:mod:`slimrl.patching.online.oom`), e
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 
-from slimrl.compat.malloc import recycling_phase
 from slimrl.patching.online.oom import logps_with_recovery
 from slimrl.patching.registry import original
-from slimrl.patching.routes.method_capture import logps_and_entropies_through_ops, logps_shared_prefix_only
+from slimrl.patching.routes.method_capture import (
+    logps_and_entropies_through_ops,
+    logps_shared_prefix_only,
+    no_grad_phase,
+    rows_per_forward,
+)
 
 
 def online_logps(target: str, trainer: Any, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -32,10 +35,8 @@ def online_logps(target: str, trainer: Any, model: Any, input_ids: torch.Tensor,
                                           compute_aux_loss, **multimodal)
         if packed is not None:
             return packed
-        mini = getattr(trainer.args, "unsloth_grpo_mini_batch", None)
-        if mini and not torch.is_grad_enabled():
-            rows = min(rows or ids.size(0), mini)
-        with nullcontext() if torch.is_grad_enabled() else recycling_phase():  # as the method-capture route does
+        rows = rows_per_forward(trainer.args, rows or ids.size(0))
+        with no_grad_phase():  # as the method-capture route does
             return original(target, "_get_per_token_logps_and_entropies")(
                 trainer, model, ids, mask, logits_to_keep, batch_size=rows, compute_entropy=compute_entropy,
                 compute_aux_loss=compute_aux_loss, **multimodal)

@@ -38,17 +38,38 @@ def logps_and_entropies_through_ops(target: str, self, model, input_ids, attenti
                                     batch_size=None, compute_entropy=False, compute_aux_loss=False, **multimodal):
     """``_get_per_token_logps_and_entropies`` of any trainer with TRL's GRPO contract (see the module docstring);
     ``target`` names the class whose original method serves the cases the capture cannot."""
-    unwrapped = self.accelerator.unwrap_model(model)
-    head = plain_linear_head(unwrapped)
-    if head is None or compute_aux_loss or _has_extra_inputs(multimodal):
+    captured = _capturable(self, model, compute_aux_loss, multimodal)
+    if captured is None:
         fn = original(target, "_get_per_token_logps_and_entropies")
         return fn(self, model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
                   compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
-
-    # No-grad passes (old / reference log-probs) keep nothing alive between layers: let malloc recycle blocks.
-    with nullcontext() if torch.is_grad_enabled() else recycling_phase():
+    unwrapped, head = captured
+    with no_grad_phase():
         return _logps_through_ops(self, model, unwrapped.config, head, input_ids, attention_mask, logits_to_keep,
                                   batch_size, compute_entropy)
+
+
+def _capturable(self, model, compute_aux_loss: bool, multimodal: dict) -> tuple | None:
+    """(the unwrapped model, its plain LM head) when the capture can serve the call, else None (module docstring:
+    vision-language inputs, MoE aux loss, a head that is not a plain ``nn.Linear``)."""
+    unwrapped = self.accelerator.unwrap_model(model)
+    head = plain_linear_head(unwrapped)
+    if head is None or compute_aux_loss or _has_extra_inputs(multimodal):
+        return None
+    return unwrapped, head
+
+
+def no_grad_phase():
+    """Around a log-prob pass: :func:`slimrl.compat.malloc.recycling_phase` when it runs without gradient (old /
+    reference log-probs keep nothing alive between layers: malloc may recycle blocks), nothing otherwise."""
+    return nullcontext() if torch.is_grad_enabled() else recycling_phase()
+
+
+def rows_per_forward(args, rows: int) -> int:
+    """``rows`` per forward, cut to ``unsloth_grpo_mini_batch`` in the no-grad passes (fewer rows per forward, a
+    lower activation peak)."""
+    mini = getattr(args, "unsloth_grpo_mini_batch", None)
+    return min(rows, mini) if mini and not torch.is_grad_enabled() else rows
 
 
 FORWARD_COST_TOKENS = {"cpu": 16, "cuda": 4096}  # a forward's fixed cost, in tokens' worth of compute
@@ -125,17 +146,14 @@ def logps_shared_prefix_only(self, model, input_ids, attention_mask, logits_to_k
     """The shared-prefix layout alone, for a trainer whose other calls keep TRL's own method (RLOO from TRL 1.15,
     whose method runs TRL's fused head): the method's result, or None where the layout does not apply (the same
     cases as :func:`logps_and_entropies_through_ops`' fallback, plus every call the layout itself declines)."""
-    unwrapped = self.accelerator.unwrap_model(model)
-    head = plain_linear_head(unwrapped)
-    if head is None or compute_aux_loss or _has_extra_inputs(multimodal):
+    captured = _capturable(self, model, compute_aux_loss, multimodal)
+    if captured is None:
         return None
-    batch_size = batch_size or input_ids.size(0)
-    mini = getattr(self.args, "unsloth_grpo_mini_batch", None)
-    if mini and not torch.is_grad_enabled():
-        batch_size = min(batch_size, mini)
-    with nullcontext() if torch.is_grad_enabled() else recycling_phase():
+    unwrapped, head = captured
+    rows = rows_per_forward(self.args, batch_size or input_ids.size(0))
+    with no_grad_phase():
         return _packed(self, model, unwrapped.config, head, Head.of(head, unwrapped.config, self.args), input_ids,
-                       attention_mask, logits_to_keep, batch_size, compute_entropy)
+                       attention_mask, logits_to_keep, rows, compute_entropy)
 
 
 def _logps_through_ops(self, model, config, head, input_ids, attention_mask, logits_to_keep, batch_size,
@@ -144,10 +162,7 @@ def _logps_through_ops(self, model, config, head, input_ids, attention_mask, log
     (:func:`_groups_for`); the results are put back in the caller's row order, 0 at the cut padding."""
     check_batch_length(self.model, input_ids.size(1))
     projection = Head.of(head, config, self.args)
-    batch_size = batch_size or input_ids.size(0)
-    mini = getattr(self.args, "unsloth_grpo_mini_batch", None)
-    if mini and not torch.is_grad_enabled():  # no-grad passes: fewer rows per forward, lower activation peak
-        batch_size = min(batch_size, mini)
+    batch_size = rows_per_forward(self.args, batch_size or input_ids.size(0))
     packed = _packed(self, model, config, head, projection, input_ids, attention_mask, logits_to_keep, batch_size,
                      compute_entropy)
     if packed is not None:

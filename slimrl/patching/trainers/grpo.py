@@ -17,7 +17,6 @@ from contextlib import contextmanager
 
 import torch
 
-from slimrl.compat.malloc import recycling_phase
 from slimrl.models.modes import for_inference, for_training
 from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
 from slimrl.patching.online.engine_hooks import slimrl_vllm_generation_factory
@@ -64,13 +63,14 @@ def grpo_training_step_factory(orig_training_step):
 
 def slimrl_unwrap_for_generation_factory(orig_cm):
     """TRL's ``unwrap_model_for_generation`` (as imported by the GRPO trainer module) with the model switched by
-    ``FastLanguageModel.for_inference`` for the generation and back by ``for_training`` (exactly), inside
-    :func:`slimrl.compat.malloc.recycling_phase` (host allocator set for the KV cache's growth)."""
+    ``FastLanguageModel.for_inference`` for the generation and back by ``for_training`` (exactly). (TRL enters it
+    only inside ``_generate_single_turn``, whose wrap already runs in malloc's recycling phase:
+    :mod:`slimrl.patching.online.prefill`.)"""
 
     @contextmanager
     @functools.wraps(orig_cm)
     def slimrl_unwrap_model_for_generation(*args, **kwargs):
-        with recycling_phase(), orig_cm(*args, **kwargs) as unwrapped:
+        with orig_cm(*args, **kwargs) as unwrapped:
             for_inference(unwrapped)
             try:
                 yield unwrapped
