@@ -40,6 +40,12 @@ LLAMA_CPP := llama-cpp-python==0.3.36
 GGUF_CMAKE := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
 	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF
 
+# TRL's Triton fused-head kernel (the path slimrl hands DPO/KTO/SFT/RLOO back to on CUDA) run on this CPU by
+# Triton's interpreter (TRITON_INTERPRET=1): .venv-triton holds only the triton wheel (286 MB, from the package
+# index) and reads everything else from .venv through a .pth file, so it costs one download, not another install.
+VENVTRITON := .venv-triton
+TRITON := triton==3.9.0
+
 # Other people's scripts (Unsloth notebooks, TRL example scripts; ../shared/real_scripts, converted by the rule in
 # its README), run from where they are, never copied here. `make test` runs the fast subset in .venv; `make
 # test-scripts` runs every one in .venv-vllm (the fast_inference engine included). Where the folder is absent (a
@@ -47,7 +53,7 @@ GGUF_CMAKE := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=O
 REAL_SCRIPTS ?= $(abspath ../shared/real_scripts)
 SCRIPTS_FAST := trl_sft trl_dpo unsloth_gpt-oss_20B_RL_2048_Game
 
-.PHONY: demo envs test test-gguf-fast test-gpu gpu-wheels test-trl116 test-trl116-fast test-trl112-fast test-trl-matrix-fast test-vllm-fast test-full test-trl112 test-trl-matrix test-tf-gpu test-vllm test-gguf lint \
+.PHONY: demo envs test test-gguf-fast test-triton test-gpu gpu-wheels test-trl116 test-trl116-fast test-trl112-fast test-trl-matrix-fast test-vllm-fast test-full test-trl112 test-trl-matrix test-tf-gpu test-vllm test-gguf lint \
 	install \
 	clean test-scripts test-scripts-fast
 
@@ -87,7 +93,7 @@ demo: $(STAMP)
 # The three virtual environments are built side by side first (installing is mostly waiting on disk and unpacking),
 # then the suites run one after another. The editable installs write slimrl.egg-info in this directory: they take
 # turns (flock).
-envs: $(STAMP) $(STAMP112) $(STAMPVLLM) $(VENVGGUF)/.installed
+envs: $(STAMP) $(STAMP112) $(STAMPVLLM) $(VENVGGUF)/.installed $(VENVTRITON)/.installed
 
 # Then the suites one after another (they are CPU-bound: run side by side on 2 cores they took as long in all,
 # measured 2026-11-25, and their subprocess time limits got tight).
@@ -95,12 +101,13 @@ envs: $(STAMP) $(STAMP112) $(STAMPVLLM) $(VENVGGUF)/.installed
 # transformers-5.17 environment and most of the vLLM suite are left to make test-full).
 test:
 	$(MAKE) -j3 envs
-	$(MAKE) lint test-trl116-fast test-trl112-fast test-trl-matrix-fast test-vllm-fast test-gguf-fast test-scripts-fast
+	$(MAKE) lint test-trl116-fast test-trl112-fast test-trl-matrix-fast test-vllm-fast test-gguf-fast test-triton \
+	  test-scripts-fast
 
 # Everything: the whole suite on 1.16, the 1.12 subset, verify on every release, transformers 5.17, all of vLLM.
 test-full:
 	$(MAKE) -j3 envs
-	$(MAKE) lint test-trl116 test-trl112 test-trl-matrix test-tf-gpu test-vllm test-scripts-fast
+	$(MAKE) lint test-trl116 test-trl112 test-trl-matrix test-tf-gpu test-vllm test-triton test-scripts-fast
 
 test-scripts-fast: $(STAMP)
 	@if [ -f $(REAL_SCRIPTS)/run_all.sh ]; then \
@@ -192,6 +199,17 @@ test-gguf-fast: $(VENVGGUF)/.installed
 	@if [ -f $(GGUF_WHEELS)/.nocompiler ]; then echo "SKIPPED: llama.cpp checks (no C/C++ compiler to build it)"; \
 	else $(VENVGGUF)/bin/python -m pytest -q -p no:cacheprovider tests/gguf \
 	  "tests/e2e/test_smollm2_export.py::test_gguf_reads_back_to_the_merged_model[q4_k_m]"; fi
+
+$(VENVTRITON)/.installed: $(STAMP)
+	rm -rf $(VENVTRITON) && $(PYTHON) -m venv $(VENVTRITON)
+	$(VENVTRITON)/bin/python -m pip install -q "$(TRITON)"
+	echo "import site; site.addsitedir('$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+	  > $$($(VENVTRITON)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_slimrl_venv.pth
+	touch $@
+
+# tests/triton under the interpreter (about 15 s); skipped in every other environment.
+test-triton: $(VENVTRITON)/.installed
+	TRITON_INTERPRET=1 $(VENVTRITON)/bin/python -m pytest -q -p no:cacheprovider tests/triton
 
 # CUDA tests (skipped where there is no CUDA device); on the GPU machine after bench/gpu_setup.sh:
 # `make test-gpu PY=python3`.
