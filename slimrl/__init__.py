@@ -3,7 +3,8 @@
     from slimrl import FastLanguageModel      # patches TRL's trainers, as importing Unsloth does
     from slimrl import PatchFastRL            # the explicit, reversible way (PatchFastRL("grpo"); unpatch())
 
-``FastLanguageModel`` and ``FastModel`` are loaded on first use (:func:`slimrl.patching.patch_on_first_use`).
+``FastLanguageModel``, ``FastModel`` and ``FastVisionModel`` are loaded on first use
+(:func:`slimrl.patching.patch_on_first_use`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from slimrl.verify import verify  # `slimrl.verify(...)`: the patch proven exact
 
 install_one_line_errors()  # slimrl's own refusals print as one line at the user's line (slimrl.compat.callsite)
 
-_ON_FIRST_USE = {"FastLanguageModel": "FastLanguageModel", "FastModel": "FastModel"}
+_ON_FIRST_USE = {name: name for name in ("FastLanguageModel", "FastModel", "FastVisionModel")}
 
 
 def __getattr__(name: str) -> Any:
@@ -40,7 +41,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'slimrl' has no attribute {name!r}")
 
 
-__all__ = ["FastLanguageModel", "FastModel", "PatchFastRL", "PatchDPOTrainer", "unpatch", "vLLMSamplingParams",
-           "is_bfloat16_supported", "verify", "check_python_modules", "create_locked_down_function",
-           "execute_with_time_limit", "run_sandboxed", "SandboxLimits"]
+__all__ = ["FastLanguageModel", "FastModel", "FastVisionModel", "PatchFastRL", "PatchDPOTrainer", "unpatch",
+           "vLLMSamplingParams", "is_bfloat16_supported", "verify", "check_python_modules",
+           "create_locked_down_function", "execute_with_time_limit", "run_sandboxed", "SandboxLimits"]
 __version__ = "0.1.0"

@@ -1,5 +1,5 @@
 """Model loading, LoRA and mode switching."""
 
-from slimrl.models.fast_language_model import FastLanguageModel, FastModel
+from slimrl.models.fast_language_model import FastLanguageModel, FastModel, FastVisionModel
 
-__all__ = ["FastLanguageModel", "FastModel"]
+__all__ = ["FastLanguageModel", "FastModel", "FastVisionModel"]

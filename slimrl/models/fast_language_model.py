@@ -21,6 +21,7 @@ from slimrl.models.methods import attach
 from slimrl.models.modes import for_inference, for_training
 from slimrl.models.quantized import keep_quantized_trainable
 from slimrl.models.tokenizers import with_token_id_chat_templates
+from slimrl.models.vision import is_vision_language, load_processor, vision_target_modules
 
 # Projection names of the attention and MLP blocks across common architectures (Llama, Qwen, Mistral, Gemma,
 # Phi-3 fused qkv/gate_up, GPT-2/NeoX style). Only those present in the model are targeted.
@@ -63,8 +64,9 @@ def default_target_modules(model: torch.nn.Module, attention: bool = True, mlp: 
 class FastLanguageModel:
     """Unsloth-compatible entry point (``from slimrl import FastLanguageModel``)."""
 
-    @staticmethod
+    @classmethod
     def from_pretrained(
+        cls,
         model_name: str = "SmolLM2-135M-Instruct",
         max_seq_length: int = 2048,
         dtype: torch.dtype | str | None = None,
@@ -107,8 +109,6 @@ class FastLanguageModel:
         :meth:`get_peft_model`'s; ``resize_model_vocab``: the embedding resized; the ones that mean nothing here,
         such as ``offload_embedding``, with one line each).
         """
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         if not isinstance(max_seq_length, int) or max_seq_length < 1:
             raise ValueError(f"max_seq_length must be a positive int, got {max_seq_length!r}")
         if not isinstance(max_lora_rank, int) or max_lora_rank < 1:
@@ -149,7 +149,10 @@ class FastLanguageModel:
                 and 0 < gpu_memory_utilization < 1):
             raise ValueError(f"gpu_memory_utilization must be a float in (0, 1) or 'auto', got "
                              f"{gpu_memory_utilization!r}")
+        vision = cls._loads_vision(str(path), bool(load_kwargs.get("trust_remote_code", False)))
         engine_problem = vllm_status() if fast_inference else None
+        if fast_inference and vision and engine_problem is None:
+            engine_problem = "slimrl's engine does not serve vision-language models yet"
         if engine_problem is not None:
             warn(f"fast_inference=True: {engine_problem}; generation will use Hugging Face generate")
         # Safe defaults: weights from safetensors only (no pickle), no remote code unless the caller passes it.
@@ -160,21 +163,20 @@ class FastLanguageModel:
                              f"pytorch_model.bin): slimrl loads safetensors only by default; convert the checkpoint "
                              f"(model.save_pretrained(dir, safe_serialization=True)) or, for a file you trust, pass "
                              f"use_safetensors=False")
-        model = AutoModelForCausalLM.from_pretrained(str(path), **load_kwargs)
+        model, tokenizer = _load(str(path), load_kwargs, vision)
         keep_quantized_trainable(model)
-        tokenizer = with_token_id_chat_templates(
-            AutoTokenizer.from_pretrained(str(path), trust_remote_code=load_kwargs["trust_remote_code"]))
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a vision model's processor holds one
+        if text_tokenizer.pad_token is None:
+            text_tokenizer.pad_token = text_tokenizer.eos_token
         if getattr(model.generation_config, "pad_token_id", None) is None:
-            model.generation_config.pad_token_id = tokenizer.pad_token_id
+            model.generation_config.pad_token_id = text_tokenizer.pad_token_id
         model.max_seq_length = max_seq_length
-        model.slimrl_tokenizer = tokenizer  # for_inference / for_training switch its padding side
+        model.slimrl_tokenizer = text_tokenizer  # for_inference / for_training switch its padding side
         if resize_model_vocab is not None:
             model.resize_token_embeddings(int(resize_model_vocab))
         model.slimrl_config = {"fast_inference": bool(fast_inference), "max_lora_rank": max_lora_rank,
                                "gpu_memory_utilization": gpu_memory_utilization, "model_path": str(path),
-                               "full_finetuning": bool(full_finetuning)}
+                               "full_finetuning": bool(full_finetuning), "vision": vision}
         if use_gradient_checkpointing is not None:
             model.slimrl_config["gradient_checkpointing_default"] = use_gradient_checkpointing
         engine = fast_inference and engine_problem is None
@@ -190,6 +192,12 @@ class FastLanguageModel:
         return model, tokenizer
 
     @staticmethod
+    def _loads_vision(path: str, trust_remote_code: bool) -> bool:
+        """Whether :meth:`from_pretrained` loads ``path`` as a vision-language model: never for
+        ``FastLanguageModel`` (a causal LM)."""
+        return False
+
+    @staticmethod
     def get_peft_model(
         model: Any,
         r: int = 16,
@@ -203,6 +211,7 @@ class FastLanguageModel:
         finetune_language_layers: bool = True,
         finetune_attention_modules: bool = True,
         finetune_mlp_modules: bool = True,
+        finetune_vision_layers: bool = True,
         **kwargs: Any,
     ) -> Any:
         """Wrap ``model`` with a LoRA adapter through PEFT (``r``, ``lora_alpha``, ``lora_dropout``, ``bias``).
@@ -218,8 +227,10 @@ class FastLanguageModel:
         Unsloth's keywords (:mod:`slimrl.models.unsloth_keywords`): PEFT's own (``use_rslora``, ``loftq_config``,
         ``init_lora_weights``, ``layers_to_transform``, ``modules_to_save``, ...) go to ``LoraConfig``;
         ``finetune_attention_modules`` / ``finetune_mlp_modules=False`` leave those projections out of the default
-        targets; ``max_seq_length`` is stored on the model; a model loaded with ``full_finetuning=True`` gets no
-        adapter (one line) and trains every weight.
+        targets; on a vision-language model (``FastModel`` / ``FastVisionModel``) ``finetune_vision_layers`` /
+        ``finetune_language_layers=False`` leave out the vision tower / the language model
+        (:func:`slimrl.models.vision.vision_target_modules`); ``max_seq_length`` is stored on the model; a model
+        loaded with ``full_finetuning=True`` gets no adapter (one line) and trains every weight.
         """
         from peft import LoraConfig, get_peft_model
 
@@ -248,11 +259,16 @@ class FastLanguageModel:
                                   "every weight trains")
             enable_checkpointing(model, use_gradient_checkpointing, every)
             return attach(model)
-        if not finetune_language_layers:
+        if loaded.get("vision") or is_vision_language(getattr(model, "config", None)):
+            targets = target_modules or vision_target_modules(
+                model, vision=finetune_vision_layers, language=finetune_language_layers,
+                attention=finetune_attention_modules, mlp=finetune_mlp_modules)
+        elif not finetune_language_layers:
             raise ValueError("get_peft_model(finetune_language_layers=False): a text model has nothing else to put "
                              "an adapter on; pass finetune_language_layers=True")
-        targets = target_modules or default_target_modules(
-            model, attention=finetune_attention_modules, mlp=finetune_mlp_modules)
+        else:
+            targets = target_modules or default_target_modules(
+                model, attention=finetune_attention_modules, mlp=finetune_mlp_modules)
         keep_quantized_trainable(model)  # a quantized base loaded elsewhere, maybe run in eval mode already
         torch.manual_seed(random_state)
         config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias,
@@ -279,4 +295,29 @@ class FastLanguageModel:
 
 class FastModel(FastLanguageModel):
     """Unsloth's generic entry point (``from slimrl import FastModel``): the same calls as
-    :class:`FastLanguageModel` for text models (Unsloth's Gemma 3 and gpt-oss notebooks use it)."""
+    :class:`FastLanguageModel`; a vision-language model (its config has a ``vision_config``) loads with
+    ``AutoModelForImageTextToText`` and ``from_pretrained`` returns ``(model, processor)``
+    (:mod:`slimrl.models.vision`), text models as :class:`FastLanguageModel` loads them (Unsloth's Gemma 3 and
+    gpt-oss notebooks use it)."""
+
+    @staticmethod
+    def _loads_vision(path: str, trust_remote_code: bool) -> bool:
+        from transformers import AutoConfig
+
+        return is_vision_language(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
+
+
+class FastVisionModel(FastModel):
+    """Unsloth's vision entry point (``from slimrl import FastVisionModel``): :class:`FastModel` under the name
+    Unsloth's vision notebooks import."""
+
+
+def _load(path: str, load_kwargs: dict, vision: bool) -> tuple[Any, Any]:
+    """(model, tokenizer) of a causal LM, or (model, processor) of a vision-language model."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+    trust = load_kwargs["trust_remote_code"]
+    if vision:
+        return AutoModelForImageTextToText.from_pretrained(path, **load_kwargs), load_processor(path, trust)
+    model = AutoModelForCausalLM.from_pretrained(path, **load_kwargs)
+    return model, with_token_id_chat_templates(AutoTokenizer.from_pretrained(path, trust_remote_code=trust))

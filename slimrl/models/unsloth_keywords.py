@@ -86,7 +86,9 @@ KEYWORDS: tuple[Keyword, ...] = (
                                                        "nothing to train, an error)"),
     Keyword("finetune_attention_modules", P, "honoured", "False: no adapter on attention projections"),
     Keyword("finetune_mlp_modules", P, "honoured", "False: no adapter on MLP projections"),
-    Keyword("finetune_vision_layers", P, "ignored", "a text model has no vision layers", off=(None, False, True)),
+    Keyword("finetune_vision_layers", P, "honoured", "vision-language models (`FastModel` / `FastVisionModel`): "
+                                                      "False leaves the vision tower without adapters; a text "
+                                                      "model has none"),
     Keyword("temporary_location", P, "ignored", "Unsloth's scratch directory; slimrl's writes go through temporary "
                                                 "directories of their own",
             off=(None, "_unsloth_temporary_saved_buffers")),

@@ -109,11 +109,13 @@ class TrainerSpec:
 
 
 TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
-    TrainerSpec("grpo", grpo.TRAINER, grpo.CONFIG, layouts=PROMPT, routes=("method capture",),
+    TrainerSpec("grpo", grpo.TRAINER, grpo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
                 scenario=grpo.scenario,
                 workload=grpo.WORKLOAD,
-                note=ROUTES["method capture"],
-                parity_test="all 8 loss types × beta, `tests/patching/trainers/test_grpo.py`",
+                note=ROUTES["method capture"] + "; the calls it leaves to TRL (images, MoE aux loss, a LoRA head): "
+                     + ROUTES["fused head"] + " on TRL ≥ 1.15",
+                parity_test="all 8 loss types × beta, `tests/patching/trainers/test_grpo.py`; images: "
+                            "`tests/patching/test_vision_parity.py`",
                 fields=ALL_FIELDS, config_init=grpo.grpo_config_init_factory,
                 init_hooks=(check_sequence_budget, apply_engine_defaults,
                             functools.partial(vllm_or_transformers, trainer_module=grpo.MODULE)), auto_fit=True,
