@@ -23,6 +23,28 @@ def _tokenizer(model: Any, tokenizer: Any) -> Any:
     return getattr(base, "slimrl_tokenizer", None) or getattr(model, "slimrl_tokenizer", None)
 
 
+# SentencePiece model files: transformers 5 tokenizers save tokenizer.json only, while llama.cpp's converter reads
+# the SentencePiece model for some families (Gemma 2 only through it)
+SENTENCEPIECE_FILES = ("tokenizer.model",)
+
+
+def _save_tokenizer(model: Any, tok: Any, directory: Path) -> None:
+    """``tok.save_pretrained(directory)``, plus the SentencePiece model files of the directory the model or the
+    tokenizer was loaded from that the save did not write (:data:`SENTENCEPIECE_FILES`)."""
+    import shutil
+
+    tok.save_pretrained(str(directory))
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    sources = [getattr(base, "slimrl_config", {}).get("model_path"), getattr(tok, "name_or_path", None),
+               getattr(getattr(base, "config", None), "_name_or_path", None)]
+    for name in SENTENCEPIECE_FILES:
+        if (Path(directory) / name).exists():
+            continue
+        found = next((Path(s) / name for s in sources if s and (Path(s) / name).is_file()), None)
+        if found is not None:
+            shutil.copyfile(found, Path(directory) / name)
+
+
 def _is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
@@ -36,7 +58,7 @@ def save_lora(model: Any, save_directory: str | Path, tokenizer: Any = None) -> 
         model.save_pretrained(str(stage))
         tok = _tokenizer(model, tokenizer)
         if tok is not None:
-            tok.save_pretrained(str(stage))
+            _save_tokenizer(model, tok, stage)
     return Path(save_directory)
 
 
@@ -66,7 +88,7 @@ def save_pretrained_merged(model: Any, save_directory: str | Path, tokenizer: An
             merged.save_pretrained(str(stage), safe_serialization=True, **kwargs)
         tok = _tokenizer(model, tokenizer)
         if tok is not None:
-            tok.save_pretrained(str(stage))
+            _save_tokenizer(model, tok, stage)
     return Path(save_directory)
 
 
@@ -103,7 +125,7 @@ def save_pretrained_gguf(model: Any, save_directory: str | Path, tokenizer: Any 
     with tempfile.TemporaryDirectory(prefix="slimrl-merged-") as tmp:
         merged = merge.merged_model(model)
         merged.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
+        _save_tokenizer(model, tok, Path(tmp))
         del merged
         source = "bf16" if str(merge.output_dtype(model)) == "torch.bfloat16" else "f16"
         with staged_directory(save_directory) as stage:

@@ -4,9 +4,12 @@ logits (relative 2e-3: one fp16 rounding of every weight) and the same top-1 eve
 
 The tokenizer is SmolLM2's (a BPE vocabulary llama.cpp's converter recognises), the model's vocabulary sized to it.
 Gemma 3 (text) goes through the converter's BPE path (it reads a SentencePiece ``tokenizer.model`` where the model
-directory has one, else the tokenizer's BPE vocabulary). Not covered here: Qwen2 (its converter identifies the
-tokenizer by a hash of Qwen's own pre-tokenizer, which is not available offline) and Gemma 2 (its converter reads
-only a SentencePiece model file). Qwen3 uses head_dim 128: the GGUF reader in transformers assumes it when reading
+directory has one, else the tokenizer's BPE vocabulary). Gemma 2's converter reads only a SentencePiece model file,
+which transformers 5 tokenizers do not write: its test trains a small SentencePiece model here and checks that the
+export carries the file over from the model's directory and that the GGUF's vocabulary is that model's. Not covered
+here: Qwen2 (its converter identifies the tokenizer by a hash of Qwen's own pre-tokenizer; transformers 5 reads any
+BPE vocabulary in a Qwen2 directory as Qwen2's tokenizer, so only Qwen's own files give a hash it knows, and they
+are not available offline). Qwen3 uses head_dim 128: the GGUF reader in transformers assumes it when reading
 Qwen3 back."""
 
 from __future__ import annotations
@@ -74,3 +77,58 @@ def test_family_round_trips_through_gguf(family, smollm_tokenizer, tmp_path):
     err = ((got - ref)[mask].norm() / ref[mask].norm()).item()
     assert err <= 2e-3, f"{family}: relative logit error {err:.2e}"
     assert torch.equal(got[mask].argmax(-1), ref[mask].argmax(-1)), f"{family}: top-1 differs"
+
+
+def _sentencepiece_model(vocab: int) -> bytes:
+    """A SentencePiece BPE model trained here (Gemma's special ids: pad 0, eos 1, bos 2, unk 3)."""
+    import io
+
+    import sentencepiece as spm
+
+    lines = ["The capital of France is Paris", "def add(a, b): return a + b", "0 1 2 3 4 5 6 7 8 9"] * 100
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out, vocab_size=vocab,
+                                   model_type="bpe", pad_id=0, eos_id=1, bos_id=2, unk_id=3, byte_fallback=True,
+                                   hard_vocab_limit=False, minloglevel=2)
+    return out.getvalue()
+
+
+def test_gemma2_carries_its_sentencepiece_model(tmp_path):
+    import json
+
+    import sentencepiece as spm
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM, Gemma2Config
+
+    from slimrl import FastLanguageModel
+
+    proto = _sentencepiece_model(400)
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    vocab = sp.vocab_size()  # at most 400: what the small corpus allows
+    pieces = [sp.id_to_piece(i) for i in range(vocab)]
+    config = Gemma2Config(vocab_size=vocab, head_dim=16, sliding_window=128, tie_word_embeddings=True, pad_token_id=0,
+                          eos_token_id=1, bos_token_id=2, **SMALL)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(8.0)
+    src = tmp_path / "hf"
+    model.save_pretrained(src)
+    (src / "tokenizer.model").write_bytes(proto)  # as a Gemma 2 checkpoint ships it
+    (src / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GemmaTokenizer"}))
+    loaded, tok = FastLanguageModel.from_pretrained(str(src), max_seq_length=128)
+    files = loaded.save_pretrained_gguf(tmp_path / "gguf", tok, quantization_method="f16")
+    fields = GGUFReader(str(files[0])).fields
+    tokens = fields["tokenizer.ggml.tokens"]
+    written = [bytes(tokens.parts[i]).decode() for i in tokens.data]
+    assert written[:vocab] == pieces, "the GGUF's vocabulary is not the SentencePiece model's"
+    back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "gguf"), gguf_file=files[0].name,
+                                                dtype=torch.float32).eval()
+    ids = torch.tensor([sp.encode("The capital of France is Paris 0 1 2")[:4], sp.encode("def add(a, b): 7 8 9")[:4]])
+    ids = torch.cat([torch.full((2, 1), 2), ids], 1)  # bos first, as Gemma 2 is run
+    with torch.no_grad():
+        ref, got = model(input_ids=ids).logits, back(input_ids=ids).logits  # [B, T, V]
+    err = ((got - ref).norm() / ref.norm()).item()
+    assert err <= 2e-3, f"gemma2: relative logit error {err:.2e}"
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
