@@ -92,16 +92,19 @@ def build(family: str, seed: int = 0, image_size: int = 56, dtype: torch.dtype =
         raise ValueError(f"family must be one of {', '.join(FAMILIES)}; got {family!r}")
     tok = _tokenizer(family, vocab_size)
     ids = {t: tok.convert_tokens_to_ids(t) for t in _MARKERS[family]}
-    text = dict(WIDTH, vocab_size=len(tok), max_position_embeddings=4096, pad_token_id=0, eos_token_id=1,
-                bos_token_id=None, tie_word_embeddings=True, **(text_width or {}))
-    vision = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, **(vision_width or {}))
+    text = {**WIDTH, "vocab_size": len(tok), "max_position_embeddings": 4096, "pad_token_id": 0, "eos_token_id": 1,
+            "bos_token_id": None, "tie_word_embeddings": True, **(text_width or {})}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, **(vision_width or {})}
     torch.manual_seed(seed)
     if family == "qwen2.5-vl":
         from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+        half = text["hidden_size"] // text["num_attention_heads"] // 2  # rotary pairs per head
+        temporal = half // 4  # Qwen2.5-VL's split of them (16, 24, 24 at head_dim 128)
+        sections = [temporal, (half - temporal) // 2, half - temporal - (half - temporal) // 2]
         config = Qwen2_5_VLConfig(
-            text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]}},
+            text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": sections}},
             vision_config=dict(depth=vision_layers, hidden_size=vision["hidden_size"],
                                intermediate_size=vision["intermediate_size"], num_heads=vision["num_attention_heads"],
                                out_hidden_size=text["hidden_size"], patch_size=14, spatial_merge_size=2,
