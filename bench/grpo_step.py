@@ -137,6 +137,27 @@ class PhaseProfiler:
         setattr(obj, attr, wrapped)
 
 
+def profile_phases(prof: PhaseProfiler, trainer) -> list[float]:
+    """Label ``trainer``'s phases for ``prof`` (generation, no-grad log-probs, policy forward, backward) and time
+    each optimizer step; returns the list the step times are appended to."""
+    prof.wrap(trainer, "_generate", "generation")
+    prof.wrap(trainer, "_get_per_token_logps_and_entropies",
+              lambda grad: "policy forward (grad)" if grad else "old/ref log-probs (no grad)")
+    prof.wrap(trainer.accelerator, "backward", "backward")
+    step_times: list[float] = []
+    from transformers import TrainerCallback
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            step_times.append(time.perf_counter() - self.t0)
+
+    trainer.add_callback(Timer())
+    return step_times
+
+
 def _reward_len(completions, **kwargs):
     if os.environ.get("BENCH_SHOW"):
         print("COMPLETIONS", [str(c)[:160] for c in completions], flush=True)
@@ -387,7 +408,6 @@ def worker(args: argparse.Namespace) -> dict:
         trainer_kwargs["tools"] = [calculator]
     trainer = trainer_cls(model=model, args=cfg, reward_funcs=[_reward_len], train_dataset=ds,
                           processing_class=tok, **trainer_kwargs)
-    prof.wrap(trainer, "_generate", "generation")
     sync_times: list[float] = []
     if args.tools:
         force_tool_turns(tok, args.length)
@@ -406,20 +426,7 @@ def worker(args: argparse.Namespace) -> dict:
             sync_times.append(time.perf_counter() - t0)
 
         trainer.vllm_generation.sync_weights = timed_sync
-    prof.wrap(trainer, "_get_per_token_logps_and_entropies",
-              lambda grad: "policy forward (grad)" if grad else "old/ref log-probs (no grad)")
-    prof.wrap(trainer.accelerator, "backward", "backward")
-    step_times: list[float] = []
-    from transformers import TrainerCallback
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, *a, **k):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *a, **k):
-            step_times.append(time.perf_counter() - self.t0)
-
-    trainer.add_callback(Timer())
+    step_times = profile_phases(prof, trainer)
     rss_before = _rss_mb()
     with prof.phase("other (train loop, optimizer)"):
         trainer.train()

@@ -26,11 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_step import RESULT_TAG, PhaseProfiler, _hwm_mb, run_worker  # noqa: E402  (bench/ is not a package)
+from grpo_step import RESULT_TAG, PhaseProfiler, _hwm_mb, profile_phases, run_worker  # noqa: E402  (bench/ is not a package)
 
 SHAPES = {
     "3b": dict(text_width=dict(hidden_size=2048, intermediate_size=11008, num_attention_heads=16,
@@ -99,21 +98,7 @@ def worker(args: argparse.Namespace) -> dict:
                      logging_steps=1, save_strategy="no", bf16=False, use_cpu=True, seed=0)
     trainer = GRPOTrainer(model=model, args=cfg, reward_funcs=[_reward], train_dataset=Dataset.from_list(rows),
                           processing_class=processor, **trainer_kwargs)
-    prof.wrap(trainer, "_generate", "generation")
-    prof.wrap(trainer, "_get_per_token_logps_and_entropies",
-              lambda grad: "policy forward (grad)" if grad else "old/ref log-probs (no grad)")
-    prof.wrap(trainer.accelerator, "backward", "backward")
-    step_times: list[float] = []
-    from transformers import TrainerCallback
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, *a, **k):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *a, **k):
-            step_times.append(time.perf_counter() - self.t0)
-
-    trainer.add_callback(Timer())
+    step_times = profile_phases(prof, trainer)
     with prof.phase("other (train loop, optimizer)"):
         trainer.train()
     prof.stop()
