@@ -21,7 +21,7 @@ from slimrl.models.methods import attach
 from slimrl.models.modes import for_inference, for_training
 from slimrl.models.quantized import keep_quantized_trainable
 from slimrl.models.tokenizers import with_token_id_chat_templates
-from slimrl.models.vision import is_vision_language, load_processor, vision_target_modules
+from slimrl.models.vision import ATTENTION_PARTS, is_vision_language, load_processor, on_path, vision_target_modules
 
 # Projection names of the attention and MLP blocks across common architectures (Llama, Qwen, Mistral, Gemma,
 # Phi-3 fused qkv/gate_up, GPT-2/NeoX style). Only those present in the model are targeted.
@@ -51,10 +51,7 @@ def default_target_modules(model: torch.nn.Module, attention: bool = True, mlp: 
     if attention and mlp:
         return [n for n in _PROJECTION_NAMES if n in set(found.values())]
 
-    def is_attention(path: str) -> bool:
-        return any("attn" in part or "attention" in part for part in path.lower().split(".")[:-1])
-
-    targets = [path for path in found if is_attention(path) == attention]
+    targets = [path for path in found if on_path(path, ATTENTION_PARTS) == attention]
     if not targets:
         raise ValueError(f"finetune_attention_modules={attention}, finetune_mlp_modules={mlp}: no projection "
                          f"left to put an adapter on; set one of them to True")

@@ -17,9 +17,14 @@ import torch
 
 from slimrl.compat.callsite import warn
 
-_VISION_PARTS = ("vision", "visual", "image", "patch")
-_ATTENTION_PARTS = ("attn", "attention")
-_MLP_PARTS = ("mlp", "feed_forward", "ffn")
+VISION_PARTS = ("vision", "visual", "image", "patch")
+ATTENTION_PARTS = ("attn", "attention")
+MLP_PARTS = ("mlp", "feed_forward", "ffn")
+
+
+def on_path(name: str, tags: tuple[str, ...]) -> bool:
+    """Whether a module above the layer ``name`` (a dotted path) has one of ``tags`` in its name."""
+    return any(tag in part for part in name.lower().split(".")[:-1] for tag in tags)
 
 
 def is_vision_language(config: Any) -> bool:
@@ -93,10 +98,9 @@ def vision_target_modules(model: torch.nn.Module, vision: bool, language: bool, 
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear) or "lm_head" in name:
             continue
-        parts = name.lower().split(".")[:-1]
-        in_vision = any(tag in part for part in parts for tag in _VISION_PARTS)
-        is_attention = any(tag in part for part in parts for tag in _ATTENTION_PARTS)
-        is_mlp = not is_attention and any(tag in part for part in parts for tag in _MLP_PARTS)
+        in_vision = on_path(name, VISION_PARTS)
+        is_attention = on_path(name, ATTENTION_PARTS)
+        is_mlp = not is_attention and on_path(name, MLP_PARTS)
         if (vision if in_vision else language) and ((attention and is_attention) or (mlp and is_mlp)):
             out.append(name)
     if not out:

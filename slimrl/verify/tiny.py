@@ -28,23 +28,35 @@ CHAT_SPECIAL = ["<pad>", "<|im_end|>", "<unk>", "<|im_start|>", "<tool_call>", "
                 "</tool_response>", "<think>", "</think>"]
 
 
-def chat_tokenizer():
-    """Character-level fast tokenizer for tool calling: Qwen3's chat markers as whole tokens (pad 0, eos
-    ``<|im_end|>`` 1), every printable ASCII character and newline as one token each (vocab 107), decoding by plain
-    concatenation (so TRL's response parser reads the JSON of a tool call back), and TRL's Qwen3 chat template with
-    its response template: what TRL's agentic GRPO needs from a tokenizer, without a download."""
+def chatml_char_tokenizer(specials: list[str], vocab_size: int | None = None, **extra_special_tokens: str):
+    """Character-level fast tokenizer: ``specials`` as whole tokens (the first three are pad, eos and unk; the rest
+    additional special tokens), then every printable ASCII character and newline as one token each, then filler
+    entries up to ``vocab_size`` (text never produces them; sampled ids decode to them); decoding by plain
+    concatenation. ``extra_special_tokens`` names more of ``specials`` (e.g. Gemma 3's ``boi_token``)."""
     import string
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-    from trl.chat_template_utils import add_response_schema, qwen3_chat_template
 
-    chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
-    tk = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(CHAT_SPECIAL + chars)}, unk_token="<unk>"))
+    words = specials + [c for c in string.printable if c not in "\r\x0b\x0c"]
+    words += [f"<|v{i}|>" for i in range(len(words), vocab_size or 0)]
+    tk = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(words)}, unk_token=specials[2]))
     tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tk.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>")
-    tok.add_special_tokens({"additional_special_tokens": CHAT_SPECIAL[3:]})
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token=specials[0], eos_token=specials[1],
+                                  unk_token=specials[2], extra_special_tokens=extra_special_tokens or None)
+    tok.add_special_tokens({"additional_special_tokens": specials[3:]})
+    return tok
+
+
+def chat_tokenizer():
+    """Character-level fast tokenizer for tool calling (:func:`chatml_char_tokenizer`): Qwen3's chat markers as
+    whole tokens (pad 0, eos ``<|im_end|>`` 1; vocab 107), and TRL's Qwen3 chat template with its response template
+    (so TRL's response parser reads the JSON of a tool call back): what TRL's agentic GRPO needs from a tokenizer,
+    without a download."""
+    from trl.chat_template_utils import add_response_schema, qwen3_chat_template
+
+    tok = chatml_char_tokenizer(CHAT_SPECIAL)
     tok.chat_template = qwen3_chat_template
     return add_response_schema(tok)
 

@@ -17,17 +17,16 @@ has no CPU build beside the CPU torch used here; image prompts never reach it.
 
 from __future__ import annotations
 
-import string
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from slimrl.models.vision import image_only
+from slimrl.verify.tiny import chatml_char_tokenizer
 
 FAMILIES = ("qwen2.5-vl", "gemma3", "idefics3")
 WIDTH = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-_CHARS = [c for c in string.printable if c not in "\r\x0b\x0c"]
 
 _MARKERS = {
     "qwen2.5-vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
@@ -52,22 +51,11 @@ def chat_template(family: str) -> str:
 
 
 def _tokenizer(family: str, vocab_size: int | None = None):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    special = ["<pad>", "<|im_end|>", "<unk>", "<|im_start|>", *_MARKERS[family]]
-    words = special + _CHARS
-    # filler entries up to a realistic vocabulary (benches): text never produces them, sampled ids decode to them
-    words += [f"<|v{i}|>" for i in range(len(words), vocab_size or 0)]
-    tk = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(words)}, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tk.decoder = decoders.Fuse()
     extra = {}
     if family == "gemma3":
         extra = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>",
-                                  extra_special_tokens=extra or None)
-    tok.add_special_tokens({"additional_special_tokens": special[3:]})
+    tok = chatml_char_tokenizer(["<pad>", "<|im_end|>", "<unk>", "<|im_start|>", *_MARKERS[family]], vocab_size,
+                                **extra)
     tok.chat_template = chat_template(family)
     return tok
 
