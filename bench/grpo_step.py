@@ -35,12 +35,13 @@ a story to continue, the same text on every side) instead of the one-line defaul
 shapes of the shared-prefix issue: ``--prompt-tokens 72 --length 20`` (the default ``slimrl train`` job's lengths),
 ``--prompt-tokens 200 --length 256 --mixed`` (GSM8K-shaped) and ``--prompt-tokens 2048 --length 256`` (long prompt).
 
-``--tools`` (GRPO, HF generate): a multi-turn tool task — TRL's ``tools=[calculator]`` with TRL's Qwen3 chat template
-on SmolLM2's tokenizer (the same ChatML markers; SmolLM2's own template has no tools), a system + user prompt (about
-230 tokens with the tool description); each completion's first turn is forced to a calculator call (8 spellings of
-the expression), TRL runs the tool and the second turn samples exactly ``--length`` tokens
-(:func:`force_tool_turns`). The completions then hold the call, the tool result (masked from the loss by TRL) and
-the answer; generation's phase includes TRL's tool loop.
+``--tools`` (GRPO; HF generate, or ``engine``): a multi-turn tool task — TRL's ``tools=[calculator]`` with TRL's Qwen3
+chat template on SmolLM2's tokenizer (the same ChatML markers; SmolLM2's own template has no tools), a system + user
+prompt (about 230 tokens with the tool description); each completion's first turn is forced to a calculator call (8
+spellings of the expression), TRL runs the tool and the second turn samples exactly ``--length`` tokens
+(:func:`force_tool_turns`). The completions then hold the call, the tool result (masked from the loss by TRL) and the
+answer; generation's phase includes TRL's tool loop. With ``engine`` the same turns are held by vLLM's settings
+(:func:`force_tool_turns_engine`) and every turn is served by the engine.
 
 The worker also samples RSS every 10 ms and labels it with the phase the trainer is in (generation, no-grad
 log-probs, policy forward, backward, other), so ``--profile`` prints where the peak comes from.
@@ -298,6 +299,34 @@ def force_tool_turns(tok, length: int) -> None:
     GenerationMixin.generate = generate
 
 
+def force_tool_turns_engine(engine, tok, length: int) -> None:
+    """``--tools`` with the engine: what :func:`force_tool_turns` does to HF generate, as per-row vLLM settings: a
+    first turn is held to one of the ``CALLS`` by vLLM's structured outputs (a regex of the 8 calls; the engine
+    samples which), a turn after a tool result samples exactly ``length`` tokens (``min_tokens = max_tokens``)."""
+    import json
+    import re
+
+    from vllm.sampling_params import StructuredOutputsParams
+
+    calls = ["<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": e}}) + "\n</tool_call>"
+             for e in dict.fromkeys(CALLS)]
+    regex = "(?:" + "|".join(re.escape(c) for c in calls) + ")"
+    orig = engine.generate
+
+    def generate(prompt_token_ids, sampling_params, *args, **kwargs):
+        per_row = []
+        for ids in prompt_token_ids:
+            p = sampling_params.clone()
+            if "<tool_response>" in tok.decode(ids):
+                p.min_tokens, p.max_tokens = length, length
+            else:
+                p.structured_outputs = StructuredOutputsParams(regex=regex)
+            per_row.append(p)
+        return orig(prompt_token_ids, per_row, *args, **kwargs)
+
+    engine.generate = generate
+
+
 STORY = ("Once upon a time the number five lived in a small town of numbers, where every morning it counted the "
          "houses on its street, greeted the fours and the sixes, and wondered what lay past the river of zeros. ")
 
@@ -357,8 +386,8 @@ def worker(args: argparse.Namespace) -> dict:
             raise SystemExit("--mixed is not available for trl-vllm (TRL's own vLLM call takes no per-row lengths)")
         force = {}
     if args.tools:
-        if base in ("engine", "trl-vllm"):
-            raise SystemExit("--tools is measured with HF generate only (its turns are forced by a logits processor)")
+        if base == "trl-vllm":
+            raise SystemExit("--tools is not available for trl-vllm (TRL's own vLLM call takes no per-row settings)")
         force = {}
     if base == "trl-vllm":
         extra.update(use_vllm=True, vllm_mode="colocate", vllm_max_model_length=2048)
@@ -409,7 +438,9 @@ def worker(args: argparse.Namespace) -> dict:
     trainer = trainer_cls(model=model, args=cfg, reward_funcs=[_reward_len], train_dataset=ds,
                           processing_class=tok, **trainer_kwargs)
     sync_times: list[float] = []
-    if args.tools:
+    if args.tools and base == "engine":
+        force_tool_turns_engine(model.vllm_engine, tok, args.length)
+    elif args.tools:
         force_tool_turns(tok, args.length)
     elif args.mixed:
         engine = getattr(model, "vllm_engine", None)

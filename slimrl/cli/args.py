@@ -50,6 +50,12 @@ class TrainArguments:
     dataset: str | None = field(default=None, metadata={
         "help": "JSON/JSONL/CSV/parquet file or a datasets name in the local cache, in the algorithm's layout "
                 "(grpo/rloo: a 'prompt' column). Default: built-in arithmetic word problems."})
+    task: str = field(default="arithmetic", metadata={
+        "help": "Built-in task when --dataset is unset: arithmetic (word problems, every algorithm) or calculator "
+                "(grpo: the model calls a calculator tool in TRL's tool loop, after a short supervised warm start)."})
+    warm_start_steps: int | None = field(default=None, metadata={
+        "help": "--task calculator: supervised steps (8 tool-call demonstrations each) before GRPO; default 4, "
+                "0 to skip. Skipped when resuming."})
     train_size: int = field(default=256, metadata={"help": "Built-in task: number of training problems."})
     eval_size: int = field(default=32, metadata={
         "help": "Held-out rows for the greedy eval before/after training (0 to skip)."})
@@ -143,23 +149,38 @@ def split_argv(argv: list[str]) -> tuple[list[str], str | None]:
     return out, config
 
 
-def peek_algorithm(argv: list[str], yaml_data: dict[str, Any]) -> str:
-    """``--algorithm`` from the command line, else the YAML (needed to pick the config class)."""
-    value = yaml_data.get("algorithm")
+def _peek(argv: list[str], yaml_data: dict[str, Any], option: str, default: str, choices: tuple[str, ...],
+          what: str) -> str:
+    """``--<option>`` from the command line, else the YAML, else ``default``; one of ``choices`` (a UsageError with
+    the closest one and ``what`` lists them, otherwise)."""
+    value = yaml_data.get(option)
     for i, arg in enumerate(argv):
-        if arg == "--algorithm" and i + 1 < len(argv):
+        if arg == f"--{option}" and i + 1 < len(argv):
             value = argv[i + 1]
-        elif arg.startswith("--algorithm="):
+        elif arg.startswith(f"--{option}="):
             value = arg.split("=", 1)[1]
-    name = str(value or "grpo").strip().lower().replace("-", "_")
-    if name not in ALGORITHMS:
-        close = difflib.get_close_matches(name, ALGORITHMS, n=1)
+    name = str(value or default).strip().lower()
+    name = name.replace("-", "_") if option == "algorithm" else name
+    if name not in choices:
+        close = difflib.get_close_matches(name, choices, n=1)
         hint = f"did you mean {close[0]}? " if close else ""
-        raise UsageError(f"--algorithm {value}: {hint}slimrl train runs {', '.join(ALGORITHMS)}")
+        raise UsageError(f"--{option} {value}: {hint}{what} {', '.join(choices)}")
     return name
 
 
-def build_parser(algorithm: str):
+def peek_algorithm(argv: list[str], yaml_data: dict[str, Any]) -> str:
+    """``--algorithm`` from the command line, else the YAML (needed to pick the config class)."""
+    return _peek(argv, yaml_data, "algorithm", "grpo", ALGORITHMS, "slimrl train runs")
+
+
+def peek_task(argv: list[str], yaml_data: dict[str, Any]) -> str:
+    """``--task`` from the command line, else the YAML (its config defaults are set before parsing)."""
+    from slimrl.cli.tasks import TASKS
+
+    return _peek(argv, yaml_data, "task", "arithmetic", TASKS, "the built-in tasks are")
+
+
+def build_parser(algorithm: str, task: str = "arithmetic"):
     """TRL's ``TrlParser`` over (slimrl's options, [``--max_seq_length``], the *patched* config class): slimrl's
     options first in ``--help``, every parse error a :class:`UsageError` (never argparse's usage dump)."""
     from trl import TrlParser
@@ -192,11 +213,14 @@ def build_parser(algorithm: str):
         if full in options:
             options[full].option_strings.insert(0, f"--{short}")
             parser._option_string_actions[f"--{short}"] = options[full]
-    defaults = demo_defaults(algorithm)
+    from slimrl.cli.tasks import task_of
+
+    defaults = {**demo_defaults(algorithm), **task_of(task).defaults}
     if "activation_checkpointing" in names:
         defaults.pop("gradient_checkpointing")  # None: resolved from activation_checkpointing, no FutureWarning
         defaults["gradient_checkpointing"] = None
-    parser.set_defaults_with_config(**{k: v for k, v in defaults.items() if k in names or k == "max_seq_length"})
+    own = {f.name for f in dataclasses.fields(TrainArguments)} | {"max_seq_length"}
+    parser.set_defaults_with_config(**{k: v for k, v in defaults.items() if k in names or k in own})
     return parser
 
 
@@ -240,7 +264,7 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
     argv, config_path = split_argv(list(argv))
     data = read_yaml(config_path) if config_path else {}
     algorithm = peek_algorithm(argv, data)
-    parser = build_parser(algorithm)
+    parser = build_parser(algorithm, peek_task(argv, data))
     data = {ALIASES.get(k, k): v for k, v in data.items()}
     if data:
         check_yaml_values(parser, data, config_path)

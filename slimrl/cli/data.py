@@ -18,12 +18,12 @@ from slimrl.patching.specs import CLI_KINDS
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def load_rewards(specs: list[str] | None) -> list[Callable]:
+def load_rewards(specs: list[str] | None, task: str = "arithmetic") -> list[Callable]:
     """``--reward`` specs as callables (the built-in task's two rewards when unset)."""
-    from slimrl.data import correctness_reward, format_reward
+    from slimrl.cli.tasks import task_of
 
     if not specs:
-        return [correctness_reward, format_reward]
+        return task_of(task).rewards()
     funcs = []
     for spec in [s for item in specs for s in item.split(",") if s]:
         module_name, _, attr = spec.partition(":")
@@ -79,17 +79,16 @@ def load_dataset_arg(targs: TrainArguments, seed: int, trainer_cls: type, cfg: A
     """(train, eval or None). Built-in task when ``--dataset`` is unset (offline algorithms: its answers as
     preference pairs / labelled examples / demonstrations; the held-out eval is the same problems' prompts).
     A user dataset must have rows and a column layout the trainer accepts."""
-    from slimrl.data import make_arithmetic_dataset, make_preference_dataset
+    from slimrl.cli.tasks import make_datasets
+    from slimrl.data import make_preference_dataset
     from slimrl.patching.specs import trainer_layouts
     from slimrl.patching.validation import check_layout
 
     algorithm = targs.algorithm
     if targs.dataset is None:
-        if algorithm in ONLINE:
-            train = make_arithmetic_dataset(targs.train_size, seed=seed)
-        else:
+        train, held = make_datasets(targs.task, targs.train_size, targs.eval_size, seed)
+        if algorithm not in ONLINE:
             train = make_preference_dataset(targs.train_size, kind=CLI_KINDS[algorithm], seed=seed)
-        held = make_arithmetic_dataset(targs.eval_size, seed=seed + 1) if targs.eval_size > 0 else None
         return train, held
     import datasets
 

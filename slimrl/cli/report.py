@@ -16,11 +16,15 @@ from slimrl.health.checks import reward_keys, reward_name
 
 # Columns written to metrics.csv (metrics.jsonl keeps every key TRL logs).
 CSV_COLUMNS = ("step", "loss", "reward", "reward_std", "kl", "entropy", "completions/mean_length",
-               "rewards/margins", "rewards/accuracies", "memory/peak_mb", "tokens_per_s", "step_time",
+               "tools/call_frequency", "tools/failure_frequency", "rewards/margins", "rewards/accuracies",
+               "memory/peak_mb", "tokens_per_s", "step_time",
                "learning_rate", "grad_norm", "frac_reward_zero_std", "completions/clipped_ratio")
 PLOTTED = (("reward", "reward"), ("kl", "KL"), ("completions/mean_length", "completion length (tokens)"),
            ("memory/peak_mb", "peak memory (MB)"), ("frac_reward_zero_std", "groups without reward spread (no signal)"),
            ("entropy", "entropy (nats per token)"), ("completions/clipped_ratio", "completions truncated"))
+# Tool-loop runs (TRL logs these when the trainer has tools): their panels, added when logged.
+TOOL_PANELS = (("tools/call_frequency", "tool calls per completion"),
+               ("tools/failure_frequency", "failed tool calls (share of calls)"))
 # Panels with a moving average drawn over the per-step points (noisy per step: the trend is what a user reads).
 SMOOTHED = ("reward",)
 # Offline (preference / SFT) trainers log no reward: their panels.
@@ -64,7 +68,8 @@ class MetricsFileCallback(TrainerCallback):
 
 # (log key, label, format) of the compact line `slimrl train` prints per step, in this order, when logged.
 STEP_LINE = (("loss", "loss", "{:.4f}"), ("reward", "reward", "{:.3f}"), ("kl", "kl", "{:.4f}"),
-             ("completions/mean_length", "len", "{:.1f}"), ("rewards/margins", "margin", "{:.3f}"),
+             ("completions/mean_length", "len", "{:.1f}"), ("tools/call_frequency", "calls", "{:.2f}"),
+             ("tools/failure_frequency", "failed", "{:.2f}"), ("rewards/margins", "margin", "{:.3f}"),
              ("rewards/accuracies", "acc", "{:.2f}"), ("grad_norm", "grad", "{:.3f}"))
 
 
@@ -145,7 +150,8 @@ def plot_metrics(rows: list[dict], path: str | Path, panels: tuple = PLOTTED) ->
     except ImportError:
         return None
     if panels is PLOTTED:
-        panels = panels + reward_panels(rows)
+        panels = panels + reward_panels(rows) + tuple((k, title) for k, title in TOOL_PANELS
+                                                      if any(k in r for r in rows))
     cols = 2 if len(panels) <= 4 else 3
     nrows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.25 * nrows), squeeze=False)
@@ -199,15 +205,19 @@ def plot_for(out: Path, online: bool) -> Path | None:
 
 def print_summary(algorithm: str, steps: int, seconds: float, peak_mb: float, out: Path, plot: Path | None,
                   before: dict | None, after: dict | None, eval_rows: int,
-                  resume_from: Path | None, health: dict[str, str] | None = None) -> dict[str, Any]:
-    """The summary table `slimrl train` prints at the end; returns the same facts as a dict."""
+                  resume_from: Path | None, health: dict[str, str] | None = None,
+                  warmed: dict | None = None, eval_how: str = "greedy") -> dict[str, Any]:
+    """The summary table `slimrl train` prints at the end; returns the same facts as a dict. ``warmed``: the
+    held-out scores after a warm start (printed between before and after); ``eval_how``: how the held-out
+    completions were decoded."""
     rows = read_metrics(out / "metrics.jsonl")
     summary = {
         "steps": steps, "time_s": seconds, "peak_memory_mb": peak_mb, "algorithm": algorithm,
         "train_reward_start": mean_of(rows, "reward", first=True),
         "train_reward_end": mean_of(rows, "reward", first=False),
         "train_loss_start": mean_of(rows, "loss", first=True), "train_loss_end": mean_of(rows, "loss", first=False),
-        "eval_before": before, "eval_after": after, "adapter": str(out / "adapter"),
+        "eval_decoding": eval_how, "eval_before": before, "eval_after_warm_start": warmed, "eval_after": after,
+        "adapter": str(out / "adapter"),
         "metrics": str(out / "metrics.jsonl"), "plot": str(plot) if plot else None,
         "resumed_from": str(resume_from) if resume_from else None,
     }
@@ -219,10 +229,14 @@ def print_summary(algorithm: str, steps: int, seconds: float, peak_mb: float, ou
     else:
         items.append(("train loss (first 5 -> last 5 steps)", fmt_change(summary["train_loss_start"],
                                                                          summary["train_loss_end"])))
-    if before and after:
-        items += [(f"held-out {name} (greedy, {eval_rows} rows)", fmt_change(before[name], after[name]))
+    if before and after and warmed:
+        items += [(f"held-out {name} ({eval_how}, {eval_rows} rows)",
+                   f"{before[name]:.3f} -> {warmed[name]:.3f} after warm start -> {after[name]:.3f}")
+                  for name in before]
+    elif before and after:
+        items += [(f"held-out {name} ({eval_how}, {eval_rows} rows)", fmt_change(before[name], after[name]))
                   for name in before if name != "reward"]
-        items.append(("held-out total reward (greedy)", fmt_change(before["reward"], after["reward"])))
+        items.append((f"held-out total reward ({eval_how})", fmt_change(before["reward"], after["reward"])))
     summary["health"] = health
     items += [("adapter + tokenizer", out / "adapter"), ("checkpoints", f"{out}/checkpoint-*"),
               ("metrics", f"{out}/metrics.jsonl, metrics.csv"), ("plot", plot or "matplotlib not installed")]

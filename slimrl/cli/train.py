@@ -27,7 +27,7 @@ from typing import Any
 
 from slimrl.cli.args import ALGORITHMS, ONLINE, TrainArguments, UsageError, parse
 from slimrl.cli.data import fit_prompts, load_dataset_arg, load_rewards
-from slimrl.cli.evaluate import greedy_eval
+from slimrl.cli.evaluate import held_out_eval
 from slimrl.cli.outputs import (
     RunRecordCallback,
     check_output_dir,
@@ -65,6 +65,17 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
     if targs.reward and algorithm not in ONLINE:
         raise UsageError(f"--reward: --algorithm {algorithm} learns from its dataset, not from reward functions; "
                          f"drop --reward or use --algorithm {' / '.join(ONLINE)}")
+    from slimrl.cli.tasks import task_of
+
+    task = task_of(targs.task)
+    if targs.task != "arithmetic" and targs.dataset is not None:
+        raise UsageError(f"--task {targs.task} and --dataset: the built-in task brings its own problems; pass one "
+                         f"of them")
+    if task.algorithms and algorithm not in task.algorithms:
+        raise UsageError(f"--task {targs.task}: runs with --algorithm {' / '.join(task.algorithms)} (TRL's tool "
+                         f"loop is GRPO's), not {algorithm}")
+    if targs.warm_start_steps is not None and (targs.task != "calculator" or targs.warm_start_steps < 0):
+        raise UsageError(f"--warm_start_steps {targs.warm_start_steps}: a count >= 0, for --task calculator only")
     if targs.dataset is None and targs.train_size < 1:
         raise UsageError(f"--train_size {targs.train_size}: the built-in task needs at least 1 training problem")
     for name in ("eval_size", "eval_max_new_tokens"):
@@ -115,7 +126,7 @@ def run(targs: TrainArguments, cfg: Any, deferred: list | None = None) -> dict[s
     out = check_output_dir(cfg.output_dir)
     with run_lock(out):
         refuse_earlier_run(out, resume=targs.resume is not None, overwrite=targs.overwrite_output_dir)
-        rewards = load_rewards(targs.reward)
+        rewards = load_rewards(targs.reward, targs.task)
         train_ds, eval_ds = load_dataset_arg(targs, cfg.seed, trainer_cls, cfg)
         record = run_record(targs.algorithm, targs.lora_r, targs.model)
         resume_from = pick_checkpoint(targs.resume, out) if targs.resume else None
@@ -142,6 +153,7 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
 
     from slimrl import FastLanguageModel
     from slimrl.cli.report import MetricsFileCallback, plot_for, print_summary, use_step_lines
+    from slimrl.cli.tasks import WARM_START_STEPS, task_of, warm_start
     from slimrl.compat.memory import peak_window
     from slimrl.health import monitor_of
 
@@ -158,8 +170,33 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
                                                  random_state=cfg.seed)
         if resume_from is not None:
             check_resume_matches(resume_from, record, sorted(model.peft_config["default"].target_modules))
-        before = greedy_eval(model, tokenizer, eval_ds, rewards, targs.eval_max_new_tokens) if eval_ds else None
+        tools = task_of(targs.task).tools() if targs.dataset is None else None
+        if tools:
+            from slimrl.data.calculator import use_tool_template
+
+            try:
+                said = use_tool_template(tokenizer)
+            except ValueError as err:
+                raise UsageError(f"--model {targs.model}: {err}") from None
+            if said:
+                print(f"slimrl train: {said}", flush=True)
+
+        sampled = targs.dataset is None and task_of(targs.task).sampled_eval
+        temperature = cfg.temperature if sampled else None
+
+        def evaluate():
+            return (held_out_eval(model, tokenizer, eval_ds, rewards, targs.eval_max_new_tokens, tools=tools,
+                                  temperature=temperature, seed=cfg.seed) if eval_ds else None)
+
+        before, warmed = evaluate(), None
+        steps = WARM_START_STEPS if targs.warm_start_steps is None else targs.warm_start_steps
+        if tools and steps and resume_from is None:  # a resumed run's adapter already holds its warm start
+            print(f"slimrl train: warm start: {steps} supervised steps on tool-call demonstrations", flush=True)
+            warm_start(model, tokenizer, steps, cfg, out, targs.max_seq_length)
+            warmed = evaluate()
         online = {"reward_funcs": rewards} if targs.algorithm in ONLINE else {}
+        if tools:
+            online["tools"] = tools
         trainer = trainer_cls(model=model, args=cfg, train_dataset=train_ds, processing_class=tokenizer,
                               callbacks=[MetricsFileCallback(out), RunRecordCallback(record)], **online)
         if len(trainer.train_dataset) == 0:  # TRL dropped every row (e.g. all longer than max_length)
@@ -168,7 +205,7 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
                              f"?); raise --max_length")
         use_step_lines(trainer)
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-        after = greedy_eval(model, tokenizer, eval_ds, rewards, targs.eval_max_new_tokens) if eval_ds else None
+        after = evaluate()
         adapter_dir = out / "adapter"
         trainer.save_model(str(adapter_dir))
         tokenizer.save_pretrained(str(adapter_dir))
@@ -182,7 +219,8 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
         return print_summary(targs.algorithm, trainer.state.global_step, time.time() - t_start,
                              window.peak_bytes() / 2**20, out, plot, before, after,
                              len(eval_ds) if eval_ds else 0, resume_from,
-                             health=monitor.report() if monitor is not None else None)
+                             health=monitor.report() if monitor is not None else None, warmed=warmed,
+                             eval_how=f"sampled at T={temperature}" if sampled else "greedy")
 
 
 def _interrupted_message(cfg: Any) -> str:

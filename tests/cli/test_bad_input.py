@@ -110,3 +110,29 @@ def test_completion_longer_than_max_seq_length(capsys, tmp_path):
 def test_resume_without_checkpoint(capsys, tmp_path):
     err = _err(capsys, ["--resume"], tmp_path)
     assert "--resume: no intact checkpoint" in err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--task", "calculater"], "--task calculater: did you mean calculator? the built-in tasks are arithmetic, "
+                               "calculator"),
+    (["--task", "calculator", "--algorithm", "dpo"], "--task calculator: runs with --algorithm grpo"),
+    (["--task", "calculator", "--dataset", "x.jsonl"], "--task calculator and --dataset: the built-in task brings "
+                                                       "its own problems"),
+    (["--task", "calculator", "--warm_start_steps", "-1"], "--warm_start_steps -1: a count >= 0"),
+    (["--warm_start_steps", "2"], "--warm_start_steps 2: a count >= 0, for --task calculator only"),
+])
+def test_task_mistakes_are_one_line(capsys, tmp_path, argv, words):
+    assert words in _err(capsys, argv, tmp_path)
+
+
+def test_calculator_task_sets_its_defaults_and_flags_win():
+    from slimrl.cli.args import parse
+
+    targs, cfg = parse(["--task", "calculator"])
+    assert (cfg.num_generations, cfg.max_completion_length, cfg.max_tool_calling_iterations, cfg.temperature,
+            targs.eval_max_new_tokens) == (8, 96, 1, 1.0, 64)
+    targs, cfg = parse(["--task", "calculator", "--num_generations", "4", "--eval_max_new_tokens", "40"])
+    assert (cfg.num_generations, targs.eval_max_new_tokens) == (4, 40)
+    targs, cfg = parse([])
+    assert (targs.task, cfg.num_generations, cfg.max_completion_length, targs.eval_max_new_tokens) == \
+        ("arithmetic", 4, 32, 32)
