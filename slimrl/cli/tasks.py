@@ -10,6 +10,8 @@ and the config values they train with when neither a flag nor the YAML sets them
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +77,7 @@ def make_datasets(task: str, train_size: int, eval_size: int, seed: int):
     return make(train_size, seed=seed), (make(eval_size, seed=seed + 1) if eval_size > 0 else None)
 
 
-def warm_start(model, tokenizer, steps: int, cfg: Any, out, max_length: int) -> list[float]:
+def warm_start(model, tokenizer, steps: int, cfg: Any, max_length: int) -> list[float]:
     """``steps`` supervised steps (TRL's SFTTrainer through slimrl, loss on the assistant turns only) on calculator
     demonstrations, 8 a step, on the model GRPO trains next (each cut to ``max_length`` tokens); the losses per
     step."""
@@ -86,12 +88,16 @@ def warm_start(model, tokenizer, steps: int, cfg: Any, out, max_length: int) -> 
     PatchFastRL("sft", FastLanguageModel)
     from trl import SFTConfig, SFTTrainer
 
-    sft_cfg = SFTConfig(output_dir=str(out / "warm-start"), per_device_train_batch_size=8, max_steps=steps,
+    scratch = tempfile.mkdtemp(prefix="slimrl-warm-start-")  # nothing of it is saved: the adapter trains on
+    sft_cfg = SFTConfig(output_dir=scratch, per_device_train_batch_size=8, max_steps=steps,
                         learning_rate=5e-4, lr_scheduler_type="constant", assistant_only_loss=True, logging_steps=1,
                         save_strategy="no", report_to="none", seed=cfg.seed, use_cpu=cfg.use_cpu, bf16=cfg.bf16,
                         max_length=max_length, gradient_checkpointing=bool(cfg.gradient_checkpointing))
     trainer = SFTTrainer(model=model, args=sft_cfg, processing_class=tokenizer,
                          train_dataset=make_tool_demonstrations(8 * steps, seed=cfg.seed))
     use_step_lines(trainer)
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]

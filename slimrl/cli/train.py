@@ -126,6 +126,8 @@ def run(targs: TrainArguments, cfg: Any, deferred: list | None = None) -> dict[s
     out = check_output_dir(cfg.output_dir)
     with run_lock(out):
         refuse_earlier_run(out, resume=targs.resume is not None, overwrite=targs.overwrite_output_dir)
+        from slimrl.cli.tasks import task_of
+
         rewards = load_rewards(targs.reward, targs.task)
         train_ds, eval_ds = load_dataset_arg(targs, cfg.seed, trainer_cls, cfg)
         record = run_record(targs.algorithm, targs.lora_r, targs.model)
@@ -137,6 +139,13 @@ def run(targs: TrainArguments, cfg: Any, deferred: list | None = None) -> dict[s
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+            if targs.dataset is None and task_of(targs.task).tools():  # the tool template fits, before any load
+                from slimrl.data.calculator import use_tool_template
+
+                try:
+                    use_tool_template(tokenizer)
+                except ValueError as err:
+                    raise UsageError(f"--model {targs.model}: {err}") from None
             train_ds = fit_prompts(train_ds, tokenizer, targs, cfg.max_completion_length,
                                    targs.dataset or "built-in task")
         from slimrl.compat.threads import apply_threads
@@ -192,7 +201,7 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
         steps = WARM_START_STEPS if targs.warm_start_steps is None else targs.warm_start_steps
         if tools and steps and resume_from is None:  # a resumed run's adapter already holds its warm start
             print(f"slimrl train: warm start: {steps} supervised steps on tool-call demonstrations", flush=True)
-            warm_start(model, tokenizer, steps, cfg, out, targs.max_seq_length)
+            warm_start(model, tokenizer, steps, cfg, targs.max_seq_length)
             warmed = evaluate()
         online = {"reward_funcs": rewards} if targs.algorithm in ONLINE else {}
         if tools:

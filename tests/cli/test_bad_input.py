@@ -136,3 +136,13 @@ def test_calculator_task_sets_its_defaults_and_flags_win():
     targs, cfg = parse([])
     assert (targs.task, cfg.num_generations, cfg.max_completion_length, targs.eval_max_new_tokens) == \
         ("arithmetic", 4, 32, 32)
+
+
+def test_calculator_task_on_a_model_whose_template_cannot_show_tools(capsys, tmp_path):
+    from tests.tiny import tiny_llama, tiny_tokenizer
+
+    tiny_llama().save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")  # no chat template at all
+    capsys.readouterr()  # the save's progress bar
+    err = _err(capsys, ["--task", "calculator", "--model", str(tmp_path / "model")], tmp_path)
+    assert f"--model {tmp_path / 'model'}: the model's chat template shows no tools and is not ChatML" in err
