@@ -26,10 +26,23 @@ class Task:
 
     name: str
     rewards: Callable[[], list[Callable]]
+    problems: Callable[..., Any]  # (n, seed=) -> a datasets.Dataset with prompt/answer columns
     tools: Callable[[], list[Callable] | None] = lambda: None
     defaults: dict[str, Any] = field(default_factory=dict)
     algorithms: tuple[str, ...] | None = None  # None: every algorithm of the CLI
     sampled_eval: bool = False  # held-out eval sampled at the config's temperature (seeded) instead of greedy
+
+
+def _arithmetic_problems(n: int, seed: int) -> Any:
+    from slimrl.data import make_arithmetic_dataset
+
+    return make_arithmetic_dataset(n, seed=seed)
+
+
+def _calculator_problems(n: int, seed: int) -> Any:
+    from slimrl.data.calculator import make_calculator_dataset
+
+    return make_calculator_dataset(n, seed=seed)
 
 
 def _arithmetic_rewards() -> list[Callable]:
@@ -51,14 +64,14 @@ def _calculator_tools() -> list[Callable]:
 
 
 BUILT_IN = {
-    "arithmetic": Task("arithmetic", _arithmetic_rewards),
+    "arithmetic": Task("arithmetic", _arithmetic_rewards, _arithmetic_problems),
     # 16 completions a step (2 problems x 8): a call is rare in the first samples, 8 per group gives most groups one;
     # one tool round (call ~30 tokens, result ~20, answer ~12) fits 96 tokens; sampled at T=1 as TRL's default;
     # the held-out eval gives each turn 64 tokens (a call alone is over the arithmetic task's 32) and samples as
     # training does: after the warm start greedy decoding already calls the tool (the most likely first token is
     # the call's), while sampled completions call it about 1 time in 5 — what GRPO changes is the sampled behaviour.
-    "calculator": Task("calculator", _calculator_rewards, _calculator_tools, algorithms=("grpo",), sampled_eval=True,
-                       defaults={
+    "calculator": Task("calculator", _calculator_rewards, _calculator_problems, _calculator_tools, algorithms=("grpo",),
+                       sampled_eval=True, defaults={
         "per_device_train_batch_size": 16, "num_generations": 8, "max_completion_length": 96, "temperature": 1.0,
         "max_tool_calling_iterations": 1, "max_steps": 16, "eval_max_new_tokens": 64, "learning_rate": 3e-4}),
 }
@@ -70,10 +83,7 @@ def task_of(name: str) -> Task:
 
 def make_datasets(task: str, train_size: int, eval_size: int, seed: int):
     """(train, held-out eval or None) of a built-in online task; problems from two different seeds."""
-    from slimrl.data import make_arithmetic_dataset
-    from slimrl.data.calculator import make_calculator_dataset
-
-    make = make_calculator_dataset if task == "calculator" else make_arithmetic_dataset
+    make = task_of(task).problems
     return make(train_size, seed=seed), (make(eval_size, seed=seed + 1) if eval_size > 0 else None)
 
 

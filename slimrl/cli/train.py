@@ -38,6 +38,7 @@ from slimrl.cli.outputs import (
     run_lock,
     run_record,
 )
+from slimrl.cli.tasks import WARM_START_STEPS, task_of, warm_start
 
 __all__ = ["main", "parse", "run", "UsageError", "TrainArguments", "ALGORITHMS"]
 ERROR_LOG = "slimrl-error.log"
@@ -65,8 +66,6 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
     if targs.reward and algorithm not in ONLINE:
         raise UsageError(f"--reward: --algorithm {algorithm} learns from its dataset, not from reward functions; "
                          f"drop --reward or use --algorithm {' / '.join(ONLINE)}")
-    from slimrl.cli.tasks import task_of
-
     task = task_of(targs.task)
     if targs.task != "arithmetic" and targs.dataset is not None:
         raise UsageError(f"--task {targs.task} and --dataset: the built-in task brings its own problems; pass one "
@@ -99,6 +98,22 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
     memory_fraction(targs.gpu_memory_utilization)
 
 
+def built_in_tools(targs: TrainArguments) -> list | None:
+    """The built-in task's tools (None: no tools, or a user dataset)."""
+    return task_of(targs.task).tools() if targs.dataset is None else None
+
+
+def tool_template(tokenizer, targs: TrainArguments) -> str | None:
+    """:func:`slimrl.data.calculator.use_tool_template` on ``tokenizer``; its refusal as a UsageError naming
+    ``--model``."""
+    from slimrl.data.calculator import use_tool_template
+
+    try:
+        return use_tool_template(tokenizer)
+    except ValueError as err:
+        raise UsageError(f"--model {targs.model}: {err}") from None
+
+
 def resolve_model(targs: TrainArguments) -> Path:
     """``--model`` as a local directory (built-in alias, .gguf, directory, hub cache or download); one line for a
     path that does not exist, a directory without config.json, an incomplete GGUF, an unreachable hub id."""
@@ -126,8 +141,6 @@ def run(targs: TrainArguments, cfg: Any, deferred: list | None = None) -> dict[s
     out = check_output_dir(cfg.output_dir)
     with run_lock(out):
         refuse_earlier_run(out, resume=targs.resume is not None, overwrite=targs.overwrite_output_dir)
-        from slimrl.cli.tasks import task_of
-
         rewards = load_rewards(targs.reward, targs.task)
         train_ds, eval_ds = load_dataset_arg(targs, cfg.seed, trainer_cls, cfg)
         record = run_record(targs.algorithm, targs.lora_r, targs.model)
@@ -139,13 +152,8 @@ def run(targs: TrainArguments, cfg: Any, deferred: list | None = None) -> dict[s
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-            if targs.dataset is None and task_of(targs.task).tools():  # the tool template fits, before any load
-                from slimrl.data.calculator import use_tool_template
-
-                try:
-                    use_tool_template(tokenizer)
-                except ValueError as err:
-                    raise UsageError(f"--model {targs.model}: {err}") from None
+            if built_in_tools(targs):  # the tool template fits, checked before the model loads
+                tool_template(tokenizer, targs)
             train_ds = fit_prompts(train_ds, tokenizer, targs, cfg.max_completion_length,
                                    targs.dataset or "built-in task")
         from slimrl.compat.threads import apply_threads
@@ -162,7 +170,6 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
 
     from slimrl import FastLanguageModel
     from slimrl.cli.report import MetricsFileCallback, plot_for, print_summary, use_step_lines
-    from slimrl.cli.tasks import WARM_START_STEPS, task_of, warm_start
     from slimrl.compat.memory import peak_window
     from slimrl.health import monitor_of
 
@@ -179,16 +186,9 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
                                                  random_state=cfg.seed)
         if resume_from is not None:
             check_resume_matches(resume_from, record, sorted(model.peft_config["default"].target_modules))
-        tools = task_of(targs.task).tools() if targs.dataset is None else None
-        if tools:
-            from slimrl.data.calculator import use_tool_template
-
-            try:
-                said = use_tool_template(tokenizer)
-            except ValueError as err:
-                raise UsageError(f"--model {targs.model}: {err}") from None
-            if said:
-                print(f"slimrl train: {said}", flush=True)
+        tools = built_in_tools(targs)
+        if tools and (said := tool_template(tokenizer, targs)):
+            print(f"slimrl train: {said}", flush=True)
 
         sampled = targs.dataset is None and task_of(targs.task).sampled_eval
         temperature = cfg.temperature if sampled else None
