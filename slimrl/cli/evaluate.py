@@ -88,14 +88,13 @@ def _tool_loop(model, tokenizer, prompts: list, tools: list[Callable], max_new_t
     from trl.chat_template_utils import parse_response
 
     by_name = {t.__name__: t for t in tools}
-    histories = [list(p) for p in prompts]
     completions: list[list[dict]] = [[] for _ in prompts]
     active = list(range(len(prompts)))
     for turn in range(rounds + 1):
         if not active:
             break
-        texts = [tokenizer.apply_chat_template(histories[i], tools=tools, tokenize=False, add_generation_prompt=True)
-                 for i in active]
+        texts = [tokenizer.apply_chat_template([*prompts[i], *completions[i]], tools=tools, tokenize=False,
+                                               add_generation_prompt=True) for i in active]
         new_ids = _generate(model, tokenizer, texts, max_new_tokens, sample)
         still = []
         for i, text, ids in zip(active, texts, new_ids):
@@ -105,7 +104,6 @@ def _tool_loop(model, tokenizer, prompts: list, tools: list[Callable], max_new_t
             except Exception:  # noqa: BLE001  (an unparsable turn is plain text, as a malformed call is in TRL)
                 message = {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
             completions[i].append(message)
-            histories[i].append(message)
             if not message.get("tool_calls") or turn == rounds:
                 continue
             for call in message["tool_calls"]:
@@ -116,7 +114,6 @@ def _tool_loop(model, tokenizer, prompts: list, tools: list[Callable], max_new_t
                     result = str({"error": str(err)})
                 tool_message = {"role": "tool", "name": function.get("name", "unknown"), "content": result}
                 completions[i].append(tool_message)
-                histories[i].append(tool_message)
             still.append(i)
         active = still
     return completions
