@@ -19,14 +19,17 @@ STAMPVLLM := $(VENVVLLM)/.installed
 # running `slimrl verify --all --tiny` and the check that every patch declared for it finds its target.
 TRL_MATRIX := 1.13.0 1.14.2 1.15.0
 
-# Wheels for the lent GPU machine (Python 3.12, no package registry, at most 64 MiB carried per command): what it
-# lacks (trl, datasets, dill, multiprocess, liger-kernel, bitsandbytes, fsspec) and slimrl itself; installed there
-# by bench/gpu_setup.sh. GPU_EXTRA names more wheels to bring (e.g. pandas) if that machine turns out to lack them.
+# The lent GPU machine's two carry sets (Python 3.12, no package registry there, at most 64 MiB carried per command;
+# bench/gpu_wheels.py says what each holds): .gpu-wheels/slimrl (TRL 1.16, datasets, Liger, bitsandbytes, slimrl)
+# and .gpu-wheels/unsloth (Unsloth 2026.10.9 on TRL 1.15). Two wheels are rebuilt smaller, without files the run
+# never loads: bitsandbytes keeps only its CPU and CUDA-13.0 libraries (the machine's CUDA), unsloth drops studio/ and
+# unsloth_cli/ (its web app and CLI). Together about 17 MiB: one device call carries both (carry: .gpu-wheels).
 GPU_WHEELS := .gpu-wheels
-GPU_EXTRA ?=
-GPU_PLATFORMS := --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none --platform any \
-	--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-	--platform manylinux2014_x86_64
+# The rehearsal's Unsloth: the same set for this Python (3.11) with stand-ins for the GPU machine's releases of what
+# Unsloth checks at import (transformers 5.17, huggingface_hub 1.33, ...), and machine/, links to the .venv packages
+# that the GPU machine's image also has (bench/gpu_machine.txt); an Unsloth process run with `python -S` on those two
+# imports exactly what it would there (tests/bench/test_gpu_run.py).
+VENVUNSLOTH := .venv-unsloth
 
 # llama.cpp for the GGUF checks: llama-cpp-python builds llama.cpp from source (no binary wheel on the package index).
 # Only the library is built (no tests, examples, server or tools: the quantizer and the loader are in libllama), two
@@ -93,7 +96,8 @@ demo: $(STAMP)
 # The three virtual environments are built side by side first (installing is mostly waiting on disk and unpacking),
 # then the suites run one after another. The editable installs write slimrl.egg-info in this directory: they take
 # turns (flock).
-envs: $(STAMP) $(STAMP112) $(STAMPVLLM) $(VENVGGUF)/.installed $(VENVTRITON)/.installed
+envs: $(STAMP) $(STAMP112) $(STAMPVLLM) $(VENVGGUF)/.installed $(VENVTRITON)/.installed \
+  $(VENVUNSLOTH)/.installed
 
 # Then the suites one after another (they are CPU-bound: run side by side on 2 cores they took as long in all,
 # measured 2026-11-25, and their subprocess time limits got tight).
@@ -216,16 +220,20 @@ test-triton: $(VENVTRITON)/.installed
 test-gpu:
 	$(PY) -m pytest -q -p no:cacheprovider tests/gpu
 
-gpu-wheels: $(STAMP)
-	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
-	$(PIP) download -q --no-deps --only-binary=:all: $(GPU_PLATFORMS) -d $(GPU_WHEELS) "trl==1.16.0" \
-	  "datasets==5.2.0" "dill==0.4.1" "multiprocess==0.70.19" "fsspec==2026.9.0" "liger-kernel==0.8.5" \
-	  "bitsandbytes==0.50.2" $(GPU_EXTRA)
-	$(PIP) wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS) .
-	@du -sh $(GPU_WHEELS); test $$(du -sm $(GPU_WHEELS) | cut -f1) -lt 60 || { echo "over the 64 MiB a command carries"; exit 1; }
+gpu-wheels: $(GPU_WHEELS)/.built
+
+$(GPU_WHEELS)/.built: $(STAMP) bench/gpu_wheels.py
+	flock .install.lock $(PY) bench/gpu_wheels.py $(GPU_WHEELS)  # its pip wheel of slimrl writes here too
+	touch $@
+
+$(VENVUNSLOTH)/.installed: $(GPU_WHEELS)/.built
+	rm -rf $(VENVUNSLOTH) && mkdir -p $(VENVUNSLOTH)
+	$(PY) bench/gpu_wheels.py --rehearsal $(GPU_WHEELS) $(VENVUNSLOTH)/site
+	$(PY) bench/gpu_unsloth.py --wheels $(GPU_WHEELS)/unsloth --target $(VENVUNSLOTH)/site --view $(VENVUNSLOTH)/machine
+	touch $@
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check slimrl tests bench examples
 
 clean:
-	rm -rf .venv* build *.egg-info $(GGUF_WHEELS)
+	rm -rf .venv* build *.egg-info $(GGUF_WHEELS) $(GPU_WHEELS)

@@ -1,20 +1,24 @@
-"""Staged runner for a lent GPU machine: every GPU figure in three short commands, each inside one device call.
+"""The GPU runner: every GPU figure in two prepared commands that fit one 15-minute lease (its start included).
 
 On the GPU machine (a copy of this repository with ``.gpu-wheels/`` from ``make gpu-wheels``; results under ``$OUT``):
 
-    bash bench/gpu_run.sh setup+tests     # install the carried wheels if needed, versions, slimrl doctor, tests/gpu
-    bash bench/gpu_run.sh bench-a         # 1.5B shape: longest completion under 24 GB, step time, log-prob kernels
-    bash bench/gpu_run.sh bench-b         # 3B shape, 8B QLoRA long completion, offloaded vs resident checkpointing
+    bash bench/gpu_run.sh A   # <= 420 s: slimrl's wheels, doctor, CUDA correctness, then the headline:
+                              #   Qwen2.5-1.5B shape, bf16 LoRA r=64, 8 x 4,096: TRL alone, TRL + Liger, slimrl
+    bash bench/gpu_run.sh B   # <= 300 s: Unsloth's wheels into their own folder, Unsloth on the headline config,
+                              #   the longest completion under 24 GB per side, Qwen3-8B QLoRA 8 x 8,192
 
-Here (``make test`` rehearses every stage of the same steps with ``--device cpu --tiny``):
+Ordered by value: A's correctness checks come first (a wrong number is worse than none), then the headline; B's
+Unsloth headline first, then the 24 GB fit, then the 8B QLoRA row. Here (``make test``) both are rehearsed with
+tiny shapes on the CPU, Unsloth imported from its carry set through a view of the GPU machine's packages:
 
     python bench/gpu_run.py all --device cpu --tiny --out /tmp/rehearsal
 
-Each stage re-runs setup only when an import it needs fails, runs its steps one after another, each in its own
-process under its own time limit (a step over it is killed and recorded as ``timed_out``), goes on past a failed
-step, skips a step that could not finish inside the stage's budget, and writes two files under ``--out``:
-``<stage>.json`` (device, versions, and per step: command, exit code, seconds, the bench's JSON result) and
-``<stage>.log`` (every step's output). ``bench/gpu_report.py`` turns the JSON files into BENCHMARKS.md rows.
+A stage installs a carry set only when an import it needs fails (a warm machine keeps what the previous command
+installed), then runs its steps one after another, each in its own process under its own time limit (a step over
+it is killed and recorded as ``timed_out``); it goes on past a failed step and skips a step when less than the
+step's ``min_s`` is left of the stage's budget. After every step it rewrites ``<stage>.json`` (device, versions, and
+per step: command, exit code, seconds, the bench's JSON result) beside ``<stage>.log`` (every step's output), so a
+command cut short still leaves its figures. ``bench/gpu_report.py`` turns the JSON files into BENCHMARKS.md rows.
 """
 
 from __future__ import annotations
@@ -25,23 +29,28 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULT_TAG = "BENCH_RESULT "  # what bench/gpu_grpo.py and bench/gpu_logprob.py print before their JSON
-STAGE_BUDGET_S = 540  # one device call may run 600 s: the stage stops starting steps past this
+RESULT_TAG = "BENCH_RESULT "  # what the benches print before their JSON
+BUDGET_S = {"A": 420, "B": 300}  # each stage's command time (issue: A <= 420 s, B <= 300 s)
 MAX_FILES, MAX_FILE_BYTES = 8, 16 * 2**20  # what one device call brings back
+STAGES = ("A", "B")
+NEEDED = ("trl", "datasets", "slimrl", "peft", "accelerate")
 
 
 @dataclass(frozen=True)
 class Step:
-    """One command of a stage and its time limit on the GPU (``rehearsal_limit_s`` on this CPU)."""
+    """One command of a stage: its time limit on the GPU, the least time worth starting it with, and its limit on
+    this CPU (``rehearsal_limit_s``)."""
 
     name: str
     argv: tuple[str, ...]
     limit_s: int
+    min_s: int = 20
     rehearsal_limit_s: int = 240
 
 
@@ -49,41 +58,41 @@ def _grpo(*args: str) -> tuple[str, ...]:
     return ("{py}", "bench/gpu_grpo.py", *args)
 
 
+def _verify(*args: str) -> tuple[str, ...]:
+    return ("{py}", "-m", "slimrl", "verify", "--tiny", "--device", "{device}", "--quiet", *args)
+
+
 def steps(stage: str, tiny: bool) -> list[Step]:
     """The steps of ``stage``; ``tiny``: the rehearsal's shapes and lengths (same scripts, same flags otherwise)."""
-    dev = ("--device", "cpu", "--tiny", "--generations", "2", "--steps", "1") if tiny else ()
-
-    def length(n: int) -> tuple[str, ...]:
-        return ("--length", "12") if tiny else ("--length", str(n))
-
-    fit = ("--fit-range", "16:16", "--fit-step", "16", "--cap-gb", "64") if tiny else \
-        ("--fit-range", "1024:16384", "--fit-step", "1024", "--cap-gb", "24")
+    small = ("--device", "cpu", "--tiny", "--generations", "2", "--prompt-length", "16")
+    headline = (*small, "--length", "12") if tiny else \
+        ("--shape", "qwen2.5-1.5b", "--length", "4096", "--prompt-length", "256", "--generations", "8")
+    fit = (*small, "--cap-gb", "64", "--fit-lengths", "8,16", "--fit-step", "8", "--fit-max", "32") if tiny else \
+        ("--shape", "qwen2.5-1.5b", "--prompt-length", "256", "--generations", "8", "--cap-gb", "24",
+         "--fit-lengths", "1024,2048", "--fit-step", "256")
+    big = (*small, "--length", "12") if tiny else \
+        ("--shape", "qwen3-8b", "--length", "8192", "--prompt-length", "256", "--generations", "8")
     table = {
-        "setup+tests": [
-            Step("doctor", ("{py}", "-m", "slimrl", "doctor"), 60),
-            Step("test-gpu", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"), 300),
+        "A": [
+            Step("doctor", ("{py}", "-m", "slimrl", "doctor"), 40, 10),
+            # bf16 on CUDA (fp32 in the rehearsal): loss, every LoRA gradient and the update vs TRL alone
+            Step("parity-grpo", _verify("--algorithm", "grpo", "--loss_type", "dapo"), 45, 15),
+            Step("parity-dpo", _verify("--algorithm", "dpo", "--loss_type", "sigmoid"), 45, 15),
+            Step("parity-4bit", _verify("--algorithm", "grpo", "--loss_type", "dapo", "--load_in_4bit"), 60, 20),
+            Step("prefix-attention", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                      "tests/gpu/test_prefix_attention_device.py"), 45, 10),
+            Step("headline", _grpo(*headline, "--sides", "trl,trl-liger,slimrl", "--steps", "2"), 300, 120),
         ],
-        "bench-a": [
-            Step("fit-24gb", _grpo("--shape", "qwen2.5-1.5b", "--fit", *fit, "--sides", "trl,trl-liger,slimrl", *dev),
-                 280),
-            Step("step-time", _grpo("--shape", "qwen2.5-1.5b", *length(4096), "--sides", "trl,trl-liger,slimrl",
-                                    *dev), 150),
-            Step("kernels", ("{py}", "bench/gpu_logprob.py", "--shape", "qwen2.5-1.5b",
-                             *(("--device", "cpu", "--tiny", "--repeats", "1") if tiny else ())), 90),
-        ],
-        "bench-b": [
-            Step("3b", _grpo("--shape", "llama-3.2-3b", *length(4096), "--sides", "trl,slimrl", *dev), 180),
-            Step("8b-qlora", _grpo("--shape", "qwen3-8b", "--quant", "qlora", *length(14336), "--sides", "slimrl",
-                                   *dev), 200),
-            Step("offload", _grpo("--shape", "qwen2.5-1.5b", *length(8192), "--sides", "slimrl,slimrl/resident",
-                                  *dev), 150),
+        "B": [
+            Step("unsloth-setup", ("{py}", "bench/gpu_unsloth.py", "--wheels", ".gpu-wheels/unsloth", "--target",
+                                   *(("{tmp}/unsloth-py312", "--python", "3.12") if tiny else ("{site}",))), 60, 10),
+            Step("unsloth-headline", _grpo(*headline, "--sides", "unsloth", "--steps", "2"), 180, 60),
+            Step("fit-24gb", _grpo(*fit, "--fit", "--sides", "trl,trl-liger,slimrl,unsloth"), 240, 90),
+            Step("8b-qlora", _grpo(*big, "--quant", "qlora", "--steps", "1", "--sides", "trl,slimrl,unsloth"),
+                 240, 90),
         ],
     }
     return table[stage]
-
-
-STAGES = ("setup+tests", "bench-a", "bench-b")
-NEEDED = ("trl", "datasets", "slimrl", "peft", "accelerate")
 
 
 def probe(py: str) -> dict:
@@ -106,9 +115,11 @@ def probe(py: str) -> dict:
         return {"missing": list(NEEDED), "error": (out.stderr.strip().splitlines() or ["no output"])[-1]}
 
 
-def run_step(step: Step, py: str, log, limit_s: int) -> dict:
+def run_step(step: Step, fill: dict[str, str], log, limit_s: int) -> dict:
     """Run one step under ``limit_s`` seconds, its output appended to ``log``; its record."""
-    cmd = [a.replace("{py}", py) for a in step.argv]
+    cmd = list(step.argv)
+    for key, value in fill.items():  # {py}, {device}, {tmp}, {site}: also inside a ``bash -c`` line
+        cmd = [a.replace("{" + key + "}", value) for a in cmd]
     log.write(f"\n===== {step.name}: {shlex.join(cmd)} (limit {limit_s} s)\n")
     log.flush()
     t0 = time.perf_counter()
@@ -121,6 +132,7 @@ def run_step(step: Step, py: str, log, limit_s: int) -> dict:
         record["rc"], record["timed_out"] = None, True
     record["seconds"] = round(time.perf_counter() - t0, 1)
     log.write(out[-200_000:])  # a runaway log cannot grow the stage's files past what comes back
+    log.flush()
     results = [ln[len(RESULT_TAG):] for ln in out.splitlines() if ln.startswith(RESULT_TAG)]
     if results:
         try:
@@ -134,26 +146,31 @@ def run_stage(stage: str, out: Path, py: str, tiny: bool) -> dict:
     """One stage (module docstring); returns what it wrote to ``<stage>.json``."""
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    report: dict = {"stage": stage, "tiny": tiny, "steps": []}
+    report: dict = {"stage": stage, "tiny": tiny, "budget_s": BUDGET_S[stage], "steps": []}
+    fill = {"py": py, "device": "cpu" if tiny else "cuda", "tmp": tempfile.mkdtemp(prefix="slimrl-gpu-run-"),
+            "site": os.environ.get("SLIMRL_UNSLOTH_SITE", "/tmp/slimrl-unsloth-site")}
+    path = out / f"{stage}.json"
     with open(out / f"{stage}.log", "w") as log:
         seen = probe(py)
         if not seen["missing"]:
             report["setup"] = "already installed"
         else:
             setup = Step("setup", ("bash", "bench/gpu_setup.sh"), 120)
-            report["setup"] = run_step(setup, py, log, setup.limit_s)
+            report["setup"] = run_step(setup, fill, log, setup.limit_s)
             seen = probe(py)
         report["versions"] = {k: v for k, v in seen.items() if k != "missing"}
         for step in steps(stage, tiny):
-            limit = step.rehearsal_limit_s if tiny else step.limit_s
-            left = STAGE_BUDGET_S - (time.perf_counter() - started)
-            if not tiny and left < limit:
-                report["steps"].append({"name": step.name, "skipped": f"{left:.0f} s left of the stage's budget, "
-                                                                      f"the step may take {limit} s"})
-                continue
-            report["steps"].append(run_step(step, py, log, limit))
+            left = BUDGET_S[stage] - (time.perf_counter() - started)
+            if not tiny and left < step.min_s:
+                why = f"{left:.0f} s left of the stage's {BUDGET_S[stage]} s, the step needs {step.min_s}"
+                report["steps"].append({"name": step.name, "skipped": why})
+            else:
+                limit = step.rehearsal_limit_s if tiny else int(min(step.limit_s, left))
+                report["steps"].append(run_step(step, fill, log, limit))
+            report["seconds"] = round(time.perf_counter() - started, 1)
+            path.write_text(json.dumps(report, indent=1))
     report["seconds"] = round(time.perf_counter() - started, 1)
-    (out / f"{stage}.json").write_text(json.dumps(report, indent=1))
+    path.write_text(json.dumps(report, indent=1))
     return report
 
 
@@ -172,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         report = run_stage(stage, Path(args.out), args.python, args.tiny)
         for s in report["steps"]:
             state = s.get("skipped") and "skipped" or ("timed out" if s.get("timed_out") else f"exit {s['rc']}")
-            print(f"{stage:12} {s['name']:10} {state:10} {s.get('seconds', 0):7.1f} s", flush=True)
+            print(f"{stage:2} {s['name']:18} {state:10} {s.get('seconds', 0):7.1f} s", flush=True)
             failed += state not in ("exit 0",)
+        print(f"{stage:2} {'(stage)':18} {'':10} {report['seconds']:7.1f} s of {BUDGET_S[stage]}", flush=True)
     return 1 if failed else 0
 
 

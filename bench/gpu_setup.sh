@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# Install the wheels `make gpu-wheels` put in .gpu-wheels/ on the lent GPU machine (no package registry there):
+# Install slimrl's carry set (`make gpu-wheels` put it in .gpu-wheels/slimrl/) on the lent GPU machine (no package
+# registry there); Unsloth's set goes to a folder of its own (bench/gpu_unsloth.py, command B):
 #   bash bench/gpu_setup.sh && python3 bench/gpu_grpo.py --help
 # --no-deps: that machine's torch, transformers, peft, accelerate, pyarrow stay as they are (its transformers is
-# 5.17, which `make test-tf-gpu` runs TRL 1.16 and slimrl on; `slimrl doctor` and the CUDA tests say if more
-# matters). The import check below names any module still missing: add its wheel with
-# `make gpu-wheels GPU_EXTRA=<name>` on the build machine.
+# 5.17, which `make test-full` runs TRL 1.16 and slimrl on). The import check below names any module still missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
-$PY -m pip install -q --no-index --no-deps --find-links .gpu-wheels .gpu-wheels/*.whl
+$PY -m pip install -q --no-index --no-deps --no-compile --find-links .gpu-wheels/slimrl .gpu-wheels/slimrl/*.whl
 $PY - <<'PY'
 import importlib
 import sys
@@ -25,5 +24,5 @@ import transformers
 print(f"torch {torch.__version__} cuda={torch.cuda.is_available()} transformers {transformers.__version__}")
 if missing:
     sys.exit("cannot import:\n  " + "\n  ".join(missing))
-print("GPU machine ready: python3 bench/gpu_grpo.py, make test-gpu PY=python3")
+print("GPU machine ready for slimrl's sides")
 PY
