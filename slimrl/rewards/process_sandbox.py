@@ -1,4 +1,4 @@
-"""Run model-written Python in a separate, closed-in process: the reward sandbox.
+"""Run model-written Python in a separate process the kernel closes in: the reward sandbox.
 
 A reward that executes what the policy wrote (a function to test, a program to score) runs here::
 
@@ -7,41 +7,38 @@ A reward that executes what the policy wrote (a function to test, a program to s
     result = run_sandboxed(completion_code, call="solve", args=[[3, 1, 2]])
     reward = 1.0 if result.ok and result.value == [1, 2, 3] else 0.0
 
-The code runs in its own Python process (``python -I -S``: no site-packages, no environment variables, no user
-site) and the answer comes back as data, so a reward gets a :class:`SandboxResult` — the JSON value the called
-function returned, or a typed failure (:class:`SandboxError` and its subclasses) — and never a hung, crashed or
-poisoned trainer. Grade in the trainer, on the returned value: whatever the code does, it can at most choose what
-it returns.
+The answer comes back as data: a :class:`SandboxResult` with the JSON value the called function returned, or a typed
+failure (:class:`SandboxError` subclasses). ``run_sandboxed`` never raises for anything the code does, the parsing
+of its answer included; only a wrong call by the reward's author (a non-string code, non-JSON arguments) raises.
 
-What closes the process in (``slimrl/rewards/_sandbox_child.py`` sets it up before the code runs):
+**Threat model.** The code is hostile: RL optimises for whatever earns reward, reaching outside included. What
+holds, enforced by the kernel before the first byte of it runs (``_sandbox_launch.py``, ``_sandbox_child.py``):
 
-* **time**: a wall-clock limit (the whole process group is killed at ``wall_s``) and a CPU-time limit
-  (``RLIMIT_CPU``); either is :class:`TimeLimitError`;
-* **memory**: an address-space limit (``RLIMIT_AS``): :class:`MemoryLimitError`;
-* **processes**: ``RLIMIT_NPROC`` 0 (no fork, no exec of another program) and the audit events that start processes
-  refused; a fork bomb ends as :class:`ForbiddenError` or with the fork failing in the code;
-* **network**: a new (empty) network namespace where the kernel allows unprivileged user namespaces, and every
-  ``socket.*`` audit event refused;
-* **files**: the scratch directory (a fresh temporary directory per call, removed after) is the working directory
-  and the only writable place; reads are limited to it and the standard library; a file written is at most
-  ``file_mb``; started by root, the process runs as ``nobody``;
-* **modules**: before anything runs, the code's imports are checked against ``allow`` (:data:`DEFAULT_MODULES`, the
-  standard library's computation modules): another module is :class:`DisallowedImportError` without starting a process;
-  at run time ``__import__`` admits the same list only, and the audit hook refuses loading any other module, so
-  ``__import__('os')``, ``getattr(__builtins__, '__import__')`` or ``importlib`` tricks end the same way;
-* **the trainer**: signalling other processes (``os.kill``), frame and garbage-collector introspection, ``ctypes``
-  and ``mmap`` are refused.
+* its own user, mount, PID, network, IPC and UTS namespaces; inside, an unprivileged user (``nobody`` outside when
+  the trainer is root, the trainer's user otherwise) with no capability and no way to gain one (``no_new_privs``);
+* a filesystem of its own: the interpreter, its standard library and the system libraries read-only, a tmpfs
+  scratch of ``Limits.disk_mb`` as the only writable place, no ``/proc``; nothing else of the machine exists for it
+  (Landlock adds the same rule as a second layer where the kernel has it, and scopes signals);
+* a seccomp filter: no new process, no socket, no ``ptrace``, no signal to another process, no mount, namespace,
+  ``io_uring``, BPF or keyring call;
+* when the call ends (answer, limit or crash), the PID namespace ends and every process in it with it; the chain of
+  processes dies with the trainer too (``PR_SET_PDEATHSIG``);
+* resource limits (CPU seconds, address space, file size, open files) and a wall-clock deadline kept by the trainer;
+* the channels are pipes the trainer owns and reads with a deadline and a size cap (``Limits.output_kb``,
+  ``result_kb``); the answer is parsed into a bounded, checked shape;
+* an environment with nothing of the trainer's.
 
-``SandboxResult.isolation`` lists the layers that took effect on this machine.
+The audit hook of the child stays as a further layer: it turns the common refusals (a file outside scratch, an
+import outside ``allow``, a socket) into a clear :class:`ForbiddenError`/:class:`DisallowedImportError`; the kernel
+layers hold when it is bypassed.
 
-What it does **not** protect against — do not use it as the only boundary for code from an adversary outside your
-training run: a flaw in CPython or the kernel (an interpreter crash bug, a kernel exploit); an allowed module used
-as its documentation says (an allowed module that itself reads files or opens sockets makes those possible within
-the audit rules); reading files inside the standard library; CPU and memory contention with the trainer (the limits
-bound the total, not the share: run rewards with fewer workers than cores); a wall-clock limit shorter than
-Python's start-up (~20-40 ms); side channels. Where user namespaces are unavailable, the network is closed only by
-the audit hook, and where the trainer does not run as root, ``os.kill`` of the trainer's processes is refused only
-by it. For hostile code, run the sandbox inside a container or VM as well.
+What it does **not** promise: safety from a kernel or CPython exploit (use a VM for code from outside your training
+run), from CPU or memory contention with the trainer (limits bound the total, not the share), from side channels,
+or from an allowed module used as documented. Where the kernel offers no unprivileged user namespaces (some
+containers; macOS), or libseccomp is missing, ``run_sandboxed`` refuses with an :class:`IsolationError` naming what is
+missing and how to allow it — never a silent downgrade; ``isolation="none"`` runs the code in a plain child process
+(resource limits and the audit hook only) by the caller's explicit choice. ``slimrl doctor`` reports the layers this
+machine gives (:func:`isolation_report`).
 """
 
 from __future__ import annotations
@@ -50,136 +47,48 @@ import dataclasses
 import json
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from slimrl.rewards.sandbox import check_python_modules
+from slimrl.rewards.answers import frame, parse_answer
+from slimrl.rewards.channels import read_channels
+from slimrl.rewards.module_check import check_python_modules
+from slimrl.rewards.sandbox_types import (
+    BadResultError,
+    CrashedError,
+    DisallowedImportError,
+    ForbiddenError,
+    IsolationError,
+    Limits,
+    MemoryLimitError,
+    RaisedError,
+    SandboxError,
+    SandboxResult,
+    TimeLimitError,
+)
+from slimrl.rewards.sandbox_view import interpreter, launcher_config, readable_roots
 
-CHILD = Path(__file__).with_name("_sandbox_child.py")
+__all__ = ["run_sandboxed", "isolation_report", "Limits", "SandboxResult", "SandboxError", "TimeLimitError",
+           "MemoryLimitError", "ForbiddenError", "DisallowedImportError", "RaisedError", "CrashedError",
+           "BadResultError", "IsolationError", "DEFAULT_MODULES"]
 
+HERE = Path(__file__).resolve().parent
+CHILD, LAUNCHER = HERE / "_sandbox_child.py", HERE / "_sandbox_launch.py"
+ISOLATIONS = ("kernel", "none")
 DEFAULT_MODULES = frozenset({
     "math", "cmath", "random", "re", "string", "itertools", "functools", "operator", "collections", "heapq",
     "bisect", "statistics", "fractions", "decimal", "json", "typing", "dataclasses", "copy", "datetime", "enum",
     "textwrap", "unicodedata", "array", "numbers", "time"})
 
 
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """What one sandboxed call may use: ``wall_s`` seconds of real time, ``cpu_s`` of CPU time, ``memory_mb`` of
-    address space, files up to ``file_mb``, ``open_files`` descriptors, ``output_kb`` of stdout/stderr kept."""
-
-    wall_s: float = 5.0
-    cpu_s: float = 5.0
-    memory_mb: int = 512
-    file_mb: int = 16
-    open_files: int = 64
-    output_kb: int = 64
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"Limits({field.name}={value!r}): pass a positive number")
-        if self.memory_mb < 64:
-            raise ValueError(f"Limits(memory_mb={self.memory_mb}): Python itself needs about 64 MB; pass >= 64")
-
-
-class SandboxError(Exception):
-    """Why a sandboxed call gave no value (a subclass says which); ``str()`` is the detail."""
-
-    kind = "failure"
-
-
-class TimeLimitError(SandboxError):
-    """The wall-clock or CPU-time limit was reached."""
-
-    kind = "timeout"
-
-
-class MemoryLimitError(SandboxError):
-    """The memory limit was reached."""
-
-    kind = "memory"
-
-
-class ForbiddenError(SandboxError):
-    """The code did something the sandbox refuses (a process, a socket, a file outside the scratch directory, a
-    signal, ctypes ...): the process was ended at that point."""
-
-    kind = "forbidden"
-
-
-class DisallowedImportError(SandboxError):
-    """The code imports a module outside the allow-list (found before it ran, or when it tried)."""
-
-    kind = "import"
-
-
-class RaisedError(SandboxError):
-    """The code raised an exception (or does not define the function to call); ``error_type`` names it."""
-
-    kind = "error"
-
-    def __init__(self, message: str, error_type: str = "Exception"):
-        super().__init__(message)
-        self.error_type = error_type
-
-
-class CrashedError(SandboxError):
-    """The process ended without an answer (a signal, ``os._exit``, an interpreter crash)."""
-
-    kind = "crashed"
-
-
-class BadResultError(SandboxError):
-    """The function returned something that is not JSON data."""
-
-    kind = "result"
-
-
-_BY_KIND = {cls.kind: cls for cls in (TimeLimitError, MemoryLimitError, ForbiddenError, DisallowedImportError,
-                                      RaisedError, BadResultError)}
-
-
-@dataclasses.dataclass
-class SandboxResult:
-    """One sandboxed call: ``value`` (JSON data) when ``ok``, else ``failure``; the call's stdout/stderr (at most
-    ``Limits.output_kb`` each), its wall time and the isolation layers that took effect."""
-
-    value: Any = None
-    failure: SandboxError | None = None
-    stdout: str = ""
-    stderr: str = ""
-    seconds: float = 0.0
-    isolation: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None
-
-    def unwrap(self) -> Any:
-        """The value, or the failure raised."""
-        if self.failure is not None:
-            raise self.failure
-        return self.value
-
-
-def _readable_roots() -> list[str]:
-    """The standard library's directories (pure and compiled modules): what an allowed module may read."""
-    paths = sysconfig.get_paths()
-    roots = {paths["stdlib"], paths["platstdlib"], str(Path(paths["stdlib"]) / "lib-dynload")}
-    return sorted(r for r in roots if r and os.path.isdir(r))
-
-
-def _check_request(code: Any, call: Any, args: Any, kwargs: Any, allow: Iterable[str]) -> None:
+def _check_request(code: Any, call: Any, args: Any, kwargs: Any, allow: Iterable[str], isolation: Any) -> None:
     if not isinstance(code, str):
         raise TypeError(f"run_sandboxed(code={type(code).__name__}): pass the Python source as a str")
     if call is not None and (not isinstance(call, str) or not call.isidentifier()):
@@ -190,97 +99,138 @@ def _check_request(code: Any, call: Any, args: Any, kwargs: Any, allow: Iterable
         raise TypeError(f"run_sandboxed(args=..., kwargs=...): the arguments must be JSON data ({err})") from None
     if isinstance(allow, str):
         raise TypeError("run_sandboxed(allow='...'): pass a collection of module names, e.g. {'math', 're'}")
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"run_sandboxed(isolation={isolation!r}): pass 'kernel' (the default) or 'none'")
 
 
-def _tail(path: Path, kb: int) -> str:
-    data = path.read_bytes()
-    return data[-kb * 1024:].decode("utf-8", "replace")
+def _screen(code: str, allow: list[str]) -> tuple[SandboxResult | None, list[str]]:
+    """The imports checked before any process starts: (a failure result or None, the modules the code imports).
+    Degenerate code (a parse that recurses too deep or runs out of memory) is a typed failure too."""
+    try:
+        _, info = check_python_modules(code)
+    except (RecursionError, MemoryError, ValueError, OverflowError) as exc:
+        return SandboxResult(failure=RaisedError(f"the code cannot be parsed: {type(exc).__name__}",
+                                                 type(exc).__name__)), []
+    if "error" in info:
+        return SandboxResult(failure=RaisedError(info["error"], "SyntaxError")), []
+    imported = set(info["stdlib"]) | set(info["non_stdlib"])
+    outside = sorted(imported - set(allow))
+    if outside or info["relative_imports"]:
+        what = ", ".join(outside) if outside else "a relative import"
+        shown = ", ".join(allow) if len(allow) < 40 else f"{len(allow)} standard-library modules"
+        return SandboxResult(failure=DisallowedImportError(f"the code imports {what} (allowed: {shown})")), []
+    return None, sorted(imported)
 
 
 def run_sandboxed(code: str, call: str | None = None, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
-                  *, allow: Iterable[str] = DEFAULT_MODULES, limits: Limits | None = None) -> SandboxResult:
+                  *, allow: Iterable[str] = DEFAULT_MODULES, limits: Limits | None = None,
+                  isolation: str = "kernel", audit_hook: bool = True) -> SandboxResult:
     """Run ``code`` (Python source) in the sandbox (module docstring); with ``call``, then call the function of that
     name with ``args``/``kwargs`` (JSON data) and return its value. Never raises for anything the code does: the
-    failure is in the result."""
+    failure is in the result. ``isolation``: ``"kernel"`` (default) or ``"none"`` (module docstring);
+    ``audit_hook=False`` leaves the in-process hook out, so only the kernel layers hold (the tests show they do)."""
     kwargs = dict(kwargs or {})
     limits = limits or Limits()
-    _check_request(code, call, args, kwargs, allow)
+    _check_request(code, call, args, kwargs, allow, isolation)
     allow = sorted(set(allow))
-    _, info = check_python_modules(code)  # its verdict is the stdlib test; the allow-list decides here
-    if "error" in info:
-        return SandboxResult(failure=RaisedError(info["error"], "SyntaxError"))
-    outside = sorted((set(info["stdlib"]) | set(info["non_stdlib"])) - set(allow))
-    if outside or info["relative_imports"]:
-        what = ", ".join(outside) if outside else "a relative import"
-        return SandboxResult(failure=DisallowedImportError(f"the code imports {what} (allowed: {', '.join(allow)})"))
-    work = tempfile.mkdtemp(prefix="slimrl-sandbox-")
+    screened, imported = _screen(code, allow)
+    if screened is not None:
+        return screened
+    work = Path(tempfile.mkdtemp(prefix="slimrl-sandbox-"))
     try:
-        return _run(code, call, list(args), kwargs, allow, limits, Path(work))
+        return _run(code, call, list(args), kwargs, allow, limits, isolation, work, audit_hook, imported)
+    except OSError as exc:  # the trainer's side could not start or read the process
+        return SandboxResult(failure=CrashedError(f"the sandbox could not run: {exc}"))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        _remove(work)
 
 
-def _run(code: str, call: str | None, args: list, kwargs: dict, allow: list[str], limits: Limits,
-         work: Path) -> SandboxResult:
-    scratch = work / "scratch"
-    scratch.mkdir()
-    # whoever the child ends up as (``nobody`` when started by root, an unmapped user inside its user namespace):
-    # the private temporary directory may be passed through, the scratch directory written
-    work.chmod(0o711)
-    scratch.chmod(0o777)
-    request = {"code": code, "call": call, "args": args, "kwargs": kwargs, "allow": allow, "scratch": str(scratch),
-               "readable": _readable_roots(), "limits": dataclasses.asdict(limits)}
-    env = {"PATH": "", "HOME": str(scratch), "TMPDIR": str(scratch), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-    started = time.perf_counter()
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_before = before.ru_utime + before.ru_stime
-    with open(work / "result", "w+b") as result, open(work / "stdout", "w+b") as out, \
-            open(work / "stderr", "w+b") as err:
-        request["result_fd"] = result.fileno()  # inherited under the same number (pass_fds)
-        proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHILD)], stdin=subprocess.PIPE, stdout=out,
-                                stderr=err, env=env, cwd=str(scratch), start_new_session=True,
-                                pass_fds=(result.fileno(),))
-        try:
-            proc.stdin.write(json.dumps(request).encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        timed_out = False
-        try:
-            proc.wait(timeout=limits.wall_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:
-            _kill_group(proc)
-        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu_s = usage.ru_utime + usage.ru_stime - cpu_before
-        seconds = time.perf_counter() - started
-        stdout, stderr = _tail(work / "stdout", limits.output_kb), _tail(work / "stderr", limits.output_kb)
-        raw = (work / "result").read_bytes()
-    base = dict(stdout=stdout, stderr=stderr, seconds=seconds)
-    if timed_out:
-        return SandboxResult(failure=TimeLimitError(f"wall-clock limit of {limits.wall_s:g} s"), **base)
-    try:
-        message = json.loads(raw) if raw else None
-    except ValueError:
-        message = None
-    if not isinstance(message, dict):
-        return SandboxResult(failure=_ended(proc.returncode, limits, stderr, cpu_s), **base)
-    layers = tuple(message.get("layers", ()))
-    kind = message.get("failure")
-    if kind is None:
-        return SandboxResult(value=message.get("value"), isolation=layers, **base)
-    if kind == "error":
-        failure: SandboxError = RaisedError(message.get("message", ""), message.get("error_type", "Exception"))
-    elif kind == "memory":
-        failure = MemoryLimitError(f"memory limit of {limits.memory_mb} MB (MemoryError)")
+def _remove(work: Path) -> None:
+    import shutil
+
+    root = work / "root"
+    if root.is_dir() and os.path.ismount(root):  # never: the view lives in the sandbox's own mount namespace
+        return
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _spawn(request: dict, isolation: str, limits: Limits, work: Path, result_w: int,
+           quiet: bool = False) -> subprocess.Popen:
+    env = {"PATH": "", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
+    if isolation == "kernel":
+        (work / "root").mkdir(mode=0o700)
+        cfg = launcher_config(work / "root", CHILD, limits, result_w)
+        argv = [interpreter(), "-I", "-S", str(LAUNCHER), json.dumps(cfg)]
+        cwd = "/"
     else:
-        failure = _BY_KIND.get(kind, CrashedError)(message.get("message", ""))
-    return SandboxResult(failure=failure, isolation=layers, **base)
+        scratch = work / "scratch"
+        scratch.mkdir()
+        work.chmod(0o711)  # whoever the child becomes (nobody when started by root) may pass through and write
+        scratch.chmod(0o777)
+        request["scratch"] = str(scratch)
+        env.update(HOME=str(scratch), TMPDIR=str(scratch))
+        argv, cwd = [interpreter(), "-I", "-S", str(CHILD)], str(scratch)
+    out = subprocess.DEVNULL if quiet else subprocess.PIPE  # quiet: a session, whose output nobody reads
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=out, env=env, cwd=cwd,
+                            start_new_session=True, pass_fds=(result_w,))
+
+
+def _feed(proc: subprocess.Popen, data: bytes, close: bool = True) -> threading.Thread:
+    """``data`` written to the process's stdin from a thread (a child that never reads cannot block us)."""
+    def write() -> None:
+        try:
+            proc.stdin.write(data)
+            proc.stdin.flush()
+            if close:
+                proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    thread = threading.Thread(target=write, name="slimrl-sandbox-feed", daemon=True)
+    thread.start()
+    return thread
+
+
+def _run(code: str, call: str | None, args: list, kwargs: dict, allow: list[str], limits: Limits, isolation: str,
+         work: Path, audit_hook: bool = True, preload: list[str] = ()) -> SandboxResult:
+    result_r, result_w = os.pipe()
+    request = {"code": code, "call": call, "args": args, "kwargs": kwargs, "allow": allow, "scratch": "/scratch",
+               "readable": readable_roots(), "limits": dataclasses.asdict(limits), "isolation": isolation,
+               "result_fd": result_w, "audit": audit_hook, "preload": list(preload)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    try:
+        proc = _spawn(request, isolation, limits, work, result_w)
+    finally:
+        os.close(result_w)
+    try:
+        feeder = _feed(proc, frame(request))
+        got = read_channels({"stdout": proc.stdout.fileno(), "stderr": proc.stderr.fileno(), "result": result_r},
+                            deadline=started + limits.wall_s,
+                            caps={"stdout": 64 * 2**20, "stderr": 64 * 2**20, "result": limits.result_kb * 1024},
+                            keep={"stdout": limits.output_kb * 1024, "stderr": limits.output_kb * 1024})
+    finally:
+        _kill_group(proc)
+        os.close(result_r)
+        proc.stdout.close()
+        proc.stderr.close()
+    feeder.join(timeout=1)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = usage.ru_utime + usage.ru_stime - before.ru_utime - before.ru_stime
+    text = {k: got.data[k].decode("utf-8", "replace") for k in ("stdout", "stderr")}
+    base = dict(stdout=text["stdout"], stderr=text["stderr"], seconds=time.perf_counter() - started)
+    if got.over.get("result"):
+        return SandboxResult(failure=BadResultError(f"the answer is over {limits.result_kb} kB"), **base)
+    if got.over.get("stdout") or got.over.get("stderr"):
+        return SandboxResult(failure=ForbiddenError("the code wrote more than 64 MB of output"), **base)
+    if got.timed_out:
+        return SandboxResult(failure=TimeLimitError(f"wall-clock limit of {limits.wall_s:g} s"), **base)
+    return parse_answer(got.data["result"], proc.returncode, limits, text["stderr"], cpu_s, base)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """The child and anything it started, gone (its own session: one process group)."""
+    """The launcher and its process group gone; the namespaces' processes follow it (parent-death signals, and the
+    PID namespace ends with its first process)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -288,14 +238,21 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _ended(returncode: int, limits: Limits, stderr: str, cpu_s: float) -> SandboxError:
-    """The failure of a process that left no answer (``cpu_s``: the CPU time it used)."""
-    if returncode == -signal.SIGKILL and cpu_s >= max(1, round(limits.cpu_s)):  # the hard CPU limit
-        return TimeLimitError(f"CPU-time limit of {limits.cpu_s:g} s")
-    if returncode == -signal.SIGXCPU:
-        return TimeLimitError(f"CPU-time limit of {limits.cpu_s:g} s")
-    if "MemoryError" in stderr:
-        return MemoryLimitError(f"memory limit of {limits.memory_mb} MB")
-    if returncode is not None and returncode < 0:
-        return CrashedError(f"ended by signal {signal.Signals(-returncode).name}")
-    return CrashedError(f"exited with status {returncode} without an answer")
+def isolation_report() -> dict[str, Any]:
+    """The layers the kernel isolation gives on this machine (one trivial sandboxed call), or why it cannot run:
+    ``{"ok": bool, "layers": [...], "missing": str | None}`` (``slimrl doctor``)."""
+    result = run_sandboxed("def f():\n    return 1\n", call="f", limits=Limits(wall_s=20, cpu_s=5))
+    if result.ok:
+        return {"ok": True, "layers": list(result.isolation), "missing": None}
+    return {"ok": False, "layers": list(result.isolation), "missing": str(result.failure)}
+
+
+if sys.platform != "linux":  # the kernel layers are Linux's; elsewhere only an explicit isolation="none" runs
+    _linux_run = _run
+
+    def _run(code, call, args, kwargs, allow, limits, isolation, work, audit_hook=True, preload=()):  # noqa: D103
+        if isolation == "kernel":
+            return SandboxResult(failure=IsolationError(
+                f"the reward sandbox's kernel isolation needs Linux (this is {sys.platform}); run the trainer in a "
+                "Linux VM or container, or pass isolation='none' to run without it"))
+        return _linux_run(code, call, args, kwargs, allow, limits, isolation, work, audit_hook, preload)

@@ -7,15 +7,17 @@ that solves the task, read the grader's globals, loop forever), so each reward u
 * :func:`check_python_modules` — which modules the code imports: ``(ok, info)``, ``ok`` when every import is from
   Python's standard library (no third-party package, no relative import); ``info`` lists ``stdlib``,
   ``non_stdlib`` and ``relative_imports``, plus ``error`` when the code does not parse.
-* :func:`create_locked_down_function` — the one function the code defines, rebuilt over empty globals: it sees
-  Python's builtins and its own arguments, closures and imports, never the caller's module (no ``np``, no game
-  object, no grader).
+* :func:`create_locked_down_function` — the one function the code defines, run in the reward sandbox
+  (:mod:`~slimrl.rewards.session`: its own process under the kernel isolation of
+  :func:`~slimrl.rewards.process_sandbox.run_sandboxed`, kept loaded between calls): it sees Python's builtins, the
+  standard library and its own arguments (JSON data: lists, dicts, numbers, strings), never the caller's module (no
+  ``np``, no game object, no grader), no file of the machine, no process, no network. Its value comes back as data;
+  its exception is raised in the caller as a :class:`~slimrl.rewards.sandbox_types.SandboxError` subclass.
 * :func:`execute_with_time_limit` — a decorator that stops the call after ``seconds`` with ``TimeoutError``: on the
   main thread through ``SIGALRM`` (a pure-Python infinite loop is interrupted; an outer time limit still fires
-  first when it is earlier); on other threads the call runs in a helper thread that is sent ``TimeoutError``.
-
-These are guards against a policy's shortcuts, not a security boundary against hostile code: a reward that runs
-untrusted code from outside the training loop belongs in a separate process or container.
+  first when it is earlier); on other threads the call runs in a helper thread that is sent ``TimeoutError``. A
+  locked-down function called inside gets the time left as its own deadline and its process is ended when it is
+  over, so a loop in C code cannot outlast the limit and the code cannot catch it.
 """
 
 from __future__ import annotations
@@ -27,48 +29,73 @@ import signal
 import sys
 import threading
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
+from slimrl.rewards.module_check import check_python_modules
 
-def check_python_modules(code: str) -> tuple[bool, dict[str, Any]]:
-    """``(ok, info)``: ``ok`` when ``code`` imports only standard-library modules (module docstring)."""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as err:
-        return False, {"error": f"SyntaxError: {err}", "stdlib": [], "non_stdlib": [], "relative_imports": 0}
-    imported: set[str] = set()
-    relative = 0
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                relative += 1
-            elif node.module:
-                imported.add(node.module.split(".")[0])
-    stdlib = sorted(m for m in imported if m in sys.stdlib_module_names)
-    other = sorted(m for m in imported if m not in sys.stdlib_module_names)
-    return not other and not relative, {"stdlib": stdlib, "non_stdlib": other, "relative_imports": relative}
+__all__ = ["check_python_modules", "create_locked_down_function", "execute_with_time_limit", "LockedDownFunction"]
+
+_deadline = threading.local()  # the innermost execute_with_time_limit's end, per thread (time.monotonic())
 
 
-def create_locked_down_function(code: str) -> Callable[..., Any]:
-    """The single function ``code`` defines, with empty globals (module docstring). ``code`` must consist of one
-    top-level ``def`` (imports inside it are fine); anything else is a ``ValueError``/``SyntaxError``."""
+class LockedDownFunction:
+    """What :func:`create_locked_down_function` returns: calling it runs the function in the reward sandbox."""
+
+    def __init__(self, code: str, name: str) -> None:
+        from slimrl.rewards.session import SandboxSession
+
+        self.__name__ = self.__qualname__ = name
+        self._session = SandboxSession(code, name, allow=sys.stdlib_module_names)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        left = getattr(_deadline, "at", None)
+        timeout = None if left is None else max(left - time.monotonic(), 1e-3)
+        try:
+            result = self._session.call(args, kwargs, timeout=timeout)
+        except BaseException:
+            self._session.close()  # interrupted (the caller's own time limit): the process must not run on
+            raise
+        if result.failure is not None:
+            raise _as_raised(result.failure)
+        return result.value
+
+    def close(self) -> None:
+        """End the function's process now (it ends with the object otherwise)."""
+        self._session.close()
+
+    def __repr__(self) -> str:
+        return f"<locked-down function {self.__name__} (reward sandbox)>"
+
+
+def _as_raised(failure: Exception) -> Exception:
+    """The function's own exception as the caller would have seen it in process: the built-in exception of the
+    reported type (``NameError``, ``ZeroDivisionError`` ...) with its message; any other failure as it is (a time
+    limit is a ``TimeoutError``)."""
+    from slimrl.rewards.sandbox_types import RaisedError
+
+    if isinstance(failure, RaisedError):
+        import builtins
+
+        builtin = getattr(builtins, failure.error_type, None)
+        if isinstance(builtin, type) and issubclass(builtin, Exception) and not issubclass(builtin, OSError):
+            try:
+                return builtin(str(failure))
+            except TypeError:  # an exception type whose constructor takes other arguments
+                return failure
+    return failure
+
+
+def create_locked_down_function(code: str) -> LockedDownFunction:
+    """The single function ``code`` defines, run in the reward sandbox (module docstring). ``code`` must consist of
+    one top-level ``def`` (imports inside it are fine); anything else is a ``ValueError``/``SyntaxError``."""
     tree = ast.parse(code)
     defs = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
     others = [type(n).__name__ for n in tree.body if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
     if len(defs) != 1 or others:
         raise ValueError(f"expected exactly one top-level function definition, found {len(defs)} function(s)"
                          + (f" and other statements ({', '.join(others)})" if others else ""))
-    namespace: dict[str, Any] = {"__builtins__": __builtins__}
-    exec(compile(tree, "<locked-down function>", "exec"), namespace)  # noqa: S102 - the point of this module
-    made = namespace[defs[0].name]
-    locked = types.FunctionType(made.__code__, {"__builtins__": __builtins__}, made.__name__, made.__defaults__,
-                                made.__closure__)
-    locked.__kwdefaults__ = made.__kwdefaults__
-    return locked
+    return LockedDownFunction(code, defs[0].name)
 
 
 def execute_with_time_limit(seconds: float) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -79,9 +106,14 @@ def execute_with_time_limit(seconds: float) -> Callable[[Callable[..., Any]], Ca
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def limited(*args: Any, **kwargs: Any) -> Any:
-            if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
-                return _on_main_thread(fn, seconds, args, kwargs)
-            return _on_helper_thread(fn, seconds, args, kwargs)
+            outer = getattr(_deadline, "at", None)
+            _deadline.at = min(outer, time.monotonic() + seconds) if outer is not None else time.monotonic() + seconds
+            try:
+                if threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer"):
+                    return _on_main_thread(fn, seconds, args, kwargs)
+                return _on_helper_thread(fn, seconds, args, kwargs)
+            finally:
+                _deadline.at = outer
 
         return limited
 
@@ -117,8 +149,10 @@ def _on_main_thread(fn: Callable[..., Any], seconds: float, args: tuple, kwargs:
 def _on_helper_thread(fn: Callable[..., Any], seconds: float, args: tuple, kwargs: dict) -> Any:
     """``fn`` in a daemon thread; past ``seconds`` that thread is sent ``TimeoutError`` and so is the caller."""
     box: dict[str, Any] = {}
+    at = getattr(_deadline, "at", None)
 
     def run() -> None:
+        _deadline.at = at  # a locked-down function called in the helper thread keeps the caller's deadline
         try:
             box["value"] = fn(*args, **kwargs)
         except BaseException as err:  # noqa: BLE001 - handed to the caller

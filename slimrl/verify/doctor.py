@@ -121,12 +121,18 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
         problems.append(f"device cuda: {why}; install a CUDA build of torch or use the CPU")
     if dev["cuda"] and not versions["triton"]:
         notes.append("CUDA without triton: TRL's fused-head kernel falls back to torch; slimrl's kernel runs instead")
+    from slimrl.rewards.process_sandbox import isolation_report
+
+    sandbox = isolation_report()
+    if not sandbox["ok"]:
+        notes.append(f"reward sandbox: no kernel isolation here ({sandbox['missing']}); run_sandboxed and "
+                     "create_locked_down_function refuse to run code unless isolation='none' is passed")
     if model:
         note, problem = shared_prefix_note(model)
         notes += [note] if note else []
         problems += [problem] if problem else []
     return {"versions": versions, "device": dev, "patches": {k: v for k, v in patch_info.items() if k != "rows"},
-            "patch_rows": patch_info["rows"], "notes": notes, "problems": problems}
+            "patch_rows": patch_info["rows"], "sandbox": sandbox, "notes": notes, "problems": problems}
 
 
 def format_report(data: dict[str, Any]) -> str:
@@ -142,6 +148,9 @@ def format_report(data: dict[str, Any]) -> str:
     lines += [f"device     {cpu}", f"           {gpu}",
               f"patches    {p['registered']} registered, {p['applying']} apply to trl {v['trl']}, "
               f"{len(p['missing'])} with a missing target"]
+    box = data.get("sandbox", {})
+    lines.append("sandbox    " + (", ".join(box["layers"]) if box.get("ok") else
+                                  f"no kernel isolation: {box.get('missing')}"))
     lines += [""] + [f"note:    {n}" for n in data["notes"]] + [f"PROBLEM: {x}" for x in data["problems"]]
     lines.append("" if data["problems"] or data["notes"] else "everything slimrl needs is in place")
     return "\n".join(lines).rstrip()

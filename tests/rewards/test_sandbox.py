@@ -34,9 +34,37 @@ def test_locked_down_function_sees_no_globals_but_runs_honest_code():
                                                 "    return sorted(xs)[:k], math.floor(2.5)\n")
     assert uses_builtins([3, 1, 2]) == ([1, 2], 2)
     cheat = create_locked_down_function("def peek():\n    return SECRET\n")
-    with pytest.raises(NameError, match="SECRET"):
+    with pytest.raises(NameError, match="SECRET"):  # this module's SECRET exists; the function's process has none
         cheat()
-    assert "SECRET" not in cheat.__globals__
+    assert "reward sandbox" in repr(cheat)
+
+
+def test_unsloths_helpers_run_on_the_sandboxs_isolation(tmp_path):
+    """What Unsloth's in-process helpers allowed and these do not: reading any file, the caller's globals, catching
+    the time limit, a limit that fires seconds late on a loop in C code (and the process is gone after)."""
+    from slimrl.rewards.process_sandbox import isolation_report
+
+    if not isolation_report()["ok"]:
+        pytest.skip("no kernel isolation here")
+    secret = tmp_path / "grader.txt"
+    secret.write_text("GRADER")
+    read = create_locked_down_function(f"def read():\n    return open({str(secret)!r}).read()\n")
+    with pytest.raises(Exception) as caught:
+        read()
+    assert "GRADER" not in str(caught.value)
+    catcher = create_locked_down_function("def spin():\n    while True:\n        try:\n"
+                                          "            sum(range(10 ** 9))\n        except BaseException:\n"
+                                          "            pass\n")
+
+    @execute_with_time_limit(0.5)
+    def play():
+        return catcher()
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        play()
+    assert time.monotonic() - started < 2.0  # C-level loop: in process, the alarm waited for it (7-10 s seen)
+    assert catcher._session._proc is None  # the function's process was ended, not left spinning
 
 
 @pytest.mark.parametrize("code", ["x = 1\ndef f():\n    return x\n", "def f():\n    pass\ndef g():\n    pass\n",
