@@ -1,17 +1,17 @@
 """Unsloth's export calls, as functions of the model (``slimrl.models.methods`` binds them to every model
 ``FastLanguageModel`` returns): the adapter alone, the merged model (16-bit, or 4-bit on request), GGUF files, and the
 same pushed to the Hugging Face Hub. Every writer stages its files and moves them in only when complete
-(:func:`slimrl.export.files.staged_directory`), and never touches other files of the directory."""
+(:func:`slimrl.export.files.staged_directory`), removes only the files of its own previous export there, and refuses
+(before any compute) to replace a file it does not own unless ``overwrite=True``."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from slimrl.compat.callsite import warn
 from slimrl.export import gguf, merge
-from slimrl.export.files import staged_directory
+from slimrl.export.files import check_target, staged_directory, temp_directory
 
 SAVE_METHODS = ("merged_16bit", "merged_4bit", "lora")
 
@@ -49,12 +49,12 @@ def _is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
-def save_lora(model: Any, save_directory: str | Path, tokenizer: Any = None) -> Path:
+def save_lora(model: Any, save_directory: str | Path, tokenizer: Any = None, overwrite: bool = False) -> Path:
     """The LoRA adapter (PEFT's ``adapter_model.safetensors`` + ``adapter_config.json``) and the tokenizer."""
     if not _is_peft(model):
         raise ValueError("save_lora: the model has no LoRA adapter (add one with FastLanguageModel.get_peft_model); "
                          "save the whole model with save_pretrained_merged")
-    with staged_directory(save_directory) as stage:
+    with staged_directory(save_directory, overwrite) as stage:
         model.save_pretrained(str(stage))
         tok = _tokenizer(model, tokenizer)
         if tok is not None:
@@ -63,7 +63,8 @@ def save_lora(model: Any, save_directory: str | Path, tokenizer: Any = None) -> 
 
 
 def save_pretrained_merged(model: Any, save_directory: str | Path, tokenizer: Any = None,
-                           save_method: str = "merged_16bit", dtype: Any = None, **kwargs: Any) -> Path:
+                           save_method: str = "merged_16bit", dtype: Any = None, overwrite: bool = False,
+                           **kwargs: Any) -> Path:
     """The model with its adapter merged (:mod:`slimrl.export.merge`) as a plain transformers model directory
     (safetensors, config without quantization, generation config, tokenizer). ``save_method``: ``"merged_16bit"``
     (the model's own floating dtype: 16-bit for 16-bit and 4-bit bases, an fp32 base stays fp32; ``dtype=``
@@ -73,7 +74,8 @@ def save_pretrained_merged(model: Any, save_directory: str | Path, tokenizer: An
     if save_method not in SAVE_METHODS:
         raise ValueError(f"save_method={save_method!r}: use one of {', '.join(SAVE_METHODS)}")
     if save_method == "lora":
-        return save_lora(model, save_directory, tokenizer)
+        return save_lora(model, save_directory, tokenizer, overwrite)
+    check_target(save_directory, overwrite)  # before the merge: a refusal costs no compute
     if isinstance(dtype, str):
         import torch
 
@@ -81,7 +83,7 @@ def save_pretrained_merged(model: Any, save_directory: str | Path, tokenizer: An
     for unsloth_only in ("temporary_location", "maximum_memory_usage", "push_to_hub", "token", "private"):
         kwargs.pop(unsloth_only, None)  # Unsloth's memory knobs; the merge here holds one model copy
     merged = merge.merged_model(model, dtype)
-    with staged_directory(save_directory) as stage:
+    with staged_directory(save_directory, overwrite) as stage:
         if save_method == "merged_4bit":
             _save_4bit(merged, stage, **kwargs)
         else:
@@ -99,7 +101,7 @@ def _save_4bit(merged: Any, stage: Path, **kwargs: Any) -> None:
     warn("save_method='merged_4bit' quantizes the merged weights to NF4 again: every weight gets 4-bit "
                   "rounding (the merged model no longer equals the trained one exactly); merged_16bit keeps them",
                   UserWarning)
-    with tempfile.TemporaryDirectory(prefix="slimrl-merged-") as tmp:
+    with temp_directory("merged") as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
         dtype = merged.dtype if merged.dtype != torch.float32 else torch.bfloat16
         config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
@@ -110,7 +112,8 @@ def _save_4bit(merged: Any, stage: Path, **kwargs: Any) -> None:
 
 
 def save_pretrained_gguf(model: Any, save_directory: str | Path, tokenizer: Any = None,
-                         quantization_method: str | list[str] = "fast_quantized", **kwargs: Any) -> list[Path]:
+                         quantization_method: str | list[str] = "fast_quantized", overwrite: bool = False,
+                         **kwargs: Any) -> list[Path]:
     """One GGUF per ``quantization_method`` (Unsloth's default ``"fast_quantized"`` = q8_0; ``"quantized"`` =
     q4_k_m; any llama.cpp type name, or a list) of the merged model, plus an Ollama ``Modelfile``, in
     ``save_directory`` (:mod:`slimrl.export.gguf`). Checked before anything is written: the types, the converter,
@@ -122,13 +125,14 @@ def save_pretrained_gguf(model: Any, save_directory: str | Path, tokenizer: Any 
     tok = _tokenizer(model, tokenizer)
     if tok is None:
         raise ValueError("save_pretrained_gguf needs the tokenizer (GGUF files carry it): pass tokenizer=")
-    with tempfile.TemporaryDirectory(prefix="slimrl-merged-") as tmp:
+    check_target(save_directory, overwrite)
+    with temp_directory("merged") as tmp:
         merged = merge.merged_model(model)
         merged.save_pretrained(tmp, safe_serialization=True)
         _save_tokenizer(model, tok, Path(tmp))
         del merged
         source = "bf16" if str(merge.output_dtype(model)) == "torch.bfloat16" else "f16"
-        with staged_directory(save_directory) as stage:
+        with staged_directory(save_directory, overwrite) as stage:
             files = gguf.write_gguf(Path(tmp), stage, methods, source_dtype=source)
             (stage / "Modelfile").write_text(gguf.modelfile(files[0].name, gguf.eos_texts(tok)))
             names = [f.name for f in files]
@@ -142,7 +146,7 @@ def push_to_hub_merged(model: Any, repo_id: str, tokenizer: Any = None, save_met
     missing; ``HF_ENDPOINT`` honoured). Returns the commit URL."""
     from slimrl.export import hub
 
-    with tempfile.TemporaryDirectory(prefix="slimrl-push-") as tmp:
+    with temp_directory("push") as tmp:
         save_pretrained_merged(model, tmp, tokenizer, save_method=save_method, **kwargs)
         return hub.upload_folder(tmp, repo_id, token=token, private=private, revision=revision,
                                  commit_message=commit_message)
@@ -156,7 +160,7 @@ def push_to_hub_gguf(model: Any, repo_id: str, tokenizer: Any = None,
     commit URL."""
     from slimrl.export import hub
 
-    with tempfile.TemporaryDirectory(prefix="slimrl-push-") as tmp:
+    with temp_directory("push") as tmp:
         save_pretrained_gguf(model, tmp, tokenizer, quantization_method=quantization_method)
         return hub.upload_folder(tmp, repo_id, token=token, private=private, revision=revision,
                                  commit_message=commit_message)

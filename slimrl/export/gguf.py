@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +82,9 @@ def convert(model_dir: Path, out_file: Path, outtype: str) -> None:
     """llama.cpp's converter on a model directory (safetensors + tokenizer) -> one GGUF file of ``outtype``."""
     cmd = [sys.executable, "-m", "convert_hf_to_gguf", str(model_dir), "--outfile", str(out_file), "--outtype",
            outtype]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    from slimrl.export.files import die_with_parent
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent)  # noqa: PLW1509
     if proc.returncode != 0 or not out_file.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise ExportError(f"llama.cpp's converter failed on {model_dir.name} ({outtype}): {tail[0][:300]}")
@@ -112,7 +113,9 @@ def write_gguf(model_dir: Path, out_dir: Path, methods: list[str], base_name: st
     """``model_dir`` (a merged model) as one GGUF per method in ``out_dir`` (``{base_name}.{METHOD}.gguf``);
     returns the files in ``methods``' order."""
     written = []
-    with tempfile.TemporaryDirectory(prefix="slimrl-gguf-") as tmp:
+    from slimrl.export.files import temp_directory
+
+    with temp_directory("gguf") as tmp:
         source = None
         for method in methods:
             out = out_dir / f"{base_name}.{method.upper()}.gguf"

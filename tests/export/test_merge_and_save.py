@@ -126,6 +126,7 @@ def test_a_failed_export_leaves_no_partial_file_and_keeps_the_rest(model_dir, tm
         model.save_pretrained_merged(target, tok)
     assert sorted(p.name for p in target.iterdir()) == sorted(
         ["notes.txt", "adapter_model.safetensors", "adapter_config.json", "README.md", "tokenizer.json",
-         "tokenizer_config.json"] + (["chat_template.jinja"] if (target / "chat_template.jinja").exists() else []))
+         "tokenizer_config.json", ".slimrl-export.json"]
+        + (["chat_template.jinja"] if (target / "chat_template.jinja").exists() else []))
     assert (target / "adapter_model.safetensors").read_bytes() == adapter
     assert not list(tmp_path.glob(".out.partial-*"))

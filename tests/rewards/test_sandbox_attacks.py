@@ -306,3 +306,13 @@ print("none:", none.value)
     assert lines and lines[0].startswith("IsolationError |"), out.stdout + out.stderr
     assert "user namespaces" in lines[0] and "isolation='none'" in lines[0] and not marker.exists()
     assert lines[1] == "none: 2"
+
+
+@HOOK
+def test_a_fifo_swapped_in_for_the_channels_cannot_hang_the_trainer(hook):
+    """The old runner read files in a work directory the child owned: a FIFO put in place of its stdout blocked the
+    trainer for ever. The channels are the trainer's pipes now; the call ends at its limit."""
+    code = ("def attack():\n    import os, time\n    os.mkfifo('f')\n    fd = os.open('f', os.O_RDWR)\n"
+            "    for target in (0, 1, 2):\n        os.dup2(fd, target)\n    time.sleep(60)\n")
+    got = run(code, hook, limits=Limits(wall_s=3, cpu_s=2, memory_mb=256))
+    assert not got.ok and got.failure.kind in ("timeout", "forbidden", "error"), got
