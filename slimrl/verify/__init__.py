@@ -82,15 +82,17 @@ class Row:
     gen_err: float = math.nan  # generator vs training log-prob (GRPO/RLOO; NaN: not checked)
     gen_tolerance: float = math.nan
     generator: str = "hf"  # "hf": compared with TRL alone; "engine" / "server": the generator check only
+    update_tolerance: float = math.nan  # the update's, when the stored weights' rounding is coarser (storage_floor)
 
     @property
     def passed(self) -> bool:
         generation_ok = math.isnan(self.gen_err) or self.gen_err <= self.gen_tolerance
         if self.generator != "hf":
             return not self.problem and math.isfinite(self.gen_err) and generation_ok
-        worst = max(self.loss_err, self.grad_err, self.update_err)
+        update_tol = max(self.tolerance, 0.0 if math.isnan(self.update_tolerance) else self.update_tolerance)
+        worst = max(self.loss_err, self.grad_err)
         return not self.skipped and not self.problem and math.isfinite(worst) and worst <= self.tolerance \
-            and generation_ok
+            and math.isfinite(self.update_err) and self.update_err <= update_tol and generation_ok
 
     @property
     def failed(self) -> bool:
@@ -132,8 +134,25 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
     return {"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
             "gen_err": worst_difference(probe, trainer.state.log_history) if patched else math.nan,
             "grads": grads, "updates": {n: p.detach() - before[n] for n, p in params.items()},
-            "used": served(trainer) > 0,
+            "used": served(trainer) > 0, "vllm": bool(getattr(trainer, "use_vllm", False)),
+            "exposure": rounding_exposure(params, {n: p.detach() - before[n] for n, p in params.items()}),
             "dtype": _lowest_precision(p.dtype for p in params.values())}
+
+
+def rounding_exposure(params: dict, updates: dict) -> float:
+    """``sum_i |u_i| * s_i`` over 16-bit stored weights: ``u`` the run's update, ``s`` the dtype's spacing at the
+    weight's value (0 for fp32 weights). Why: each step rounds every stored weight to its spacing, so two runs whose
+    gradients differ by a relative ``g`` round element ``i`` differently with probability about ``g |u_i| / s_i``,
+    each time by ``s_i``: their updates then differ by about ``sqrt(g * sum_i |u_i| s_i)`` (L2) with neither path
+    wrong — an update much smaller than the weights (most of a LoRA's first steps) is measured only that well."""
+    total = 0.0
+    for name, p in params.items():
+        if p.dtype not in (torch.bfloat16, torch.float16):
+            continue
+        w = p.detach().float().abs().clamp(min=torch.finfo(p.dtype).tiny)
+        spacing = torch.finfo(p.dtype).eps * torch.exp2(torch.floor(torch.log2(w)))
+        total += float((updates[name].float().abs() * spacing).sum())
+    return total
 
 
 def _lowest_precision(dtypes) -> torch.dtype:
@@ -164,6 +183,9 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
     loss_err = loss_error(ours["losses"], ref["losses"])
     grad_err, _ = worst_parameter_error(ours["grads"], ref["grads"])
     update_err = joint_error(ours["updates"], ref["updates"])
+    norm = math.sqrt(sum(float(u.float().pow(2).sum()) for u in ref["updates"].values()))
+    # the gradients may differ by the dtype's tolerance; what that can do to 16-bit stored updates (3x: margin)
+    floor = 3 * math.sqrt(tol * ref["exposure"]) / norm if norm > 0 else 0.0
     problem = ""
     if not any(u.abs().max() > 0 for u in ref["updates"].values()):
         problem = "no update in TRL's run (the comparison would be vacuous)"
@@ -179,7 +201,8 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
     # the generator computes in the trained parameters' precision too (a QLoRA adapter's bf16 branch): on a CPU with
     # native bf16 dot products (AVX512-BF16) one decoding row and the scored batch round differently at that level
     return Row(name, loss_type, loss_err, grad_err, update_err, tol, time.perf_counter() - t0, problem,
-               gen_err=ours["gen_err"], gen_tolerance=GEN_TOLERANCE[ours["dtype"]])
+               gen_err=ours["gen_err"], gen_tolerance=GEN_TOLERANCE[ours["dtype"]],
+               update_tolerance=floor if floor > tol else math.nan)
 
 
 def generation_row(name: str, loss_type: str, setup: Setup) -> Row:
@@ -192,6 +215,8 @@ def generation_row(name: str, loss_type: str, setup: Setup) -> Row:
     unpatch()
     gen = ours["gen_err"] if ours else math.nan
     problem = error or ("" if not math.isnan(gen) else "no generated token was checked against the training model")
+    if not problem and setup.generator == "server" and not ours["vllm"]:  # switched off on the way: HF generate
+        problem = f"the run did not generate through the {setup.generator} (use_vllm was off)"
     return Row(name, loss_type, math.nan, math.nan, math.nan, math.nan, time.perf_counter() - t0, problem,
                gen_err=gen, gen_tolerance=GEN_TOLERANCE_VLLM[setup.dtype], generator=setup.generator)
 
@@ -289,6 +314,12 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
     if vllm_server_base_url is not None and (model is None or not Path(model).is_dir()):
         raise VerifyError("--vllm_server_base_url: pass --model DIR, the local model directory the server serves "
                           "(the trained model must hold the server's weights)")
+    if vllm_server_base_url is not None:
+        from slimrl.verify.server_check import server_problem
+
+        problem = server_problem(vllm_server_base_url)
+        if problem:
+            raise VerifyError(f"--vllm_server_base_url: {problem}")
     if fast_inference:
         from slimrl.generation import vllm_status
 
@@ -387,7 +418,8 @@ def format_table(rows: list[Row], setup_line: str = "") -> str:
     """The table ``slimrl verify`` prints, with the tolerance reasons under it."""
     head = ("trainer", "loss type", "loss rel.err", "grad rel.err", "update rel.err", "tolerance", "gen logp diff",
             "result")
-    body = [(r.trainer, r.loss_type, _fmt(r.loss_err), _fmt(r.grad_err), _fmt(r.update_err), _fmt_tol(r.tolerance),
+    body = [(r.trainer, r.loss_type, _fmt(r.loss_err), _fmt(r.grad_err), _fmt(r.update_err),
+             _fmt_tol(r.tolerance) + ("" if math.isnan(r.update_tolerance) else f", update {r.update_tolerance:.0e}"),
              "-" if math.isnan(r.gen_err) else f"{_fmt(r.gen_err)} (<= {r.gen_tolerance:.0e})" +
              ("" if r.generator == "hf" else f" {r.generator}"),
              "PASS" if r.passed else f"SKIP ({r.skipped})" if r.skipped else
@@ -399,6 +431,11 @@ def format_table(rows: list[Row], setup_line: str = "") -> str:
     for dtype, tol in TOLERANCE.items():
         if tol in reasons:
             lines.append(f"tolerance {tol:.0e}: {REASON[dtype]}")
+    if any(not math.isnan(r.update_tolerance) for r in rows):
+        lines.append("update (a row's own tolerance): its weights are stored in 16 bits and each step rounds them to "
+                     "the dtype's spacing s; gradients that differ by the tolerance t round element i differently "
+                     "with probability ~ t|u_i|/s_i, so the update is measured only to 3 sqrt(t sum |u_i| s_i) / "
+                     "||u|| (u: TRL's update)")
     gen = {r.gen_tolerance for r in rows if not math.isnan(r.gen_err) and r.generator == "hf"}
     vllm = {r.gen_tolerance for r in rows if r.generator != "hf"}
     for tol in sorted(vllm):

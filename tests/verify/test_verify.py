@@ -3,6 +3,7 @@ and bad input is one line."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -148,3 +149,64 @@ def test_every_trainer_has_a_scenario_or_says_why_not():
         assert bool(spec.scenario) != bool(spec.not_verified), (name, spec.scenario, spec.not_verified)
         if spec.scenario:
             assert spec.scenario.__module__ == f"slimrl.patching.trainers.{name}", name
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("not a url", "'not a url' is not a server URL"),
+    ("http://127.0.0.1:9", "nothing answers at http://127.0.0.1:9"),
+])
+def test_a_server_row_that_cannot_reach_a_server_is_one_line_never_a_pass(tmp_path, capsys, monkeypatch, url,
+                                                                          message):
+    """Nothing listening, or not a URL: exit 2 in one line before any training (it passed before, running no server
+    at all). vLLM is reported present here so the URL itself is what is checked."""
+    from slimrl.verify import server_check
+
+    monkeypatch.setattr("slimrl.generation.vllm_status", lambda: None)
+    model = tmp_path / "m"
+    model.mkdir()
+    assert verify_cli.main(["--algorithm", "grpo", "--model", str(model), "--vllm_server_base_url", url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("slimrl verify: error: --vllm_server_base_url: ") and message in err and "\n" not in err
+    assert server_check.server_problem("http://127.0.0.1:9", timeout=1)
+
+
+def test_a_server_row_without_vllm_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("slimrl.generation.vllm_status", lambda: "vLLM is not installed")
+    model = tmp_path / "m"
+    model.mkdir()
+    assert verify_cli.main(["--algorithm", "grpo", "--model", str(model), "--vllm_server_base_url",
+                            "http://127.0.0.1:8000"]) == 2
+    assert "TRL's server mode needs vLLM here too (vLLM is not installed)" in capsys.readouterr().err
+
+
+def test_a_generator_row_that_did_not_use_vllm_fails():
+    from slimrl.verify import Row
+
+    row = Row("grpo", "dapo", math.nan, math.nan, math.nan, math.nan, 0.0, gen_err=1e-5, gen_tolerance=2e-3,
+              generator="server")
+    assert row.passed
+    row.problem = "the run did not generate through the server (use_vllm was off)"
+    assert not row.passed
+
+
+def test_the_update_tolerance_of_16_bit_weights_is_what_rounding_can_do_and_no_more():
+    """Simulated bf16 steps: updates from gradients that differ by the tolerance t stay within the derived update
+    tolerance (and not far below it: the bound is not vacuous); an update 30 % off exceeds it."""
+    from slimrl.verify import TOLERANCE, rounding_exposure
+
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(20000, generator=g) * 0.05).to(torch.bfloat16)
+    exact = torch.randn(20000, generator=g) * 2e-4  # below the weights' spacing for many: LoRA's first steps
+    t = TOLERANCE[torch.bfloat16]
+
+    def step(update):
+        return ((w.float() + update).to(torch.bfloat16).float() - w.float())
+
+    ref = step(exact)
+    exposure = rounding_exposure({"w": (w.float() + ref).to(torch.bfloat16)}, {"w": ref})
+    tol = 3 * math.sqrt(t * exposure) / float(ref.norm())
+    noisy = step(exact * (1 + t * torch.randn(20000, generator=g)))
+    err = float((noisy - ref).norm() / ref.norm())
+    assert tol / 30 < err <= tol, (err, tol)
+    wrong = step(exact * 1.3)
+    assert float((wrong - ref).norm() / ref.norm()) > tol
