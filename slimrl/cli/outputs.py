@@ -139,7 +139,7 @@ def damaged_file(ckpt: Path) -> str | None:
             continue
         try:
             if path.suffix == ".json":
-                json.loads(path.read_text())
+                _check_json(path)
             elif path.suffix == ".safetensors":
                 with safe_open(str(path), framework="pt") as f:
                     for key in f.keys():
@@ -148,9 +148,35 @@ def damaged_file(ckpt: Path) -> str | None:
                 with zipfile.ZipFile(path) as archive:
                     if archive.testzip() is not None:
                         raise zipfile.BadZipFile("CRC mismatch")
+                _check_pickle(path)
         except Exception as err:  # noqa: BLE001  (any failure to load is damage)
             return f"{path.name} ({type(err).__name__})"
     return None
+
+
+# the fields a resume reads from each JSON file of a checkpoint, with their types
+JSON_FIELDS = {"trainer_state.json": {"global_step": int, "log_history": list},
+               "adapter_config.json": {"r": int}, RUN_FILE: {"algorithm": str, "lora_r": int, "model": str}}
+
+
+def _check_json(path: Path) -> None:
+    """A JSON file of a checkpoint: valid, a mapping, and the fields a resume reads of the types it reads them as."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise TypeError(f"{path.name} holds a {type(data).__name__}, not a mapping")
+    for key, kind in JSON_FIELDS.get(path.name, {}).items():
+        if key in data and data[key] is not None and (not isinstance(data[key], kind) or isinstance(data[key], bool)):
+            raise TypeError(f"{path.name}: {key} is a {type(data[key]).__name__}, not a {kind.__name__}")
+
+
+def _check_pickle(path: Path) -> None:
+    """A torch archive loads with ``weights_only=True`` (tensors and plain data; numpy arrays as transformers allows
+    them in its RNG states): a pickle that would run code is refused here, before the trainer opens it."""
+    import torch
+    from transformers.trainer_pt_utils import safe_globals
+
+    with safe_globals():
+        torch.load(path, map_location="cpu", weights_only=True)
 
 
 def pick_checkpoint(resume: str, out: Path) -> Path:

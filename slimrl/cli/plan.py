@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.algorithm not in PLANNED:
         return fail("slimrl plan", f"--algorithm {args.algorithm!r}: unknown; choose one of {', '.join(PLANNED)}")
+    if PLANNED[args.algorithm].generates and args.per_device_train_batch_size % max(args.num_generations, 1):
+        return fail("slimrl plan", f"--per_device_train_batch_size {args.per_device_train_batch_size}: the plan is of "
+                                   f"one generation batch of these rows, which TRL needs to be a multiple of "
+                                   f"--num_generations {args.num_generations}")
     options = {k: v for k, v in vars(args).items() if k not in ("json", "model", "budget")}
     settings = Settings(workload=PLANNED[args.algorithm], **options)
     try:
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             result = plan(args.model, settings, budget=args.budget)
     except (PlanInputError, FileNotFoundError) as exc:
         return fail("slimrl plan", str(exc))
+    except (RuntimeError, OverflowError, MemoryError) as exc:  # sizes whose tensors cannot even be described
+        return fail("slimrl plan", f"the sizes asked for are beyond what can be planned ({type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0][:120]}); ask for fewer rows or tokens")
     data = result.to_json()
     print(json.dumps(data, indent=2) if args.json else format_plan(data))
     return 0

@@ -77,9 +77,15 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
         raise UsageError(f"--warm_start_steps {targs.warm_start_steps}: a count >= 0, for --task calculator only")
     if targs.dataset is None and targs.train_size < 1:
         raise UsageError(f"--train_size {targs.train_size}: the built-in task needs at least 1 training problem")
-    for name in ("eval_size", "eval_max_new_tokens"):
-        if getattr(targs, name) < 0:
-            raise UsageError(f"--{name} {getattr(targs, name)}: must be >= 0")
+    if targs.eval_size < 0:
+        raise UsageError(f"--eval_size {targs.eval_size}: must be >= 0 (0: no held-out evaluation)")
+    if targs.eval_max_new_tokens < 1:
+        raise UsageError(f"--eval_max_new_tokens {targs.eval_max_new_tokens}: must be >= 1 (--eval_size 0 skips the "
+                         f"evaluation)")
+    iterations = getattr(cfg, "max_tool_calling_iterations", None)
+    if iterations is not None and iterations < 0:
+        raise UsageError(f"--max_tool_calling_iterations {iterations}: must be >= 0 (a negative count would turn "
+                         f"the tool loop off)")
     if targs.lora_r < 1:
         raise UsageError(f"--lora_r {targs.lora_r}: the LoRA rank must be >= 1")
     if targs.threads is not None and targs.threads < 1:

@@ -12,7 +12,27 @@ class PlanInputError(ValueError):
 
 
 def load_config(model: str) -> Any:
-    """``transformers`` config of ``model`` (see the module docstring)."""
+    """``transformers`` config of ``model`` (see the module docstring); a config that cannot be read (broken JSON, no
+    ``model_type``, an architecture this transformers does not know, a damaged GGUF) is a one-line
+    :class:`PlanInputError` naming ``--model``."""
+    try:
+        config = _load_config(model)
+    except PlanInputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers' and gguf's own errors, said in one line
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise PlanInputError(f"--model {model}: its config cannot be read ({type(exc).__name__}: {first[:200]}); "
+                             f"pass a model directory with a valid config.json or an intact .gguf") from None
+    text = getattr(config, "text_config", None) or config
+    for field in ("num_hidden_layers", "hidden_size", "vocab_size"):
+        value = getattr(text, field, None)
+        if not isinstance(value, int) or value < 1:
+            raise PlanInputError(f"--model {model}: its config has no usable {field} ({value!r}); pass a complete "
+                                 f"config.json")
+    return config
+
+
+def _load_config(model: str) -> Any:
     from transformers import AutoConfig
 
     from slimrl.models import loader

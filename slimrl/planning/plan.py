@@ -34,6 +34,7 @@ Time: :mod:`slimrl.planning.timing`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -186,6 +187,9 @@ def plan(model: Any = "SmolLM2-135M-Instruct", settings: Settings | None = None,
     return result
 
 
+MAX_SIZE = 2**24  # rows or tokens: beyond any run, and below the integer overflow of a [rows, tokens] tensor
+
+
 def _check(s: Settings) -> None:
     if not isinstance(s.workload, Workload) or s.workload.reference not in ("always", "beta", "never"):
         raise PlanInputError(f"workload {s.workload!r}: pass a Workload (reference 'always', 'beta' or 'never')")
@@ -196,8 +200,12 @@ def _check(s: Settings) -> None:
         raise PlanInputError(f"--device {s.device!r}: choose cpu or cuda")
     for name in ("per_device_train_batch_size", "num_generations", "max_prompt_length", "max_completion_length"):
         value = getattr(s, name)
-        if not isinstance(value, int) or value < 1:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise PlanInputError(f"--{name} {value!r}: must be a positive integer")
+        if value > MAX_SIZE:
+            raise PlanInputError(f"--{name} {value}: larger than any run ({MAX_SIZE:,} at most)")
+    if not isinstance(s.beta, int | float) or not math.isfinite(s.beta) or s.beta < 0:
+        raise PlanInputError(f"--beta {s.beta!r}: the KL coefficient is a number >= 0 (0: no reference model)")
     if not isinstance(s.shared_prefix, bool):
         raise PlanInputError(f"--shared_prefix {s.shared_prefix!r}: write true or false")
     if not isinstance(s.lora_r, int) or s.lora_r < 0:

@@ -264,8 +264,17 @@ def make_setup(model: str | None = None, full: bool = False, device: str = "cpu"
             path = resolve_model_path(model)
         except (FileNotFoundError, ValueError) as err:
             raise VerifyError(str(err).splitlines()[0]) from None
-        config = AutoConfig.from_pretrained(str(path))
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        try:
+            if path.is_file():  # a .gguf: its metadata holds the config and the tokenizer
+                config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+                tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            else:
+                config = AutoConfig.from_pretrained(str(path))
+                tokenizer = AutoTokenizer.from_pretrained(str(path))
+        except Exception as err:  # noqa: BLE001 - transformers' and gguf's own errors, in one line
+            first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+            raise VerifyError(f"--model {model}: its config or tokenizer cannot be read ({type(err).__name__}: "
+                              f"{first[:200]}); pass a model directory with a valid config.json") from None
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         if not full:

@@ -113,7 +113,7 @@ def test_cli_json_has_the_documented_keys(tmp_path, capsys):
     from slimrl.cli import main
 
     assert main(["plan", "--model", str(tmp_path), "--max_completion_length", "32", "--max_prompt_length", "8",
-                          "--per_device_train_batch_size", "2", "--budget", "20GB", "--json"]) == 0
+                 "--per_device_train_batch_size", "2", "--num_generations", "2", "--budget", "20GB", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {"peak_bytes", "phases", "step_seconds", "fits", "recommended",
             "max_completion_length_that_fits"} <= set(data)

@@ -1,0 +1,107 @@
+"""Bad input that ended in a traceback or was accepted silently, each now one line (exit 2) naming the argument and
+the fix: ``slimrl plan`` and ``slimrl verify`` on broken, empty or unknown configs and damaged GGUF files, sizes that
+overflow, ``beta`` NaN or negative, a batch ``num_generations`` does not divide; ``slimrl train`` with
+``--eval_max_new_tokens 0`` or ``--max_tool_calling_iterations -1``; a resume checkpoint whose JSON has the wrong
+types or whose ``.pt`` holds a pickle that would run code."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from slimrl.cli import plan as plan_cli
+from slimrl.cli import train
+from slimrl.cli import verify as verify_cli
+from slimrl.cli.args import UsageError
+from slimrl.cli.outputs import pick_checkpoint
+
+
+@pytest.fixture
+def bad_models(tmp_path):
+    made = {}
+    for name, text in (("broken", "{not json"), ("empty", "{}"), ("unknown", '{"model_type": "nosuchmodel"}')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(text)
+        made[name] = tmp_path / name
+    made["noise.gguf"] = tmp_path / "noise.gguf"
+    made["noise.gguf"].write_bytes(os.urandom(1000))
+    made["cut.gguf"] = tmp_path / "cut.gguf"
+    made["cut.gguf"].write_bytes(b"GGUF\x03\x00\x00\x00")
+    return made
+
+
+def _one_line(capsys, code: int, prog: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    lines = [ln for ln in err if ln.startswith(f"{prog}: error: ")]
+    assert code == 2 and len(lines) == 1 and not any("Traceback" in ln for ln in err), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("which", ["broken", "empty", "unknown", "noise.gguf", "cut.gguf"])
+def test_plan_and_verify_name_an_unreadable_model_in_one_line(bad_models, capsys, which):
+    line = _one_line(capsys, plan_cli.main(["--model", str(bad_models[which])]), "slimrl plan")
+    assert f"--model {bad_models[which]}" in line
+    line = _one_line(capsys, verify_cli.main(["--algorithm", "grpo", "--loss_type", "dapo", "--model",
+                                              str(bad_models[which])]), "slimrl verify")
+    assert str(bad_models[which]) in line
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--max_completion_length", "100000000000000000000"], "--max_completion_length 100000000000000000000: larger"),
+    (["--per_device_train_batch_size", "16777216", "--num_generations", "16777216", "--max_completion_length",
+      "16777216"], "beyond what can be planned"),
+    (["--beta", "nan"], "--beta nan: the KL coefficient is a number >= 0"),
+    (["--beta", "-1"], "--beta -1.0: the KL coefficient is a number >= 0"),
+    (["--per_device_train_batch_size", "8", "--num_generations", "3"], "a multiple of --num_generations 3"),
+])
+def test_plan_refuses_what_training_would(capsys, argv, message):
+    line = _one_line(capsys, plan_cli.main(argv), "slimrl plan")
+    assert message in line, line
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--eval_max_new_tokens", "0"], "--eval_max_new_tokens 0: must be >= 1"),
+    (["--task", "calculator", "--max_tool_calling_iterations", "-1"], "--max_tool_calling_iterations -1: must be"),
+])
+def test_train_refuses_before_the_model_loads(capsys, tmp_path, monkeypatch, argv, message):
+    from slimrl.models import fast_language_model
+
+    def boom(*a, **k):
+        raise AssertionError("the model was loaded before the input was validated")
+
+    monkeypatch.setattr(fast_language_model.FastLanguageModel, "from_pretrained", staticmethod(boom))
+    line = _one_line(capsys, train.main(["--output_dir", str(tmp_path / "out"), *argv]), "slimrl train")
+    assert message in line, line
+
+
+class _RunsCode:
+    """A pickle that would run a command when loaded without ``weights_only``."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("damage", ["state-types", "state-list", "run-types", "pickle"])
+def test_a_resume_checkpoint_with_wrong_types_or_a_code_pickle_is_refused(tmp_path, damage):
+    ckpt = tmp_path / "out" / "checkpoint-2"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text('{"global_step": 2, "log_history": []}')
+    torch.save({"state": {}, "param_groups": []}, ckpt / "optimizer.pt")
+    assert pick_checkpoint(str(ckpt), tmp_path / "out") == ckpt  # intact: accepted
+    marker = tmp_path / "pwned"
+    if damage == "state-types":
+        (ckpt / "trainer_state.json").write_text('{"global_step": "two", "log_history": []}')
+    elif damage == "state-list":
+        (ckpt / "trainer_state.json").write_text("[1, 2]")
+    elif damage == "run-types":
+        (ckpt / "slimrl_run.json").write_text('{"algorithm": ["grpo"], "lora_r": 16, "model": "m"}')
+    else:
+        torch.save(_RunsCode(marker), ckpt / "optimizer.pt")
+    with pytest.raises(UsageError, match=r"--resume .*: .* is damaged; pass an intact checkpoint"):
+        pick_checkpoint(str(ckpt), tmp_path / "out")
+    assert not marker.exists()  # nothing of the pickle ran
