@@ -233,7 +233,7 @@ $(VENVUNSLOTH)/.installed: $(GPU_WHEELS)/.built
 	touch $@
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check slimrl tests bench examples
+	$(VENV)/bin/ruff check slimrl tests bench examples tools
 
 clean:
 	rm -rf .venv* build *.egg-info $(GGUF_WHEELS) $(GPU_WHEELS)

@@ -4,14 +4,15 @@
     from slimrl import PatchFastRL            # the explicit, reversible way (PatchFastRL("grpo"); unpatch())
 
 ``FastLanguageModel``, ``FastModel`` and ``FastVisionModel`` are loaded on first use
-(:func:`slimrl.patching.patch_on_first_use`).
+(:func:`slimrl.patching.patch_on_first_use`). Importing slimrl changes nothing: the patches register, and slimrl's
+one-line error display (:mod:`slimrl.compat.callsite`) is installed, at the first use of ``PatchFastRL``,
+``FastLanguageModel`` or the ``slimrl`` command.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from slimrl.compat.callsite import install_one_line_errors
 from slimrl.compat.devices import is_bfloat16_supported
 from slimrl.patching import PatchDPOTrainer, PatchFastRL, unpatch
 from slimrl.rewards import (
@@ -24,16 +25,16 @@ from slimrl.rewards import (
 from slimrl.sampling import vLLMSamplingParams
 from slimrl.verify import verify  # `slimrl.verify(...)`: the patch proven exact on your setup (slimrl verify)
 
-install_one_line_errors()  # slimrl's own refusals print as one line at the user's line (slimrl.compat.callsite)
-
 _ON_FIRST_USE = {name: name for name in ("FastLanguageModel", "FastModel", "FastVisionModel")}
 
 
 def __getattr__(name: str) -> Any:
     if name in _ON_FIRST_USE:
         import slimrl.models as models
+        from slimrl.compat.callsite import install_one_line_errors
         from slimrl.patching import patch_on_first_use
 
+        install_one_line_errors()  # from the first use of slimrl's entry point, its refusals print as one line
         value = getattr(models, _ON_FIRST_USE[name])
         patch_on_first_use()
         globals()[name] = value

@@ -70,6 +70,35 @@ def test_planning_is_a_pure_predictor():
         assert not bad, (path, bad)
 
 
+def test_generation_is_below_models_and_patching():
+    """The generation layer (engine, HF fallback, server client) gets what it needs passed in: it never imports the
+    models that own it, the trainers' patches or their state."""
+    for path, imported in _modules("generation").items():
+        bad = _outside(imported, "slimrl.generation", "slimrl.compat", "slimrl.ops")
+        assert not bad, (path, bad)
+
+
+def test_models_are_below_patching_verify_and_the_cli():
+    """Loading, LoRA and mode switching use generation and export; they never reach up into the trainers' patches,
+    the planner, verify or the CLI."""
+    for path, imported in _modules("models").items():
+        bad = _outside(imported, "slimrl.models", "slimrl.compat", "slimrl.generation", "slimrl.export", "slimrl.ops")
+        assert not bad, (path, bad)
+
+
+def test_patching_never_imports_verify():
+    """verify runs the patches against TRL alone; the patches do not know verify (its scenarios are verify's)."""
+    for path, imported in _modules("patching").items():
+        bad = {m for m in imported if m.startswith(("slimrl.verify", "slimrl.cli"))}
+        assert not bad, (path, bad)
+
+
+def test_no_file_over_300_lines():
+    """Small modules with one job each."""
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 300}
+    assert not long, long
+
+
 def test_patching_layers():
     """The machinery every trainer uses (the modules directly in ``patching/``) < ``routes`` < ``online`` <
     ``trainers`` < the table (``specs``) and ``PatchFastRL``: no layer imports one above it."""

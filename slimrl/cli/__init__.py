@@ -23,6 +23,12 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
+    if entry_point:  # the command, not a call from Python: slimrl's refusals as one line, no third-party notices
+        from slimrl.cli.quiet import quiet_third_party
+        from slimrl.compat.callsite import install_one_line_errors
+
+        install_one_line_errors()
+        quiet_third_party()
     if command == "train" and entry_point:
         from slimrl.compat.malloc import restart_with_huge_pages
 

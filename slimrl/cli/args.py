@@ -10,9 +10,10 @@ import argparse
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from slimrl.cli.config_file import _option_map, check_yaml_values, read_yaml
+from slimrl.cli.errors import UsageError
 from slimrl.patching.specs import CLI_KINDS  # the trainers table says which trainers the CLI runs
 
 ALGORITHMS = tuple(CLI_KINDS)
@@ -23,10 +24,6 @@ PAIRED = tuple(n for n, kind in CLI_KINDS.items() if kind == "paired")  # prompt
 # Short flags (and YAML keys) for slimrl's config fields that `slimrl train` users set most.
 ALIASES = {"auto_fit": "slimrl_auto_fit", "memory_budget": "slimrl_memory_budget",
            "longest_first": "slimrl_longest_first"}
-
-
-class UsageError(Exception):
-    """Bad input: printed as one line naming the argument and the fix."""
 
 
 @dataclass
@@ -106,26 +103,6 @@ def demo_defaults(algorithm: str = "grpo") -> dict[str, Any]:
                 "temperature": 0.8}
     # offline: short chats (~100 tokens), a LoRA-sized learning rate
     return {**common, "learning_rate": 5e-5, "max_length": 256}
-
-
-def read_yaml(path: str) -> dict[str, Any]:
-    """The ``--config`` file as a mapping; UsageError naming the file for a missing, unreadable or non-mapping one."""
-    import yaml
-
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise UsageError(f"--config {path}: file not found; pass an existing YAML file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"--config {path}: cannot read it ({err})") from None
-    except yaml.YAMLError as err:
-        raise UsageError(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UsageError(f"--config {path}: must be a YAML mapping of option: value, got {type(data).__name__}")
-    return data
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], str | None]:
@@ -222,39 +199,6 @@ def build_parser(algorithm: str, task: str = "arithmetic"):
     own = {f.name for f in dataclasses.fields(TrainArguments)} | {"max_seq_length"}
     parser.set_defaults_with_config(**{k: v for k, v in defaults.items() if k in names or k in own})
     return parser
-
-
-def _option_map(parser) -> dict[str, Any]:
-    return {a.dest: a for a in parser._actions if a.option_strings}
-
-
-def check_yaml_values(parser, data: dict[str, Any], path: str) -> None:
-    """Every key of the YAML is an option and its value has the option's type (one line naming file and key)."""
-    options = _option_map(parser)
-    for key, value in data.items():
-        action = options.get(key)
-        if action is None:
-            close = difflib.get_close_matches(key, list(options), n=1)
-            hint = f"did you mean {close[0]}? " if close else ""
-            raise UsageError(f"--config {path}: unknown key {key!r}: {hint}remove it or see `slimrl train --help` "
-                             f"for the keys")
-        convert = action.type
-        if value is None or convert is None or not callable(convert):
-            continue
-        values = value if isinstance(value, list) and action.nargs in ("+", "*") else [value]
-        for v in values:
-            try:
-                converted = convert(v) if isinstance(v, str) else v
-                if convert in (int, float) and (isinstance(v, bool) or not isinstance(converted, int | float)):
-                    raise ValueError
-                if convert is int and isinstance(converted, float) and not converted.is_integer():
-                    raise ValueError
-            except (ValueError, TypeError):
-                kind = getattr(convert, "__name__", "value")
-                raise UsageError(f"--config {path}: key {key}: {v!r} is not a valid {kind}") from None
-            if action.choices and converted not in action.choices:
-                raise UsageError(f"--config {path}: key {key}: {v!r} is not one of "
-                                 f"{', '.join(map(str, action.choices))}")
 
 
 def parse(argv: list[str]) -> tuple[TrainArguments, Any]:

@@ -16,7 +16,7 @@ Those page faults are 4 KiB each: a 26 MiB activation costs ~6,600 of them every
 ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (glibc >= 2.35) puts malloc's mmap-ed blocks on transparent huge pages
 (2 MiB faults: far fewer of them; BENCHMARKS.md has the measurement). glibc reads it only at
 process start, so ``slimrl train`` restarts itself once with it (:func:`restart_with_huge_pages`); a Python script
-gets it by being started with that variable set (README).
+gets it by being started with that variable set (docs/train.md).
 """
 
 from __future__ import annotations

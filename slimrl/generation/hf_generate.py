@@ -11,6 +11,8 @@ min_p, repetition_penalty, max_tokens, seed, stop strings, n), and ``lora_reques
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,10 +96,10 @@ def _activate(model: Any, request: Any) -> str | None:
 
 
 def hf_fast_generate(model: Any, tokenizer: Any, prompts: str | list, sampling_params: Any = None,
-                     lora_request: Any = None, use_tqdm: bool = False) -> list[RequestOutput]:
-    """vLLM's ``LLM.generate`` surface over ``model.generate`` (see the module docstring)."""
-    from slimrl.models.modes import for_inference, for_training, in_inference_mode
-
+                     lora_request: Any = None, use_tqdm: bool = False,
+                     inference: Callable[[Any], AbstractContextManager] | None = None) -> list[RequestOutput]:
+    """vLLM's ``LLM.generate`` surface over ``model.generate`` (see the module docstring); ``inference(model)``: the
+    context the model generates in (its owner's switch to inference mode and back; none by default)."""
     if tokenizer is None:
         raise ValueError("fast_generate needs the tokenizer FastLanguageModel.from_pretrained returned")
     items = [prompts] if isinstance(prompts, str | dict) else list(prompts)
@@ -105,9 +107,8 @@ def hf_fast_generate(model: Any, tokenizer: Any, prompts: str | list, sampling_p
     seed = kwargs.pop("seed", None)
     stop = kwargs.get("stop_strings")
     previous = _activate(model, lora_request)
-    switch = not in_inference_mode(model)  # the user's own for_inference stays as it is
-    if switch:
-        for_inference(model)
+    mode = (inference or (lambda m: nullcontext()))(model)
+    mode.__enter__()
     results = []
     try:
         for item in items:  # one prompt at a time: no padding to reason about, as vLLM's per-request outputs
@@ -133,8 +134,7 @@ def hf_fast_generate(model: Any, tokenizer: Any, prompts: str | list, sampling_p
                                                     tokens, "stop" if eos in row else "length"))
             results.append(RequestOutput(text, ids, completions))
     finally:
-        if switch:
-            for_training(model)
+        mode.__exit__(None, None, None)
         if previous is not None:
             model.set_adapter(previous)
     return results

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -137,10 +137,11 @@ def prefill_once(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
     return cache
 
 
-def shared_prefill_generate(generate: Any, model: Any, trainer: Any = None) -> Any:
+def shared_prefill_generate(generate: Any, model: Any, trainer: Any = None,
+                            on_prefill: Callable[[], None] | None = None) -> Any:
     """``model.generate`` with the prefill of repeated prompts done once (module docstring); with a ``trainer``, the
-    prefill is timed as TRL times its phases (``profiling/Time taken: <Trainer>.slimrl.shared_prefill``) and
-    counted in its :class:`slimrl.patching.state.TrainerState`."""
+    prefill is timed as TRL times its phases (``profiling/Time taken: <Trainer>.slimrl.shared_prefill``);
+    ``on_prefill()`` runs after each shared prefill (the caller's count)."""
 
     @functools.wraps(generate)
     def slimrl_generate_shared_prefill(*args, **kwargs):
@@ -159,23 +160,21 @@ def shared_prefill_generate(generate: Any, model: Any, trainer: Any = None) -> A
             cache = prefill_once(model, kwargs["input_ids"], mask)
         if cache is None:
             return generate(*args, **kwargs)
-        if trainer is not None:
-            from slimrl.patching.state import trainer_state
-
-            trainer_state(trainer).shared_prefills += 1
+        if on_prefill is not None:
+            on_prefill()
         return generate(**{**kwargs, "attention_mask": mask, _cache_keyword(model): cache})
 
     return slimrl_generate_shared_prefill
 
 
 @contextmanager
-def shared_prefill(trainer: Any) -> Iterator[None]:
+def shared_prefill(trainer: Any, on_prefill: Callable[[], None] | None = None) -> Iterator[None]:
     """For the duration, the generating model's ``generate`` shares the prefill of repeated prompts (an instance
     attribute, restored exactly after: another instance-level ``generate`` is wrapped, not replaced)."""
     model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     had = "generate" in vars(model)
     previous = vars(model).get("generate")
-    model.generate = shared_prefill_generate(model.generate, model, trainer)
+    model.generate = shared_prefill_generate(model.generate, model, trainer, on_prefill)
     try:
         yield
     finally:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,23 @@ def fast_generate(self: Any, prompts: str | list, sampling_params: Any = None, l
         return engine.fast_generate(prompts, sampling_params=sampling_params, lora_request=lora_request)
     from slimrl.generation.hf_generate import hf_fast_generate
 
-    return hf_fast_generate(self, api._tokenizer(self, None), prompts, sampling_params, lora_request, use_tqdm)
+    return hf_fast_generate(self, api._tokenizer(self, None), prompts, sampling_params, lora_request, use_tqdm,
+                            inference=_inference)
+
+
+@contextmanager
+def _inference(model: Any) -> Iterator[None]:
+    """The model in inference mode for a call, and back after (a model the user put there stays there)."""
+    from slimrl.models.modes import for_inference, for_training, in_inference_mode
+
+    switch = not in_inference_mode(model)
+    if switch:
+        for_inference(model)
+    try:
+        yield
+    finally:
+        if switch:
+            for_training(model)
 
 
 def load_lora(self: Any, save_directory: str | Path, load_tensors: bool = False) -> Any:

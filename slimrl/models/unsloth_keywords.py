@@ -10,7 +10,7 @@ Each keyword is declared here with what slimrl does with it, one of:
   when it is given a value other than its "off" value one line says it was ignored and why (once per keyword).
 
 :func:`take` pops the ``ignored`` ones (printing their lines) and leaves the rest for the caller;
-:func:`keyword_table` is the README's table (a test keeps the two equal).
+:func:`keyword_table` is docs/compatibility.md's table (a test keeps the two equal).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def note(line: str) -> None:
 
 
 def keyword_table() -> str:
-    """The README's table of Unsloth keywords (markdown)."""
+    """docs/compatibility.md's table of Unsloth keywords (markdown)."""
     rows = ["| keyword | in | slimrl | what it does here |", "|---|---|---|---|"]
     rows += [f"| `{k.name}` | `{k.where}` | {k.action} | {k.does} |" for k in KEYWORDS]
     return "\n".join(rows)

@@ -7,16 +7,23 @@ from __future__ import annotations
 import sys
 import warnings
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.callsite import install_one_line_errors, warn
 from slimrl.compat.env import env_flag
 from slimrl.compat.malloc import cpu_training, tune_malloc
 from slimrl.compat.trl_info import check_trl_supported
 from slimrl.patching.defaults import set_strict
-from slimrl.patching.registry import PatchTargetMissingError, describe, install, patches, uninstall
+from slimrl.patching.registry import PatchTargetMissingError, describe, install, on_first_use, patches, uninstall
 from slimrl.patching.specs import TRAINERS, TrainerSpec, register_all
 
-check_trl_supported()  # import-time message when the installed TRL is outside the supported range
-register_all()
+
+def _load_patches() -> None:
+    """The first use of the patches (not the import): the TRL release checked (a message when it is outside the
+    supported range) and the table's patches registered."""
+    check_trl_supported()
+    register_all()
+
+
+on_first_use(_load_patches)
 
 # Algorithms patched now: a patch several trainers share stays until the last of them is unpatched.
 _ACTIVE: set[str] = set()
@@ -84,6 +91,7 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     tuned to return large freed blocks to the OS (:mod:`slimrl.compat.malloc`; ``SLIMRL_MALLOC_TUNING=0`` turns it
     off).
     """
+    install_one_line_errors()  # slimrl's refusals print as one line at the user's line from here on
     names = [n for n in TRAINERS if trainer_available(n)] if algorithm is None else [_normalise(algorithm)]
     for name in names:
         _require(name)

@@ -9,8 +9,8 @@ keywords, validates them before TRL's ``__post_init__`` runs, then sets them). `
 dict objects and ``__init__``.
 
 Each field is declared once (:data:`FIELDS`: type, default, help, check, the trainers it acts on, why it does
-nothing elsewhere); the flags, help texts, checks, refusals and the README's field table (:func:`field_table`, a
-test fails when the README's copy is stale) all come from that declaration.
+nothing elsewhere); the flags, help texts, checks, refusals and docs/train.md's field table (:func:`field_table`, a
+test fails when that copy is stale) all come from that declaration.
 
 A config gets only the fields that act on its trainer (each trainer module passes ``fields=``): a field that would
 do nothing there is never silently accepted. Passed with its default value (as Unsloth scripts do), it is dropped;
@@ -180,7 +180,7 @@ def validate_extra(name: str, value: Any) -> Any:
 
 
 def field_table() -> str:
-    """The README's table of slimrl's config fields (from :data:`FIELDS`)."""
+    """docs/train.md's table of slimrl's config fields (from :data:`FIELDS`)."""
     where = {"log-probs": "every trainer whose log-probs slimrl computes", "online": "GRPO, RLOO", "grpo": "GRPO"}
     rows = ["| field | default | acts on | meaning |", "|---|---|---|---|"]
     rows += [f"| `{f.name}` | `{f.default!r}` | {where[f.acts_on]} | {f.doc or f.help} |" for f in FIELDS]

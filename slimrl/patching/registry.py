@@ -87,10 +87,22 @@ class Patch:
 _REGISTRY: list[Patch] = []
 # key -> (object patched, value in its own __dict__ before patching or _MISSING, value seen via getattr)
 _INSTALLED: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+_LOADERS: list = []  # what registers the declared patches, run at the registry's first use (not at import)
+
+
+def on_first_use(loader) -> None:
+    """``loader()`` registers the declared patches the first time the registry is asked for them (listed, installed
+    or described), so importing slimrl registers nothing."""
+    _LOADERS.append(loader)
+
+
+def _load() -> None:
+    while _LOADERS:
+        _LOADERS.pop(0)()
 
 
 def register(patch: Patch) -> Patch:
-    """Declare a patch (called at import time by the per-trainer modules)."""
+    """Declare a patch (called by the patch table's loader, :func:`on_first_use`)."""
     if any(p.key == patch.key for p in _REGISTRY):
         raise ValueError(f"two patches for {patch.target}.{patch.attribute}")
     _REGISTRY.append(patch)
@@ -98,6 +110,7 @@ def register(patch: Patch) -> Patch:
 
 
 def patches(algorithm: str | None = None) -> list[Patch]:
+    _load()
     return [p for p in _REGISTRY if algorithm is None or algorithm in p.algorithms]
 
 
@@ -148,6 +161,7 @@ def uninstall(patch: Patch) -> None:
 
 def describe() -> list[dict[str, str]]:
     """One row per declared patch: algorithm, target, attribute, replacement, TRL versions, installed."""
+    _load()
     return [
         {
             "algorithm": ",".join(p.algorithms),

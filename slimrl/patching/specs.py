@@ -11,7 +11,7 @@ hooks its ``__init__`` runs, its ``training_step`` wrapper, the patches specific
 * the dataset layouts of :mod:`slimrl.patching.validation`;
 * ``slimrl train``'s algorithms (:data:`CLI_KINDS`);
 * the fused-head kernel swap's users (:func:`fused_head_users`);
-* the README's trainer table (:func:`readme_table`; a test fails when the README's copy is stale) and
+* docs/compatibility.md's trainer table (:func:`readme_table`; a test fails when that copy is stale) and
   ``python -m slimrl.patching``'s listing (through the registry).
 
 Adding a trainer: write ``trainers/<name>.py`` (its ``TRAINER``, ``CONFIG`` and specific ``PATCHES``), add its row
@@ -39,7 +39,7 @@ from slimrl.patching.steps import push_to_hub_factory, training_step_factory
 from slimrl.patching.trainer_init import trainer_init_factory
 from slimrl.patching.trainers import bco, cpo, dpo, grpo, kto, online_dpo, orpo, ppo, prm, reward, rloo, sft, xpo
 from slimrl.patching.validation import check_sequence_budget, sft_layouts
-from slimrl.planning.plan import Workload
+from slimrl.planning.settings import Workload
 
 Layouts = tuple[tuple[str, ...], ...]
 ROUTES = {
@@ -256,7 +256,7 @@ def register_all() -> None:
 
 
 def readme_table() -> str:
-    """The README's trainer table (Markdown), from :data:`TRAINERS`."""
+    """docs/compatibility.md's trainer table (Markdown), from :data:`TRAINERS`."""
     rows = ["| trainer | TRL | what slimrl does | parity test (loss + gradients vs TRL alone, ≤ 1e-4) |",
             "|---|---|---|---|"]
     first, last = (".".join(TESTED_TRL[i].split(".")[:2]) for i in (0, -1))

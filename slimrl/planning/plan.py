@@ -34,7 +34,6 @@ Time: :mod:`slimrl.planning.timing`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -42,46 +41,11 @@ import torch
 
 from slimrl.compat.memory import parse_bytes
 from slimrl.planning.config import PlanInputError, load_config
-from slimrl.planning.timing import calibrate, decode_seconds, forward_flops
+from slimrl.planning.search import PERSISTENT, fastest_fitting, largest_phase, longest_fitting
+from slimrl.planning.settings import CHECKPOINTING, Settings, Workload, _check  # noqa: F401 - re-exported
+from slimrl.planning.timing import calibrate, no_grad_passes, packed, step_split
 
-CHECKPOINTING = ("true", "false", "slimrl", "selective")
 NF4_BYTES = 0.516  # 4 bits + one 8-bit absmax per 64 weights + one fp32 per 256 absmax blocks (double quant)
-PERSISTENT = ("runtime", "weights", "adapter_and_optimizer", "engine")  # held for the whole run; the rest are phases
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What one step of a trainer does, as far as memory and time go. Each trainer declares its own next to its
-    patches (``TrainerSpec.workload`` in :mod:`slimrl.patching.specs`); the default is GRPO's."""
-
-    generates: bool = True  # samples its completions (a generation phase, num_generations rows per prompt)
-    paired: bool = False  # chosen and rejected rows in one forward (twice the rows)
-    reference: str = "beta"  # a frozen reference's no-grad pass: "always", "beta" (when beta > 0) or "never"
-    entropy: bool = True  # the policy's log-prob pass also computes entropies
-    shared_prefix: bool = True  # generating, its log-prob passes pack each prompt once per group (slimrl_shared_prefix)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """One run as :func:`plan` sees it (``slimrl plan``'s options; auto-fit fills it from the trainer's config)."""
-
-    algorithm: str = "grpo"  # the trainer's name, shown in the plan
-    workload: Workload = field(default_factory=Workload)
-    per_device_train_batch_size: int = 8
-    num_generations: int = 8
-    max_prompt_length: int = 64
-    max_completion_length: int = 256
-    lora_r: int = 16  # 0: full fine-tuning
-    load_in_4bit: bool = False
-    gradient_checkpointing: str = "slimrl"  # "true", "false", "slimrl" or "selective"
-    checkpoint_every_n_layers: int | None = None  # selective: the period (default 2)
-    fast_inference: bool = False
-    device: str = "cpu"
-    beta: float = 0.0
-    unsloth_grpo_mini_batch: int | None = None
-    gpu_memory_utilization: float = 0.5
-    chunk_rows: int | None = None  # rows per head chunk (None: as the op chooses)
-    shared_prefix: bool = True  # slimrl_shared_prefix: each prompt once per group where the layout applies
 
 
 @dataclass
@@ -119,10 +83,6 @@ def _checkpoint_every(s: dict[str, Any]) -> int:
     if s["gradient_checkpointing"] == "selective":
         return s["checkpoint_every_n_layers"] or 2
     return 1
-
-
-def _largest_phase(phases: dict[str, int]) -> str:
-    return max((k for k in phases if k not in PERSISTENT), key=phases.get)
 
 
 def _weights(model: Any, load_in_4bit: bool, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -187,31 +147,6 @@ def plan(model: Any = "SmolLM2-135M-Instruct", settings: Settings | None = None,
     return result
 
 
-MAX_SIZE = 2**24  # rows or tokens: beyond any run, and below the integer overflow of a [rows, tokens] tensor
-
-
-def _check(s: Settings) -> None:
-    if not isinstance(s.workload, Workload) or s.workload.reference not in ("always", "beta", "never"):
-        raise PlanInputError(f"workload {s.workload!r}: pass a Workload (reference 'always', 'beta' or 'never')")
-    if s.gradient_checkpointing not in CHECKPOINTING:
-        raise PlanInputError(f"--gradient_checkpointing {s.gradient_checkpointing!r}: choose one of "
-                             f"{', '.join(CHECKPOINTING)}")
-    if s.device not in ("cpu", "cuda"):
-        raise PlanInputError(f"--device {s.device!r}: choose cpu or cuda")
-    for name in ("per_device_train_batch_size", "num_generations", "max_prompt_length", "max_completion_length"):
-        value = getattr(s, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise PlanInputError(f"--{name} {value!r}: must be a positive integer")
-        if value > MAX_SIZE:
-            raise PlanInputError(f"--{name} {value}: larger than any run ({MAX_SIZE:,} at most)")
-    if not isinstance(s.beta, int | float) or not math.isfinite(s.beta) or s.beta < 0:
-        raise PlanInputError(f"--beta {s.beta!r}: the KL coefficient is a number >= 0 (0: no reference model)")
-    if not isinstance(s.shared_prefix, bool):
-        raise PlanInputError(f"--shared_prefix {s.shared_prefix!r}: write true or false")
-    if not isinstance(s.lora_r, int) or s.lora_r < 0:
-        raise PlanInputError(f"--lora_r {s.lora_r!r}: must be 0 (full fine-tuning) or a positive rank")
-
-
 def shared_prefix_applies(config: Any, s: dict[str, Any]) -> bool:
     """Whether the run's log-prob passes take the shared-prefix layout: asked for, declared by the trainer's
     workload, more than one completion per prompt, and a model the layout runs on
@@ -223,15 +158,6 @@ def shared_prefix_applies(config: Any, s: dict[str, Any]) -> bool:
     if not (s["shared_prefix"] and work.generates and work.shared_prefix and s["num_generations"] > 1):
         return False
     return model_reason(config, s["max_prompt_length"] + s["max_completion_length"]) is None
-
-
-def packed(rows: int, generations: int, completion: int, shared: bool) -> tuple[int, int]:
-    """A log-prob pass over ``rows`` rows as the model sees it, each sequence starting with the prompt:
-    (sequences, scored tokens per sequence). TRL's layout: ``rows`` sequences of prompt + completion; shared prefix:
-    ``ceil(rows / G)`` packed rows of the prompt then ``min(rows, G)`` completions."""
-    if not shared:
-        return rows, completion
-    return -(-rows // generations), min(rows, generations) * completion
 
 
 def _prefix_gather_bytes(config: Any, rows: int, prompt: int, completion: int, dtype: torch.dtype) -> int:
@@ -313,7 +239,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
             decode = 3 * rows * shape["vocab"] * 4  # last-position logits, fp32, and sampling's copies
             (prefill,) = layered(f"prefill {rows} {prompt}", lambda m: (trace.trace_prefill(m, rows, prompt),))
             phases["generation"] = max(prefill, kv + regrow + decode)
-    passes = _no_grad_passes(s)
+    passes = no_grad_passes(s)
     shared, groups = s["shared_prefix"], s["num_generations"]
     if passes:
         seqs, c = packed(mini, groups, completion, shared)
@@ -329,8 +255,8 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
                                                             chunk_rows=chunk))
     phases["policy_forward"] = kept
     phases["backward"] = peak + (_prefix_gather_bytes(config, rows, prompt, completion, dtype) if shared else 0)
-    peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[_largest_phase(phases)]
-    split = _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
+    peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[largest_phase(phases)]
+    split = step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
     return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases,
                 step_seconds=sum(split.values()), step_split=split, notes=notes)
 
@@ -357,91 +283,11 @@ def _with_layers(config: Any, layers: int) -> Any:
     return small
 
 
-def _no_grad_passes(s: dict[str, Any]) -> int:
-    """No-grad log-prob passes per step: the reference model's (always, or when beta > 0, as the workload says),
-    none for the old policy (slimrl reuses the policy's log-probs when ``num_iterations`` is 1)."""
-    reference = s["workload"].reference
-    return 1 if reference == "always" or reference == "beta" and s["beta"] > 0 else 0
-
-
-def _step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp):
-    layers, hidden, vocab = shape["layers"], shape["hidden"], shape["vocab"]
-    tokens, context = rows * (prompt + completion), prompt + completion
-    pairs = None  # TRL's layout: causal over each row
-    if s["shared_prefix"]:  # the prompt once per group: causal over it, each completion over it and itself
-        seqs = packed(rows, s["num_generations"], completion, True)[0]
-        tokens = seqs * prompt + rows * completion
-        pairs = seqs * prompt * prompt / 2 + rows * completion * (prompt + completion / 2)
-    fwd = forward_flops(tokens, context, rows * completion, params=params, layers=layers, hidden=hidden,
-                        vocab=vocab, pairs=pairs)
-    split: dict[str, float] = {}
-    if s["workload"].generates:
-        prefill = forward_flops(rows * prompt, prompt, 0, params=params, layers=layers, hidden=hidden, vocab=vocab)
-        split["generation"] = prefill / tp.flops_per_s + decode_seconds(
-            completion, rows, params=params, weight_bytes=weight_bytes, kv_bytes_per_token=kv_token,
-            context=context, layers=layers, tp=tp)
-    if passes:
-        split["logprobs_no_grad"] = passes * fwd / tp.flops_per_s
-    split["policy_forward"] = fwd / tp.flops_per_s
-    recompute = (1.0 / every) if every else 0.0
-    split["backward"] = (1.0 + recompute) * fwd / tp.flops_per_s
-    return split
-
-
 def _fastest_fitting(config, s, budget, utilization, chunk_rows) -> dict[str, Any] | None:
-    """The fastest of: no checkpointing, every 2nd layer checkpointed, every layer (fewest recomputes first); in each,
-    TRL's no-grad batch first, and halved ``unsloth_grpo_mini_batch`` only while the no-grad pass is the peak."""
-    rows = s["per_device_train_batch_size"]
-    for mode, every in (("false", None), ("selective", 2), ("slimrl", None)):
-        mini = None
-        while True:
-            p = _predict(config, dict(s, gradient_checkpointing=mode, checkpoint_every_n_layers=every,
-                                      unsloth_grpo_mini_batch=mini), utilization, chunk_rows)
-            if p.peak_bytes <= budget:
-                out = {"gradient_checkpointing": mode, "unsloth_grpo_mini_batch": mini}
-                return {**out, "checkpoint_every_n_layers": every} if every else out
-            if _largest_phase(p.phases) != "logprobs_no_grad" or (mini or rows) == 1:
-                break
-            mini = max(1, (mini or rows) // 2)
-    return None
+    """:func:`slimrl.planning.search.fastest_fitting` with this module's prediction."""
+    return fastest_fitting(lambda st: _predict(config, st, utilization, chunk_rows), s, budget)
 
 
 def _longest_fitting(config, s, budget, utilization, chunk_rows, step: int = 64) -> int | None:
-    """Largest ``max_completion_length`` (multiple of ``step``) whose prediction fits, at most the model's
-    ``max_position_embeddings`` minus the prompt. Memory is close to affine in the length at fixed rows: two
-    predictions give a first guess, which is then bracketed and bisected exactly."""
-    peaks: dict[int, int] = {}
-
-    def peak(k: int) -> int:  # k steps of completion
-        if k not in peaks:
-            peaks[k] = _predict(config, dict(s, max_completion_length=k * step), utilization, chunk_rows).peak_bytes
-        return peaks[k]
-
-    def fits(k: int) -> bool:
-        return peak(k) <= budget
-
-    if not fits(1):
-        return None
-    text = getattr(config, "text_config", None) or config
-    positions = getattr(text, "max_position_embeddings", None)  # the model's own length limit
-    top = max(1, (positions - s["max_prompt_length"]) // step) if positions else None
-    if top is not None and fits(top):
-        return top * step
-    guess = max(1, int(1 + (budget - peak(1)) / max((peak(16) - peak(1)) / 15, 1.0)))
-    if top is not None:
-        guess = min(guess, top)
-    width = 1
-    if fits(guess):  # bracket: lo fits, hi does not
-        lo = guess
-        while fits(lo + width):
-            lo, width = lo + width, width * 2
-        hi = lo + width
-    else:
-        hi = guess
-        while not fits(max(1, hi - width)):  # 1 fits, so this ends
-            hi, width = max(1, hi - width), width * 2
-        lo = max(1, hi - width)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo * step
+    """:func:`slimrl.planning.search.longest_fitting` with this module's prediction."""
+    return longest_fitting(lambda st: _predict(config, st, utilization, chunk_rows), config, s, budget, step)

@@ -24,6 +24,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -126,3 +127,43 @@ def decode_seconds(steps: int, rows: int, *, params: int, weight_bytes: int, kv_
     read = weight_bytes + rows * kv_bytes_per_token * max(context - steps // 2, 1)
     fixed = OPS_PER_LAYER_STEP * layers * tp.seconds_per_op
     return steps * (max(read / tp.bytes_per_s, 2 * params * rows / tp.flops_per_s) + fixed)
+
+
+def no_grad_passes(s: dict[str, Any]) -> int:
+    """No-grad log-prob passes per step: the reference model's (always, or when beta > 0, as the workload says),
+    none for the old policy (slimrl reuses the policy's log-probs when ``num_iterations`` is 1)."""
+    reference = s["workload"].reference
+    return 1 if reference == "always" or reference == "beta" and s["beta"] > 0 else 0
+
+
+def step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp):
+    layers, hidden, vocab = shape["layers"], shape["hidden"], shape["vocab"]
+    tokens, context = rows * (prompt + completion), prompt + completion
+    pairs = None  # TRL's layout: causal over each row
+    if s["shared_prefix"]:  # the prompt once per group: causal over it, each completion over it and itself
+        seqs = packed(rows, s["num_generations"], completion, True)[0]
+        tokens = seqs * prompt + rows * completion
+        pairs = seqs * prompt * prompt / 2 + rows * completion * (prompt + completion / 2)
+    fwd = forward_flops(tokens, context, rows * completion, params=params, layers=layers, hidden=hidden,
+                        vocab=vocab, pairs=pairs)
+    split: dict[str, float] = {}
+    if s["workload"].generates:
+        prefill = forward_flops(rows * prompt, prompt, 0, params=params, layers=layers, hidden=hidden, vocab=vocab)
+        split["generation"] = prefill / tp.flops_per_s + decode_seconds(
+            completion, rows, params=params, weight_bytes=weight_bytes, kv_bytes_per_token=kv_token,
+            context=context, layers=layers, tp=tp)
+    if passes:
+        split["logprobs_no_grad"] = passes * fwd / tp.flops_per_s
+    split["policy_forward"] = fwd / tp.flops_per_s
+    recompute = (1.0 / every) if every else 0.0
+    split["backward"] = (1.0 + recompute) * fwd / tp.flops_per_s
+    return split
+
+
+def packed(rows: int, generations: int, completion: int, shared: bool) -> tuple[int, int]:
+    """A log-prob pass over ``rows`` rows as the model sees it, each sequence starting with the prompt:
+    (sequences, scored tokens per sequence). TRL's layout: ``rows`` sequences of prompt + completion; shared prefix:
+    ``ceil(rows / G)`` packed rows of the prompt then ``min(rows, G)`` completions."""
+    if not shared:
+        return rows, completion
+    return -(-rows // generations), min(rows, generations) * completion

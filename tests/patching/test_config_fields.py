@@ -167,8 +167,9 @@ def test_readme_field_table_is_current():
 
     from slimrl.patching.config_fields import field_table
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert field_table() in readme, "README's field table is stale: paste slimrl.patching.config_fields.field_table()"
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "train.md").read_text()
+    assert field_table() in readme, \
+        "docs/train.md's field table is stale: paste slimrl.patching.config_fields.field_table()"
 
 
 def test_every_field_is_declared_once_with_its_check_and_reason():

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from slimrl.patching.state import config_state
-from slimrl.planning.plan import Settings, Workload
+from slimrl.planning.settings import Settings, Workload
 
 MARGIN = 0.10  # of the device's total memory, kept free
 

@@ -11,6 +11,11 @@ from typing import Any
 
 from slimrl.compat.malloc import recycling_phase
 from slimrl.generation.shared_prefill import shared_prefill
+from slimrl.patching.state import trainer_state
+
+
+def _count(trainer: Any) -> None:
+    trainer_state(trainer).shared_prefills += 1
 
 
 def generate_single_turn_factory(orig: Any) -> Any:
@@ -22,7 +27,7 @@ def generate_single_turn_factory(orig: Any) -> Any:
         with recycling_phase():
             if not getattr(self.args, "slimrl_shared_prefix", True) or getattr(self, "use_vllm", False):
                 return orig(self, *args, **kwargs)
-            with shared_prefill(self):
+            with shared_prefill(self, on_prefill=lambda: _count(self)):
                 return orig(self, *args, **kwargs)
 
     return slimrl_generate_single_turn

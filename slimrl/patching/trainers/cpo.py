@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from slimrl.patching.registry import Patch, original
 from slimrl.patching.routes.score_positions import ConcatenatedSpec, concatenated_forward_through_ops
-from slimrl.planning.plan import Workload
+from slimrl.planning.settings import Workload
 
 TRAINER = "trl.experimental.cpo.cpo_trainer:CPOTrainer"
 CONFIG = "trl.experimental.cpo.cpo_config:CPOConfig"

@@ -12,7 +12,7 @@ legacy keywords added. Use TRL >= 1.15 for the memory savings.
 from __future__ import annotations
 
 from slimrl.patching.routes.fused_head import prediction_step_patch
-from slimrl.planning.plan import Workload
+from slimrl.planning.settings import Workload
 
 TRAINER = "trl.trainer.dpo_trainer:DPOTrainer"
 CONFIG = "trl.trainer.dpo_config:DPOConfig"

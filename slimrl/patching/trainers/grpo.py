@@ -26,7 +26,7 @@ from slimrl.patching.online.old_logps import compute_loss_factory, fill_importan
 from slimrl.patching.online.prefill import generate_single_turn_factory
 from slimrl.patching.online.step import online_training_step_factory
 from slimrl.patching.registry import Patch
-from slimrl.planning.plan import Workload
+from slimrl.planning.settings import Workload
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 CONFIG = "trl.trainer.grpo_config:GRPOConfig"
@@ -93,12 +93,8 @@ _LOSS_EXTRAS = {"luspo": {"importance_sampling_level": "sequence"}}
 
 def scenario(kit, loss_type: str):
     """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): a LoRA policy, 4 prompts x 4 generations of
-    8 tokens, two iterations per generation, a KL to the adapter-free reference, dropout off; the agentic rows
-    ("tools", "environment", "rollout_func") are :func:`slimrl.verify.agentic.scenario`'s."""
-    from slimrl.verify import agentic
-
-    if loss_type in agentic.KINDS:
-        return agentic.scenario(kit, loss_type)
+    8 tokens, two iterations per generation, a KL to the adapter-free reference, dropout off (the agentic rows are
+    ``slimrl.verify``'s own scenarios)."""
     args = kit.config(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, num_iterations=2,
                       beta=0.04, temperature=0.9, loss_type=loss_type, disable_dropout=True,
                       **_LOSS_EXTRAS.get(loss_type, {}))

@@ -9,7 +9,7 @@ metrics in one method), which slimrl leaves as TRL's.
 from __future__ import annotations
 
 from slimrl.patching.routes.fused_head import prediction_step_patch
-from slimrl.planning.plan import Workload
+from slimrl.planning.settings import Workload
 
 TRAINER = "trl.trainer.kto_trainer:KTOTrainer"
 CONFIG = "trl.trainer.kto_config:KTOConfig"

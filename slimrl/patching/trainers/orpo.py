@@ -13,7 +13,7 @@ import torch
 
 from slimrl.patching.registry import Patch, original
 from slimrl.patching.routes.score_positions import ConcatenatedSpec, concatenated_forward_through_ops
-from slimrl.planning.plan import Workload
+from slimrl.planning.settings import Workload
 
 TRAINER = "trl.experimental.orpo.orpo_trainer:ORPOTrainer"
 CONFIG = "trl.experimental.orpo.orpo_config:ORPOConfig"

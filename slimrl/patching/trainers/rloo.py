@@ -21,7 +21,7 @@ from slimrl.patching.online.prefill import generate_single_turn_factory
 from slimrl.patching.online.step import online_training_step_factory
 from slimrl.patching.registry import Patch
 from slimrl.patching.routes.fused_head import prediction_step_patch
-from slimrl.planning.plan import Workload
+from slimrl.planning.settings import Workload
 
 TRAINER = "trl.trainer.rloo_trainer:RLOOTrainer"
 CONFIG = "trl.trainer.rloo_config:RLOOConfig"

@@ -8,7 +8,7 @@ TRL 1.16's ``chunked_nll`` is TRL's own chunked path and is left alone; on TRL 1
 from __future__ import annotations
 
 from slimrl.patching.routes.fused_head import prediction_step_patch
-from slimrl.planning.plan import Workload
+from slimrl.planning.settings import Workload
 
 TRAINER = "trl.trainer.sft_trainer:SFTTrainer"
 CONFIG = "trl.trainer.sft_config:SFTConfig"

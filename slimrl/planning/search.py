@@ -1,0 +1,73 @@
+"""The planner's searches over its own predictions (``predict(settings) -> Plan``, passed in): the fastest settings
+that fit a memory budget, and the longest completion that does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+PERSISTENT = ("runtime", "weights", "adapter_and_optimizer", "engine")  # held for the whole run; the rest are phases
+
+
+def largest_phase(phases: dict[str, int]) -> str:
+    return max((k for k in phases if k not in PERSISTENT), key=phases.get)
+
+
+def fastest_fitting(predict: Callable[[dict], Any], s: dict[str, Any], budget: int) -> dict[str, Any] | None:
+    """The fastest of: no checkpointing, every 2nd layer checkpointed, every layer (fewest recomputes first); in each,
+    TRL's no-grad batch first, and halved ``unsloth_grpo_mini_batch`` only while the no-grad pass is the peak."""
+    rows = s["per_device_train_batch_size"]
+    for mode, every in (("false", None), ("selective", 2), ("slimrl", None)):
+        mini = None
+        while True:
+            p = predict(dict(s, gradient_checkpointing=mode, checkpoint_every_n_layers=every,
+                             unsloth_grpo_mini_batch=mini))
+            if p.peak_bytes <= budget:
+                out = {"gradient_checkpointing": mode, "unsloth_grpo_mini_batch": mini}
+                return {**out, "checkpoint_every_n_layers": every} if every else out
+            if largest_phase(p.phases) != "logprobs_no_grad" or (mini or rows) == 1:
+                break
+            mini = max(1, (mini or rows) // 2)
+    return None
+
+
+def longest_fitting(predict: Callable[[dict], Any], config: Any, s: dict[str, Any], budget: int,
+                    step: int = 64) -> int | None:
+    """Largest ``max_completion_length`` (multiple of ``step``) whose prediction fits, at most the model's
+    ``max_position_embeddings`` minus the prompt. Memory is close to affine in the length at fixed rows: two
+    predictions give a first guess, which is then bracketed and bisected exactly."""
+    peaks: dict[int, int] = {}
+
+    def peak(k: int) -> int:  # k steps of completion
+        if k not in peaks:
+            peaks[k] = predict(dict(s, max_completion_length=k * step)).peak_bytes
+        return peaks[k]
+
+    def fits(k: int) -> bool:
+        return peak(k) <= budget
+
+    if not fits(1):
+        return None
+    text = getattr(config, "text_config", None) or config
+    positions = getattr(text, "max_position_embeddings", None)  # the model's own length limit
+    top = max(1, (positions - s["max_prompt_length"]) // step) if positions else None
+    if top is not None and fits(top):
+        return top * step
+    guess = max(1, int(1 + (budget - peak(1)) / max((peak(16) - peak(1)) / 15, 1.0)))
+    if top is not None:
+        guess = min(guess, top)
+    width = 1
+    if fits(guess):  # bracket: lo fits, hi does not
+        lo = guess
+        while fits(lo + width):
+            lo, width = lo + width, width * 2
+        hi = lo + width
+    else:
+        hi = guess
+        while not fits(max(1, hi - width)):  # 1 fits, so this ends
+            hi, width = max(1, hi - width), width * 2
+        lo = max(1, hi - width)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * step

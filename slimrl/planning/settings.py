@@ -1,0 +1,72 @@
+"""What the planner is asked: a trainer's :class:`Workload` (what one of its steps does, declared next to its patches)
+and the :class:`Settings` of one run, with the checks that refuse what no run could be (one line naming the
+option). Small on purpose: the patching layer imports :class:`Workload` from here, not the planner."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from slimrl.planning.config import PlanInputError
+
+CHECKPOINTING = ("true", "false", "slimrl", "selective")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one step of a trainer does, as far as memory and time go. Each trainer declares its own next to its
+    patches (``TrainerSpec.workload`` in :mod:`slimrl.patching.specs`); the default is GRPO's."""
+
+    generates: bool = True  # samples its completions (a generation phase, num_generations rows per prompt)
+    paired: bool = False  # chosen and rejected rows in one forward (twice the rows)
+    reference: str = "beta"  # a frozen reference's no-grad pass: "always", "beta" (when beta > 0) or "never"
+    entropy: bool = True  # the policy's log-prob pass also computes entropies
+    shared_prefix: bool = True  # generating, its log-prob passes pack each prompt once per group (slimrl_shared_prefix)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One run as :func:`plan` sees it (``slimrl plan``'s options; auto-fit fills it from the trainer's config)."""
+
+    algorithm: str = "grpo"  # the trainer's name, shown in the plan
+    workload: Workload = field(default_factory=Workload)
+    per_device_train_batch_size: int = 8
+    num_generations: int = 8
+    max_prompt_length: int = 64
+    max_completion_length: int = 256
+    lora_r: int = 16  # 0: full fine-tuning
+    load_in_4bit: bool = False
+    gradient_checkpointing: str = "slimrl"  # "true", "false", "slimrl" or "selective"
+    checkpoint_every_n_layers: int | None = None  # selective: the period (default 2)
+    fast_inference: bool = False
+    device: str = "cpu"
+    beta: float = 0.0
+    unsloth_grpo_mini_batch: int | None = None
+    gpu_memory_utilization: float = 0.5
+    chunk_rows: int | None = None  # rows per head chunk (None: as the op chooses)
+    shared_prefix: bool = True  # slimrl_shared_prefix: each prompt once per group where the layout applies
+
+
+MAX_SIZE = 2**24  # rows or tokens: beyond any run, and below the integer overflow of a [rows, tokens] tensor
+
+
+def _check(s: Settings) -> None:
+    if not isinstance(s.workload, Workload) or s.workload.reference not in ("always", "beta", "never"):
+        raise PlanInputError(f"workload {s.workload!r}: pass a Workload (reference 'always', 'beta' or 'never')")
+    if s.gradient_checkpointing not in CHECKPOINTING:
+        raise PlanInputError(f"--gradient_checkpointing {s.gradient_checkpointing!r}: choose one of "
+                             f"{', '.join(CHECKPOINTING)}")
+    if s.device not in ("cpu", "cuda"):
+        raise PlanInputError(f"--device {s.device!r}: choose cpu or cuda")
+    for name in ("per_device_train_batch_size", "num_generations", "max_prompt_length", "max_completion_length"):
+        value = getattr(s, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise PlanInputError(f"--{name} {value!r}: must be a positive integer")
+        if value > MAX_SIZE:
+            raise PlanInputError(f"--{name} {value}: larger than any run ({MAX_SIZE:,} at most)")
+    if not isinstance(s.beta, int | float) or not math.isfinite(s.beta) or s.beta < 0:
+        raise PlanInputError(f"--beta {s.beta!r}: the KL coefficient is a number >= 0 (0: no reference model)")
+    if not isinstance(s.shared_prefix, bool):
+        raise PlanInputError(f"--shared_prefix {s.shared_prefix!r}: write true or false")
+    if not isinstance(s.lora_r, int) or s.lora_r < 0:
+        raise PlanInputError(f"--lora_r {s.lora_r!r}: must be 0 (full fine-tuning) or a positive rank")
