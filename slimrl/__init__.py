@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from slimrl.compat.devices import is_bfloat16_supported
+from slimrl.compat.versions import Version
 from slimrl.patching import PatchDPOTrainer, PatchFastRL, unpatch
 from slimrl.rewards import (
     SandboxLimits,
@@ -44,5 +45,5 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["FastLanguageModel", "FastModel", "FastVisionModel", "PatchFastRL", "PatchDPOTrainer", "unpatch",
            "vLLMSamplingParams", "is_bfloat16_supported", "verify", "check_python_modules",
-           "create_locked_down_function", "execute_with_time_limit", "run_sandboxed", "SandboxLimits"]
+           "create_locked_down_function", "execute_with_time_limit", "run_sandboxed", "SandboxLimits", "Version"]
 __version__ = "0.1.0"

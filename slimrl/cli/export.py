@@ -22,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--formats", default="merged_16bit,gguf:q8_0", help="comma-separated: lora, merged_16bit, "
                    "merged_4bit, gguf:<type> (gguf:q8_0, gguf:f16, gguf:q4_k_m, ...); default merged_16bit,gguf:q8_0")
     p.add_argument("--load_in_4bit", action="store_true", help="load the base in 4-bit (the merge dequantizes it)")
+    p.add_argument("--push_to_hub", metavar="REPO", help="then upload what was written to this Hub model repo "
+                   "(user/name; created if missing; HF_TOKEN and HF_ENDPOINT honoured)")
+    p.add_argument("--private", action="store_true", help="with --push_to_hub: a new repo is private")
     p.add_argument("--overwrite", action="store_true", help="replace files in --output that no slimrl export wrote "
                    "(default: refuse, naming them)")
     return p
@@ -125,4 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as err:  # unwritable folder, full disk: nothing partial is left (staged writes)
             return fail("slimrl export", f"--output {out}: {err.strerror or err} while writing "
                                          f"({err.filename or out}); free space or choose another folder")
+    if args.push_to_hub:
+        from slimrl.export.hub import HubError, upload_folder
+
+        try:
+            url = upload_folder(out, args.push_to_hub, private=args.private or None,
+                                commit_message="Upload with slimrl export")
+        except HubError as err:
+            return fail("slimrl export", f"--push_to_hub {args.push_to_hub}: {err} (the export stays in {out})")
+        print(f"slimrl export: uploaded {out} to {args.push_to_hub}: {url}", flush=True)
     return 0

@@ -6,7 +6,9 @@ call and the same result shape: one :class:`RequestOutput` per prompt (``.prompt
 ``.outputs[0].text`` / ``.token_ids``), the sampling settings mapped to ``generate``'s (temperature, top_p, top_k,
 min_p, repetition_penalty, max_tokens, seed, stop strings, n), and ``lora_request`` an adapter saved with
 ``save_lora``: loaded once into the PEFT model under its own name, active only for that call. With
-``lora_request=None`` the model generates as it is (its current adapter, as in training).
+``lora_request=None`` the model generates as it is (its current adapter, as in training). A vision-language model
+takes vLLM's multimodal form, ``{"prompt": text, "multi_modal_data": {"image": pil_image or [images]}}``: the prompt
+and its images go through the model's processor, so the image reaches the model.
 """
 
 from __future__ import annotations
@@ -95,14 +97,51 @@ def _activate(model: Any, request: Any) -> str | None:
     return previous
 
 
-def hf_fast_generate(model: Any, tokenizer: Any, prompts: str | list, sampling_params: Any = None,
+MODALITIES = ("image",)  # multi_modal_data keys a vision-language model's processor takes here
+
+
+def _encode(item: Any, tokenizer: Any, device: Any) -> tuple[str | None, list[int], dict[str, Any]]:
+    """One vLLM input (a string, ``{"prompt_token_ids": [...]}`` or ``{"prompt": ..., "multi_modal_data": {...}}``)
+    as (prompt text, prompt ids, ``generate`` inputs). Images go through the model's processor (the object
+    ``from_pretrained`` returned); a model without one is refused in one line."""
+    text_tok = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's text tokenizer, or the tokenizer itself
+    if isinstance(item, dict) and "prompt_token_ids" in item:
+        ids = [int(t) for t in item["prompt_token_ids"]]
+        return None, ids, {"input_ids": torch.tensor([ids], device=device)}
+    if isinstance(item, dict):
+        if "prompt" not in item:
+            raise ValueError(f"fast_generate: a prompt dict needs 'prompt' or 'prompt_token_ids' (got keys "
+                             f"{sorted(item)})")
+        text, media = item["prompt"], dict(item.get("multi_modal_data") or {})
+    else:
+        text, media = item, {}
+    unknown = sorted(set(media) - set(MODALITIES))
+    if unknown:
+        raise ValueError(f"fast_generate: multi_modal_data key {unknown[0]!r} is not taken here; pass "
+                         f"{', '.join(repr(m) for m in MODALITIES)}")
+    if media:
+        if getattr(tokenizer, "image_processor", None) is None:
+            raise ValueError("fast_generate: an image was given but this model has no image processor (a text-only "
+                             "model); drop multi_modal_data or load a vision-language model with FastVisionModel")
+        images = media["image"] if isinstance(media["image"], list | tuple) else [media["image"]]
+        inputs = tokenizer(text=[text], images=[images], return_tensors="pt")
+        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        return text, inputs["input_ids"][0].tolist(), inputs
+    ids = text_tok(text, add_special_tokens=False)["input_ids"]
+    return text, ids, {"input_ids": torch.tensor([ids], device=device)}
+
+
+def hf_fast_generate(model: Any, tokenizer: Any, prompts: str | dict | list, sampling_params: Any = None,
                      lora_request: Any = None, use_tqdm: bool = False,
                      inference: Callable[[Any], AbstractContextManager] | None = None) -> list[RequestOutput]:
-    """vLLM's ``LLM.generate`` surface over ``model.generate`` (see the module docstring); ``inference(model)``: the
-    context the model generates in (its owner's switch to inference mode and back; none by default)."""
+    """vLLM's ``LLM.generate`` surface over ``model.generate`` (see the module docstring); every input form vLLM takes
+    (:func:`_encode`); ``inference(model)``: the context the model generates in (its owner's switch to inference mode
+    and back; none by default)."""
     if tokenizer is None:
         raise ValueError("fast_generate needs the tokenizer FastLanguageModel.from_pretrained returned")
     items = [prompts] if isinstance(prompts, str | dict) else list(prompts)
+    encoded = [_encode(item, tokenizer, model.device) for item in items]  # every input checked before generating
+    text_tok = getattr(tokenizer, "tokenizer", tokenizer)
     kwargs = sampling_kwargs(sampling_params)
     seed = kwargs.pop("seed", None)
     stop = kwargs.get("stop_strings")
@@ -111,26 +150,19 @@ def hf_fast_generate(model: Any, tokenizer: Any, prompts: str | list, sampling_p
     mode.__enter__()
     results = []
     try:
-        for item in items:  # one prompt at a time: no padding to reason about, as vLLM's per-request outputs
-            if isinstance(item, dict):
-                ids = list(item["prompt_token_ids"])
-                text = None
-            else:
-                text = item
-                ids = tokenizer(item, add_special_tokens=False)["input_ids"]
-            input_ids = torch.tensor([ids], device=model.device)  # [1, P]
+        for text, ids, inputs in encoded:  # one prompt at a time: no padding to reason about, as vLLM's outputs
+            inputs.setdefault("attention_mask", torch.ones_like(inputs["input_ids"]))  # [1, P]
             if seed is not None:
                 torch.manual_seed(seed)
             with torch.no_grad():
-                out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                     tokenizer=tokenizer if stop else None, pad_token_id=tokenizer.pad_token_id,
-                                     **kwargs)  # [n, P + C]
+                out = model.generate(**inputs, tokenizer=text_tok if stop else None,
+                                     pad_token_id=text_tok.pad_token_id, **kwargs)  # [n, P + C]
             completions = []
             for index, row in enumerate(out[:, len(ids):].tolist()):
-                eos = tokenizer.eos_token_id
+                eos = text_tok.eos_token_id
                 cut = row.index(eos) + 1 if eos in row else len(row)
-                tokens = [t for t in row[:cut] if t != tokenizer.pad_token_id or t == eos]
-                completions.append(CompletionOutput(index, tokenizer.decode(tokens, skip_special_tokens=True),
+                tokens = [t for t in row[:cut] if t != text_tok.pad_token_id or t == eos]
+                completions.append(CompletionOutput(index, text_tok.decode(tokens, skip_special_tokens=True),
                                                     tokens, "stop" if eos in row else "length"))
             results.append(RequestOutput(text, ids, completions))
     finally:

@@ -135,6 +135,7 @@ class FastLanguageModel:
             model.generation_config.pad_token_id = text_tokenizer.pad_token_id
         model.max_seq_length = max_seq_length
         model.slimrl_tokenizer = text_tokenizer  # for_inference / for_training switch its padding side
+        model.slimrl_processor = tokenizer if tokenizer is not text_tokenizer else None  # fast_generate's images
         if resize_model_vocab is not None:
             model.resize_token_embeddings(int(resize_model_vocab))
         model.slimrl_config = {"fast_inference": bool(fast_inference), "max_lora_rank": max_lora_rank,
@@ -240,7 +241,7 @@ class FastLanguageModel:
         enable_checkpointing(peft_model, use_gradient_checkpointing, every)
         model.slimrl_config = {**getattr(model, "slimrl_config", {}),
                                "gradient_checkpointing": use_gradient_checkpointing}
-        for attr in ("max_seq_length", "slimrl_config", "slimrl_tokenizer", "vllm_engine"):
+        for attr in ("max_seq_length", "slimrl_config", "slimrl_tokenizer", "slimrl_processor", "vllm_engine"):
             if hasattr(model, attr):
                 setattr(peft_model, attr, getattr(model, attr))
         return attach(peft_model)

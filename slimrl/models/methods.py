@@ -32,8 +32,10 @@ def fast_generate(self: Any, prompts: str | list, sampling_params: Any = None, l
         return engine.fast_generate(prompts, sampling_params=sampling_params, lora_request=lora_request)
     from slimrl.generation.hf_generate import hf_fast_generate
 
-    return hf_fast_generate(self, api._tokenizer(self, None), prompts, sampling_params, lora_request, use_tqdm,
-                            inference=_inference)
+    base = self.get_base_model() if hasattr(self, "get_base_model") else self
+    processor = getattr(base, "slimrl_processor", None) or getattr(self, "slimrl_processor", None)
+    return hf_fast_generate(self, processor or api._tokenizer(self, None), prompts, sampling_params, lora_request,
+                            use_tqdm, inference=_inference)
 
 
 @contextmanager

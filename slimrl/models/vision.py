@@ -44,15 +44,26 @@ def image_only(processor_cls: type) -> type:
 
 def load_processor(path: str, trust_remote_code: bool = False) -> Any:
     """``AutoProcessor`` of ``path``; without torchvision, a video-capable processor is rebuilt image-only."""
-    import transformers
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+    from transformers import AutoProcessor
 
     try:
         return AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (ImportError, AttributeError, ValueError, OSError) as exc:
-        if "video" not in f"{type(exc).__name__} {exc}".lower() and "torchvision" not in str(exc).lower():
+        if not needs_video_support(exc):
             raise
-        reason = exc
+        return image_only_processor(path, trust_remote_code, exc)
+
+
+def needs_video_support(exc: BaseException) -> bool:
+    """Whether a processor failed to load for its video part (torchvision missing)."""
+    return "video" in f"{type(exc).__name__} {exc}".lower() or "torchvision" in str(exc).lower()
+
+
+def image_only_processor(path: str, trust_remote_code: bool, reason: BaseException) -> Any:
+    """The processor of ``path`` built without its video processor (``reason``: why the full one did not load);
+    one warning says what was left out. ``reason`` is raised again when the processor class is unknown."""
+    import transformers
+    from transformers import AutoImageProcessor, AutoTokenizer
     from transformers.models.auto.processing_auto import processor_class_from_name
 
     config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -63,8 +74,8 @@ def load_processor(path: str, trust_remote_code: bool = False) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     processor = image_only(cls)(image_processor=AutoImageProcessor.from_pretrained(path), tokenizer=tokenizer,
                                 chat_template=getattr(tokenizer, "chat_template", None))
-    warn(f"{name}: loaded without its video processor ({reason}); image prompts work, video prompts need "
-         f"torchvision")
+    warn(f"{name}: loaded without its video processor ({str(reason).splitlines()[0][:160]}); image prompts work, "
+         f"video prompts need torchvision")
     return processor
 
 

@@ -11,6 +11,7 @@ from slimrl.compat.callsite import install_one_line_errors, warn
 from slimrl.compat.env import env_flag
 from slimrl.compat.malloc import cpu_training, tune_malloc
 from slimrl.compat.trl_info import check_trl_supported
+from slimrl.patching import moved_names
 from slimrl.patching.defaults import set_strict
 from slimrl.patching.registry import PatchTargetMissingError, describe, install, on_first_use, patches, uninstall
 from slimrl.patching.specs import TRAINERS, TrainerSpec, register_all
@@ -92,6 +93,7 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     off).
     """
     install_one_line_errors()  # slimrl's refusals print as one line at the user's line from here on
+    moved_names.install()  # `from trl import ORPOConfig` and TRL's other moved names work again
     names = [n for n in TRAINERS if trainer_available(n)] if algorithm is None else [_normalise(algorithm)]
     for name in names:
         _require(name)
@@ -157,6 +159,8 @@ def unpatch(algorithm: str | None = None) -> None:
         for p in reversed(patches(name)):
             if not _ACTIVE.intersection(p.algorithms):
                 uninstall(p)
+    if not _ACTIVE:
+        moved_names.uninstall()
 
 
 PREFERENCE = ("dpo", "orpo", "kto", "cpo", "bco")  # what Unsloth's PatchDPOTrainer covers, where TRL has them

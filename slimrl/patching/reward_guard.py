@@ -100,6 +100,12 @@ def guarded_reward(fn, columns: list[str] | None = None):
             kwargs = {k: v for k, v in kwargs.items() if k in takes}
         try:
             out = fn(*args, **kwargs)
+        except TypeError as err:  # maybe a reward written for text completions, given chat messages
+            texts = _as_text(kwargs.get("completions"))
+            if texts is None:
+                first = f" (first prompt of the batch: {_short(prompts[0])})" if prompts else ""
+                raise RewardFunctionError(f"reward function {name!r} raised TypeError: {err}{first}") from err
+            out = _text_call(fn, name, args, {**kwargs, "completions": texts}, prompts)
         except Exception as err:
             first = f" (first prompt of the batch: {_short(prompts[0])})" if prompts else ""
             raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}{first}") from err
@@ -120,6 +126,38 @@ def guarded_reward(fn, columns: list[str] | None = None):
 
     slimrl_guarded_reward.__slimrl_guarded__ = True
     return slimrl_guarded_reward
+
+
+def _as_text(completions: Any) -> list[str] | None:
+    """Conversational completions (each a list of messages) as the text of each one's last message; None when they
+    are not that."""
+    if not isinstance(completions, list) or not completions:
+        return None
+    texts = []
+    for c in completions:
+        if not (isinstance(c, list) and c and isinstance(c[-1], dict) and isinstance(c[-1].get("content"), str)):
+            return None
+        texts.append(c[-1]["content"])
+    return texts
+
+
+_TEXT_NOTED: set[str] = set()
+
+
+def _text_call(fn, name: str, args: tuple, kwargs: dict, prompts: list) -> Any:
+    """``fn`` on text completions, after it raised TypeError on chat messages: a reward written for TRL before 0.24,
+    when a notebook's chat-templated prompts made every completion text (TRL alone stops here)."""
+    try:
+        out = fn(*args, **kwargs)
+    except Exception as err:
+        first = f" (first prompt of the batch: {_short(prompts[0])})" if prompts else ""
+        raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}{first}") from err
+    if name not in _TEXT_NOTED:
+        _TEXT_NOTED.add(name)
+        print(f"slimrl: reward function {name!r} takes text completions: it is given each completion's text (the "
+              f"assistant message), as TRL gave it for chat-templated prompts before 0.24", file=sys.stderr,
+              flush=True)
+    return out
 
 
 def guard_reward_funcs(reward_funcs: Any, train_dataset: Any = None) -> Any:

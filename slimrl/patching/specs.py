@@ -33,6 +33,7 @@ from slimrl.compat.trl_info import EVERY_RELEASE, TESTED_TRL, UNTIL_1_12, UNTIL_
 from slimrl.health import attach_health
 from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, ONLINE_FIELDS, config_init_factory, config_patches
 from slimrl.patching.online.engine_hooks import apply_engine_defaults, vllm_or_transformers
+from slimrl.patching.processors import processor_patch
 from slimrl.patching.registry import Patch, register
 from slimrl.patching.routes import fused_head, shared_prefix
 from slimrl.patching.steps import push_to_hub_factory, training_step_factory
@@ -253,6 +254,7 @@ def register_all() -> None:
     for patch in fused_head.kernel_patches(fused_head_users()):
         register(patch)
     register(shared_prefix.attention_patch(("grpo", "rloo")))
+    register(processor_patch(tuple(TRAINERS)))  # TRL's vision scripts load processors themselves
 
 
 def readme_table() -> str:

@@ -45,6 +45,7 @@ class ConfigState:
     changed: dict[str, tuple[Any, str]] = field(default_factory=dict)  # name -> (TRL's value, slimrl's, as text)
     defaults_printed: bool = False  # the changed-settings table was printed
     auto_fit_plan: Any = None  # the Plan slimrl_auto_fit applied
+    push_skipped: str | None = None  # why push_to_hub was turned off at trainer creation (the Hub out of reach)
 
 
 def _state(obj: Any, kind: type) -> Any:

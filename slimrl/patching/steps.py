@@ -78,12 +78,15 @@ def push_to_hub_factory(orig_push_to_hub):
         from huggingface_hub import constants
 
         from slimrl.patching.defaults import strict
+        from slimrl.patching.state import config_state
 
-        if not constants.HF_HUB_OFFLINE or strict():
+        skipped = config_state(self.args).push_skipped  # the Hub was out of reach when the trainer was built
+        if strict() or not (constants.HF_HUB_OFFLINE or skipped):
             return orig_push_to_hub(self, *args, **kwargs)
+        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else skipped
         self.save_model(self.args.output_dir)
-        print(f"slimrl: push_to_hub skipped: HF_HUB_OFFLINE is set; the model is saved in {self.args.output_dir} "
-              f"(unset HF_HUB_OFFLINE and call trainer.push_to_hub() to upload it)", flush=True)
+        print(f"slimrl: push_to_hub skipped: {why}; the model is saved in {self.args.output_dir} "
+              f"(call trainer.push_to_hub() when the Hub can be reached to upload it)", flush=True)
         return None
 
     return slimrl_push_to_hub

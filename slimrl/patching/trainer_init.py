@@ -7,7 +7,8 @@
 3. the trainer's own hooks from its spec, each ``hook(model, args)`` (GRPO/RLOO: the ``max_seq_length`` budget,
    the engine's ``use_vllm`` default), then its auto-fit (GRPO/RLOO with ``slimrl_auto_fit``,
    :mod:`slimrl.patching.online.autofit`) with every argument;
-4. Python reward functions guarded (:mod:`slimrl.patching.reward_guard`);
+4. ``push_to_hub=True`` with the Hub out of reach turned off, said in the changed-settings table
+   (:mod:`slimrl.patching.hub_reach`); Python reward functions guarded (:mod:`slimrl.patching.reward_guard`);
 5. TRL's ``__init__``, then the changed-defaults table (:mod:`slimrl.patching.defaults`);
 6. the trainer's own after-hooks from its spec, each ``hook(trainer)`` (GRPO/RLOO: the run-health monitor,
    :mod:`slimrl.health`).
@@ -23,6 +24,7 @@ import torch
 
 from slimrl.models.quantized import keep_quantized_trainable
 from slimrl.patching.defaults import print_changed_defaults
+from slimrl.patching.hub_reach import skip_push_if_unreachable
 from slimrl.patching.keywords import bound_inputs, translate_trainer_kwargs
 from slimrl.patching.reward_guard import guard_reward_funcs
 from slimrl.patching.state import trainer_state
@@ -66,6 +68,7 @@ def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[
             hook(bound.get("model"), bound.get("args"))
         if fit is not None:
             fit(bound)
+        skip_push_if_unreachable(bound.get("args"))
         if bound.get("reward_funcs") is not None:  # GRPO, RLOO, OnlineDPO, XPO
             bound["reward_funcs"] = guard_reward_funcs(bound["reward_funcs"], bound.get("train_dataset"))
         state = trainer_state(self)
