@@ -28,6 +28,7 @@ from transformers import TrainerCallback
 
 from slimrl.cli.args import UsageError
 from slimrl.compat.callsite import warn
+from slimrl.compat.processes import pid_alive
 
 LOCK = ".slimrl.lock"
 RUN_FILE = "slimrl_run.json"  # written into every checkpoint: what a resume must match
@@ -56,16 +57,6 @@ def check_output_dir(path: str) -> Path:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @contextmanager
 def run_lock(out: Path) -> Iterator[None]:
     """Hold ``out/.slimrl.lock`` for the run (see the module docstring)."""
@@ -80,7 +71,7 @@ def run_lock(out: Path) -> Iterator[None]:
             except (OSError, ValueError):
                 held = {}
             pid, host = held.get("pid"), held.get("host")
-            if isinstance(pid, int) and host == me["host"] and not _alive(pid):
+            if isinstance(pid, int) and host == me["host"] and not pid_alive(pid):
                 warn(f"{lock}: the run that held it (pid {pid}, started {held.get('started')}) is gone; "
                               f"taking the directory over", UserWarning)
                 lock.unlink(missing_ok=True)

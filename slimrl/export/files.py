@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from slimrl.compat.processes import pid_alive
+
 MANIFEST = ".slimrl-export.json"
 # what an export of any kind may write; a same-named file not in the manifest is the user's
 EXPORT_NAMES = re.compile(r"^(config\.json|generation_config\.json|model.*\.safetensors(\.index\.json)?|"
@@ -76,16 +78,6 @@ def check_target(target: str | Path, overwrite: bool = False, names: set[str] | 
                                   f"or pass overwrite=True (slimrl export --overwrite) to replace them")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale(*folders: str | Path) -> list[Path]:
     """Remove temporary export folders left by processes that are gone (their names carry the process id), in the
     system's temporary folder and in ``folders``. Returns what was removed."""
@@ -97,7 +89,7 @@ def clean_stale(*folders: str | Path) -> list[Path]:
             continue
         for path in place.iterdir():
             match = pattern.match(path.name)
-            if match and path.is_dir() and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))):
+            if match and path.is_dir() and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed
