@@ -139,11 +139,16 @@ def damaged_file(ckpt: Path) -> str | None:
                 with zipfile.ZipFile(path) as archive:
                     if archive.testzip() is not None:
                         raise zipfile.BadZipFile("CRC mismatch")
-                _check_pickle(path)
+                if path.name not in NOT_LOADED_ON_RESUME:
+                    _check_pickle(path)
         except Exception as err:  # noqa: BLE001  (any failure to load is damage)
             return f"{path.name} ({type(err).__name__})"
     return None
 
+
+# archives a resume never opens: the trainer's pickled config is written for the record only (transformers reads
+# the arguments of the new run), so it is checked as an archive, not loaded
+NOT_LOADED_ON_RESUME = {"training_args.bin"}
 
 # the fields a resume reads from each JSON file of a checkpoint, with their types
 JSON_FIELDS = {"trainer_state.json": {"global_step": int, "log_history": list},

@@ -25,153 +25,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from slimrl.compat.trl_info import EVERY_RELEASE
 from slimrl.patching.defaults import apply_config_defaults, record_explicit
+from slimrl.patching.extra_fields import (  # noqa: F401  (FIELDS and the scopes are read from here)
+    ALL_FIELDS,
+    CHUNK_FIELDS,
+    EXTRA_FIELDS,
+    FIELDS,
+    ONLINE_FIELDS,
+)
 from slimrl.patching.keywords import translate_config_kwargs
 from slimrl.patching.registry import Patch
 from slimrl.patching.validation import check_learning_rate
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _num_chunks(name: str, value: Any) -> Any:
-    if value is None:
-        return -1
-    if isinstance(value, bool) or not (_positive_int(value) or value == -1):
-        raise ValueError(f"{name}={value!r} is invalid: use -1 (chosen from free memory) or an int >= 1 (number of "
-                         f"row chunks for the log-prob pass)")
-    return value
-
-
-def _optional_positive_int(name: str, value: Any) -> Any:
-    if value is not None and not _positive_int(value):
-        raise ValueError(f"{name}={value!r} is invalid: use an int >= 1 or None")
-    return value
-
-
-def _window(name: str, value: Any) -> Any:
-    if not _positive_int(value):
-        raise ValueError(f"{name}={value!r} is invalid: use an int >= 1")
-    return value
-
-
-def _flag(name: str, value: Any) -> Any:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} is invalid: use true or false")
-    return value
-
-
-def _number(name: str, value: Any, low: float, high: float | None, what: str) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > low and \
-        (high is None or value <= high)
-    if not ok:
-        raise ValueError(f"{name}={value!r} is invalid: use {what}")
-    return float(value)
-
-
-def _fraction(name: str, value: Any) -> float:
-    return _number(name, value, 0.0, 1.0, "a fraction in (0, 1], e.g. 0.9")
-
-
-def _positive(name: str, value: Any) -> float:
-    return _number(name, value, 0.0, None, "a number > 0")
-
-
-def _size(name: str, value: Any) -> Any:
-    if value is not None:
-        from slimrl.compat.memory import parse_bytes
-
-        try:
-            parse_bytes(value)
-        except ValueError:
-            raise ValueError(f"{name}={value!r} is invalid: write a size such as 12GB or 512MB, or None (free "
-                             f"memory minus a margin)") from None
-    return value
-
-
-@dataclass(frozen=True)
-class ExtraField:
-    """One of slimrl's config fields, declared once."""
-
-    name: str
-    type: Any
-    default: Any
-    help: str  # the flag's help text (without the "slimrl: " prefix every field's help gets)
-    check: Callable[[str, Any], Any]  # (name, value) -> the value, normalised; ValueError naming the fix
-    acts_on: str  # "log-probs" (every trainer whose log-probs slimrl computes), "online" (GRPO, RLOO), "grpo"
-    no_effect: str  # why it does nothing on a trainer it does not act on (the refusal says this)
-    doc: str = ""  # the README table's "meaning" cell (default: the help text)
-
-
-_CHUNKS = "this trainer has no vocabulary-sized log-prob pass that slimrl chunks"
-FIELDS: tuple[ExtraField, ...] = (
-    ExtraField("unsloth_num_chunks", int, -1, "row chunks of the log-prob pass (-1: chosen from free memory).",
-               _num_chunks, "log-probs", _CHUNKS),
-    ExtraField("unsloth_logit_chunk_multiplier", int | None, None, "divide the automatic log-prob chunk size by this "
-               "(more, smaller logits blocks).", _optional_positive_int, "log-probs", _CHUNKS),
-    ExtraField("unsloth_grpo_mini_batch", int | None, None, "rows per no-grad log-prob forward (GRPO/RLOO); at most "
-               "the generation batch.", _optional_positive_int, "online",
-               "only GRPO and RLOO have the no-grad log-prob passes it splits"),
-    ExtraField("max_seq_length", int | None, None, "longest prompt + completion; unset = the model's max_seq_length "
-               "(FastLanguageModel), never above it.", _optional_positive_int, "online",
-               "this trainer has no prompt + completion budget for it to bound"),
-    ExtraField("slimrl_reuse_old_logps", bool, True, "with vLLM's importance-sampling correction, take the old "
-               "log-probs from the policy forward when the policy cannot have changed (skips a no-grad pass; GRPO).",
-               _flag, "grpo", "only GRPO has the vLLM importance-sampling pass it skips"),
-    ExtraField("slimrl_length_groups", bool, True, "log-prob forwards over rows grouped by completion length, "
-               "trailing padding cut (GRPO).", _flag, "grpo", "only GRPO's log-prob forwards are grouped by length"),
-    ExtraField("slimrl_shared_prefix", bool, True, "log-prob forwards with each prompt once per group: the rows "
-               "of a prompt packed as [prompt, c1, ..., cG], same log-probs and gradients (sdpa attention); HF "
-               "generate's prefill once per distinct prompt.", _flag, "online",
-               "only GRPO and RLOO repeat each prompt once per completion"),
-    ExtraField("slimrl_token_budget", int | None, None, "tokens per log-prob forward when grouping by length (None: "
-               "the trainer's own rows x padded length).", _optional_positive_int, "grpo",
-               "only GRPO's log-prob forwards are grouped by length"),
-    ExtraField("slimrl_oom_recovery", bool, True, "a log-prob pass or policy backward that runs out of memory is "
-               "split in halves and retried (same loss), the smaller size kept.", _flag, "online",
-               "only GRPO's and RLOO's log-prob passes are split on out-of-memory"),
-    ExtraField("slimrl_auto_fit", bool, False, "before training, apply the fastest plan that fits the memory budget "
-               "(checkpointing, no-grad mini-batch); see `slimrl plan`.", _flag, "online",
-               "only GRPO and RLOO are fitted to a memory budget"),
-    ExtraField("slimrl_memory_budget", str | None, None, "memory budget for slimrl_auto_fit, e.g. 12GB (None: free "
-               "memory minus a margin).", _size, "online", "only GRPO and RLOO are fitted to a memory budget"),
-    ExtraField("slimrl_longest_first", bool, False, "the first step generates the longest completions the run "
-               "allows, so a run that cannot fit fails at step 1.", _flag, "online",
-               "only GRPO and RLOO generate their completions"),
-)
-_HEALTH = "only GRPO and RLOO log the rewards, groups and completions the run-health checks read"
-FIELDS += (
-    ExtraField("slimrl_health", bool, True, "run-health checks on what the trainer logs: one warning per problem "
-               "found (no learning signal, truncation, entropy collapse, KL or clip runaway, NaN, rewards that "
-               "disagree) and a health/<check> metric each (GRPO, RLOO).", _flag, "online", _HEALTH),
-    ExtraField("slimrl_health_window", int, 5, "logged steps each run-health check averages over.", _window, "online",
-               _HEALTH),
-    ExtraField("slimrl_health_zero_std", float, 0.9, "warn when this fraction of groups has no reward spread "
-               "(frac_reward_zero_std).", _fraction, "online", _HEALTH),
-    ExtraField("slimrl_health_min_groups", int, 32, "prompt groups the no-signal check averages over at least "
-               "(its window widens to cover them).", _window, "online", _HEALTH),
-    ExtraField("slimrl_health_truncated", float, 0.8, "warn when this fraction of completions is cut at "
-               "max_completion_length (completions/clipped_ratio).", _fraction, "online", _HEALTH),
-    ExtraField("slimrl_health_entropy_drop", float, 0.05, "warn when entropy falls below this fraction of its "
-               "first-window mean.", _fraction, "online", _HEALTH),
-    ExtraField("slimrl_health_kl_max", float, 1.0, "warn when the KL to the reference (nats per token) "
-               "averages this or more.", _positive, "online", _HEALTH),
-    ExtraField("slimrl_health_clip_max", float, 0.3, "warn when this fraction of tokens is clipped "
-               "(clip_ratio/region_mean).", _fraction, "online", _HEALTH),
-    ExtraField("slimrl_health_reward_z", float, 2.0, "standard errors by which one reward must rise and another "
-               "fall for the reward-conflict warning.", _positive, "online", _HEALTH),
-)
-EXTRA_FIELDS: dict[str, ExtraField] = {f.name: f for f in FIELDS}
-_SCOPES = {"log-probs": ("log-probs",), "online": ("log-probs", "online"), "grpo": ("log-probs", "online", "grpo")}
-CHUNK_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["log-probs"])  # every log-prob route
-ONLINE_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["online"])  # RLOO
-ALL_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["grpo"])  # GRPO
 
 
 def validate_extra(name: str, value: Any) -> Any:

@@ -54,6 +54,24 @@ PROMPT: Layouts = (("prompt",),)
 
 
 @dataclass(frozen=True)
+class About:
+    """What the documentation, ``slimrl train`` and ``slimrl verify`` read about a trainer: nothing here changes what
+    its patches do (those are :class:`TrainerSpec`'s fields)."""
+
+    note: str = ""  # docs/compatibility.md: what slimrl does for it
+    parity_test: str = "—"  # docs/compatibility.md: where its exactness is tested
+    cli: str | None = None  # slimrl train: "online" | "paired" | "unpaired" | "sft" (None: not offered)
+    scenario: Callable | None = None  # slimrl verify's run: scenario(kit, loss_type) -> trainer, in its module
+    not_verified: str = ""  # why it has no scenario (said under slimrl verify's table)
+
+
+def _row(name: str, trainer: str, config: str, *, note: str = "", parity_test: str = "—", cli: str | None = None,
+         scenario: Callable | None = None, not_verified: str = "", **patching: Any) -> TrainerSpec:
+    """One row of :data:`TRAINERS`: what the patches need, and :class:`About` it."""
+    return TrainerSpec(name, trainer, config, about=About(note, parity_test, cli, scenario, not_verified), **patching)
+
+
+@dataclass(frozen=True)
 class TrainerSpec:
     """One trainer slimrl patches (see the module docstring)."""
 
@@ -63,9 +81,7 @@ class TrainerSpec:
     releases: str = EVERY_RELEASE  # TRL releases that have it (compat.trl_info); its patches apply only there
     last_release: str | None = None  # named when a newer TRL lacks it
     layouts: Layouts | Callable[[Any], Layouts] = ()  # dataset column layouts (raw, then pre-tokenized)
-    routes: tuple[str, ...] = ()  # keys of ROUTES, per TRL release range (see `note`)
-    note: str = ""  # README: what slimrl does for it
-    parity_test: str = "—"  # README: where its exactness is tested
+    routes: tuple[str, ...] = ()  # keys of ROUTES, per TRL release range (see `About.note`)
     fields: tuple[str, ...] = ()  # slimrl config fields that act on it (the others are refused unless default)
     config_init: Callable = config_init_factory  # factory(orig_init, fields=) for its config's __init__
     init_hooks: tuple[Callable[[Any, Any], None], ...] = ()  # run as hook(model, args) before TRL's __init__
@@ -73,10 +89,8 @@ class TrainerSpec:
     auto_fit: bool = False  # honours slimrl_auto_fit (slimrl.patching.online.autofit) before TRL's __init__
     training_step: Callable | None = training_step_factory  # factory for its training_step (None: not patched)
     patches: tuple[Patch, ...] = field(default=())  # its own, from trainers/<name>.py
-    cli: str | None = None  # slimrl train: "online" | "paired" | "unpaired" | "sft" (None: not offered)
-    workload: Workload | None = None  # what one step does, for `slimrl plan` (None: not planned)
-    scenario: Callable | None = None  # slimrl verify's run: scenario(kit, loss_type) -> trainer, in its module
-    not_verified: str = ""  # why it has no scenario (said under slimrl verify's table)
+    workload: Workload | None = None  # what one step does: auto-fit's and `slimrl plan`'s (None: not planned)
+    about: About = field(default_factory=lambda: About())  # what the docs, the CLI and verify read
 
     @property
     def trainer_module(self) -> str:
@@ -110,7 +124,7 @@ class TrainerSpec:
 
 
 TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
-    TrainerSpec("grpo", grpo.TRAINER, grpo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
+    _row("grpo", grpo.TRAINER, grpo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
                 scenario=grpo.scenario,
                 workload=grpo.WORKLOAD,
                 note=ROUTES["method capture"] + "; the calls it leaves to TRL (images, MoE aux loss, a LoRA head): "
@@ -122,43 +136,43 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                             functools.partial(vllm_or_transformers, trainer_module=grpo.MODULE)), auto_fit=True,
                 after_init=(attach_health,),
                 training_step=grpo.grpo_training_step_factory, patches=tuple(grpo.PATCHES), cli="online"),
-    TrainerSpec("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=("fused head",),
+    _row("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=("fused head",),
                 scenario=dpo.scenario,
                 workload=dpo.WORKLOAD,
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; on 1.12 TRL's own `_compute_loss` (full logits)",
                 parity_test="every DPO loss type (15), LoRA, WPO, `tests/patching/routes/test_fused_head.py`",
                 fields=CHUNK_FIELDS if has_fused_head() else (), patches=tuple(dpo.PATCHES), cli="paired"),
-    TrainerSpec("kto", kto.TRAINER, kto.CONFIG, layouts=(("prompt", "completion", "label"), *PAIRED),
+    _row("kto", kto.TRAINER, kto.CONFIG, layouts=(("prompt", "completion", "label"), *PAIRED),
                 scenario=kto.scenario,
                 workload=kto.WORKLOAD,
                 routes=("fused head",), note=ROUTES["fused head"] + " on TRL ≥ 1.15; on 1.12 TRL's own",
                 parity_test="both loss types, `tests/patching/routes/test_fused_head.py`",
                 fields=CHUNK_FIELDS if has_fused_head() else (), patches=tuple(kto.PATCHES),
                 cli="unpaired"),
-    TrainerSpec("orpo", orpo.TRAINER, orpo.CONFIG, layouts=PAIRED, routes=("score positions",),
+    _row("orpo", orpo.TRAINER, orpo.CONFIG, layouts=PAIRED, routes=("score positions",),
                 scenario=orpo.scenario,
                 workload=orpo.WORKLOAD,
                 note="`concatenated_forward` without the `[2B, T, V]` logits: " + ROUTES["score positions"],
                 parity_test="full and LoRA, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
                 patches=tuple(orpo.PATCHES), cli="paired"),
-    TrainerSpec("cpo", cpo.TRAINER, cpo.CONFIG, layouts=PAIRED, routes=("score positions",),
+    _row("cpo", cpo.TRAINER, cpo.CONFIG, layouts=PAIRED, routes=("score positions",),
                 scenario=cpo.scenario,
                 workload=cpo.WORKLOAD,
                 note="`concatenated_forward` without the `[2B, T, V]` logits: " + ROUTES["score positions"],
                 parity_test="every CPO loss type (5), `tests/patching/routes/test_score_positions.py`",
                 fields=CHUNK_FIELDS,
                 patches=tuple(cpo.PATCHES), cli="paired"),
-    TrainerSpec("sft", sft.TRAINER, sft.CONFIG, layouts=sft_layouts, routes=("fused head",),
+    _row("sft", sft.TRAINER, sft.CONFIG, layouts=sft_layouts, routes=("fused head",),
                 scenario=sft.scenario,
                 workload=sft.WORKLOAD,
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; `chunked_nll` stays TRL's own",
                 parity_test="nll and dft, completion-only or not, `tests/patching/routes/test_fused_head.py`",
                 fields=CHUNK_FIELDS if has_fused_head() else (), patches=tuple(sft.PATCHES), cli="sft"),
-    TrainerSpec("reward", reward.TRAINER, reward.CONFIG,
+    _row("reward", reward.TRAINER, reward.CONFIG,
                 scenario=reward.scenario,
                 layouts=(*PAIRED, ("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")),
                 note="none needed: a one-score head, no vocabulary-sized tensor; checks and guards only"),
-    TrainerSpec("rloo", rloo.TRAINER, rloo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
+    _row("rloo", rloo.TRAINER, rloo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
                 scenario=rloo.scenario,
                 workload=rloo.WORKLOAD,
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; " + ROUTES["method capture"] + " on 1.12",
@@ -168,27 +182,27 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                             functools.partial(vllm_or_transformers, trainer_module=rloo.MODULE)), auto_fit=True,
                 after_init=(attach_health,),
                 training_step=rloo.rloo_training_step_factory, patches=tuple(rloo.PATCHES), cli="online"),
-    TrainerSpec("online_dpo", online_dpo.TRAINER, online_dpo.CONFIG, layouts=PROMPT, routes=("score positions",),
+    _row("online_dpo", online_dpo.TRAINER, online_dpo.CONFIG, layouts=PROMPT, routes=("score positions",),
                 scenario=online_dpo.scenario,
                 note="`_forward`: " + ROUTES["score positions"],
                 parity_test="two training steps, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
                 patches=tuple(online_dpo.PATCHES)),
-    TrainerSpec("ppo", ppo.TRAINER, ppo.CONFIG, releases=UNTIL_1_12, last_release="1.12.0",
+    _row("ppo", ppo.TRAINER, ppo.CONFIG, releases=UNTIL_1_12, last_release="1.12.0",
                 not_verified="TRL 1.12's PPO needs a value and a reward model and slimrl leaves its loop to TRL",
                 note="none: TRL 1.12's PPO runs one `train()` loop over full logits; slimrl does not rewrite it; "
                      "legacy keywords and checks only", training_step=None),
-    TrainerSpec("bco", bco.TRAINER, bco.CONFIG, releases=UNTIL_1_13, last_release="1.13.0",
+    _row("bco", bco.TRAINER, bco.CONFIG, releases=UNTIL_1_13, last_release="1.13.0",
                 scenario=bco.scenario,
                 layouts=(("prompt", "completion", "label"),), routes=("score positions",),
                 note="`forward`: " + ROUTES["score positions"],
                 parity_test="`tests/patching/trainers/test_bco_and_xpo.py`",
                 fields=CHUNK_FIELDS, patches=tuple(bco.PATCHES)),
-    TrainerSpec("xpo", xpo.TRAINER, xpo.CONFIG, releases=UNTIL_1_13, last_release="1.13.0", layouts=PROMPT,
+    _row("xpo", xpo.TRAINER, xpo.CONFIG, releases=UNTIL_1_13, last_release="1.13.0", layouts=PROMPT,
                 scenario=xpo.scenario,
                 routes=("score positions",), note="`_compute_logprobs`: " + ROUTES["score positions"],
                 parity_test="two steps, `tests/patching/trainers/test_bco_and_xpo.py`", fields=CHUNK_FIELDS,
                 patches=tuple(xpo.PATCHES)),
-    TrainerSpec("prm", prm.TRAINER, prm.CONFIG, releases=UNTIL_1_13, last_release="1.13.0",
+    _row("prm", prm.TRAINER, prm.CONFIG, releases=UNTIL_1_13, last_release="1.13.0",
                 not_verified="slimrl adds only checks to PRM (a 2-class head)",
                 layouts=(("prompt", "completions", "labels"), ("input_ids",)),
                 note="none needed: a 2-class token head; checks and guards only"),
@@ -203,7 +217,7 @@ def trainer_layouts(trainer_cls: type, args: Any = None) -> tuple[str | None, tu
     return name, by_class[name].dataset_layouts(args) if name else ()
 
 
-CLI_KINDS = {name: spec.cli for name, spec in TRAINERS.items() if spec.cli}  # slimrl train's algorithms
+CLI_KINDS = {name: spec.about.cli for name, spec in TRAINERS.items() if spec.about.cli}  # slimrl train's algorithms
 PLANNED = {name: spec.workload for name, spec in TRAINERS.items() if spec.workload}  # slimrl plan's algorithms
 
 
@@ -265,5 +279,5 @@ def readme_table() -> str:
     for spec in TRAINERS.values():
         releases = f"{first} – {spec.last_release.rsplit('.', 1)[0]} (removed after)" if spec.last_release else \
             f"{first} – {last}"
-        rows.append(f"| {spec.trainer_class_name} | {releases} | {spec.note} | {spec.parity_test} |")
+        rows.append(f"| {spec.trainer_class_name} | {releases} | {spec.about.note} | {spec.about.parity_test} |")
     return "\n".join(rows)

@@ -65,7 +65,7 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
     if load_in_4bit and load_in_8bit:
         raise VerifyError("--load_in_4bit and --load_in_8bit: pass one of them")
     quantized = "4bit" if load_in_4bit else "8bit" if load_in_8bit else None
-    names = [n for n in TRAINERS if trainer_available(n) and TRAINERS[n].scenario] if not algorithms else \
+    names = [n for n in TRAINERS if trainer_available(n) and TRAINERS[n].about.scenario] if not algorithms else \
         [_checked_name(a, _normalise, trainer_available, TRAINERS) for a in algorithms]
     if vllm_server_base_url is not None and (model is None or not Path(model).is_dir()):
         raise VerifyError("--vllm_server_base_url: pass --model DIR, the local model directory the server serves "
@@ -153,9 +153,9 @@ def _checked_name(algorithm: str, normalise, available, trainers: dict) -> str:
         name = normalise(algorithm)
     except ValueError as err:
         raise VerifyError(f"--algorithm {algorithm}: {err}") from None
-    if trainers[name].scenario is None:
-        verifiable = [n for n, spec in trainers.items() if spec.scenario]
-        raise VerifyError(f"--algorithm {algorithm}: not verified ({trainers[name].not_verified}); "
+    if trainers[name].about.scenario is None:
+        verifiable = [n for n, spec in trainers.items() if spec.about.scenario]
+        raise VerifyError(f"--algorithm {algorithm}: not verified ({trainers[name].about.not_verified}); "
                           f"verifiable: {', '.join(verifiable)}")
     if not available(name):
         raise VerifyError(f"--algorithm {algorithm}: the installed TRL has no such trainer")

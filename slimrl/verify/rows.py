@@ -93,7 +93,7 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
         PatchFastRL(name)
     trainer_cls, config_cls = trainer_and_config(name)
     torch.manual_seed(0)
-    scenario = agentic_scenario if loss_type in AGENTIC else TRAINERS[name].scenario
+    scenario = agentic_scenario if loss_type in AGENTIC else TRAINERS[name].about.scenario
     trainer = scenario(Kit(trainer_cls, config_cls, out_dir, setup), loss_type)
     model = trainer.model
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}

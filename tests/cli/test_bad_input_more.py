@@ -92,6 +92,9 @@ def test_a_resume_checkpoint_with_wrong_types_or_a_code_pickle_is_refused(tmp_pa
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_text('{"global_step": 2, "log_history": []}')
     torch.save({"state": {}, "param_groups": []}, ckpt / "optimizer.pt")
+    from transformers import TrainingArguments
+
+    torch.save(TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[]), ckpt / "training_args.bin")
     assert pick_checkpoint(str(ckpt), tmp_path / "out") == ckpt  # intact: accepted
     marker = tmp_path / "pwned"
     if damage == "state-types":

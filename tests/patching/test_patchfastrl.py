@@ -150,7 +150,7 @@ def test_every_spec_names_real_trl_objects():
         assert trainer.__name__ == spec.trainer_class_name and config.__name__.endswith("Config"), name
     root = Path(__file__).resolve().parents[2]
     for spec in TRAINERS.values():  # the README names each parity test: it must exist
-        for path in re.findall(r"`(tests/[\w/]+\.py)`", spec.parity_test):
+        for path in re.findall(r"`(tests/[\w/]+\.py)`", spec.about.parity_test):
             assert (root / path).is_file(), (spec.name, path)
 
 

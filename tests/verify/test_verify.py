@@ -146,9 +146,10 @@ def test_every_trainer_has_a_scenario_or_says_why_not():
     from slimrl.patching.specs import TRAINERS
 
     for name, spec in TRAINERS.items():
-        assert bool(spec.scenario) != bool(spec.not_verified), (name, spec.scenario, spec.not_verified)
-        if spec.scenario:
-            assert spec.scenario.__module__ == f"slimrl.patching.trainers.{name}", name
+        about = spec.about
+        assert bool(about.scenario) != bool(about.not_verified), (name, about.scenario, about.not_verified)
+        if about.scenario:
+            assert about.scenario.__module__ == f"slimrl.patching.trainers.{name}", name
 
 
 @pytest.mark.parametrize(("url", "message"), [
