@@ -18,13 +18,17 @@ from slimrl.health.checks import reward_keys, reward_name
 CSV_COLUMNS = ("step", "loss", "reward", "reward_std", "kl", "entropy", "completions/mean_length",
                "tools/call_frequency", "tools/failure_frequency", "rewards/margins", "rewards/accuracies",
                "memory/peak_mb", "tokens_per_s", "step_time",
-               "learning_rate", "grad_norm", "frac_reward_zero_std", "completions/clipped_ratio")
+               "learning_rate", "grad_norm", "frac_reward_zero_std", "completions/clipped_ratio",
+               "sampling/kl_k3/mean", "sampling/is_masked_share/sequence")
 PLOTTED = (("reward", "reward"), ("kl", "KL"), ("completions/mean_length", "completion length (tokens)"),
            ("memory/peak_mb", "peak memory (MB)"), ("frac_reward_zero_std", "groups without reward spread (no signal)"),
            ("entropy", "entropy (nats per token)"), ("completions/clipped_ratio", "completions truncated"))
 # Tool-loop runs (TRL logs these when the trainer has tools): their panels, added when logged.
 TOOL_PANELS = (("tools/call_frequency", "tool calls per completion"),
                ("tools/failure_frequency", "failed tool calls (share of calls)"))
+# A generator other than the trained model (vLLM, slimrl's engine, a server): its disagreement with the trainer.
+SAMPLER_PANELS = (("sampling/kl_k3/mean", "sampler-trainer KL (k3, nats per token)"),
+                  ("sampling/is_masked_share/sequence", "sequences masked by the IS correction"))
 # Panels with a moving average drawn over the per-step points (noisy per step: the trend is what a user reads).
 SMOOTHED = ("reward",)
 # Offline (preference / SFT) trainers log no reward: their panels.
@@ -97,6 +101,10 @@ class StepLineCallback(TrainerCallback):
                   if isinstance(logs.get(key), int | float)]
         if isinstance(logs.get("frac_reward_zero_std"), int | float):  # groups whose rewards differ: they teach
             parts.append(f"signal {1 - logs['frac_reward_zero_std']:.0%}")
+        if logs.get("sampling/kl_k3/mean"):  # a separate generator that disagrees with the trainer
+            parts.append(f"sampler kl {logs['sampling/kl_k3/mean']:.2g}")
+        if logs.get("sampling/is_masked_share/sequence"):
+            parts.append(f"is-masked {logs['sampling/is_masked_share/sequence']:.0%}")
         parts.append(f"{per_step:.1f} s")
         if isinstance(logs.get("memory/peak_mb"), int | float):
             parts.append(f"{logs['memory/peak_mb']:.0f} MB")
@@ -150,7 +158,7 @@ def plot_metrics(rows: list[dict], path: str | Path, panels: tuple = PLOTTED) ->
     except ImportError:
         return None
     if panels is PLOTTED:
-        panels = panels + reward_panels(rows) + tuple((k, title) for k, title in TOOL_PANELS
+        panels = panels + reward_panels(rows) + tuple((k, title) for k, title in TOOL_PANELS + SAMPLER_PANELS
                                                       if any(k in r for r in rows))
     cols = 2 if len(panels) <= 4 else 3
     nrows = math.ceil(len(panels) / cols)

@@ -24,6 +24,8 @@ check              holds when
 ``clip``           the mean ``clip_ratio/region_mean`` (``cispo_clip_ratio`` for CISPO) over the window >= ``clip_max``
 ``not_finite``     the newest ``loss`` is NaN/inf, or a reward function gave no finite reward (TRL logs None) on
                    every row of the window
+``sampler_mismatch`` the generator's KL to the trainer or the share of sequences the vLLM importance-sampling
+                   correction masks passes its limit (:mod:`slimrl.health.sampler`, which names the cause)
 ``reward_conflict`` one reward function's window mean rose and another's fell, each by more than ``reward_z``
                    standard errors against the window before, while the two were positively correlated over the
                    rows before the window (needs three windows of rows)
@@ -36,6 +38,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from slimrl.health.sampler import SamplerFacts, sampler_mismatch
 
 Row = dict[str, Any]
 Verdict = tuple[bool, str] | None
@@ -53,16 +57,20 @@ class Thresholds:
     kl_max: float = 1.0
     clip_max: float = 0.3
     reward_z: float = 2.0
+    mismatch_kl: float = 0.005
+    mismatch_masked: float = 0.1
+    sampler: SamplerFacts | None = None  # the generator's settings, for the sampler check's causes
     max_completion_length: int | None = None  # named in the truncation message
     groups_per_row: float = 1.0  # prompt groups behind one logged row (no_signal's window in rows)
 
     @classmethod
     def from_args(cls, args: Any) -> Thresholds:
         """The thresholds a TRL config carries (``slimrl_health_<name>``; defaults where it has none)."""
-        names = ("window", "zero_std", "min_groups", "truncated", "entropy_drop", "kl_max", "clip_max", "reward_z")
+        names = ("window", "zero_std", "min_groups", "truncated", "entropy_drop", "kl_max", "clip_max", "reward_z",
+                 "mismatch_kl", "mismatch_masked")
         values = {n: getattr(args, f"slimrl_health_{n}", getattr(cls, n)) for n in names}
         return cls(**values, max_completion_length=getattr(args, "max_completion_length", None),
-                   groups_per_row=groups_per_row(args))
+                   groups_per_row=groups_per_row(args), sampler=SamplerFacts.from_args(args))
 
 
 def groups_per_row(args: Any) -> float:
@@ -242,4 +250,5 @@ CHECKS: dict[str, Callable[[Sequence[Row], Thresholds], Verdict]] = {
     "clip": clip,
     "not_finite": not_finite,
     "reward_conflict": reward_conflict,
+    "sampler_mismatch": sampler_mismatch,
 }

@@ -140,6 +140,17 @@ FIELDS += (
     ExtraField("slimrl_health_reward_z", float, 2.0, "standard errors by which one reward must rise and another "
                "fall for the reward-conflict warning.", _positive, "online", _HEALTH),
 )
+_SAMPLER = "only GRPO corrects a separate generator's samples with importance sampling"
+FIELDS += (
+    ExtraField("slimrl_health_mismatch_kl", float, 0.005, "warn when the generator's KL to the trained model "
+               "(k3, nats per token, sampling/kl_k3/mean) averages this or more.", _positive, "grpo", _SAMPLER),
+    ExtraField("slimrl_health_mismatch_masked", float, 0.1, "warn when this share of sequences is masked or "
+               "clamped by vLLM's importance-sampling correction (sampling/is_masked_share/sequence).", _fraction,
+               "grpo", _SAMPLER),
+    ExtraField("slimrl_truncated_sampling_fix", bool, False, "TRL 1.17's handling of top_p/top_k/min_p in vLLM's "
+               "importance-sampling ratio on older TRL: the sampler's log-probs put on the trainer's support "
+               "(one extra no-grad forward per generation batch when sampling truncates).", _flag, "grpo", _SAMPLER),
+)
 EXTRA_FIELDS: dict[str, ExtraField] = {f.name: f for f in FIELDS}
 _SCOPES = {"log-probs": ("log-probs",), "online": ("log-probs", "online"), "grpo": ("log-probs", "online", "grpo")}
 CHUNK_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["log-probs"])  # every log-prob route

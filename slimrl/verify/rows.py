@@ -62,6 +62,7 @@ class Row:
     gen_tolerance: float = math.nan
     generator: str = "hf"  # "hf": compared with TRL alone; "engine" / "server": the generator check only
     update_tolerance: float = math.nan  # the update's, when the stored weights' rounding is coarser (storage_floor)
+    masked_share: float = math.nan  # engine/server rows: sequences TRL's default IS correction masked (mean per step)
 
     @property
     def passed(self) -> bool:
@@ -116,7 +117,13 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
             "grads": grads, "updates": {n: p.detach() - before[n] for n, p in params.items()},
             "used": served(trainer) > 0, "vllm": bool(getattr(trainer, "use_vllm", False)),
             "exposure": rounding_exposure(params, {n: p.detach() - before[n] for n, p in params.items()}),
-            "dtype": _lowest_precision(p.dtype for p in params.values())}
+            "dtype": _lowest_precision(p.dtype for p in params.values()),
+            "masked": _mean_logged(trainer.state.log_history, "sampling/is_masked_share/sequence")}
+
+
+def _mean_logged(history: list[dict], key: str) -> float:
+    values = [h[key] for h in history if isinstance(h.get(key), int | float)]
+    return sum(values) / len(values) if values else math.nan
 
 
 def rounding_exposure(params: dict, updates: dict) -> float:
@@ -198,7 +205,8 @@ def generation_row(name: str, loss_type: str, setup: Setup) -> Row:
     if not problem and setup.generator == "server" and not ours["vllm"]:  # switched off on the way: HF generate
         problem = f"the run did not generate through the {setup.generator} (use_vllm was off)"
     return Row(name, loss_type, math.nan, math.nan, math.nan, math.nan, time.perf_counter() - t0, problem,
-               gen_err=gen, gen_tolerance=GEN_TOLERANCE_VLLM[setup.dtype], generator=setup.generator)
+               gen_err=gen, gen_tolerance=GEN_TOLERANCE_VLLM[setup.dtype], generator=setup.generator,
+               masked_share=ours["masked"] if ours else math.nan)
 
 
 def _attempt(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str):

@@ -22,7 +22,8 @@ def format_table(rows: list[Row], setup_line: str = "") -> str:
     body = [(r.trainer, r.loss_type, _fmt(r.loss_err), _fmt(r.grad_err), _fmt(r.update_err),
              _fmt_tol(r.tolerance) + ("" if math.isnan(r.update_tolerance) else f", update {r.update_tolerance:.0e}"),
              "-" if math.isnan(r.gen_err) else f"{_fmt(r.gen_err)} (<= {r.gen_tolerance:.0e})" +
-             ("" if r.generator == "hf" else f" {r.generator}"),
+             ("" if r.generator == "hf" else f" {r.generator}") +
+             ("" if math.isnan(r.masked_share) else f", {r.masked_share:.0%} masked"),
              "PASS" if r.passed else f"SKIP ({r.skipped})" if r.skipped else
              "FAIL" + (f" ({r.problem})" if r.problem else "")) for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
@@ -41,7 +42,8 @@ def format_table(rows: list[Row], setup_line: str = "") -> str:
     vllm = {r.gen_tolerance for r in rows if r.generator != "hf"}
     for tol in sorted(vllm):
         lines.append(f"gen logp diff, engine/server rows (patched run only: TRL alone cannot draw the same samples "
-                     f"there): {tol:.0e}: {GEN_REASON_VLLM}")
+                     f"there): {tol:.0e}: {GEN_REASON_VLLM}; 'masked': the share of sequences TRL's importance-"
+                     f"sampling correction (sequence_mask, cap 3) dropped, mean over the steps")
     for dtype, tol in GEN_TOLERANCE.items():
         if tol in gen:
             lines.append(f"gen logp diff: largest |log p| difference of a sampled token between the generator and "

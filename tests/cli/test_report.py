@@ -63,3 +63,27 @@ def test_one_panel_per_reward_function_and_the_health_panels(tmp_path, monkeypat
     assert {"reward: fmt", "reward: correct", "groups without reward spread (no signal)", "entropy (nats per token)",
             "completions truncated"} <= set(titles)
     assert labels.count("moving average (5 steps)") == 3  # the total reward and each function's
+
+
+def test_the_step_line_shows_a_disagreeing_generator_and_the_plot_has_its_panels(tmp_path, monkeypatch):
+    out = io.StringIO()
+    cb = StepLineCallback(stream=out)
+    state = SimpleNamespace(global_step=0, max_steps=5, is_world_process_zero=True)
+    cb.on_train_begin(None, state, None)
+    state.global_step = 1
+    cb.on_log(None, state, None, logs={"loss": 0.1, "sampling/kl_k3/mean": 0.0, "sampling/is_masked_share/sequence":
+                                       0.0})
+    state.global_step = 2
+    cb.on_log(None, state, None, logs={"loss": 0.1, "sampling/kl_k3/mean": 0.0123,
+                                       "sampling/is_masked_share/sequence": 0.25})
+    first, second = out.getvalue().splitlines()
+    assert "sampler" not in first and "masked" not in first  # zero: nothing to say
+    assert "sampler kl 0.012  is-masked 25%" in second
+    import matplotlib.axes
+
+    titles = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda self, t, *a, **k: titles.append(t))
+    rows = [{"step": 1, "reward": 0.1, "sampling/kl_k3/mean": 0.01, "sampling/is_masked_share/sequence": 0.2}]
+    plot_metrics(rows, tmp_path / "p.png")
+    assert "sampler-trainer KL (k3, nats per token)" in titles
+    assert "sequences masked by the IS correction" in titles

@@ -71,7 +71,9 @@ def test_the_demo_job_is_healthy():
     for row in history:
         cb.history.append(row)
         cb.evaluate(t, row["step"], warn_now=False)
-    assert cb.report() == {name: "ok" for name in CHECKS}, cb.report()
+    report = cb.report()
+    assert report.pop("sampler_mismatch").startswith("not judged (sampling/kl_k3/mean not logged")  # HF generate
+    assert report == {name: "ok" for name in CHECKS if name != "sampler_mismatch"}, report
 
 
 def test_a_metric_the_run_does_not_log_is_not_judged():

@@ -23,6 +23,9 @@ generation batch, so ``pi_old`` equals the with-grad forward's log-probs, detach
    logs TRL's ``sampling/*`` metrics once per generation batch from the sums over its micro-batches (the same
    values TRL computes over the whole batch).
 
+Both ways, the generation batch also gets the sampler-trainer statistics (:mod:`slimrl.patching.online.mismatch`)
+and, when asked, TRL 1.17's handling of truncated sampling (:mod:`slimrl.patching.online.support`).
+
 Anywhere the condition does not hold (eval, misaligned generation, ``num_iterations`` with an early optimizer
 step, dropout active, Liger's loss, ``slimrl_reuse_old_logps=False``), TRL's pass runs unchanged.
 """
@@ -30,12 +33,20 @@ step, dropout active, Liger's loss, ``slimrl_reuse_old_logps=False``), TRL's pas
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from slimrl.patching.online.mismatch import (
+    add_sums,
+    corrected_mask,
+    is_ratio,
+    log_mismatch,
+    mismatch_sums,
+    sequence_level,
+)
+from slimrl.patching.online.support import apply_support_fix
 from slimrl.patching.state import trainer_state
 
 
@@ -70,6 +81,7 @@ class _Window:
     micro_batches: int  # steps_per_generation: the generation batch's micro-batches
     seen: int = 0
     sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    mismatch: dict | None = None  # the sampler-trainer statistics (:mod:`slimrl.patching.online.mismatch`)
 
     def add(self, name: str, value: torch.Tensor, how: str) -> None:
         if name not in self.sums:
@@ -87,16 +99,30 @@ def generate_and_score_factory(orig):
     def slimrl_generate_and_score_completions(self, *args, **kwargs):
         if not can_reuse(self):
             trainer_state(self).is_window = None
-            return orig(self, *args, **kwargs)
+            out = orig(self, *args, **kwargs)
+            apply_support_fix(self, out)
+            _log_whole_batch(self, out)
+            return out
         self.vllm_importance_sampling_correction = False
         try:
             out = orig(self, *args, **kwargs)
         finally:
             self.vllm_importance_sampling_correction = True
+        apply_support_fix(self, out)
         trainer_state(self).is_window = _Window(micro_batches=self.args.steps_per_generation)
         return out
 
     return slimrl_generate_and_score_completions
+
+
+def _log_whole_batch(trainer: Any, out: dict) -> None:
+    """The sampler-trainer statistics of a generation batch TRL corrected itself (its old-log-prob pass ran)."""
+    if not (getattr(trainer, "use_vllm", False) and trainer.vllm_importance_sampling_correction):
+        return
+    old, sampling = out.get("old_per_token_logps"), out.get("sampling_per_token_logps")
+    if old is not None and sampling is not None:
+        log_mismatch(trainer, mismatch_sums(trainer, old, sampling, corrected_mask(out)),
+                     "train" if trainer.model.training else "eval")
 
 
 def compute_loss_factory(orig):
@@ -125,21 +151,10 @@ def fill_importance_ratio(trainer: Any, per_token_logps: torch.Tensor) -> None:
     trainer_state(trainer).is_inputs = None  # the first call is the policy's; later ones (none in TRL) are not
     old = per_token_logps.detach()  # [B, C]
     sampling = inputs["sampling_per_token_logps"]  # [B, C]
-    mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
-    diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)  # [B, C]
-    sequence_level = trainer.vllm_importance_sampling_mode in ("sequence_mask", "sequence_truncate")
-    ratio = torch.exp(diff.sum(dim=-1, keepdim=True) if sequence_level else diff)  # [B, 1] or [B, C]
-    lo, hi = trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max
-    if trainer.vllm_importance_sampling_mode in ("sequence_truncate", "token_truncate"):
-        ratio = torch.clamp(ratio, min=lo, max=hi)
-    elif trainer.vllm_importance_sampling_mode in ("sequence_mask", "token_mask"):
-        lo = -math.inf if lo is None else lo
-        hi = math.inf if hi is None else hi
-        ratio = ratio.masked_fill((ratio < lo) | (ratio > hi), value=0.0)
-    else:
-        raise ValueError(f"Unknown vLLM importance sampling level: {trainer.vllm_importance_sampling_mode}")
+    mask = corrected_mask(inputs)  # [B, C]
+    ratio = is_ratio(trainer, old, sampling, mask)  # [B, 1] or [B, C]
     inputs["importance_sampling_ratio"] = ratio
-    _count(trainer, old, sampling, mask, ratio, sequence_level)
+    _count(trainer, old, sampling, mask, ratio, sequence_level(trainer.vllm_importance_sampling_mode))
 
 
 def _count(trainer: Any, old, sampling, mask, ratio, sequence_level: bool) -> None:
@@ -157,6 +172,7 @@ def _count(trainer: Any, old, sampling, mask, ratio, sequence_level: bool) -> No
     window.add("delta_sum", delta.sum(), "sum")
     window.add("delta_n", old.new_tensor(float(delta.numel())), "sum")
     window.add("delta_max", delta.max() if delta.numel() else zero, "maximum")
+    window.mismatch = add_sums(window.mismatch, mismatch_sums(trainer, old, sampling, mask))
     window.add("ratio_sum", flat.sum(), "sum")
     window.add("ratio_n", old.new_tensor(float(flat.numel())), "sum")
     if flat.numel():
@@ -176,3 +192,4 @@ def _count(trainer: Any, old, sampling, mask, ratio, sequence_level: bool) -> No
     row["sampling/importance_sampling_ratio/min"].append(nanmin(gather(s.get("ratio_min", zero))).item())
     row["sampling/importance_sampling_ratio/mean"].append(gather(mean_ratio).nanmean().item())
     row["sampling/importance_sampling_ratio/max"].append(nanmax(gather(s.get("ratio_max", zero))).item())
+    log_mismatch(trainer, window.mismatch)

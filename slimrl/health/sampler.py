@@ -1,0 +1,100 @@
+"""The run-health check of the sampler against the trainer (``sampler_mismatch``): does the generator (vLLM,
+slimrl's engine, a server) sample from the model being trained?
+
+It reads what the patched GRPO trainer logs per generation batch (``sampling/kl_k3/mean``: the k3 KL between sampler
+and trainer per token; ``sampling/is_masked_share/sequence``: the share of sequences TRL's importance-sampling
+correction masks or clamps) and holds when, over the window, the KL averages ``slimrl_health_mismatch_kl`` or more
+or the masked share ``slimrl_health_mismatch_masked`` or more. Its message names the likeliest of three causes, in
+this order:
+
+1. **adapter not synced**: the KL was small at the first logged step (before any update reached the generator) and
+   the newest is more than four times larger: the trainer moved and the generator did not follow (a missed or
+   stale sync);
+2. **truncated sampling on a release with the biased ratio**: ``top_p < 1``, ``top_k > 0`` or ``min_p > 0`` on TRL
+   before 1.17 without ``slimrl_truncated_sampling_fix``: the ratio carries the kept mass ``log S`` per token;
+3. **precision**: otherwise — the generator computes in other precision or kernels than the trainer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+KL_KEY = "sampling/kl_k3/mean"
+MASKED_KEY = "sampling/is_masked_share/sequence"
+FIX = "slimrl_truncated_sampling_fix"
+# the first logged KL below this share of the newest: the mismatch came with the updates
+JUMP = 0.25
+
+
+@dataclass(frozen=True)
+class SamplerFacts:
+    """What the config says about the generator (read once from the trainer's arguments)."""
+
+    truncation: str = ""  # "top_p=0.8, top_k=20", "" when sampling does not truncate
+    biased_ratio: bool = False  # the installed TRL's ratio is biased under truncation and the fix is off
+    trainer_precision: str = "fp32"
+    trl: str = ""
+
+    @classmethod
+    def from_args(cls, args: Any) -> SamplerFacts:
+        from slimrl.compat.trl_info import trl_version
+
+        settings = {"top_p": getattr(args, "top_p", 1.0), "top_k": getattr(args, "top_k", 0),
+                    "min_p": getattr(args, "min_p", 0.0)}
+        params = getattr(args, "vllm_sampling_params", None)
+        for extra in (getattr(args, "generation_kwargs", None) or {},
+                      getattr(params, "_slimrl_kwargs", None) or (params if isinstance(params, dict) else {})):
+            settings.update({k: v for k, v in extra.items() if k in settings and v is not None})
+        parts = [f"top_p={settings['top_p']:g}" if (settings["top_p"] or 1.0) < 1 else "",
+                 f"top_k={settings['top_k']}" if (settings["top_k"] or 0) > 0 else "",
+                 f"min_p={settings['min_p']:g}" if (settings["min_p"] or 0.0) > 0 else ""]
+        truncation = ", ".join(p for p in parts if p)
+        version = trl_version()
+        old_trl = (version.major, version.minor) < (1, 17)
+        precision = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"
+        return cls(truncation, bool(truncation) and old_trl and not getattr(args, FIX, False), precision, str(version))
+
+
+def _window_mean(rows: Sequence[dict], key: str, window: int) -> float | None:
+    last = rows[-window:]
+    values = [r.get(key) for r in last]
+    if len(last) < window or not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+        return None
+    return sum(values) / window
+
+
+def sampler_mismatch(rows: Sequence[dict], t: Any) -> tuple[bool, str] | None:
+    """The check (module docstring); ``t``: :class:`slimrl.health.checks.Thresholds`."""
+    kl = _window_mean(rows, KL_KEY, t.window)
+    masked = _window_mean(rows, MASKED_KEY, t.window)
+    if kl is None and masked is None:
+        return None
+    high_kl = kl is not None and kl >= t.mismatch_kl
+    high_masked = masked is not None and masked >= t.mismatch_masked
+    if not (high_kl or high_masked):
+        return False, ""
+    last = rows[-t.window:]
+    span = f"steps {last[0].get('step', '?')}-{last[-1].get('step', '?')}"
+    seen = (f"the generator disagrees with the trained model ({span}: KL {kl:.3g} nats per token, "
+            f"{masked or 0.0:.0%} of sequences masked or clamped by the importance-sampling correction; limits "
+            f"slimrl_health_mismatch_kl={t.mismatch_kl:g}, slimrl_health_mismatch_masked={t.mismatch_masked:g})")
+    facts: SamplerFacts = t.sampler or SamplerFacts()
+    logged = [r[KL_KEY] for r in rows if isinstance(r.get(KL_KEY), int | float) and math.isfinite(r[KL_KEY])]
+    first = logged[0] if len(logged) >= 2 else None
+    if first is not None and first < JUMP * logged[-1]:
+        return True, (f"{seen}; likely cause: the adapter is not synced — the KL was {first:.3g} at the first "
+                      f"logged step, before any update reached the generator: check that the generator gets "
+                      f"the new weights every step (a vLLM server needs the trainer's sync; `slimrl verify` "
+                      f"with your generator finds a stale adapter)")
+    if facts.biased_ratio:
+        return True, (f"{seen}; likely cause: truncated sampling ({facts.truncation}) — TRL {facts.trl} compares "
+                      f"the sampler's log-probs over the kept tokens with the trainer's over the whole vocabulary "
+                      f"(the ratio carries the kept mass, TRL issue 6789): set {FIX}=True (TRL 1.17's correction) "
+                      f"or sample with top_p=1.0, top_k=0, min_p=0")
+    return True, (f"{seen}; likely cause: precision — the generator computes in other precision or kernels than "
+                  f"the trainer ({facts.trainer_precision}): run the generator in the trainer's dtype (or train "
+                  f"in bf16 with a bf16 generator), or use vllm_importance_sampling_mode='token_truncate' so a few "
+                  f"disagreeing tokens do not drop whole sequences")

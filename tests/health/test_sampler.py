@@ -1,0 +1,54 @@
+"""The sampler-mismatch check on synthetic log histories: silent until the metric is logged, quiet under its limits,
+and naming the likeliest cause when it holds (:mod:`slimrl.health.sampler`)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from slimrl.health.checks import CHECKS, Thresholds
+from slimrl.health.sampler import SamplerFacts, sampler_mismatch
+
+
+def rows(kl, masked=None):
+    masked = masked or [0.0] * len(kl)
+    return [{"step": i + 1, "loss": 0.1, "sampling/kl_k3/mean": k, "sampling/is_masked_share/sequence": m}
+            for i, (k, m) in enumerate(zip(kl, masked, strict=True))]
+
+
+def t(**facts):
+    return Thresholds(window=2, mismatch_kl=0.005, mismatch_masked=0.1, sampler=SamplerFacts(**facts))
+
+
+def test_registered_and_silent_until_logged():
+    assert CHECKS["sampler_mismatch"] is sampler_mismatch
+    assert sampler_mismatch([{"step": 1, "loss": 0.1}] * 3, t()) is None
+    assert sampler_mismatch(rows([0.001, 0.002, 0.001]), t()) == (False, "")
+
+
+def test_a_jump_after_the_first_step_is_an_adapter_not_synced():
+    holds, message = sampler_mismatch(rows([1e-5, 0.01, 0.02]), t(truncation="top_p=0.8", biased_ratio=True))
+    assert holds and "adapter is not synced" in message and "0.015" in message
+
+
+def test_truncated_sampling_on_a_biased_release_names_the_field():
+    holds, message = sampler_mismatch(rows([0.006, 0.006, 0.007]), t(truncation="top_p=0.8", biased_ratio=True,
+                                                                      trl="1.16.0"))
+    assert holds and "truncated sampling (top_p=0.8)" in message and "slimrl_truncated_sampling_fix=True" in message
+
+
+@pytest.mark.parametrize("kl, masked", [([0.01, 0.01, 0.012], None), ([0.001] * 3, [0.3, 0.2, 0.4])])
+def test_otherwise_precision(kl, masked):
+    holds, message = sampler_mismatch(rows(kl, masked), t(trainer_precision="fp32"))
+    assert holds and "likely cause: precision" in message and "(fp32)" in message
+
+
+def test_facts_from_a_config():
+    args = SimpleNamespace(top_p=1.0, top_k=0, min_p=0.0, generation_kwargs={"top_k": 20}, bf16=True,
+                           vllm_sampling_params=None)
+    facts = SamplerFacts.from_args(args)
+    assert facts.truncation == "top_k=20" and facts.trainer_precision == "bf16" and facts.biased_ratio
+    args.slimrl_truncated_sampling_fix = True
+    assert not SamplerFacts.from_args(args).biased_ratio
+    assert SamplerFacts.from_args(SimpleNamespace(top_p=1.0, top_k=0, min_p=0.0)).truncation == ""
