@@ -146,8 +146,10 @@ def test_truncated_sampling_through_the_engine_is_corrected_by_the_field(run, tm
     is the kept mass, ~0.9: docs/BENCHMARKS.md's sampler rows)."""
     from trl import GRPOConfig, GRPOTrainer
 
+    from slimrl import PatchFastRL
     from slimrl.data import correctness_reward, make_arithmetic_dataset
 
+    PatchFastRL("grpo")  # every test ends unpatched (conftest)
     _, model = run
     tok = run[0].processing_class
     cfg = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
