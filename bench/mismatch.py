@@ -6,7 +6,7 @@ One process per (dtype, LoRA rank) — the engine lives with the model — runni
 arithmetic task (8 rows = 2 prompts x 4 generations, 32 completion tokens, lr 5e-4, beta 0) for ``--steps`` steps per
 setting from the same adapter; the figures are means over the steps after the first (the adapter has moved).
 
-    .venv-vllm/bin/python bench/mismatch.py               # every row (about 10 minutes on the 2-core CPU)
+    .venv-vllm/bin/python bench/mismatch.py               # every row (about 14 minutes on the 2-core CPU)
     .venv-vllm/bin/python bench/mismatch.py --dtype float32 --rank 16 --steps 3
 """
 

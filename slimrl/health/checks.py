@@ -59,6 +59,7 @@ class Thresholds:
     reward_z: float = 2.0
     mismatch_kl: float = 0.005
     mismatch_masked: float = 0.1
+    mismatch_ratio: float = 0.2
     sampler: SamplerFacts | None = None  # the generator's settings, for the sampler check's causes
     max_completion_length: int | None = None  # named in the truncation message
     groups_per_row: float = 1.0  # prompt groups behind one logged row (no_signal's window in rows)
@@ -67,7 +68,7 @@ class Thresholds:
     def from_args(cls, args: Any) -> Thresholds:
         """The thresholds a TRL config carries (``slimrl_health_<name>``; defaults where it has none)."""
         names = ("window", "zero_std", "min_groups", "truncated", "entropy_drop", "kl_max", "clip_max", "reward_z",
-                 "mismatch_kl", "mismatch_masked")
+                 "mismatch_kl", "mismatch_masked", "mismatch_ratio")
         values = {n: getattr(args, f"slimrl_health_{n}", getattr(cls, n)) for n in names}
         return cls(**values, max_completion_length=getattr(args, "max_completion_length", None),
                    groups_per_row=groups_per_row(args), sampler=SamplerFacts.from_args(args))

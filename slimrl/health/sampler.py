@@ -3,9 +3,13 @@ slimrl's engine, a server) sample from the model being trained?
 
 It reads what the patched GRPO trainer logs per generation batch (``sampling/kl_k3/mean``: the k3 KL between sampler
 and trainer per token; ``sampling/is_masked_share/sequence``: the share of sequences TRL's importance-sampling
-correction masks or clamps) and holds when, over the window, the KL averages ``slimrl_health_mismatch_kl`` or more
-or the masked share ``slimrl_health_mismatch_masked`` or more. Its message names the likeliest of three causes, in
-this order:
+correction masks or clamps; ``sampling/raw_importance_sampling_ratio/mean``: the ratio before it does) and holds
+when, over the window, the KL averages ``slimrl_health_mismatch_kl`` or more, the masked share
+``slimrl_health_mismatch_masked`` or more, or the mean ratio lies below ``1 - x`` or above ``1 / (1 - x)`` with
+``x = slimrl_health_mismatch_ratio`` (TRL's default mode masks only above its cap, so sequences weighted towards 0
+— truncated sampling's bias multiplies every token's ratio by the kept mass — are dropped without being counted).
+
+Its message names the likeliest of three causes, in this order:
 
 1. **adapter not synced**: the KL was small at the first logged step (before any update reached the generator) and
    the newest is more than four times larger: the trainer moved and the generator did not follow (a missed or
@@ -24,6 +28,7 @@ from typing import Any
 
 KL_KEY = "sampling/kl_k3/mean"
 MASKED_KEY = "sampling/is_masked_share/sequence"
+RATIO_KEY = "sampling/raw_importance_sampling_ratio/mean"
 FIX = "slimrl_truncated_sampling_fix"
 # the first logged KL below this share of the newest: the mismatch came with the updates
 JUMP = 0.25
@@ -70,17 +75,20 @@ def sampler_mismatch(rows: Sequence[dict], t: Any) -> tuple[bool, str] | None:
     """The check (module docstring); ``t``: :class:`slimrl.health.checks.Thresholds`."""
     kl = _window_mean(rows, KL_KEY, t.window)
     masked = _window_mean(rows, MASKED_KEY, t.window)
+    ratio = _window_mean(rows, RATIO_KEY, t.window)
     if kl is None and masked is None:
         return None
     high_kl = kl is not None and kl >= t.mismatch_kl
     high_masked = masked is not None and masked >= t.mismatch_masked
-    if not (high_kl or high_masked):
+    off_ratio = ratio is not None and not (1 - t.mismatch_ratio <= ratio <= 1 / (1 - t.mismatch_ratio))
+    if not (high_kl or high_masked or off_ratio):
         return False, ""
     last = rows[-t.window:]
     span = f"steps {last[0].get('step', '?')}-{last[-1].get('step', '?')}"
-    seen = (f"the generator disagrees with the trained model ({span}: KL {kl:.3g} nats per token, "
-            f"{masked or 0.0:.0%} of sequences masked or clamped by the importance-sampling correction; limits "
-            f"slimrl_health_mismatch_kl={t.mismatch_kl:g}, slimrl_health_mismatch_masked={t.mismatch_masked:g})")
+    seen = (f"the generator disagrees with the trained model ({span}: KL {kl or 0.0:.3g} nats per token, "
+            f"{masked or 0.0:.0%} of sequences masked or clamped by the importance-sampling correction, mean ratio "
+            f"{ratio if ratio is not None else float('nan'):.3g}; limits slimrl_health_mismatch_kl={t.mismatch_kl:g}, "
+            f"slimrl_health_mismatch_masked={t.mismatch_masked:g}, slimrl_health_mismatch_ratio={t.mismatch_ratio:g})")
     facts: SamplerFacts = t.sampler or SamplerFacts()
     logged = [r[KL_KEY] for r in rows if isinstance(r.get(KL_KEY), int | float) and math.isfinite(r[KL_KEY])]
     first = logged[0] if len(logged) >= 2 else None

@@ -147,6 +147,9 @@ FIELDS += (
     ExtraField("slimrl_health_mismatch_masked", float, 0.1, "warn when this share of sequences is masked or "
                "clamped by vLLM's importance-sampling correction (sampling/is_masked_share/sequence).", _fraction,
                "grpo", _SAMPLER),
+    ExtraField("slimrl_health_mismatch_ratio", float, 0.2, "warn when the mean importance ratio before masking "
+               "(sampling/raw_importance_sampling_ratio/mean) is below 1 - this or above 1 / (1 - this).", _fraction,
+               "grpo", _SAMPLER),
     ExtraField("slimrl_truncated_sampling_fix", bool, False, "TRL 1.17's handling of top_p/top_k/min_p in vLLM's "
                "importance-sampling ratio on older TRL: the sampler's log-probs put on the trainer's support "
                "(one extra no-grad forward per generation batch when sampling truncates).", _flag, "grpo", _SAMPLER),

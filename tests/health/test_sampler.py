@@ -11,14 +11,17 @@ from slimrl.health.checks import CHECKS, Thresholds
 from slimrl.health.sampler import SamplerFacts, sampler_mismatch
 
 
-def rows(kl, masked=None):
+def rows(kl, masked=None, ratio=None):
     masked = masked or [0.0] * len(kl)
-    return [{"step": i + 1, "loss": 0.1, "sampling/kl_k3/mean": k, "sampling/is_masked_share/sequence": m}
-            for i, (k, m) in enumerate(zip(kl, masked, strict=True))]
+    ratio = ratio or [1.0] * len(kl)
+    return [{"step": i + 1, "loss": 0.1, "sampling/kl_k3/mean": k, "sampling/is_masked_share/sequence": m,
+             "sampling/raw_importance_sampling_ratio/mean": r}
+            for i, (k, m, r) in enumerate(zip(kl, masked, ratio, strict=True))]
 
 
 def t(**facts):
-    return Thresholds(window=2, mismatch_kl=0.005, mismatch_masked=0.1, sampler=SamplerFacts(**facts))
+    return Thresholds(window=2, mismatch_kl=0.005, mismatch_masked=0.1, mismatch_ratio=0.2,
+                      sampler=SamplerFacts(**facts))
 
 
 def test_registered_and_silent_until_logged():
@@ -52,3 +55,12 @@ def test_facts_from_a_config():
     args.slimrl_truncated_sampling_fix = True
     assert not SamplerFacts.from_args(args).biased_ratio
     assert SamplerFacts.from_args(SimpleNamespace(top_p=1.0, top_k=0, min_p=0.0)).truncation == ""
+
+
+def test_sequences_weighted_towards_zero_hold_without_being_masked():
+    """bench/mismatch.py's fp32 top_p=0.8 rows: KL 1.9e-3-3.6e-3 (under the KL limit), nothing masked (the default
+    mode masks only above its cap), mean sequence ratio 0.41-0.57: the bias down-weights every sequence."""
+    history = rows([0.002, 0.002, 0.002], ratio=[0.5, 0.45, 0.6])
+    holds, message = sampler_mismatch(history, t(truncation="top_p=0.8", biased_ratio=True, trl="1.16.0"))
+    assert holds and "mean ratio 0.525" in message and "truncated sampling (top_p=0.8)" in message
+    assert sampler_mismatch(rows([0.0015] * 3, ratio=[1.06, 1.01, 0.91]), t()) == (False, "")  # bf16 noise

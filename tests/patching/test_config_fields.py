@@ -56,7 +56,8 @@ def test_every_patched_config_has_its_fields_in_help_flags_and_to_dict(patched, 
                   "slimrl_health_truncated": 0.25,
                   "slimrl_health_entropy_drop": 0.2, "slimrl_health_kl_max": 3.0, "slimrl_health_clip_max": 0.75,
                   "slimrl_health_reward_z": 3.0, "slimrl_health_mismatch_kl": 0.02,
-                  "slimrl_health_mismatch_masked": 0.3, "slimrl_truncated_sampling_fix": True}
+                  "slimrl_health_mismatch_masked": 0.3,
+                  "slimrl_health_mismatch_ratio": 0.5, "slimrl_truncated_sampling_fix": True}
         for name in own:
             assert f"--{name}" in help_text, (cls.__name__, name)
             if values[name] is not None:

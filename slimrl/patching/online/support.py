@@ -51,13 +51,6 @@ def truncation(trainer: Any) -> dict[str, Any] | None:
     return settings
 
 
-def describe(settings: dict[str, Any]) -> str:
-    parts = [f"top_p={settings['top_p']:g}" if settings["top_p"] < 1 else "",
-             f"top_k={settings['top_k']}" if settings["top_k"] > 0 else "",
-             f"min_p={settings['min_p']:g}" if settings["min_p"] > 0 else ""]
-    return ", ".join(p for p in parts if p)
-
-
 @torch.no_grad()
 def batch_log_kept_mass(trainer: Any, output: dict, settings: dict[str, Any]) -> torch.Tensor:
     """``[B, C]``: ``log S_t`` of every completion position of the generation batch ``output``."""
