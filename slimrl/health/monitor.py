@@ -90,7 +90,7 @@ def _why_not(name: str, history: list[Row]) -> str:
     key = {"no_signal": "frac_reward_zero_std", "truncated": "completions/clipped_ratio", "entropy": "entropy",
            "kl": "kl", "clip": "clip_ratio/region_mean", "sampler_mismatch": "sampling/kl_k3/mean"}.get(name)
     if name == "sampler_mismatch" and not any(finite(r.get(key)) for r in history):
-        return f"{key} not logged: the trained model generates itself, or vLLM's importance sampling is off"
+        return f"{key} not logged: no separate generator"
     if key is not None and not any(finite(r.get(key)) for r in history):
         return f"{key} not logged" + (": beta = 0" if key == "kl" else "")
     if name == "reward_conflict" and len(reward_keys(history)) < 2:

@@ -82,11 +82,12 @@ def test_tensorboard_gets_the_health_metrics_and_the_summary_its_section(setup, 
     stdout = capsys.readouterr().out
     health = [line for line in stdout.splitlines() if line.startswith("health: ")]
     assert [line.split()[1] for line in health] == ["no_signal", "truncated", "entropy", "kl", "clip", "not_finite",
-                                                    "reward_conflict"]
+                                                    "reward_conflict", "sampler_mismatch"]
     status = {line.split()[1]: line.split(None, 2)[2].strip() for line in health}
     assert status["no_signal"] in ("ok", "warned at step 2", "warned at step 3") and status["kl"] in ("ok",)
     assert status["entropy"] == "not judged (too few logged steps)"  # two windows of 2 needed, 3 steps run
     assert status["reward_conflict"] == "not judged (one reward function)"
+    assert status["sampler_mismatch"].startswith("not judged (sampling/kl_k3/mean not logged")  # HF generate
 
 
 def _cli(tmp_path: Path, out: str, extra: list[str] = (), env: dict | None = None) -> subprocess.Popen:
