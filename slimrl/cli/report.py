@@ -14,6 +14,7 @@ from transformers import TrainerCallback
 
 from slimrl.health.checks import reward_keys, reward_name
 
+NO_PLOT = "not drawn: matplotlib not installed (pip install 'slimrl[cli]')"
 # Columns written to metrics.csv (metrics.jsonl keeps every key TRL logs).
 CSV_COLUMNS = ("step", "loss", "reward", "reward_std", "kl", "entropy", "completions/mean_length",
                "tools/call_frequency", "tools/failure_frequency", "rewards/margins", "rewards/accuracies",
@@ -247,7 +248,7 @@ def print_summary(algorithm: str, steps: int, seconds: float, peak_mb: float, ou
         items.append((f"held-out total reward ({eval_how})", fmt_change(before["reward"], after["reward"])))
     summary["health"] = health
     items += [("adapter + tokenizer", out / "adapter"), ("checkpoints", f"{out}/checkpoint-*"),
-              ("metrics", f"{out}/metrics.jsonl, metrics.csv"), ("plot", plot or "matplotlib not installed")]
+              ("metrics", f"{out}/metrics.jsonl, metrics.csv"), ("plot", plot or NO_PLOT)]
     if resume_from:
         items.append(("resumed from", resume_from))
     items.append(("export (merged model, GGUF)", f"slimrl export --adapter {out} --formats merged_16bit,gguf:q8_0"))

@@ -87,3 +87,20 @@ def test_the_step_line_shows_a_disagreeing_generator_and_the_plot_has_its_panels
     plot_metrics(rows, tmp_path / "p.png")
     assert "sampler-trainer KL (k3, nats per token)" in titles
     assert "sequences masked by the IS correction" in titles
+
+
+def test_without_the_cli_extra_there_is_no_plot_and_the_summary_says_how_to_get_it(tmp_path, monkeypatch, capsys):
+    """matplotlib is in the ``cli`` extra (``pip install 'slimrl[cli]'``), not a dependency of the library."""
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    from slimrl.cli.report import NO_PLOT, print_summary
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith(("matplotlib", "pyyaml")) for d in project["dependencies"])
+    assert {"matplotlib", "pyyaml"} <= set(project["optional-dependencies"]["cli"])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    assert plot_metrics([{"step": 1, "reward": 0.5}], tmp_path / "p.png") is None
+    print_summary("grpo", 1, 1.0, 100.0, tmp_path, None, None, None, 0, None)
+    assert NO_PLOT in capsys.readouterr().out
