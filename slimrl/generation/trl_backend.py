@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from slimrl.compat.callsite import warn
+from slimrl.compat.sampling import user_sampling_kwargs
 
 # Keys slimrl sets itself on every request: one completion per (already repeated) prompt, the sampled token's
 # log-prob for TRL's importance-sampling correction.
@@ -43,29 +44,13 @@ def engine_of(model: Any) -> Any:
     return None
 
 
-def _user_sampling_kwargs(params: Any) -> dict:
-    """The keywords the user set: recorded by :func:`slimrl.vLLMSamplingParams`, a dict, or (a ``SamplingParams``
-    built directly) the fields that differ from vLLM's defaults."""
-    if params is None:
-        return {}
-    if isinstance(params, dict):
-        return dict(params)
-    recorded = getattr(params, "_slimrl_kwargs", None)
-    if recorded is not None:
-        return dict(recorded)
-    fields = getattr(params, "__struct_fields__", ())
-    default = type(params)()
-    return {f: getattr(params, f) for f in fields
-            if not f.startswith("_") and getattr(params, f) != getattr(default, f)}
-
-
 def sampling_kwargs(trainer_kwargs: dict, user_params: Any, max_completion_length: int) -> dict:
     """vLLM ``SamplingParams`` keywords: the trainer's, then ``vllm_sampling_params``'s, then slimrl's fixed ones.
 
     ``max_tokens`` is capped at ``max_completion_length`` (TRL pads and masks to that length).
     """
     kwargs = dict(trainer_kwargs)
-    user = _user_sampling_kwargs(user_params)
+    user = user_sampling_kwargs(user_params)
     for key in _FIXED:
         if key in user and user[key] != _FIXED[key]:
             warn(f"vllm_sampling_params: {key}={user[key]!r} is ignored (slimrl sets {key}={_FIXED[key]}: "

@@ -45,17 +45,13 @@ class SamplerFacts:
 
     @classmethod
     def from_args(cls, args: Any) -> SamplerFacts:
+        from slimrl.compat.sampling import effective_sampling
         from slimrl.compat.trl_info import trl_version
 
-        settings = {"top_p": getattr(args, "top_p", 1.0), "top_k": getattr(args, "top_k", 0),
-                    "min_p": getattr(args, "min_p", 0.0)}
-        params = getattr(args, "vllm_sampling_params", None)
-        for extra in (getattr(args, "generation_kwargs", None) or {},
-                      getattr(params, "_slimrl_kwargs", None) or (params if isinstance(params, dict) else {})):
-            settings.update({k: v for k, v in extra.items() if k in settings and v is not None})
-        parts = [f"top_p={settings['top_p']:g}" if (settings["top_p"] or 1.0) < 1 else "",
-                 f"top_k={settings['top_k']}" if (settings["top_k"] or 0) > 0 else "",
-                 f"min_p={settings['min_p']:g}" if (settings["min_p"] or 0.0) > 0 else ""]
+        settings = effective_sampling(args)
+        parts = [f"top_p={settings['top_p']:g}" if settings["top_p"] < 1 else "",
+                 f"top_k={settings['top_k']}" if settings["top_k"] > 0 else "",
+                 f"min_p={settings['min_p']:g}" if settings["min_p"] > 0 else ""]
         truncation = ", ".join(p for p in parts if p)
         version = trl_version()
         old_trl = (version.major, version.minor) < (1, 17)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from slimrl.compat.callsite import warn
+from slimrl.compat.sampling import effective_sampling
 from slimrl.ops.sampling_support import log_kept_mass, truncates
 from slimrl.patching.online.mismatch import corrected_mask, is_ratio, sequence_level
 
@@ -36,19 +37,10 @@ _IMAGE_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_
 
 
 def truncation(trainer: Any) -> dict[str, Any] | None:
-    """The sampling settings the generator truncates with (the trainer's, ``generation_kwargs`` and
-    ``vllm_sampling_params`` over them, as the generators apply them), or None when nothing truncates."""
-    from slimrl.generation.trl_backend import _user_sampling_kwargs
-
-    args = trainer.args
-    settings = {"top_k": getattr(trainer, "top_k", 0) or 0, "top_p": getattr(trainer, "top_p", 1.0),
-                "min_p": getattr(trainer, "min_p", 0.0) or 0.0, "temperature": getattr(trainer, "temperature", 1.0)}
-    for extra in (getattr(args, "generation_kwargs", None) or {},
-                  _user_sampling_kwargs(getattr(args, "vllm_sampling_params", None))):
-        settings.update({k: v for k, v in extra.items() if k in settings and v is not None})
-    if not truncates(settings["top_k"], settings["top_p"], settings["min_p"]):
-        return None
-    return settings
+    """The sampling settings the generator truncates with (:func:`slimrl.compat.sampling.effective_sampling`), or
+    None when nothing truncates."""
+    settings = effective_sampling(trainer.args)
+    return settings if truncates(settings["top_k"], settings["top_p"], settings["min_p"]) else None
 
 
 @torch.no_grad()
