@@ -13,8 +13,13 @@ SCRIPTS_FAST := trl_sft trl_dpo unsloth_gpt-oss_20B_RL_2048_Game
 SCRIPTS2_VENV := trl_grpo_vlm trl_grpo_agent  # the second set: TRL's VLM and agent scripts in .venv (no vLLM) ...
 SCRIPTS2_VLLM := unsloth_Qwen2.5_VL_7B_GRPO   # ... and Unsloth's vision notebook, which imports vLLM itself
 TRL_MATRIX := 1130 1142 1150
+# Processes side by side: the suites are single-threaded Python for the most part (a test's user time about equals its
+# wall time), so on CI's 2 cores two pytest workers (pytest-xdist) and two make jobs take about half the time.
+JOBS   ?= 2
+PYTEST := -q -p no:cacheprovider -n $(JOBS)
 
-.PHONY: demo envs envs-full install test test-full lint test-trl116 test-trl116-fast test-trl112 test-trl112-fast \
+.PHONY: demo envs envs-full install test test-full lint test-trl116 test-trl116-fast suite-trl116 suite-trl116-fast \
+	verify-trl116 bytecode test-trl112 test-trl112-fast \
 	test-trl-matrix test-trl-matrix-fast test-tf-gpu test-vllm test-vllm-fast test-gguf test-gguf-fast test-triton \
 	test-gpu test-scripts test-scripts-fast test-scripts2 gpu-wheels clean
 
@@ -25,8 +30,8 @@ install:
 demo: install
 	.venv/bin/slimrl train --overwrite_output_dir true  # a repeated demo starts over in outputs/slimrl-grpo
 
-# The environments side by side (installing is mostly waiting on the network and the disk), then the suites one
-# after another (they are CPU-bound: side by side on 2 cores they take as long in all, and their time limits tighten).
+# The environments side by side (installing is mostly waiting on the network and the disk), then the 1.16 suite in
+# $(JOBS) workers, then the other parts $(JOBS) at a time (each one's output printed whole when it ends), then vLLM's.
 envs:
 	$(ENVS)
 
@@ -36,21 +41,35 @@ envs-full:
 # make test: what CI runs (tests marked slow, verify on the middle TRL releases, transformers 5.17 and most of the
 # vLLM suite are left to make test-full)
 test: envs
-	$(MAKE) lint test-trl116-fast test-trl112-fast test-trl-matrix-fast test-vllm-fast test-gguf-fast test-triton \
-	  test-scripts-fast
+	$(MAKE) lint bytecode suite-trl116-fast
+	$(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast test-gguf-fast test-trl112-fast verify-trl116 \
+	  test-trl-matrix-fast test-triton
+	$(MAKE) test-vllm-fast  # alone: vLLM's CPU engine runs a thread on every core (beside a job, 2.3x as long)
 
 test-full: envs-full
-	$(MAKE) lint test-trl116 test-trl112 test-trl-matrix test-tf-gpu test-vllm test-triton test-scripts-fast
+	$(MAKE) lint bytecode suite-trl116
+	$(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast test-trl112 test-trl-matrix test-tf-gpu verify-trl116 \
+	  test-triton
+	$(MAKE) test-vllm
 
 lint:
 	.venv/bin/ruff check slimrl tests bench examples tools
 
-test-trl116:
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15  # the slowest, for keeping make test in its budget
-	$(PY) -m slimrl verify --all --tiny --quiet
+# The project's own .pyc, written once (PYTHONDONTWRITEBYTECODE keeps every test process from caching them;
+# tools/envs.py does the same for the installed packages)
+bytecode:
+	@$(PY) -m compileall -qq slimrl tests bench examples tools
 
-test-trl116-fast:
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" --durations=15
+test-trl116: suite-trl116 verify-trl116
+test-trl116-fast: suite-trl116-fast verify-trl116
+
+suite-trl116:
+	$(PY) -m pytest $(PYTEST) --durations=15  # the slowest, for keeping make test in its budget
+
+suite-trl116-fast:
+	$(PY) -m pytest $(PYTEST) -m "not slow" --durations=15
+
+verify-trl116:
 	$(PY) -m slimrl verify --all --tiny --quiet
 
 test-trl112-fast:

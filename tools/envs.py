@@ -185,6 +185,16 @@ def _purelib(env: Path) -> str:
                            "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
 
 
+def compile_bytecode(env: Path, log) -> None:
+    """Write every installed module's ``.pyc`` once. Where ``PYTHONDONTWRITEBYTECODE`` is set (this machine and CI)
+    Python never caches what it compiles, so without them each process compiles torch, transformers, TRL and PEFT
+    from source again: about 12 of the 21 s an import of TRL's GRPO trainer took here. uv writes none by default.
+    Files that are not this Python's syntax (templates, other versions' backports) are skipped, as pip skips them."""
+    log(f"$ {env.name}/bin/python -m compileall -qq -j 0 <site-packages>")
+    subprocess.run([str(env / "bin" / "python"), "-m", "compileall", "-qq", "-j", "0", _purelib(env)],
+                   capture_output=True)
+
+
 def build(name: str, inst: Installer) -> float:
     """Build one environment (or build step) from scratch; its seconds."""
     started = time.perf_counter()
@@ -220,6 +230,8 @@ def build(name: str, inst: Installer) -> float:
                                                                       f"{_purelib(ROOT / env.reads)!r})\n")
         if env.after:
             inst.run(env.after.format(py=path / "bin" / "python"))
+        if (path / "bin" / "python").exists():
+            compile_bytecode(path, inst.log)
     path.mkdir(parents=True, exist_ok=True)
     (path / ".installed").write_text(stamp(name) + "\n")
     return time.perf_counter() - started
