@@ -39,6 +39,8 @@ def run(code: str, hook: bool, **kw):
 
 
 def _sandbox_processes() -> list[int]:
+    """Every sandbox process on the machine but those of a sibling of this process (another pytest-xdist worker's
+    tests run their own at the same time); an escaped orphan, re-parented away from its trainer, still counts."""
     time.sleep(0.05)
     left = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -46,9 +48,25 @@ def _sandbox_processes() -> list[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"_sandbox_child.py" in cmd or b"_sandbox_launch.py" in cmd:
+        if (b"_sandbox_child.py" in cmd or b"_sandbox_launch.py" in cmd) and not _under_a_sibling(int(pid)):
             left.append(int(pid))
     return left
+
+
+def _under_a_sibling(pid: int) -> bool:
+    me, parent = os.getpid(), os.getppid()
+    if parent <= 1:  # orphans are re-parented to init: no sibling can be told from them
+        return False
+    while pid > 1 and pid != me:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+        if ppid == parent:
+            return True
+        pid = ppid
+    return False
 
 
 @pytest.fixture
