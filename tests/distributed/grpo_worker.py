@@ -94,6 +94,10 @@ def main(out: str, single: bool = False, sharded: bool = False) -> None:
         "zero3_head": hasattr(model.get_output_embeddings().weight, "ds_id"),
         "slimrl_tokens": trainer_state(trainer).trained_tokens,
         "shared_prefix_forwards": trainer_state(trainer).shared_prefix_forwards}))
+    # gloo's threads stopped before the interpreter exits: left to exit, a rank under load can abort in teardown
+    # ("terminate called without an active exception") after everything above was written
+    state.wait_for_everyone()
+    state.destroy_process_group()
 
 
 if __name__ == "__main__":
