@@ -16,6 +16,9 @@ TRL_MATRIX := 1130 1142 1150
 # Processes side by side: the suites are single-threaded Python for the most part (a test's user time about equals its
 # wall time), so on CI's 2 cores two pytest workers (pytest-xdist) and two make jobs take about half the time.
 JOBS   ?= 2
+# torch's threads per part while $(JOBS) parts share the cores: each part's own two threads beside another part's made
+# the parts side by side take as long as one after another
+PART_THREADS ?= $(shell echo $$(( $$(nproc) / $(JOBS) > 0 ? $$(nproc) / $(JOBS) : 1 )))
 PYTEST := -q -p no:cacheprovider -n $(JOBS)
 
 .PHONY: demo envs envs-full install test test-full lint test-trl116 test-trl116-fast suite-trl116 suite-trl116-fast \
@@ -42,14 +45,14 @@ envs-full:
 # vLLM suite are left to make test-full)
 test: envs
 	$(MAKE) lint bytecode suite-trl116-fast
-	$(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast test-gguf-fast test-trl112-fast verify-trl116 \
-	  test-trl-matrix-fast test-triton
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(PART_THREADS)} $(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast \
+	  test-gguf-fast test-trl112-fast verify-trl116 test-trl-matrix-fast test-triton
 	$(MAKE) test-vllm-fast  # alone: vLLM's CPU engine runs a thread on every core (beside a job, 2.3x as long)
 
 test-full: envs-full
 	$(MAKE) lint bytecode suite-trl116
-	$(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast test-trl112 test-trl-matrix test-tf-gpu verify-trl116 \
-	  test-triton
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(PART_THREADS)} $(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast \
+	  test-trl112 test-trl-matrix test-tf-gpu verify-trl116 test-triton
 	$(MAKE) test-vllm
 
 lint:
