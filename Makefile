@@ -77,7 +77,8 @@ verify-trl116:
 
 test-trl112-fast:
 	.venv-trl112/bin/python -m pytest -q -p no:cacheprovider tests/patching/test_patchfastrl.py \
-	  tests/patching/routes/test_shared_prefix.py tests/patching/test_agentic_parity.py tests/patching/online/test_oom.py
+	  tests/patching/routes/test_shared_prefix.py tests/patching/test_agentic_parity.py tests/patching/online/test_oom.py \
+	  tests/patching/test_future_trl.py
 	.venv-trl112/bin/python -m slimrl verify --all --tiny --quiet
 
 test-trl112:
@@ -89,7 +90,8 @@ test-trl112:
 # finds its target, and (test-full) verify passes on each.
 test-trl-matrix-fast:
 	@for v in $(TRL_MATRIX); do echo "== .venv-trl$$v"; \
-	  .venv-trl$$v/bin/python -m pytest -q -p no:cacheprovider tests/patching/test_patchfastrl.py || exit 1; done
+	  .venv-trl$$v/bin/python -m pytest -q -p no:cacheprovider tests/patching/test_patchfastrl.py \
+	  tests/patching/test_future_trl.py::test_installed_trl_signatures_are_recorded || exit 1; done
 
 test-trl-matrix:
 	@for v in $(TRL_MATRIX); do echo "== .venv-trl$$v"; \

@@ -11,9 +11,9 @@ from slimrl.compat.callsite import install_one_line_errors, warn
 from slimrl.compat.env import env_flag
 from slimrl.compat.malloc import cpu_training, tune_malloc
 from slimrl.compat.trl_info import check_trl_supported
-from slimrl.patching import moved_names
+from slimrl.patching import moved_names, self_check
 from slimrl.patching.defaults import set_strict
-from slimrl.patching.registry import PatchTargetMissingError, describe, install, on_first_use, patches, uninstall
+from slimrl.patching.registry import describe, install, on_first_use, patches, uninstall
 from slimrl.patching.specs import TRAINERS, TrainerSpec, register_all
 
 
@@ -28,6 +28,9 @@ on_first_use(_load_patches)
 
 # Algorithms patched now: a patch several trainers share stays until the last of them is unpatched.
 _ACTIVE: set[str] = set()
+# Trainers whose self-check row failed on this (untested) TRL: left to TRL alone for the whole process
+_STOOD_DOWN: dict[str, str] = {}
+_NOTED_REMOVED: set[str] = set()
 
 
 class TrainerNotAvailableError(ImportError):
@@ -63,13 +66,24 @@ def trainer_and_config(name: str) -> tuple[type, type]:
 def _require(name: str) -> None:
     if trainer_available(name):
         return
-    from importlib.metadata import version
+    raise TrainerNotAvailableError(_removed_line(name))
 
-    last = TRAINERS[name].last_release
-    cls = TRAINERS[name].trainer_class_name
-    hint = f"the last TRL release that has it is {last}: pip install 'trl=={last}'" if last else \
-        "install a TRL release that has it"
-    raise TrainerNotAvailableError(f"{cls} is not in the installed trl {version('trl')}; {hint}")
+
+def _removed_line(name: str) -> str:
+    """One line: which TRL release removed ``name``'s trainer, what to use instead, and the release to pin."""
+    from slimrl.compat.trl_info import TESTED_TRL, trl_version
+
+    spec = TRAINERS[name]
+    last = spec.last_release or TESTED_TRL[-1]  # removed after slimrl's tests: the newest tested release has it
+    when = f"TRL removed it after {last}" + ("" if spec.last_release else " (the newest release slimrl tests)")
+    instead = f"use {spec.instead}, or " if spec.instead else ""
+    return (f"{spec.trainer_class_name} is not in the installed trl {trl_version()}: {when}; {instead}pin "
+            f"pip install 'trl=={last}'")
+
+
+def _removed_since_tests() -> list[str]:
+    """Trainers every tested release has that the installed TRL lacks (removed after slimrl's tests)."""
+    return [n for n, spec in TRAINERS.items() if spec.last_release is None and not trainer_available(n)]
 
 
 def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None = None,  # noqa: N802, N803
@@ -82,11 +96,13 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     Unsloth's call ``PatchFastRL("grpo", FastLanguageModel)`` and not needed.
 
     Raises ValueError for an unknown name and :class:`TrainerNotAvailableError` for a trainer the installed TRL
-    lacks (the message names the release that has it), and
-    :class:`slimrl.patching.registry.PatchTargetMissingError` when a TRL method slimrl replaces is not there (a
-    TRL release newer than slimrl's tests renamed it): that trainer is refused whole, never half patched. With
-    ``algorithm=None`` the trainers whose methods all resolve are patched and the refused ones are named in one
-    warning. ``strict=True`` (or ``SLIMRL_STRICT=1``) keeps TRL's refusals of settings this machine cannot run
+    lacks (one line: the release that removed it, what to use instead, the release to pin; with ``algorithm=None``
+    the same line is a warning and the other trainers are patched). A trainer one of whose replaced TRL methods is
+    gone (a TRL release newer than slimrl's tests renamed it) is left unpatched, never half patched, and named in
+    one warning. On a TRL newer than slimrl's tests, each trainer's tiny parity row runs first and only trainers
+    whose row passes are patched (:mod:`slimrl.patching.self_check`); a call a replacement was not written for
+    goes to TRL's original (:mod:`slimrl.patching.contracts`). ``strict=True`` (or ``SLIMRL_STRICT=1``) keeps
+    TRL's refusals of settings this machine cannot run
     instead of changing them to the nearest that runs (:mod:`slimrl.patching.defaults`). Without CUDA, glibc's
     malloc is also
     tuned to return large freed blocks to the OS (:mod:`slimrl.compat.malloc`; ``SLIMRL_MALLOC_TUNING=0`` turns it
@@ -95,19 +111,27 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     install_one_line_errors()  # slimrl's refusals print as one line at the user's line from here on
     moved_names.install()  # `from trl import ORPOConfig` and TRL's other moved names work again
     names = [n for n in TRAINERS if trainer_available(n)] if algorithm is None else [_normalise(algorithm)]
+    if algorithm is None:
+        for gone in set(_removed_since_tests()) - _NOTED_REMOVED:  # the others are patched
+            _NOTED_REMOVED.add(gone)
+            warn(_removed_line(gone) + "; the other trainers are patched", UserWarning)
     for name in names:
         _require(name)
     set_strict(strict)
     refused = {name: gone for name in names if (gone := _missing_targets(name))}
-    if refused and algorithm is not None:
-        raise PatchTargetMissingError(_refusal(refused))
-    if refused:
-        warn(_refusal(refused) + "; the other trainers are patched", UserWarning)
+    if refused:  # those run as TRL alone: never half patched, never stopped
+        warn(_refusal(refused) + ("; the other trainers are patched" if algorithm is None else ""), UserWarning)
     names = [n for n in names if n not in refused]
+    checkable = lambda n: TRAINERS[n].about.scenario is not None  # noqa: E731
+    for name, row in self_check.failures(names, patches, checkable).items():  # an untested TRL: rows first
+        _STOOD_DOWN[name] = row
+        warn(self_check.stand_down_line(name, row, [f"{p.target}.{p.attribute}" for p in patches(name)]))
+    names = [n for n in names if n not in _STOOD_DOWN]
     _warn_if_built_before([n for n in names if n not in _ACTIVE])
     for name in names:
         for p in patches(name):
-            install(p)  # skips patches for other TRL releases
+            if not _STOOD_DOWN.keys() & set(p.algorithms):  # a shared patch stands down with any of its trainers
+                install(p)  # skips patches for other TRL releases
         _ACTIVE.add(name)
     if cpu_training():
         tune_malloc()  # host-memory trainers: give large freed blocks back to the OS (slimrl/compat/malloc.py)
@@ -124,7 +148,7 @@ def _refusal(refused: dict[str, list[str]]) -> str:
 
     which = "; ".join(f"{TRAINERS[n].trainer_class_name}: {', '.join(gone)}" for n, gone in refused.items())
     return (f"slimrl cannot patch these trainers of trl {trl_version()}, whose methods it replaces are gone "
-            f"({which}): they run as plain TRL only if you do not patch them; install a tested TRL or report it")
+            f"({which}): they run as TRL alone, unpatched; install a tested TRL or report it")
 
 
 def _warn_if_built_before(names: list[str]) -> None:

@@ -4,7 +4,9 @@ A :class:`Patch` names a target (a class or module, found by import path so the 
 importing TRL), the attribute it replaces, and the replacement. ``install`` swaps the attribute on the live object
 (so ``from trl import GRPOTrainer`` done before or after gets the patched class) and keeps the original for
 delegation and for ``uninstall``, which puts back exactly what was there (including "nothing" for an attribute
-that the class only inherited). TRL's source text is never read or rewritten.
+that the class only inherited). TRL's source text is never read or rewritten. A callable replacement is installed
+behind its contract (:mod:`slimrl.patching.contracts`): a call it was not written for (an argument a newer TRL added)
+goes to TRL's original unchanged, with one line.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slimrl.compat.trl_info import EVERY_RELEASE
+from slimrl.patching.contracts import guard
 
 _MISSING = object()
 
@@ -40,6 +43,12 @@ class Patch:
     versions: str = EVERY_RELEASE
     wrap: bool = False
     optional: bool = field(default=False)  # skip when the attribute does not exist in this TRL (VLLMGeneration)
+    # the contract (slimrl.patching.contracts): the member calls reach on a class-valued replacement (the kernel's
+    # "apply"); parameters of later TRL releases served at one value ((name, value), ...); entry points
+    # (constructors) pass every argument on to TRL's original themselves and have none
+    member: str | None = None
+    later: tuple[tuple[str, Any], ...] = ()
+    entry: bool = False
 
     def resolve(self) -> Any:
         """The live object named by ``target``; :class:`PatchTargetMissingError` naming the TRL release when the
@@ -82,6 +91,13 @@ class Patch:
     @property
     def key(self) -> tuple[str, str]:
         return (self.target, self.attribute)
+
+    @property
+    def guarded(self) -> bool:
+        """Whether calls reach the replacement through its contract: every callable replacement but an entry
+        point's (a constructor, a replaced class without a ``member``)."""
+        return not (self.entry or self.attribute == "__init__" or self.attribute.startswith("__")
+                    or (isinstance(self.replacement, type) and self.member is None and not self.wrap))
 
 
 _REGISTRY: list[Patch] = []
@@ -142,6 +158,8 @@ def install(patch: Patch) -> bool:
         raise PatchTargetMissingError(patch._missing(f"{patch.attribute} is not an attribute of {patch.target}"))
     own = obj.__dict__.get(patch.attribute, _MISSING) if hasattr(obj, "__dict__") else _MISSING
     new = patch.replacement(seen) if patch.wrap else patch.replacement
+    if patch.guarded:  # calls it was not written for go to `seen` (slimrl.patching.contracts)
+        new = guard(f"{patch.target}.{patch.attribute}", new, seen, patch.member, patch.later)
     _INSTALLED[patch.key] = (obj, own, seen)
     setattr(obj, patch.attribute, new)
     return True

@@ -98,17 +98,22 @@ def _legacy_close_in() -> list[str]:
     return layers
 
 
+TASKS = 64  # threads one call may have under kernel isolation (counted in its own user namespace)
+
+
 def set_limits(limits: dict, processes: bool) -> None:
     """The resource limits; ``processes``: also no new process (``RLIMIT_NPROC`` 0, which forbids threads too —
-    under kernel isolation seccomp refuses processes and threads stay allowed)."""
+    under kernel isolation seccomp refuses processes, and ``RLIMIT_NPROC`` caps the threads at :data:`TASKS`: the
+    kernel counts them per user namespace, so the cap is this call's alone and the trainer keeps its own PIDs)."""
     import resource
 
     mb, cpu = 2**20, max(1, round(limits["cpu_s"]))
+    tasks = 0 if processes else TASKS
     for which, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL after
                               (resource.RLIMIT_AS, limits["memory_mb"] * mb, limits["memory_mb"] * mb),
                               (resource.RLIMIT_FSIZE, limits["file_mb"] * mb, limits["file_mb"] * mb),
                               (resource.RLIMIT_NOFILE, limits["open_files"], limits["open_files"]),
-                              (resource.RLIMIT_CORE, 0, 0)) + (((resource.RLIMIT_NPROC, 0, 0),) if processes else ()):
+                              (resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_NPROC, tasks, tasks)):
         try:
             resource.setrlimit(which, (soft, hard))
         except (OSError, ValueError):

@@ -129,7 +129,8 @@ def landlock(read_only: list[str], writable: list[str]) -> None:
 
 # seccomp through libseccomp (it writes the BPF program for this architecture and checks the architecture itself)
 SCMP_ACT_ALLOW = 0x7FFF0000
-SCMP_CMP_NE, SCMP_CMP_MASKED_EQ = 1, 7
+SCMP_CMP_NE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 1, 4, 7
+PR_SET_PDEATHSIG = 1
 EPERM, ENOSYS = 1, 38
 DENIED = (  # refused with EPERM: other processes, the network, the kernel's own surfaces, namespaces, mounts
     "fork", "vfork", "execve", "execveat", "ptrace", "process_vm_readv", "process_vm_writev", "kill", "tkill",
@@ -139,7 +140,10 @@ DENIED = (  # refused with EPERM: other processes, the network, the kernel's own
     "request_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
     "kcmp", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon",
     "swapoff", "iopl", "ioperm", "acct", "syslog", "name_to_handle_at", "open_by_handle_at", "setsid", "setpgid",
-    "personality", "quotactl", "lookup_dcookie", "memfd_secret", "process_madvise", "mknod", "mknodat")
+    "personality", "quotactl", "lookup_dcookie", "memfd_secret", "process_madvise", "mknod", "mknodat",
+    # memory outside every limit: SysV shared memory and memfd pages are the host's until the call ends (RLIMIT_AS
+    # counts only what is mapped); inotify instances are the user's (128 in all, the trainer's too)
+    "shmget", "shmat", "memfd_create", "inotify_init", "inotify_init1")
 
 
 class _ArgCmp(ctypes.Structure):
@@ -192,6 +196,8 @@ def seccomp(own_pid: int) -> None:
         rule("clone", errno_action(EPERM), _ArgCmp(0, SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0))
         rule("clone3", errno_action(ENOSYS))
         rule("tgkill", errno_action(EPERM), _ArgCmp(0, SCMP_CMP_NE, own_pid, 0))
+        # the parent-death signal the launcher set is what ends the code with the trainer: it may not be cleared
+        rule("prctl", errno_action(EPERM), _ArgCmp(0, SCMP_CMP_EQ, PR_SET_PDEATHSIG, 0))
         _check(lib.seccomp_load(ctx), "seccomp_load")
     finally:
         lib.seccomp_release(ctx)

@@ -33,13 +33,24 @@ import _sandbox_kernel as k  # noqa: E402 - the launcher runs isolated (-I): its
 INSIDE_ID = 1000
 NOBODY = 65534
 SETUP_FAILED = 70
+SCRATCH_INODES = 16384  # files in the scratch: each inode is kernel memory outside disk_mb (about 1 kB with its entry)
 
 
 RESULT_FD = [-1]  # the result pipe's descriptor, from the configuration
 
 
-def fail(message: str) -> None:
-    data = json.dumps({"failure": "isolation", "message": message}).encode()
+STEP = ["starting", ""]  # what the launcher was doing, and on which path: named when a step fails
+
+
+def step(what: str, path: str) -> None:
+    STEP[:] = [what, path]
+
+
+def fail(message: str, own_remedy: bool = False) -> None:
+    """Report a setup failure to the trainer (``own_remedy``: the message says what to do; the trainer adds no
+    advice about namespaces and libseccomp)."""
+    answer = {"failure": "isolation", "message": message, **({"error_type": "view"} if own_remedy else {})}
+    data = json.dumps(answer).encode()
     try:
         os.write(RESULT_FD[0], len(data).to_bytes(8, "big") + data)  # framed, as the child's answers
     except OSError:
@@ -78,27 +89,37 @@ def _bind(src: str, root: str, at: str | None = None) -> None:
 def build_view(cfg: dict) -> None:
     """G's filesystem view (module docstring), then pivot into it."""
     root = cfg["root"]
+    step("a private mount namespace", "/")
     k.mount(None, "/", None, k.MS_REC | k.MS_PRIVATE)  # nothing of ours propagates back to the trainer's view
+    step("the view's root (a tmpfs)", root)
     k.mount("tmpfs", root, "tmpfs", k.MS_NOSUID | k.MS_NODEV, "size=4m,mode=0755")
     for path in cfg["read_only"]:
         if os.path.lexists(path):
+            step("binding read-only", path)
             _bind(path, root)
+    step("binding slimrl's sandbox scripts", cfg["scripts"])
     _bind(cfg["scripts"], root, "/sandbox")
+    step("the device files", "/dev")
     for dev in ("null", "zero", "urandom", "random"):
         dst = f"{root}/dev/{dev}"
         os.makedirs(os.path.dirname(dst), mode=0o755, exist_ok=True)
         open(dst, "wb").close()  # noqa: SIM115 - a mount point
         k.mount(f"/dev/{dev}", dst, None, k.MS_BIND)
-    os.makedirs(root + "/scratch", mode=0o755)
-    k.mount("tmpfs", root + "/scratch", "tmpfs", k.MS_NOSUID | k.MS_NODEV,
-            f"size={cfg['disk_mb']}m,mode=0700,uid={INSIDE_ID},gid={INSIDE_ID}")
-    os.makedirs(root + "/tmp", mode=0o755)
-    k.mount("tmpfs", root + "/tmp", "tmpfs", k.MS_NOSUID | k.MS_NODEV | k.MS_RDONLY, "size=4k,mode=0755")
-    os.makedirs(root + "/.old", mode=0o700)
-    k.pivot_root(root, root + "/.old")
+    step("the scratch directory", cfg["scratch"])
+    os.makedirs(root + cfg["scratch"], mode=0o755)
+    k.mount("tmpfs", root + cfg["scratch"], "tmpfs", k.MS_NOSUID | k.MS_NODEV,
+            f"size={cfg['disk_mb']}m,nr_inodes={SCRATCH_INODES},mode=0700,uid={INSIDE_ID},gid={INSIDE_ID}")
+    step("/tmp", "/tmp")
+    os.makedirs(root + "/tmp", mode=0o755, exist_ok=True)  # holds bound paths where the interpreter lives there
+    if cfg["tmp_mount"]:
+        k.mount("tmpfs", root + "/tmp", "tmpfs", k.MS_NOSUID | k.MS_NODEV | k.MS_RDONLY, "size=4k,mode=0755")
+    old = cfg["old_root"]
+    step("the switch to the new root", old)
+    os.makedirs(root + old, mode=0o700)
+    k.pivot_root(root, root + old)
     os.chdir("/")
-    k.umount("/.old")
-    os.rmdir("/.old")
+    k.umount(old)
+    os.rmdir(old)
     k.mount(None, "/", None, k.MS_REMOUNT | k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV)
 
 
@@ -112,12 +133,27 @@ def become_child(cfg: dict) -> None:
     k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
     layers = ["user namespace", "mount namespace", "pid namespace", "network namespace", "ipc namespace"]
     if cfg["landlock"] and k.landlock_abi() >= 1:
-        k.landlock(["/"], ["/scratch"])
+        k.landlock(["/"], [cfg["scratch"]])
         layers.append("landlock")
-    os.chdir("/scratch")
-    env = {"PATH": "", "HOME": "/scratch", "TMPDIR": "/scratch", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
+    os.chdir(cfg["scratch"])
+    env = {"PATH": "", "HOME": cfg["scratch"], "TMPDIR": cfg["scratch"], "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
            "SLIMRL_SANDBOX_LAYERS": ",".join(layers)}
     os.execve(cfg["python"], [cfg["python"], "-I", "-S", cfg["child"]], env)
+
+
+def setup_failure(exc: Exception) -> str:
+    """The step that failed, on which path, and why; then what would allow it — a remedy only for the causes the
+    machine's settings decide (a permission, a missing kernel feature), never for an error of the view itself."""
+    what, path = STEP
+    cause = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, FileExistsError):
+        hint = ("a path of the view collides with one slimrl bound into it: a bug of slimrl's sandbox, please report "
+                "it with this line")
+    elif isinstance(exc, PermissionError):
+        hint = "this process may not do that here: run as root, or allow unprivileged user namespaces"
+    else:
+        hint = "report it to slimrl with this line"
+    return f"the sandbox could not be built: {what} ({path}) failed with {cause}; {hint}"
 
 
 def in_namespaces(cfg: dict, go_read: int) -> None:
@@ -132,7 +168,7 @@ def in_namespaces(cfg: dict, go_read: int) -> None:
             build_view(cfg)
             become_child(cfg)
         except Exception as exc:  # noqa: BLE001 - any setup failure is reported, nothing of the code ran
-            fail(f"the sandbox could not be built: {exc}")
+            fail(setup_failure(exc), own_remedy=True)
         os._exit(SETUP_FAILED)
     _, status = os.waitpid(pid, 0)
     os._exit(status_code(status))

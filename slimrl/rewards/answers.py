@@ -62,14 +62,16 @@ def parse_answer(raw: bytes, returncode: int, limits: Limits, stderr: str, cpu_s
     layers = message.get("layers", [])
     layers = tuple(x for x in layers if isinstance(x, str))[:16] if isinstance(layers, list) else ()
     kind, detail = message.get("failure"), str(message.get("message", ""))[:2000]
+    if not isinstance(kind, str | None):  # a forged answer ({"failure": [1]}): a typed failure, never an exception
+        return SandboxResult(failure=BadResultError("the answer's failure is not a name"), **base)
     if kind is None and "value" in message:
         return SandboxResult(value=message["value"], isolation=layers, **base)
     if kind == "error":
         failure: SandboxError = RaisedError(detail, str(message.get("error_type", "Exception"))[:100])
     elif kind == "memory":
         failure = MemoryLimitError(f"memory limit of {limits.memory_mb} MB (MemoryError)")
-    elif kind == "isolation":
-        failure = IsolationError(f"{detail}. {ALLOW_HINT}")
+    elif kind == "isolation":  # the launcher's own diagnosis of its view carries its remedy
+        failure = IsolationError(detail if message.get("error_type") == "view" else f"{detail}. {ALLOW_HINT}")
     elif kind in BY_KIND:
         failure = BY_KIND[kind](detail)
     else:

@@ -101,6 +101,16 @@ def _check_request(code: Any, call: Any, args: Any, kwargs: Any, allow: Iterable
         raise TypeError("run_sandboxed(allow='...'): pass a collection of module names, e.g. {'math', 're'}")
     if isolation not in ISOLATIONS:
         raise ValueError(f"run_sandboxed(isolation={isolation!r}): pass 'kernel' (the default) or 'none'")
+    if isolation == "none" and not _NONE_WARNED:
+        _NONE_WARNED.append(True)
+        from slimrl.compat.callsite import warn
+
+        warn("run_sandboxed(isolation='none'): the code runs as a plain child process — no namespaces, no read-only "
+             "view, no seccomp filter, no Landlock; only the resource limits and the audit hook (which code can get "
+             "around) stand between it and your files, your Hub token and the trainer's processes", UserWarning)
+
+
+_NONE_WARNED: list[bool] = []
 
 
 def _screen(code: str, allow: list[str]) -> tuple[SandboxResult | None, list[str]]:
@@ -160,6 +170,7 @@ def _spawn(request: dict, isolation: str, limits: Limits, work: Path, result_w: 
     if isolation == "kernel":
         (work / "root").mkdir(mode=0o700)
         cfg = launcher_config(work / "root", CHILD, limits, result_w)
+        request["scratch"] = cfg["scratch"]  # /scratch, unless something bound lives there
         argv = [interpreter(), "-I", "-S", str(LAUNCHER), json.dumps(cfg)]
         cwd = "/"
     else:

@@ -40,9 +40,29 @@ def read_only_paths() -> list[str]:
     return kept
 
 
+def _under(path: str, point: str) -> bool:
+    return path == point or path.startswith(point.rstrip("/") + "/") or point.startswith(path.rstrip("/") + "/")
+
+
+def free_point(wanted: str, bound: list[str]) -> str:
+    """``wanted`` as a mount point of the view's own (scratch, the old root) unless a bound path lies under it or
+    above it — a slimrl, a virtual environment or an interpreter under ``/scratch``, say: then the first free
+    ``/.slimrl-<name>-N``. A mount there would hide the bound files, or the bound directory would already be there."""
+    if not any(_under(path, wanted) for path in bound):
+        return wanted
+    n = 0
+    while any(_under(path, f"/.slimrl-{wanted.strip('/')}-{n}") for path in bound):
+        n += 1
+    return f"/.slimrl-{wanted.strip('/')}-{n}"
+
+
 def launcher_config(root: Path, child: Path, limits, result_fd: int) -> dict:
-    """The JSON the launcher (``_sandbox_launch.py``) takes."""
-    return {"root": str(root), "read_only": read_only_paths(), "python": interpreter(),
+    """The JSON the launcher (``_sandbox_launch.py``) takes. The view's own mount points are chosen so that no
+    bound path falls under one (:func:`free_point`); ``/tmp`` gets its empty read-only tmpfs only where nothing
+    bound lives there (else the bound paths are all it shows, read-only)."""
+    bound = [*read_only_paths(), SCRIPTS]
+    return {"root": str(root), "read_only": bound[:-1], "python": interpreter(),
             "scripts": str(child.parent.resolve()), "child": f"{SCRIPTS}/{child.name}", "disk_mb": limits.disk_mb,
             "result_fd": result_fd, "landlock": True, "drop_groups": os.geteuid() == 0,
-            "limits": dataclasses.asdict(limits)}
+            "scratch": free_point("/scratch", bound), "old_root": free_point("/.old", bound),
+            "tmp_mount": not any(_under(path, "/tmp") for path in bound), "limits": dataclasses.asdict(limits)}

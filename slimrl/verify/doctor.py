@@ -97,8 +97,9 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
     if not SpecifierSet(SUPPORTED_TRL).contains(trl, prereleases=True):
         problems.append(f"trl {trl} is outside slimrl's supported {SUPPORTED_TRL}: pip install 'trl{SUPPORTED_TRL}'")
     elif str(trl) not in TESTED_TRL:
-        notes.append(f"trl {trl} is not one of the releases slimrl's CI tests ({', '.join(TESTED_TRL)}): run "
-                     f"`slimrl verify` to check the patch on it")
+        notes.append(f"trl {trl} is not one of the releases slimrl's CI tests ({', '.join(TESTED_TRL)}): each "
+                     f"trainer's tiny parity row runs at its first PatchFastRL (SLIMRL_SELF_CHECK=0 skips it); "
+                     f"`slimrl verify` runs them all")
     for target in patch_info["missing"]:
         problems.append(f"patch target {target} is missing in trl {trl}: that trainer cannot be patched; install a "
                         f"tested TRL ({', '.join(TESTED_TRL)})")
@@ -131,8 +132,12 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
         note, problem = shared_prefix_note(model)
         notes += [note] if note else []
         problems += [problem] if problem else []
+    from slimrl.patching.self_check import cached, version_set
+
+    checked = cached().get(version_set(), {})  # the self-check's verdicts for these versions (untested TRL only)
     return {"versions": versions, "device": dev, "patches": {k: v for k, v in patch_info.items() if k != "rows"},
-            "patch_rows": patch_info["rows"], "sandbox": sandbox, "notes": notes, "problems": problems}
+            "patch_rows": patch_info["rows"], "sandbox": sandbox, "self_check": checked, "notes": notes,
+            "problems": problems}
 
 
 def format_report(data: dict[str, Any]) -> str:
@@ -151,6 +156,9 @@ def format_report(data: dict[str, Any]) -> str:
     box = data.get("sandbox", {})
     lines.append("sandbox    " + (", ".join(box["layers"]) if box.get("ok") else
                                   f"no kernel isolation: {box.get('missing')}"))
+    checked = data.get("self_check") or {}
+    lines += [f"self-check {name}: {'passed' if v['passed'] else 'FAILED, runs as TRL alone'} ({v['row']})"
+              for name, v in sorted(checked.items())]
     lines += [""] + [f"note:    {n}" for n in data["notes"]] + [f"PROBLEM: {x}" for x in data["problems"]]
     lines.append("" if data["problems"] or data["notes"] else "everything slimrl needs is in place")
     return "\n".join(lines).rstrip()

@@ -4,6 +4,7 @@ tokens' log-probs."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 import time
@@ -87,11 +88,13 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
 
     from slimrl.patching import TRAINERS, PatchFastRL, trainer_and_config, unpatch
     from slimrl.patching.routes import served
+    from slimrl.patching.self_check import suspended
     from slimrl.verify.generation import GenerationProbe, worst_difference
 
     unpatch()
     if patched:
-        PatchFastRL(name)
+        with suspended():  # this run is the check the self-check would make
+            PatchFastRL(name)
     trainer_cls, config_cls = trainer_and_config(name)
     torch.manual_seed(0)
     scenario = agentic_scenario if loss_type in AGENTIC else TRAINERS[name].about.scenario
@@ -213,11 +216,28 @@ def _attempt(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: st
     """(:func:`_run`'s result, None) or (None, the error in one line); a scenario that cannot run on the setup's
     quantized base raises :class:`~slimrl.verify.scenarios.UnquantizableError`."""
     try:
-        return _run(name, loss_type, setup, patched, out_dir), None
+        with several_chunks() if patched else contextlib.nullcontext():
+            return _run(name, loss_type, setup, patched, out_dir), None
     except UnquantizableError:
         raise
     except Exception as err:  # noqa: BLE001  (a crash is reported in the row)
         return None, f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
+
+
+@contextlib.contextmanager
+def several_chunks(parts: int = 3):
+    """slimrl's automatic chunking split in at least ``parts`` row chunks during a patched run: a tiny run's rows fit
+    one chunk (341 at SmolLM2's vocabulary), so a bug past the first chunk would pass verify while the same op is
+    wrong on a real run's thousands of rows. The chunk count changes only the order of independent row blocks."""
+    from slimrl.ops import chunked_logprob as op
+
+    real = op.auto_chunk_rows
+    op.auto_chunk_rows = lambda n_rows, vocab_size, device: max(1, min(real(n_rows, vocab_size, device),
+                                                                      -(-n_rows // parts)))
+    try:
+        yield
+    finally:
+        op.auto_chunk_rows = real
 
 
 def _route_applies(name: str) -> bool:

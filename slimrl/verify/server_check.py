@@ -11,8 +11,12 @@ import urllib.request
 
 def server_problem(url: str, timeout: float = 5.0) -> str | None:
     """Why a server row cannot run against ``url`` (one line with the fix), or None."""
-    parts = urllib.parse.urlparse(str(url))
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urllib.parse.urlparse(str(url))
+        scheme, host, _ = parts.scheme, parts.hostname, parts.port  # a bad bracket or port raises here
+    except ValueError:  # 'http://[::1' (an unclosed IPv6 bracket), a port out of range
+        scheme, host = "", None
+    if scheme not in ("http", "https") or not host:
         return f"{url!r} is not a server URL; pass one like http://127.0.0.1:8000 (where `trl vllm-serve` listens)"
     from slimrl.generation import vllm_status
 

@@ -96,3 +96,20 @@ def test_llama_cpp_reads_the_export_as_the_merged_model(exported, kind):
         clear += int(sure.sum())
     assert compared >= 10 and clear >= 40, (compared, clear)  # enough was compared for the test to mean something
     assert agree == clear, (kind, agree, clear)
+
+
+def test_llama_cpp_is_built_for_any_x86_64_cpu():
+    """``make envs`` builds llama.cpp without the build machine's instruction sets (tools/envs.py: PORTABLE_GGML):
+    a library compiled with AVX-512 or AMX traps with an illegal instruction on a CPU without them, and on this
+    project's VMs, whose CPU reports AMX that the hypervisor does not run. llama.cpp lists what it was compiled
+    with (``NAME = 1``) in its system info."""
+    import platform
+
+    import llama_cpp
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the portable baseline is x86-64's")
+    info = llama_cpp.llama_print_system_info().decode()
+    compiled = {part.split("=")[0].strip() for part in info.split("|") if part.strip().endswith("= 1")}
+    specific = {"AVX2", "AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX_INT8", "AVX_VNNI", "FMA", "F16C"}
+    assert not compiled & specific, f"llama.cpp was built for this CPU ({sorted(compiled & specific)}): {info}"

@@ -154,6 +154,7 @@ def test_every_trainer_has_a_scenario_or_says_why_not():
 
 @pytest.mark.parametrize(("url", "message"), [
     ("not a url", "'not a url' is not a server URL"),
+    ("http://[::1", "'http://[::1' is not a server URL"),  # an unclosed IPv6 bracket: urllib raises on it
     ("http://127.0.0.1:9", "nothing answers at http://127.0.0.1:9"),
 ])
 def test_a_server_row_that_cannot_reach_a_server_is_one_line_never_a_pass(tmp_path, capsys, monkeypatch, url,

@@ -68,6 +68,14 @@ def batch_log_kept_mass(trainer: Any, output: dict, settings: dict[str, Any]) ->
     return out
 
 
+def trl_passes_kept_sets(output: dict) -> bool:
+    """Whether this TRL already carries the sampler's kept set (TRL 1.17's ``support_ids``): seen in a kernel call
+    (:data:`slimrl.patching.contracts.LATER_SEEN`) or in the generation batch."""
+    from slimrl.patching.contracts import LATER_SEEN
+
+    return "support_ids" in LATER_SEEN or any("support" in key for key in output)
+
+
 def apply_support_fix(trainer: Any, output: dict) -> None:
     """Correct ``output`` (TRL's generation batch) in place as the module docstring says; no-op unless the field is
     on, the batch carries the sampler's log-probs and sampling truncates."""
@@ -75,8 +83,9 @@ def apply_support_fix(trainer: Any, output: dict) -> None:
         return
     from slimrl.compat.trl_info import trl_version
 
-    if trl_version().release[:2] >= (1, 17):  # TRL renormalises itself from 1.17 on
-        warn(f"{FIELD}: TRL {trl_version()} corrects truncated sampling itself; the field does nothing here")
+    if trl_version().release[:2] >= (1, 17) or trl_passes_kept_sets(output):  # TRL renormalises itself
+        warn(f"{FIELD}: TRL {trl_version()} corrects truncated sampling itself (its calls carry the sampler's kept "
+             f"set); the field does nothing here")
         return
     settings = truncation(trainer)
     if settings is None:

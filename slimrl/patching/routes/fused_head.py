@@ -59,7 +59,9 @@ class SlimrlChunkedLogProbFunction:
 
     ``apply(hidden [N, H], weight [V, H], bias [V] | None, targets [N], temperature, chunk_size, softcap,
     logit_scale, outputs) -> (log_probs [N], entropy | None, log_sum_sq_probs | None, mean_logits | None,
-    is_top1 | None)`` — TRL's contract. ``chunk_size`` is TRL's vocabulary tile; slimrl chunks rows instead:
+    is_top1 | None)`` — TRL's contract (the registry hands any other call, such as TRL 1.17's with a kept set,
+    ``support_ids``, to TRL's kernel: :mod:`slimrl.patching.contracts`). ``chunk_size`` is TRL's vocabulary tile;
+    slimrl chunks rows instead:
     ``unsloth_num_chunks`` / ``unsloth_logit_chunk_multiplier`` of the running trainer choose them
     (:func:`chunking_of`). The calls slimrl's kernel serves are counted in the running trainer's state.
     """
@@ -88,7 +90,11 @@ def slimrl_score_valid_positions_only(device: torch.device) -> bool:
 
 def kernel_patches(algorithms: tuple[str, ...]) -> list[Patch]:
     """The kernel swap, shared by ``algorithms`` (installed while any of them is patched)."""
-    return [Patch(algorithms, UTILS, "_ChunkedLogProbFunction", SlimrlChunkedLogProbFunction, versions=FUSED_HEAD),
+    # TRL 1.17 passes the sampler's kept token set as a tenth argument (`support_ids`, unbiased importance sampling
+    # under top-k/top-p/min-p): a call without one (None) is the call this kernel serves; one with a kept set goes
+    # to TRL's kernel, which renormalises over it (slimrl.patching.contracts)
+    return [Patch(algorithms, UTILS, "_ChunkedLogProbFunction", SlimrlChunkedLogProbFunction, versions=FUSED_HEAD,
+                  member="apply", later=(("support_ids", None),)),
             # TRL 1.15 always gathers the valid positions (no `_use_triton` to answer there)
             Patch(algorithms, UTILS, "_use_triton", slimrl_score_valid_positions_only, versions=FUSED_HEAD,
                   optional=True)]
