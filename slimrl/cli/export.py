@@ -71,6 +71,15 @@ def output_folder(args: argparse.Namespace, adapter: Path) -> Path:
     return out
 
 
+def clear_of_adapter(folder: Path, adapter: Path) -> None:
+    """A format's folder (``--output``/lora, ...) is neither the adapter's folder nor inside it nor above it, links
+    resolved: the export would rewrite the adapter it reads (ValueError, one line)."""
+    resolved, source = folder.resolve(), adapter.resolve()
+    if resolved == source or source in resolved.parents or resolved in source.parents:
+        raise ValueError(f"--output: {folder} is the adapter folder {adapter} or holds it (links resolved), which "
+                         f"the export would rewrite; choose an --output outside it")
+
+
 def _load(base: str, adapter: Path, load_in_4bit: bool):
     from peft import PeftModel
 
@@ -108,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         config = _config(adapter)
         out = output_folder(args, adapter)
         for kind in [*plain, *(["gguf"] if types else [])]:
-            check_target(out / kind, args.overwrite)
+            clear_of_adapter(out / kind, adapter)
+            check_target(out / kind, args.overwrite, kind=kind)
     except (ValueError, FileNotFoundError, ExportConflictError) as err:
         return fail("slimrl export", str(err))
     base = args.model or config.get("base_model_name_or_path")

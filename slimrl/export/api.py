@@ -54,7 +54,7 @@ def save_lora(model: Any, save_directory: str | Path, tokenizer: Any = None, ove
     if not _is_peft(model):
         raise ValueError("save_lora: the model has no LoRA adapter (add one with FastLanguageModel.get_peft_model); "
                          "save the whole model with save_pretrained_merged")
-    with staged_directory(save_directory, overwrite) as stage:
+    with staged_directory(save_directory, overwrite, kind="lora") as stage:
         model.save_pretrained(str(stage))
         tok = _tokenizer(model, tokenizer)
         if tok is not None:
@@ -75,7 +75,7 @@ def save_pretrained_merged(model: Any, save_directory: str | Path, tokenizer: An
         raise ValueError(f"save_method={save_method!r}: use one of {', '.join(SAVE_METHODS)}")
     if save_method == "lora":
         return save_lora(model, save_directory, tokenizer, overwrite)
-    check_target(save_directory, overwrite)  # before the merge: a refusal costs no compute
+    check_target(save_directory, overwrite, kind=save_method)  # before the merge: a refusal costs no compute
     if isinstance(dtype, str):
         import torch
 
@@ -83,7 +83,7 @@ def save_pretrained_merged(model: Any, save_directory: str | Path, tokenizer: An
     for unsloth_only in ("temporary_location", "maximum_memory_usage", "push_to_hub", "token", "private"):
         kwargs.pop(unsloth_only, None)  # Unsloth's memory knobs; the merge here holds one model copy
     merged = merge.merged_model(model, dtype)
-    with staged_directory(save_directory, overwrite) as stage:
+    with staged_directory(save_directory, overwrite, kind=save_method) as stage:
         if save_method == "merged_4bit":
             _save_4bit(merged, stage, **kwargs)
         else:
@@ -125,14 +125,14 @@ def save_pretrained_gguf(model: Any, save_directory: str | Path, tokenizer: Any 
     tok = _tokenizer(model, tokenizer)
     if tok is None:
         raise ValueError("save_pretrained_gguf needs the tokenizer (GGUF files carry it): pass tokenizer=")
-    check_target(save_directory, overwrite)
+    check_target(save_directory, overwrite, kind="gguf")
     with temp_directory("merged") as tmp:
         merged = merge.merged_model(model)
         merged.save_pretrained(tmp, safe_serialization=True)
         _save_tokenizer(model, tok, Path(tmp))
         del merged
         source = "bf16" if str(merge.output_dtype(model)) == "torch.bfloat16" else "f16"
-        with staged_directory(save_directory, overwrite) as stage:
+        with staged_directory(save_directory, overwrite, kind="gguf") as stage:
             files = gguf.write_gguf(Path(tmp), stage, methods, source_dtype=source)
             (stage / "Modelfile").write_text(gguf.modelfile(files[0].name, gguf.eos_texts(tok)))
             names = [f.name for f in files]

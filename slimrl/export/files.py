@@ -38,13 +38,38 @@ class ExportConflictError(FileExistsError):
     """The export would replace or sit beside files it does not own: one line naming them and the fix."""
 
 
-def owned(target: Path) -> set[str]:
-    """The files the last export wrote into ``target`` (its manifest; empty when there is none or it is unreadable)."""
+def _manifest(target: Path) -> dict:
     try:
         data = json.loads((target / MANIFEST).read_text())
     except (OSError, ValueError):
-        return set()
-    return {f for f in data.get("files", []) if isinstance(f, str)} if isinstance(data, dict) else set()
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _fingerprint(path: Path) -> list[int]:
+    """Size and modification time: a file edited since the export wrote it differs (no hashing of gigabytes)."""
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def owned(target: Path) -> set[str]:
+    """The files the last export wrote into ``target`` and that are still as it wrote them (its manifest; a file
+    edited since, a user's now, is not; empty when there is no manifest or it is unreadable)."""
+    data = _manifest(target)
+    marks = data.get("fingerprints", {}) if isinstance(data.get("fingerprints"), dict) else {}
+    out = set()
+    for name in (f for f in data.get("files", []) if isinstance(f, str)):
+        path = target / name
+        if name in marks and path.is_file() and _fingerprint(path) != marks[name]:
+            continue  # edited by hand after the export
+        out.add(name)
+    return out
+
+
+def export_kind(target: Path) -> str | None:
+    """What the last export into ``target`` wrote (``lora``, ``merged_16bit``, ``gguf``, ...), where recorded."""
+    kind = _manifest(target).get("kind")
+    return kind if isinstance(kind, str) else None
 
 
 def _foreign(target: Path, names: set[str] | None) -> list[str]:
@@ -64,13 +89,23 @@ def _foreign(target: Path, names: set[str] | None) -> list[str]:
     return out
 
 
-def check_target(target: str | Path, overwrite: bool = False, names: set[str] | None = None) -> None:
-    """Refuse (one line) an export into ``target`` that would replace or shadow files it does not own."""
+def check_target(target: str | Path, overwrite: bool = False, names: set[str] | None = None,
+                 kind: str | None = None) -> None:
+    """Refuse (one line) an export into ``target`` that would replace or shadow files it does not own: a file
+    there of a name the export writes, edited since an earlier export wrote it, or another kind of export's files
+    (``kind``: this one's); a symbolic link (it would write wherever the link points: an adapter folder, say)."""
     target = Path(target)
+    if target.is_symlink():
+        raise ExportConflictError(f"{target} is a symbolic link (to {os.readlink(target)}): an export writes into a "
+                                  f"folder of its own; remove the link or choose another output folder")
     if target.exists() and not target.is_dir():
         raise ExportConflictError(f"{target} is a file, not a folder: choose another output folder")
     if overwrite:
         return
+    before = export_kind(target) if target.is_dir() else None
+    if kind is not None and before is not None and before != kind and owned(target):
+        raise ExportConflictError(f"{target} holds a {before} export; a {kind} export there would remove it: choose "
+                                  f"another folder, or pass overwrite=True (slimrl export --overwrite)")
     foreign = _foreign(target, names)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
@@ -83,13 +118,20 @@ def clean_stale(*folders: str | Path) -> list[Path]:
     system's temporary folder and in ``folders``. Returns what was removed."""
     removed = []
     places = [Path(tempfile.gettempdir()), *map(Path, folders)]
-    pattern = re.compile(r"^(?:slimrl-(?:merged|gguf|push)-|\..+\.partial-)(\d+)-")
+    # exactly the names tempfile gives (its 8 random characters last), and a staging folder only with its marker:
+    # a user's folder named like one (".notes.partial-999999-mine") is never touched
+    pattern = re.compile(r"^(?:slimrl-(?:merged|gguf|push)-|(\.).+\.(?:partial|backup)-)(\d+)-[a-z0-9_]{8}$")
     for place in places:
         if not place.is_dir():
             continue
         for path in place.iterdir():
             match = pattern.match(path.name)
-            if match and path.is_dir() and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
+            if not match or not path.is_dir() or path.is_symlink():
+                continue
+            pid = int(match.group(2))
+            if match.group(1) and not (path / STAGE_MARK).is_file():
+                continue
+            if pid != os.getpid() and not pid_alive(pid):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed
@@ -100,35 +142,89 @@ def temp_directory(kind: str) -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix=f"slimrl-{kind}-{os.getpid()}-")
 
 
+STAGE_MARK = ".slimrl-staging"  # inside every staging and backup folder slimrl makes (what clean_stale removes)
+
+
+class ExportWriteError(OSError):
+    """The export could not be written (a full disk, a folder where a file goes): one line; the folder is as it
+    was."""
+
+
+def _write_error(exc: BaseException, target: Path) -> ExportWriteError | None:
+    text = str(exc)
+    if getattr(exc, "errno", None) == 28 or "No space left" in text or "StorageFull" in text:
+        error = ExportWriteError(f"{target}: no space left on the device while writing the export; free space or "
+                                 f"choose another folder (nothing was changed there)")
+        error.errno = 28
+        return error
+    return None
+
+
 @contextmanager
-def staged_directory(target: str | Path, overwrite: bool = False) -> Iterator[Path]:
+def staged_directory(target: str | Path, overwrite: bool = False, kind: str | None = None) -> Iterator[Path]:
     """A fresh directory beside ``target`` to write into; when the block succeeds, the files of the previous export
     that this one does not write again are removed, each new file is moved into ``target`` under its own name
     (``os.replace``: a reader sees the old file or the complete new one) and the manifest is rewritten; when it
     fails, the staging directory is deleted and ``target`` is as it was. Files the export does not own are refused
     (module docstring) before the block runs and again before anything is moved."""
     target = Path(target)
-    check_target(target, overwrite)
+    check_target(target, overwrite, kind=kind)
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(target.parent)
     stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-{os.getpid()}-", dir=target.parent))
+    (stage / STAGE_MARK).touch()
     try:
-        yield stage
-        new = {str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file()}
-        check_target(target, overwrite, names=new)
+        try:
+            yield stage
+        except Exception as exc:
+            error = _write_error(exc, target)
+            if error is not None:
+                raise error from None
+            raise
+        new = {str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file() and p.name != STAGE_MARK}
+        check_target(target, overwrite, names=new, kind=kind)
+        blocked = [rel for rel in sorted(new) if (target / rel).is_dir() or (target / rel).is_symlink()]
+        if blocked:
+            raise ExportConflictError(f"{target}: {blocked[0]} is a folder or a link where the export writes a file; "
+                                      f"move it away or choose another output folder (nothing was changed)")
         target.mkdir(parents=True, exist_ok=True)
         stale = owned(target) - new
         if overwrite:  # the weights of another save beside the new ones would be loaded instead of them
             stale |= {name for name in _foreign(target, new) if WEIGHTS.match(name)}
-        for name in sorted(stale):
-            (target / name).unlink(missing_ok=True)
-        for rel in sorted(new):
-            dst = target / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(stage / rel, dst)
-        (target / MANIFEST).write_text(json.dumps({"files": sorted(new)}, indent=1) + "\n")
+        _swap_in(target, stage, new, stale, kind)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _swap_in(target: Path, stage: Path, new: set[str], stale: set[str], kind: str | None) -> None:
+    """Every file the export replaces or retires moved to a backup folder first, then the new files in; any
+    failure puts the backup back, so ``target`` holds the old export or the whole new one, never a mix."""
+    backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.backup-{os.getpid()}-", dir=target.parent))
+    (backup / STAGE_MARK).touch()
+    saved, placed = [], []
+    try:
+        for rel in sorted(stale | {r for r in new if (target / r).exists()} | {MANIFEST}):
+            if (target / rel).is_file():
+                (backup / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(target / rel, backup / rel)
+                saved.append(rel)
+        for rel in sorted(new):
+            (target / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(stage / rel, target / rel)
+            placed.append(rel)
+        manifest = {"files": sorted(new), "fingerprints": {r: _fingerprint(target / r) for r in sorted(new)}}
+        (target / MANIFEST).write_text(json.dumps({**manifest, **({"kind": kind} if kind else {})}, indent=1) + "\n")
+    except BaseException as exc:
+        for rel in placed:
+            (target / rel).unlink(missing_ok=True)
+        for rel in saved:
+            os.replace(backup / rel, target / rel)
+        error = _write_error(exc, target) if isinstance(exc, Exception) else None
+        if error is not None:
+            raise error from None
+        raise
+    finally:
+        shutil.rmtree(backup, ignore_errors=True)
 
 
 def die_with_parent() -> None:

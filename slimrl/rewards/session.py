@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import tempfile
 import time
 from collections.abc import Iterable
@@ -75,6 +76,8 @@ class SandboxSession:
         if self._proc is None or self._proc.poll() is not None:
             self.close()
             self._start()
+        else:
+            self._signal(signal.SIGCONT)  # frozen since its last answer
         started = time.perf_counter()
         _feed(self._proc, frame({"args": list(args), "kwargs": dict(kwargs or {})}), close=False).join(1)
         cap = self.limits.result_kb * 1024
@@ -93,9 +96,18 @@ class SandboxSession:
             self.close()
             return parse_answer(b"", returncode, self.limits, "", 0.0, base)
         result = parse_answer(got.data["result"], 0, self.limits, "", 0.0, base)
+        self._signal(signal.SIGSTOP)  # nothing runs between calls: a background thread would compute unmetered
         if result.ok:
             result.value = _untag(result.value)
         return result
+
+    def _signal(self, sig: int) -> None:
+        """``sig`` to the session's whole process group (the launcher, its namespace and the code's threads; the
+        code can leave neither: seccomp refuses setsid and setpgid)."""
+        try:
+            os.killpg(self._proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def close(self) -> None:
         """The process gone (the next call starts a fresh one)."""

@@ -122,8 +122,8 @@ def test_a_failed_export_leaves_no_partial_file_and_keeps_the_rest(model_dir, tm
         raise OSError("disk full (injected)")
 
     monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", broken)
-    with pytest.raises(OSError, match="disk full"):
-        model.save_pretrained_merged(target, tok)
+    with pytest.raises(OSError, match="disk full"):  # overwrite: a merged model may replace the adapter's export
+        model.save_pretrained_merged(target, tok, overwrite=True)
     assert sorted(p.name for p in target.iterdir()) == sorted(
         ["notes.txt", "adapter_model.safetensors", "adapter_config.json", "README.md", "tokenizer.json",
          "tokenizer_config.json", ".slimrl-export.json"]

@@ -54,3 +54,20 @@ def test_the_scratch_caps_its_inodes():
             "            open(str(i), 'w').close()\n            n += 1\n    except OSError:\n        pass\n"
             "    return n")
     assert _run(code, ["os"], limits=Limits(wall_s=60, cpu_s=30)) < 16384
+
+
+def test_a_session_computes_nothing_between_calls():
+    """A session's background thread advanced a counter by 75 M steps across calls of < 1 s each; the session is
+    frozen between calls now (its time limit is per call, so its CPU use must be too)."""
+    import time
+
+    from slimrl.rewards.session import SandboxSession
+
+    code = ("import threading\ncount = [0]\ndef spin():\n    while True:\n        count[0] += 1\n"
+            "threading.Thread(target=spin, daemon=True).start()\ndef f():\n    return count[0]")
+    with SandboxSession(code, "f", allow=["threading"], limits=Limits(wall_s=10, cpu_s=10)) as session:
+        first = session.call().value
+        time.sleep(1.0)
+        second = session.call().value
+    assert first is not None and second is not None
+    assert second - first < 2_000_000, f"the thread ran between calls: {second - first} steps"  # ~30 M/s unfrozen
