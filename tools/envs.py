@@ -86,6 +86,7 @@ MATRIX: dict[str, Env] = {
 # library built where the CPU reports AMX/AVX-512 traps with an illegal instruction where it does not (or where, as
 # on this project's VMs, the CPU reports AMX but the hypervisor does not run it). Every instruction-set option off
 # leaves the compiler's x86-64 baseline (SSE2): slower matrix products, which the GGUF checks of a 135M model afford.
+# pip builds it without its wheel cache: a cached wheel (keyed by the source, not by CMAKE_ARGS) may be a native one.
 PORTABLE_GGML = " ".join(f"-DGGML_{flag}=OFF" for flag in (
     "NATIVE", "SSE42", "AVX", "AVX_VNNI", "AVX2", "BMI2", "FMA", "F16C", "AVX512", "AVX512_VBMI", "AVX512_VNNI",
     "AVX512_BF16", "AMX_TILE", "AMX_INT8", "AMX_BF16"))
@@ -95,8 +96,8 @@ BUILDS = {
                     "CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS='-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF "
                     "-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF "
                     f"{PORTABLE_GGML}' "
-                    "{host} -m pip wheel -q --no-deps -w .gguf-wheels llama-cpp-python==0.3.36; else echo 'no C/C++ "
-                    "compiler: llama.cpp not built, its GGUF checks will be SKIPPED'; "
+                    "{host} -m pip wheel -q --no-deps --no-cache-dir -w .gguf-wheels llama-cpp-python==0.3.36; "
+                    "else echo 'no C/C++ compiler: llama.cpp not built, its GGUF checks will be SKIPPED'; "
                     "touch .gguf-wheels/.nocompiler; fi",
     ".gpu-wheels": ".venv/bin/python bench/gpu_wheels.py .gpu-wheels",
 }

@@ -208,6 +208,10 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
     argv, config_path = split_argv(list(argv))
     data = read_yaml(config_path) if config_path else {}
     algorithm = peek_algorithm(argv, data)
+    from slimrl.cli.value_checks import check_raw_counts, check_raw_paths
+
+    check_raw_counts(argv, data)
+    check_raw_paths(argv, data)
     parser = build_parser(algorithm, peek_task(argv, data))
     data = {ALIASES.get(k, k): v for k, v in data.items()}
     if data:

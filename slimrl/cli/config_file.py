@@ -15,19 +15,50 @@ def read_yaml(path: str) -> dict[str, Any]:
     import yaml
 
     p = Path(path).expanduser()
-    if not p.is_file():
+    if not p.is_file():  # a FIFO or a device would block the read: a regular file only
         raise UsageError(f"--config {path}: file not found; pass an existing YAML file")
+    if p.stat().st_size > MAX_CONFIG_BYTES:
+        raise UsageError(f"--config {path}: {p.stat().st_size} bytes; an options file is a few kB (at most "
+                         f"{MAX_CONFIG_BYTES // 2**20} MB)")
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_text()
+        if "*" in text and _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader)) > MAX_VALUES:
+            raise UsageError(f"--config {path}: its aliases expand to more than {MAX_VALUES} values; an options "
+                             f"file holds a few dozen (write them out)")
+        data = yaml.safe_load(text)
     except (OSError, UnicodeDecodeError) as err:
         raise UsageError(f"--config {path}: cannot read it ({err})") from None
     except yaml.YAMLError as err:
-        raise UsageError(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        raise UsageError(f"--config {path}: not valid YAML ({str(err).splitlines()[0][:200]})") from None
+    except RecursionError:
+        raise UsageError(f"--config {path}: nested too deeply to be an options file") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: must be a YAML mapping of option: value, got {type(data).__name__}")
     return data
+
+
+MAX_CONFIG_BYTES = 2**20
+MAX_VALUES = 100_000  # an alias bomb (a 434-byte file expanding to 21 MB) expands past it; an options file never
+
+
+def _expanded_size(node, memo: dict | None = None) -> int:
+    """How many values the composed YAML ``node`` stands for once its aliases are expanded (shared nodes counted
+    once each time they are used; linear in the nodes, without building the expansion)."""
+    memo = {} if memo is None else memo
+    if id(node) in memo:
+        return memo[id(node)]
+    children = node.value if isinstance(node.value, list) else []
+    items = [x for pair in children for x in (pair if isinstance(pair, tuple) else (pair,))]
+    memo[id(node)] = 1 + sum(_expanded_size(x, memo) for x in items)
+    return memo[id(node)]
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """A value as an error line shows it: at most ``limit`` characters of its repr."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({type(value).__name__})"
 
 
 def _option_map(parser) -> dict[str, Any]:
@@ -45,6 +76,11 @@ def check_yaml_values(parser, data: dict[str, Any], path: str) -> None:
             raise UsageError(f"--config {path}: unknown key {key!r}: {hint}remove it or see `slimrl train --help` "
                              f"for the keys")
         convert = action.type
+        if isinstance(value, dict | list) and not (isinstance(value, list) and action.nargs in ("+", "*")) \
+                and convert in (str, None):
+            if not _takes_mappings(action):
+                raise UsageError(f"--config {path}: key {key}: {shown(value)} is a {type(value).__name__}; this "
+                                 f"option takes one value")
         if value is None or convert is None or not callable(convert):
             continue
         values = value if isinstance(value, list) and action.nargs in ("+", "*") else [value]
@@ -57,7 +93,15 @@ def check_yaml_values(parser, data: dict[str, Any], path: str) -> None:
                     raise ValueError
             except (ValueError, TypeError):
                 kind = getattr(convert, "__name__", "value")
-                raise UsageError(f"--config {path}: key {key}: {v!r} is not a valid {kind}") from None
+                raise UsageError(f"--config {path}: key {key}: {shown(v)} is not a valid {kind}") from None
+            if isinstance(v, dict | list) and convert is not None and getattr(convert, "__name__", "") == "str":
+                raise UsageError(f"--config {path}: key {key}: {shown(v)} is a {type(v).__name__}; pass a string")
             if action.choices and converted not in action.choices:
-                raise UsageError(f"--config {path}: key {key}: {v!r} is not one of "
+                raise UsageError(f"--config {path}: key {key}: {shown(v)} is not one of "
                                  f"{', '.join(map(str, action.choices))}")
+
+
+def _takes_mappings(action) -> bool:
+    """Options whose value may be a mapping or list in YAML (TRL's ``dict | str`` fields: ``generation_kwargs``,
+    ``model_init_kwargs``, ``lr_scheduler_kwargs``, ...)."""
+    return action.dest.endswith(("kwargs", "_config", "_args")) or action.dest in ("reward", "report_to")

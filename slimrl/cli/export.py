@@ -58,6 +58,8 @@ def _config(adapter: Path) -> dict:
 
 def output_folder(args: argparse.Namespace, adapter: Path) -> Path:
     """``--output``, or the default beside the adapter; never the adapter's own folder nor inside it."""
+    if args.output is not None and not args.output.strip():
+        raise ValueError("--output '': an empty path (it would write into the current folder); pass a folder")
     if args.output:
         out = Path(args.output).expanduser()
     else:
@@ -113,6 +115,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         plain, types = parse_formats(args.formats)
+        if args.push_to_hub is not None:  # checked before the export, not after minutes of it
+            from slimrl.export.hub import HubError, check_repo_id
+
+            try:
+                check_repo_id(args.push_to_hub)
+            except HubError as err:
+                raise ValueError(f"--push_to_hub {args.push_to_hub}: {err}") from None
         adapter = adapter_directory(args.adapter)
         config = _config(adapter)
         out = output_folder(args, adapter)

@@ -125,25 +125,55 @@ def damaged_file(ckpt: Path) -> str | None:
 
     if not (ckpt / "trainer_state.json").is_file():
         return "trainer_state.json (missing)"
-    for path in sorted(ckpt.iterdir()):
+    for path in sorted(ckpt.rglob("*")):  # the reference adapter of a checkpoint lives in ref/
         if not path.is_file():
             continue
+        name = str(path.relative_to(ckpt))
         try:
             if path.suffix == ".json":
                 _check_json(path)
             elif path.suffix == ".safetensors":
                 with safe_open(str(path), framework="pt") as f:
                     for key in f.keys():
-                        f.get_slice(key)[:]  # every tensor's bytes are there
+                        tensor = f.get_slice(key)[:]  # every tensor's bytes are there
+                        if path.name.startswith("adapter_model") and tensor.is_floating_point() \
+                                and not bool(tensor.isfinite().all()):
+                            raise ValueError(f"{key} holds NaN or inf")
             elif path.suffix in (".pt", ".pth", ".bin"):
                 with zipfile.ZipFile(path) as archive:
                     if archive.testzip() is not None:
                         raise zipfile.BadZipFile("CRC mismatch")
                 if path.name not in NOT_LOADED_ON_RESUME:
-                    _check_pickle(path)
+                    _check_shape(path.name, _check_pickle(path))
         except Exception as err:  # noqa: BLE001  (any failure to load is damage)
-            return f"{path.name} ({type(err).__name__})"
+            return f"{name} ({type(err).__name__}: {str(err)[:80]})" if str(err) else f"{name} ({type(err).__name__})"
     return None
+
+
+MAX_STEP = 10**12  # a step count beyond any run
+
+
+def _check_shape(name: str, data: Any) -> None:
+    """What the trainer reads from the archive is there, of the kind it reads: the optimizer's ``state`` and
+    ``param_groups``, a scheduler's mapping, the RNG states (each set on a fresh generator, not the global ones)."""
+    if name == "optimizer.pt":
+        if not isinstance(data, dict) or not isinstance(data.get("state"), dict) \
+                or not isinstance(data.get("param_groups"), list):
+            raise TypeError("not an optimizer state (state, param_groups)")
+    elif name == "scheduler.pt":
+        if not isinstance(data, dict):
+            raise TypeError("not a scheduler state (a mapping)")
+    elif name.startswith("rng_state"):
+        import random
+
+        import numpy as np
+        import torch
+
+        if not isinstance(data, dict):
+            raise TypeError("not the RNG states (a mapping)")
+        random.Random().setstate(data["python"])
+        np.random.RandomState().set_state(data["numpy"])
+        torch.Generator().set_state(data["cpu"])
 
 
 # archives a resume never opens: the trainer's pickled config is written for the record only (transformers reads
@@ -156,23 +186,44 @@ JSON_FIELDS = {"trainer_state.json": {"global_step": int, "log_history": list},
 
 
 def _check_json(path: Path) -> None:
-    """A JSON file of a checkpoint: valid, a mapping, and the fields a resume reads of the types it reads them as."""
+    """A JSON file of a checkpoint: valid, a mapping, and the fields a resume reads of the types it reads them as;
+    ``trainer_state.json`` only with the keys transformers' TrainerState takes, a step in [0, 10**12] and a log of
+    mappings; an adapter config's ``target_modules`` a name or a list of names."""
     data = json.loads(path.read_text())
     if not isinstance(data, dict):
         raise TypeError(f"{path.name} holds a {type(data).__name__}, not a mapping")
     for key, kind in JSON_FIELDS.get(path.name, {}).items():
         if key in data and data[key] is not None and (not isinstance(data[key], kind) or isinstance(data[key], bool)):
             raise TypeError(f"{path.name}: {key} is a {type(data[key]).__name__}, not a {kind.__name__}")
+    if path.name == "trainer_state.json":
+        import dataclasses
+
+        from transformers import TrainerState
+
+        unknown = set(data) - {f.name for f in dataclasses.fields(TrainerState)}
+        if unknown:
+            raise TypeError(f"unknown key {sorted(unknown)[0]!r}")
+        if not 0 <= data.get("global_step", 0) <= MAX_STEP:
+            raise ValueError(f"global_step {data['global_step']} is not a step count")
+        if not all(isinstance(row, dict) for row in data.get("log_history") or []):
+            raise TypeError("log_history holds a non-mapping")
+    if path.name == "adapter_config.json":
+        modules = data.get("target_modules")
+        if modules is not None and not (isinstance(modules, str) or (isinstance(modules, list)
+                                                                     and all(isinstance(m, str) for m in modules))):
+            raise TypeError(f"target_modules is {modules!r}, not module names")
+        if "r" in data and isinstance(data["r"], int) and data["r"] < 1:
+            raise ValueError(f"r {data['r']} is not a rank")
 
 
-def _check_pickle(path: Path) -> None:
+def _check_pickle(path: Path) -> Any:
     """A torch archive loads with ``weights_only=True`` (tensors and plain data; numpy arrays as transformers allows
     them in its RNG states): a pickle that would run code is refused here, before the trainer opens it."""
     import torch
     from transformers.trainer_pt_utils import safe_globals
 
     with safe_globals():
-        torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def pick_checkpoint(resume: str, out: Path) -> Path:

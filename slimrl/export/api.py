@@ -45,12 +45,31 @@ def _save_tokenizer(model: Any, tok: Any, directory: Path) -> None:
             shutil.copyfile(found, Path(directory) / name)
 
 
+def _folder(save_directory: Any, call: str) -> Path:
+    """``save_directory`` as a Path, or a TypeError naming the call and the fix (before anything is computed)."""
+    if not isinstance(save_directory, str | Path) or not str(save_directory).strip():
+        raise TypeError(f"{call}(save_directory={save_directory!r}): pass the folder to write to, a str or a Path")
+    return Path(save_directory)
+
+
+def _dtype(dtype: Any) -> Any:
+    """``dtype=`` as a torch floating dtype (a name such as 'bfloat16' or a torch.dtype), or a ValueError."""
+    import torch
+
+    value = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if (value is None and dtype is not None) or \
+            (value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point)):
+        raise ValueError(f"dtype={dtype!r}: pass a floating torch dtype, e.g. 'bfloat16', 'float16' or 'float32'")
+    return value
+
+
 def _is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
 def save_lora(model: Any, save_directory: str | Path, tokenizer: Any = None, overwrite: bool = False) -> Path:
     """The LoRA adapter (PEFT's ``adapter_model.safetensors`` + ``adapter_config.json``) and the tokenizer."""
+    save_directory = _folder(save_directory, "save_lora")
     if not _is_peft(model):
         raise ValueError("save_lora: the model has no LoRA adapter (add one with FastLanguageModel.get_peft_model); "
                          "save the whole model with save_pretrained_merged")
@@ -71,15 +90,13 @@ def save_pretrained_merged(model: Any, save_directory: str | Path, tokenizer: An
     overrides), ``"merged_4bit"`` (the merged weights quantized to NF4 again: costs the 4-bit rounding on every
     weight, said in a warning), ``"lora"`` (the adapter only, :func:`save_lora`). Other keywords go to
     ``save_pretrained`` (``max_shard_size``, ...)."""
+    save_directory = _folder(save_directory, "save_pretrained_merged")
     if save_method not in SAVE_METHODS:
         raise ValueError(f"save_method={save_method!r}: use one of {', '.join(SAVE_METHODS)}")
+    dtype = _dtype(dtype)
     if save_method == "lora":
         return save_lora(model, save_directory, tokenizer, overwrite)
     check_target(save_directory, overwrite, kind=save_method)  # before the merge: a refusal costs no compute
-    if isinstance(dtype, str):
-        import torch
-
-        dtype = getattr(torch, dtype)
     for unsloth_only in ("temporary_location", "maximum_memory_usage", "push_to_hub", "token", "private"):
         kwargs.pop(unsloth_only, None)  # Unsloth's memory knobs; the merge here holds one model copy
     merged = merge.merged_model(model, dtype)
@@ -118,6 +135,7 @@ def save_pretrained_gguf(model: Any, save_directory: str | Path, tokenizer: Any 
     q4_k_m; any llama.cpp type name, or a list) of the merged model, plus an Ollama ``Modelfile``, in
     ``save_directory`` (:mod:`slimrl.export.gguf`). Checked before anything is written: the types, the converter,
     the quantizer where a type needs it, the architecture. Returns the GGUF paths."""
+    save_directory = _folder(save_directory, "save_pretrained_gguf")
     methods = gguf.normalise_methods(quantization_method)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     architecture = (getattr(base.config, "architectures", None) or [type(base).__name__])[0]

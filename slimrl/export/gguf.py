@@ -42,6 +42,9 @@ def quantize_types() -> dict[str, int]:
 def normalise_methods(methods: str | list[str] | tuple[str, ...]) -> list[str]:
     """``quantization_method`` (one name or a list; Unsloth's aliases accepted) as known lower-case types, or an
     :class:`ExportError` naming the unknown one and the choices."""
+    if not isinstance(methods, str | list | tuple) or not methods:
+        raise ExportError(f"quantization_method={methods!r}: pass a GGUF type name such as 'q8_0', or a list of "
+                          f"them (Unsloth's 'fast_quantized' = q8_0, 'quantized' = q4_k_m)")
     names = [methods] if isinstance(methods, str) else list(methods)
     known = quantize_types()
     out = []

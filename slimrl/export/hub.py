@@ -11,6 +11,16 @@ class HubError(RuntimeError):
     """The upload could not be made: one line saying why and what to do."""
 
 
+def check_repo_id(repo_id: object) -> None:
+    """A Hub repo name the Hub can take ('name' or 'user/name': letters, digits, '-', '_', '.'), checked before
+    anything is written or computed (HubError, one line)."""
+    import re
+
+    if not isinstance(repo_id, str) or not re.fullmatch(r"([\w.-]+/)?[\w.-]+", repo_id.strip()) \
+            or repo_id.strip().startswith(("-", ".")) or ".." in repo_id or len(repo_id) > 96:
+        raise HubError(f"repo_id={repo_id!r}: pass 'name' or 'user/name' (letters, digits, '-', '_', '.')")
+
+
 def upload_folder(folder: str | Path, repo_id: str, *, token: str | None = None, private: bool | None = None,
                   revision: str | None = None, commit_message: str = "Upload with slimrl") -> str:
     """Every file of ``folder`` to model repo ``repo_id`` (created if missing, ``private`` as given) at
@@ -18,8 +28,7 @@ def upload_folder(folder: str | Path, repo_id: str, *, token: str | None = None,
     from huggingface_hub import CommitOperationAdd, HfApi, constants
     from huggingface_hub.errors import HfHubHTTPError
 
-    if not isinstance(repo_id, str) or not repo_id.strip() or repo_id.count("/") > 1:
-        raise HubError(f"repo_id={repo_id!r}: pass 'name' or 'user/name'")
+    check_repo_id(repo_id)
     api = HfApi(token=token)
     files = sorted(p for p in Path(folder).rglob("*") if p.is_file())
     operations = [CommitOperationAdd(path_in_repo=p.relative_to(folder).as_posix(), path_or_fileobj=str(p))

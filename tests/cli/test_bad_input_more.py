@@ -108,3 +108,61 @@ def test_a_resume_checkpoint_with_wrong_types_or_a_code_pickle_is_refused(tmp_pa
     with pytest.raises(UsageError, match=r"--resume .*: .* is damaged; pass an intact checkpoint"):
         pick_checkpoint(str(ckpt), tmp_path / "out")
     assert not marker.exists()  # nothing of the pickle ran
+
+
+@pytest.mark.parametrize("damage", ["state-key", "log-history", "step-huge", "step-negative", "target-modules",
+                                    "nan-adapter", "ref-truncated", "optimizer-shape", "scheduler-shape",
+                                    "rng-shape"])
+def test_a_checkpoint_that_would_fail_inside_transformers_is_damaged(tmp_path, damage):
+    """Checkpoints that passed the damage check and then failed inside transformers or TRL: each is named, and
+    ``--resume latest`` falls back to an older one."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from tests.cli.test_reliability import _checkpoint
+
+    out = tmp_path / "out"
+    _checkpoint(out, 2)
+    ckpt = _checkpoint(out, 4)
+    state = {"global_step": 4, "log_history": []}
+    if damage == "state-key":
+        state["not_a_field"] = 1
+    elif damage == "log-history":
+        state["log_history"] = [1, "x"]
+    elif damage in ("step-huge", "step-negative"):
+        state["global_step"] = 10**15 if damage == "step-huge" else -5
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    if damage == "target-modules":
+        (ckpt / "adapter_config.json").write_text(json.dumps({"r": 16, "target_modules": 5}))
+    elif damage == "nan-adapter":
+        save_file({"a": torch.full((2, 2), float("nan"))}, ckpt / "adapter_model.safetensors")
+    elif damage == "ref-truncated":
+        (ckpt / "ref").mkdir()
+        save_file({"a": torch.zeros(64, 64)}, ckpt / "ref" / "adapter_model.safetensors")
+        data = (ckpt / "ref" / "adapter_model.safetensors").read_bytes()
+        (ckpt / "ref" / "adapter_model.safetensors").write_bytes(data[:-100])
+    elif damage == "optimizer-shape":
+        torch.save([1, 2, 3], ckpt / "optimizer.pt")
+    elif damage == "scheduler-shape":
+        torch.save([1], ckpt / "scheduler.pt")
+    elif damage == "rng-shape":
+        torch.save({"python": (1, 2), "numpy": None, "cpu": torch.zeros(3)}, ckpt / "rng_state.pth")
+    with pytest.raises(UsageError, match=r"--resume .*: .* is damaged; pass an intact checkpoint"):
+        pick_checkpoint(str(ckpt), out)
+    with pytest.warns(UserWarning, match="checkpoint-4 is damaged"):
+        assert pick_checkpoint("latest", out).name == "checkpoint-2"
+
+
+def test_an_intact_checkpoint_with_rng_states_resumes(tmp_path):
+    import random
+
+    import numpy as np
+
+    from tests.cli.test_reliability import _checkpoint
+
+    ckpt = _checkpoint(tmp_path / "out", 2)
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()},
+               ckpt / "rng_state.pth")
+    torch.save({"last_epoch": 1}, ckpt / "scheduler.pt")
+    assert pick_checkpoint("latest", tmp_path / "out") == ckpt

@@ -54,7 +54,7 @@ def _checkpoint(out: Path, step: int, r: int = 16, algorithm: str = "grpo") -> P
     ckpt = out / f"checkpoint-{step}"
     ckpt.mkdir(parents=True)
     save_file({"a": torch.zeros(2, 2)}, ckpt / "adapter_model.safetensors")
-    torch.save({"state": {}}, ckpt / "optimizer.pt")
+    torch.save({"state": {}, "param_groups": []}, ckpt / "optimizer.pt")
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     (ckpt / "adapter_config.json").write_text(json.dumps({"r": r, "target_modules": ["q_proj"]}))
     (ckpt / "slimrl_run.json").write_text(json.dumps({"algorithm": algorithm, "lora_r": r}))
@@ -66,6 +66,21 @@ def _long_prompts(tmp: Path) -> list[str]:
                                                 for i in range(8)))
     return ["--model", str(_tiny_model(tmp)), "--dataset", str(data), "--max_seq_length", "64",
             "--max_completion_length", "8"]
+
+
+def _fifo(tmp: Path) -> str:
+    import os
+
+    path = tmp / "ds.json"
+    os.mkfifo(path)
+    return str(path)
+
+
+def _bomb() -> str:
+    """434 bytes that a YAML loader expands to millions of values (each level 9 aliases of the one before)."""
+    lines = ['l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 7)]
+    return "\n".join(lines) + "\ndataset: *l6\n"
 
 
 def _live_lock(tmp: Path) -> list[str]:
@@ -119,6 +134,35 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("--resume with a different --algorithm", lambda t: [_checkpoint(t / "out", 2, algorithm="dpo") and "--resume"],
      r"the checkpoint is from a different run \(--algorithm dpo there, grpo now\)"),
     ("--resume where no checkpoint is intact", lambda t: ["--resume"], r"--resume: no intact checkpoint in"),
+    # values that cannot run, refused before the model loads (slimrl/cli/value_checks.py)
+    ("--num_generations 10**20", lambda t: ["--num_generations", str(10**20)], r"over 65536, beyond what one machine"),
+    ("--gradient_accumulation_steps -1", lambda t: ["--gradient_accumulation_steps", "-1"], r"a count >= 1"),
+    ("--per_device_train_batch_size -1", lambda t: ["--per_device_train_batch_size", "-1"], r"a count >= 1"),
+    ("--loss_type abc", lambda t: ["--loss_type", "abc"], r"--loss_type abc: GRPOConfig takes grpo"),
+    ("--scale_rewards abc", lambda t: ["--scale_rewards", "abc"], r"GRPOConfig takes group, batch, none"),
+    ("--generation_kwargs abc", lambda t: ["--generation_kwargs", "abc"], r"a JSON object"),
+    ("--top_p -1", lambda t: ["--top_p", "-1"], r"--top_p -1.0: a number in \(0, 1\]"),
+    ("--epsilon -1", lambda t: ["--epsilon", "-1"], r"--epsilon -1.0: a number in \[0, 10\]"),
+    ("--num_iterations -1", lambda t: ["--num_iterations", "-1"], r"--num_iterations -1: a count >= 1"),
+    ("--learning_rate 1e20", lambda t: ["--learning_rate", "1e20"], r"above 1 every step overshoots"),
+    ("--save_steps -1", lambda t: ["--save_steps", "-1"], r"--save_steps -1.0: steps between checkpoints"),
+    ("--lora_r 10**20", lambda t: ["--lora_r", str(10**20)], r"over 65536"),
+    ("--lora_alpha -1", lambda t: ["--lora_alpha", "-1"], r"reverses or erases the adapter's update"),
+    ("--lora_dropout -1", lambda t: ["--lora_dropout", "-1"], r"a dropout probability"),
+    ("--max_seq_length 10**20", lambda t: ["--max_seq_length", str(10**20)], r"over 16777216"),
+    ("--train_size 10**20 (the task makes every problem first)", lambda t: ["--train_size", str(10**20)],
+     r"--train_size \d+: over 10000000"),
+    ("--threads 10**20", lambda t: ["--threads", str(10**20)], r"--threads \d+: over 4096"),
+    ("--task ''", lambda t: ["--task", ""], r"--task '': the built-in tasks are arithmetic, calculator"),
+    ("--output_dir ''", lambda t: ["--output_dir", ""], r"--output_dir '': an empty path"),
+    ("--deepspeed a FIFO", lambda t: ["--deepspeed", _fifo(t)], r"not a regular file"),
+    ("--config with a list where a string goes",
+     lambda t: ["--config", str(_write(t, "run.yaml", "dataset: [a, b]\n"))], r"key dataset: \['a', 'b'\] is a list"),
+    ("--config nested 5,000 deep", lambda t: ["--config", str(_write(t, "run.yaml", "dataset: " + "[" * 5000
+                                                                      + "]" * 5000 + "\n"))],
+     r"nested too deeply"),
+    ("--config alias bomb", lambda t: ["--config", str(_write(t, "run.yaml", _bomb()))],
+     r"its aliases expand to more than 100000 values"),
 ]
 
 
@@ -206,7 +250,7 @@ def test_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
     newest = _checkpoint(out, 4)
     data = (newest / "adapter_model.safetensors").read_bytes()
     (newest / "adapter_model.safetensors").write_bytes(data[: len(data) - 8])
-    with pytest.warns(UserWarning, match=r"checkpoint-4 is damaged \(adapter_model.safetensors \(\w+\) does not "
+    with pytest.warns(UserWarning, match=r"checkpoint-4 is damaged \(adapter_model.safetensors \(\w+[^)]*\) does not "
                                          r"load\); trying an older checkpoint"):
         assert pick_checkpoint("latest", out).name == "checkpoint-2"
     opt = (out / "checkpoint-2" / "optimizer.pt")
