@@ -61,10 +61,9 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
     """What the config's own checks cannot see: slimrl's options against each other and the config, and the values
     that cannot run (:mod:`slimrl.cli.value_checks`)."""
     from slimrl.cli.tasks import TASKS
-    from slimrl.cli.value_checks import check_config, check_options
+    from slimrl.cli.value_checks import check_config, check_options, check_task
 
-    if targs.task not in TASKS:
-        raise UsageError(f"--task {targs.task!r}: the built-in tasks are {', '.join(TASKS)}")
+    check_task(targs.task, TASKS)  # first: the checks below look it up
     algorithm = targs.algorithm
     if targs.use_gradient_checkpointing.lower() not in ("slimrl", "unsloth", "selective", "true", "false"):
         raise UsageError(f"--use_gradient_checkpointing {targs.use_gradient_checkpointing}: use slimrl, selective, "
@@ -108,7 +107,7 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
         raise UsageError(f"--max_length {max_length} is over --max_seq_length {targs.max_seq_length}; lower the "
                          f"first or raise the second")
     memory_fraction(targs.gpu_memory_utilization)
-    check_options(targs, TASKS)
+    check_options(targs)
     check_config(cfg, type(cfg))
 
 

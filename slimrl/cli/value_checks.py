@@ -50,10 +50,13 @@ def _number(flag: str, value: Any, low: float, high: float, low_open: bool = Fal
         raise UsageError(f"--{flag} {value}: {what or 'a number'} in {bound}")
 
 
-def check_options(targs: Any, tasks: tuple[str, ...]) -> None:
+def check_task(task: str, tasks: tuple[str, ...]) -> None:
+    if task not in tasks:
+        raise UsageError(f"--task {task!r}: the built-in tasks are {', '.join(tasks)}")
+
+
+def check_options(targs: Any) -> None:
     """slimrl's own options (:class:`slimrl.cli.args.TrainArguments`)."""
-    if targs.task not in tasks:
-        raise UsageError(f"--task {targs.task!r}: the built-in tasks are {', '.join(tasks)}")
     _count("lora_r", targs.lora_r, MAX_RANK, " (the LoRA rank)")
     _number("lora_alpha", targs.lora_alpha, 0, 1e6, low_open=True,
             what="the LoRA scale's numerator (alpha / r; <= 0 reverses or erases the adapter's update), a number")
