@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail("slimrl plan", f"--per_device_train_batch_size {args.per_device_train_batch_size}: the plan is of "
                                    f"one generation batch of these rows, which TRL needs to be a multiple of "
                                    f"--num_generations {args.num_generations}")
+    if not 0 <= args.lora_r <= 65536:  # beyond any model's width: the planner would describe absurd tensors
+        return fail("slimrl plan", f"--lora_r {args.lora_r}: a LoRA rank in [1, 65536], or 0 for full fine-tuning")
     options = {k: v for k, v in vars(args).items() if k not in ("json", "model", "budget")}
     settings = Settings(workload=PLANNED[args.algorithm], **options)
     try:

@@ -226,18 +226,25 @@ def _attempt(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: st
 
 @contextlib.contextmanager
 def several_chunks(parts: int = 3):
-    """slimrl's automatic chunking split in at least ``parts`` row chunks during a patched run: a tiny run's rows fit
-    one chunk (341 at SmolLM2's vocabulary), so a bug past the first chunk would pass verify while the same op is
-    wrong on a real run's thousands of rows. The chunk count changes only the order of independent row blocks."""
+    """slimrl's automatic chunking split in at least ``parts`` row chunks during a patched run, and the online
+    trainers' log-prob passes in micro-batches of a quarter of their sequences: a tiny run's rows fit one chunk (341 at
+    SmolLM2's vocabulary) and its batch one forward, so a bug past the first chunk or micro-batch would pass verify
+    while the same op is wrong on a real run's thousands of rows. Both change only the order of independent blocks."""
     from slimrl.ops import chunked_logprob as op
+    from slimrl.patching.online import logps
+    from slimrl.patching.routes import method_capture
 
-    real = op.auto_chunk_rows
-    op.auto_chunk_rows = lambda n_rows, vocab_size, device: max(1, min(real(n_rows, vocab_size, device),
+    real_chunks, real_rows = op.auto_chunk_rows, method_capture.rows_per_forward
+    op.auto_chunk_rows = lambda n_rows, vocab_size, device: max(1, min(real_chunks(n_rows, vocab_size, device),
                                                                       -(-n_rows // parts)))
+    split = lambda args, rows: max(1, min(real_rows(args, rows), -(-rows // 4)))  # noqa: E731  (a budget this small
+    # splits the shared-prefix layout too: each packed row holds one group's prompt and what fits of it)
+    method_capture.rows_per_forward = logps.rows_per_forward = split
     try:
         yield
     finally:
-        op.auto_chunk_rows = real
+        op.auto_chunk_rows = real_chunks
+        method_capture.rows_per_forward = logps.rows_per_forward = real_rows
 
 
 def _route_applies(name: str) -> bool:

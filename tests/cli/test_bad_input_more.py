@@ -53,6 +53,8 @@ def test_plan_and_verify_name_an_unreadable_model_in_one_line(bad_models, capsys
     (["--per_device_train_batch_size", "16777216", "--num_generations", "16777216", "--max_completion_length",
       "16777216"], "beyond what can be planned"),
     (["--beta", "nan"], "--beta nan: the KL coefficient is a number >= 0"),
+    (["--lora_r", str(10**20)], "--lora_r 100000000000000000000: a LoRA rank in [1, 65536]"),
+    (["--lora_r", "-1"], "--lora_r -1: a LoRA rank in [1, 65536], or 0 for full fine-tuning"),
     (["--beta", "-1"], "--beta -1.0: the KL coefficient is a number >= 0"),
     (["--per_device_train_batch_size", "8", "--num_generations", "3"], "a multiple of --num_generations 3"),
 ])

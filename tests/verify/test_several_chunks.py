@@ -36,3 +36,47 @@ def test_without_several_chunks_the_bug_would_pass(bug_past_the_first_chunk, mon
     monkeypatch.setattr(verify_rows, "several_chunks", contextlib.nullcontext)
     row = compare("orpo", "default", make_setup())
     assert row.passed, row
+
+
+@pytest.fixture
+def bug_past_the_first_micro_batch(monkeypatch):
+    """+0.05 on the policy's log-probs of every forward after the first of a log-prob call."""
+    import torch
+
+    from slimrl.patching.online import logps
+    from slimrl.patching.routes.head import Head
+
+    forwards = [0]
+    real_call, real_outputs, real_masked = logps.logps_and_entropies_through_ops, Head.outputs, Head.masked
+
+    def call(*args, **kwargs):
+        forwards[0] = 0
+        return real_call(*args, **kwargs)
+
+    def wrong(values):  # the policy's pass only: the same shift in the old and reference passes would cancel
+        return values + 0.05 if forwards[0] > 1 and torch.is_grad_enabled() else values
+
+    def outputs(self, *args, **kwargs):
+        out = real_outputs(self, *args, **kwargs)
+        forwards[0] += 1
+        return (wrong(out[0]), *out[1:])
+
+    def masked(self, *args, **kwargs):
+        logps_, entropy = real_masked(self, *args, **kwargs)
+        forwards[0] += 1
+        return wrong(logps_), entropy
+
+    monkeypatch.setattr(logps, "logps_and_entropies_through_ops", call)
+    monkeypatch.setattr(Head, "outputs", outputs)
+    monkeypatch.setattr(Head, "masked", masked)
+
+
+def test_a_bug_past_the_first_micro_batch_fails_verify(bug_past_the_first_micro_batch):
+    row = compare("grpo", "grpo", make_setup())
+    assert not row.passed, row
+
+
+def test_without_several_micro_batches_that_bug_would_pass(bug_past_the_first_micro_batch, monkeypatch):
+    monkeypatch.setattr(verify_rows, "several_chunks", contextlib.nullcontext)
+    row = compare("grpo", "grpo", make_setup())
+    assert row.passed, row

@@ -92,10 +92,11 @@ _LOSS_EXTRAS = {"luspo": {"importance_sampling_level": "sequence"}}
 
 
 def scenario(kit, loss_type: str):
-    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): a LoRA policy, 4 prompts x 4 generations of
-    8 tokens, two iterations per generation, a KL to the adapter-free reference, dropout off (the agentic rows are
-    ``slimrl.verify``'s own scenarios)."""
-    args = kit.config(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, num_iterations=2,
+    """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): a LoRA policy, two prompts of 2 generations
+    of 8 tokens per batch (two groups: verify splits the log-prob passes into several forwards), two iterations per
+    generation, a KL to the adapter-free reference, dropout off (the agentic rows are ``slimrl.verify``'s own
+    scenarios)."""
+    args = kit.config(per_device_train_batch_size=4, num_generations=2, max_completion_length=8, num_iterations=2,
                       beta=0.04, temperature=0.9, loss_type=loss_type, disable_dropout=True,
                       **_LOSS_EXTRAS.get(loss_type, {}))
     return kit.trainer(model=kit.model(lora=True), args=args, reward_funcs=[kit.digits_reward],
