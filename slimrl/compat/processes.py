@@ -14,3 +14,38 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def descendants(pid: int) -> set[int]:
+    """The process ids below ``pid`` (``/proc/<pid>/task/*/children``; empty where /proc does not say)."""
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    kids = {int(x) for x in f.read().split()}
+            except (OSError, ValueError):
+                continue
+            todo += list(kids - found)
+            found |= kids
+    return found
+
+
+def reaps_orphans() -> bool:
+    """Whether orphaned processes below this one are re-parented to it: it is PID 1 (a container without an init)
+    or a child subreaper (``prctl(PR_GET_CHILD_SUBREAPER)``)."""
+    if os.getpid() == 1:
+        return True
+    try:
+        import ctypes
+
+        flag = ctypes.c_int(0)
+        ctypes.CDLL(None, use_errno=True).prctl(37, ctypes.byref(flag), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+        return bool(flag.value)
+    except (OSError, AttributeError):
+        return False

@@ -57,6 +57,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from slimrl.compat.processes import descendants, reaps_orphans
 from slimrl.rewards.answers import frame, parse_answer
 from slimrl.rewards.channels import read_channels
 from slimrl.rewards.module_check import check_python_modules
@@ -241,12 +242,27 @@ def _run(code: str, call: str | None, args: list, kwargs: dict, allow: list[str]
 
 def _kill_group(proc: subprocess.Popen) -> None:
     """The launcher and its process group gone; the namespaces' processes follow it (parent-death signals, and the
-    PID namespace ends with its first process)."""
+    PID namespace ends with its first process). Where the trainer is PID 1 (a container without an init) or a
+    subreaper, the launcher's own children are re-parented to it when the launcher dies: they are reaped here, by
+    their process ids only (no other child's exit status is taken)."""
+    below = descendants(proc.pid) if reaps_orphans() else set()
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+    deadline = time.monotonic() + 2.0
+    while below and time.monotonic() < deadline:
+        for pid in list(below):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not (yet) ours: gone once whoever it belongs to has reaped it
+                done = not os.path.exists(f"/proc/{pid}")
+            if done:
+                below.discard(pid)
+        if below:
+            time.sleep(0.01)
+
 
 
 def isolation_report() -> dict[str, Any]:

@@ -71,3 +71,30 @@ def test_a_session_computes_nothing_between_calls():
         second = session.call().value
     assert first is not None and second is not None
     assert second - first < 2_000_000, f"the thread ran between calls: {second - first} steps"  # ~30 M/s unfrozen
+
+
+def test_timed_out_calls_leave_no_zombies_under_a_reaper(tmp_path):
+    """With the trainer as PID 1 of a container (no init), five timed-out calls left seven zombies: the launcher's
+    children are re-parented to the trainer when it dies. A subreaper stands for PID 1 here (the kernel re-parents
+    to it the same way); slimrl reaps those processes by their ids."""
+    import subprocess
+    import sys
+
+    script = """
+import ctypes, os
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans below come to this process, as to PID 1
+from slimrl.rewards.process_sandbox import run_sandboxed
+from slimrl.rewards.sandbox_types import Limits
+for _ in range(3):
+    r = run_sandboxed("def f():\\n    while True:\\n        pass", "f", limits=Limits(wall_s=1, cpu_s=30))
+    assert r.failure is not None and "wall-clock" in str(r.failure), r
+zombies = []
+for task in os.listdir(f"/proc/{os.getpid()}/task"):
+    for pid in open(f"/proc/{os.getpid()}/task/{task}/children").read().split():
+        if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+            zombies.append(pid)
+print("zombies", len(zombies))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "zombies 0" in out.stdout, out.stdout
