@@ -90,13 +90,21 @@ MATRIX: dict[str, Env] = {
 PORTABLE_GGML = " ".join(f"-DGGML_{flag}=OFF" for flag in (
     "NATIVE", "SSE42", "AVX", "AVX_VNNI", "AVX2", "BMI2", "FMA", "F16C", "AVX512", "AVX512_VBMI", "AVX512_VNNI",
     "AVX512_BF16", "AMX_TILE", "AMX_INT8", "AMX_BF16"))
+LLAMA_CMAKE = ("-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF "
+               f"-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF {PORTABLE_GGML}")
+LLAMA = "llama-cpp-python==0.3.36"
+# the portable wheel kept under slimrl's cache, keyed by the release and the flags (not pip's cache, keyed by the
+# source alone): a fresh clone on a machine that built it once takes it in a second instead of eight minutes
+LLAMA_CACHE = ("${{SLIMRL_CACHE:-$HOME/.cache/slimrl}}/llama-wheels/"
+               + hashlib.sha256(f"{LLAMA} {LLAMA_CMAKE}".encode()).hexdigest()[:16])
 # built outside the matrix's installs: llama.cpp's wheel (two jobs, the library only) and the GPU carry sets
 BUILDS = {
-    ".gguf-wheels": "mkdir -p .gguf-wheels && if command -v c++ >/dev/null && command -v cc >/dev/null; then "
-                    "CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS='-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF "
-                    "-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF "
-                    f"{PORTABLE_GGML}' "
-                    "{host} -m pip wheel -q --no-deps --no-cache-dir -w .gguf-wheels llama-cpp-python==0.3.36; "
+    ".gguf-wheels": f"mkdir -p .gguf-wheels && C=\"{LLAMA_CACHE}\" && "
+                    "if ls \"$C\"/llama_cpp_python-*.whl >/dev/null 2>&1; then cp \"$C\"/llama_cpp_python-*.whl "
+                    ".gguf-wheels/; elif command -v c++ >/dev/null && command -v cc >/dev/null; then "
+                    f"CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS='{LLAMA_CMAKE}' "
+                    f"{{host}} -m pip wheel -q --no-deps --no-cache-dir -w .gguf-wheels {LLAMA} && mkdir -p \"$C\" "
+                    "&& cp .gguf-wheels/llama_cpp_python-*.whl \"$C\"/; "
                     "else echo 'no C/C++ compiler: llama.cpp not built, its GGUF checks will be SKIPPED'; "
                     "touch .gguf-wheels/.nocompiler; fi",
     ".gpu-wheels": ".venv/bin/python bench/gpu_wheels.py .gpu-wheels",
