@@ -23,6 +23,11 @@ def trl_version() -> Version:
     return Version(version("trl"))
 
 
+def newest_tested() -> Version:
+    """The newest release of :data:`TESTED_TRL`."""
+    return max(Version(v) for v in TESTED_TRL)
+
+
 def has(releases: str) -> bool:
     """Whether the installed TRL is in ``releases`` (one of the specifiers above)."""
     from packaging.specifiers import SpecifierSet
@@ -63,7 +68,7 @@ def check_trl_supported(installed: Version | None = None) -> bool:
     from packaging.specifiers import SpecifierSet
 
     installed = installed or trl_version()
-    newest = max(Version(v) for v in TESTED_TRL)
+    newest = newest_tested()
     if installed > newest and installed.release[:2] != newest.release[:2]:
         warn(f"trl {installed} is newer than the releases slimrl is tested with ({', '.join(TESTED_TRL)}): "
              f"each trainer's tiny parity row runs before its patches go in (once per version set; "

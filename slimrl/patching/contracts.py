@@ -185,38 +185,32 @@ def guard(key: str, new: Any, seen: Any, member: str | None, later: tuple[tuple[
                                        "__module__": new.__module__, "__doc__": new.__doc__})
 
 
-def signature_changes(patches) -> dict[str, str]:
-    """``"target.attribute" -> algorithm names`` for the installed targets whose signature matches no recorded
-    one (a TRL release whose method changed since slimrl's tests)."""
-    out = {}
+def _live_shapes(patches):
+    """``(patch, "target.attribute", shape)`` of each guarded patch of the installed TRL whose target has a
+    signature (the live one, as :func:`shape_of` writes it)."""
     for p in patches:
         if not p.applies() or not p.guarded:
             continue
-        key = f"{p.target}.{p.attribute}"
-        if key not in recorded():
-            continue
-        try:
+        try:  # PatchTargetMissingError is an AttributeError: a target this TRL lacks has no signature
             live = shape_of(callable_of(getattr(p.resolve(), p.attribute, None), p.member))
         except AttributeError:
             continue
-        if live is not None and not contract_for(key, live)[1]:
-            out[key] = ",".join(p.algorithms)
-    return out
+        if live is not None:
+            yield p, f"{p.target}.{p.attribute}", live
+
+
+def signature_changes(patches) -> dict[str, str]:
+    """``"target.attribute" -> algorithm names`` for the installed targets whose signature matches no recorded
+    one (a TRL release whose method changed since slimrl's tests)."""
+    return {key: ",".join(p.algorithms) for p, key, live in _live_shapes(patches)
+            if key in recorded() and not contract_for(key, live)[1]}
 
 
 def record(patches, release: str) -> dict[str, list[dict]]:
     """contracts.json with the installed release's signatures of ``patches``' guarded targets added."""
     data = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
-    for p in patches:
-        if not p.applies() or not p.guarded:
-            continue
-        try:
-            live = shape_of(callable_of(getattr(p.resolve(), p.attribute, None), p.member))
-        except AttributeError:
-            continue
-        if live is None:
-            continue
-        entries = data.setdefault(f"{p.target}.{p.attribute}", [])
+    for _, key, live in _live_shapes(patches):
+        entries = data.setdefault(key, [])
         for entry in entries:
             if release in entry["releases"] and entry["params"] != live:
                 entry["releases"].remove(release)

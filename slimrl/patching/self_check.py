@@ -45,12 +45,11 @@ def version_set() -> str:
 def why_check(names: list[str], patches_of) -> str | None:
     """Why ``names`` need the self-check on the installed TRL (None: it is a tested one and every replaced method
     has a recorded signature)."""
-    from slimrl.compat.trl_info import TESTED_TRL, trl_version
+    from slimrl.compat.trl_info import newest_tested, trl_version
     from slimrl.patching.contracts import signature_changes
 
-    newest = max(TESTED_TRL, key=lambda v: tuple(int(x) for x in v.split(".")))
-    installed = trl_version()
-    if installed > type(installed)(newest):
+    newest, installed = newest_tested(), trl_version()
+    if installed > newest:
         return f"trl {installed} is newer than the releases slimrl's tests run (newest: {newest})"
     changed = signature_changes([p for n in names for p in patches_of(n)])
     if changed:
