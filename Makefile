@@ -9,9 +9,11 @@ ENVS   := $(PYTHON) tools/envs.py  # every virtual environment, declared once (t
 # outside this workplace) the target says so and skips.
 REAL_SCRIPTS ?= $(abspath ../shared/real_scripts)
 REAL_SCRIPTS2 ?= $(abspath ../shared/real_scripts2)
+REAL_SCRIPTS3 ?= $(abspath ../shared/real_scripts3)
 SCRIPTS_FAST := trl_sft trl_dpo unsloth_gpt-oss_20B_RL_2048_Game
 SCRIPTS2_VENV := trl_grpo_vlm trl_grpo_agent  # the second set: TRL's VLM and agent scripts in .venv (no vLLM) ...
 SCRIPTS2_VLLM := unsloth_Qwen2.5_VL_7B_GRPO   # ... and Unsloth's vision notebook, which imports vLLM itself
+SCRIPTS3 := unsloth_Qwen3_VL_8B_Vision_GRPO trl_gkd  # the third set, in .venv
 TRL_MATRIX := 1130 1142 1150
 # Processes side by side: the suites are single-threaded Python for the most part (a test's user time about equals its
 # wall time), so on CI's 2 cores two pytest workers (pytest-xdist) and two make jobs take about half the time.
@@ -24,7 +26,7 @@ PYTEST := -q -p no:cacheprovider -n $(JOBS)
 .PHONY: demo envs envs-full install test test-full lint test-trl116 test-trl116-fast suite-trl116 suite-trl116-fast \
 	verify-trl116 bytecode test-trl112 test-trl112-fast \
 	test-trl-matrix test-trl-matrix-fast test-tf-gpu test-vllm test-vllm-fast test-gguf test-gguf-fast test-triton \
-	test-gpu test-scripts test-scripts-fast test-scripts2 gpu-wheels clean
+	test-gpu test-scripts test-scripts-fast test-scripts2 test-scripts3 gpu-wheels clean
 
 # Only what the demo needs: .venv (torch 2.13.0 CPU, slimrl with its extras, the embedded model)
 install:
@@ -135,6 +137,12 @@ test-scripts-fast:
 	else echo "real scripts: none at $(REAL_SCRIPTS) (set REAL_SCRIPTS=...): skipped"; fi
 	$(MAKE) test-scripts2
 
+test-scripts3:
+	@if [ -f $(REAL_SCRIPTS3)/run_all.sh ]; then \
+	  PY=$(abspath $(PY)) bash $(REAL_SCRIPTS3)/run_all.sh $(SCRIPTS3) | tee .real-scripts3.log; \
+	  tail -1 .real-scripts3.log | grep -q " 0 failed$$"; \
+	else echo "real scripts: none at $(REAL_SCRIPTS3) (set REAL_SCRIPTS3=...): skipped"; fi
+
 test-scripts2:
 	@if [ -f $(REAL_SCRIPTS2)/run_all.sh ]; then \
 	  PY=$(abspath $(PY)) bash $(REAL_SCRIPTS2)/run_all.sh $(SCRIPTS2_VENV) | tee .real-scripts2.log; \
@@ -142,6 +150,7 @@ test-scripts2:
 	  PY=$(abspath .venv-vllm/bin/python) bash $(REAL_SCRIPTS2)/run_all.sh $(SCRIPTS2_VLLM) | tee .real-scripts2.log; \
 	  tail -1 .real-scripts2.log | grep -q " 0 failed$$"; \
 	else echo "real scripts: none at $(REAL_SCRIPTS2) (set REAL_SCRIPTS2=...): skipped"; fi
+	$(MAKE) test-scripts3
 
 test-scripts:
 	@if [ -f $(REAL_SCRIPTS)/run_all.sh ]; then \

@@ -32,7 +32,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm_server_base_url", help="also GRPO/RLOO rows generating through this running vLLM server "
                    "(needs --model: the local directory the server serves)")
     p.add_argument("--quiet", action="store_true", help="only the table")
+    p.add_argument("--list", action="store_true", help="every trainer of the installed TRL: what slimrl gives it "
+                   "(memory paths, checks and guards, first contact) and whether verify runs it; nothing is trained")
     return p
+
+
+def listing() -> str:
+    """``--list``: one line per trainer of the installed TRL (slimrl's table and the rest, read from TRL)."""
+    from slimrl.patching.specs import ALIASES, every_trainer
+
+    rows = [(name, spec.trainer_class_name, spec.about.layer, "verified" if spec.about.scenario else
+             spec.about.not_verified or "not verified") for name, spec in every_trainer().items() if spec.available()]
+    rows += [(name, target.partition(":")[2] + f" ({target.partition(':')[0]})", f"alias of {name}", "as " + name)
+             for name, targets in ALIASES.items() for target in targets]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [f"{n:<{widths[0]}}  {c:<{widths[1]}}  {layer:<{widths[2]}}  {v}" for n, c, layer, v in rows]
+    return "\n".join(["trainers of the installed TRL (PatchFastRL name, class, what slimrl gives, slimrl verify):",
+                      *lines])
 
 
 def _fail(message: str) -> int:
@@ -45,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         return args
     if args.all and args.algorithm:
         return _fail("--all and --algorithm: pass one of them")
+    if args.list:
+        print(listing())
+        return 0
     from slimrl.verify import VerifyError, format_table, verify
 
     algorithms = [a for a in (args.algorithm or "").split(",") if a.strip()] or None

@@ -4,6 +4,8 @@
   packages (TRL, transformers, accelerate, ...) — the line of the user's script that led to it. Python 3.11 has no
   ``skip_file_prefixes``, and a fixed ``stacklevel`` lands on ``sys:1`` or on TRL's code when the call comes through
   a patched method.
+* :func:`warnings_at_user_line`: a warning that TRL or transformers attributes to slimrl's own frame (their
+  ``stacklevel=2`` from a constructor lands on slimrl's wrapper around it) is issued again at the user's line.
 * :func:`install_one_line_errors` makes an uncaught error that slimrl raised on purpose (a ``raise`` statement in
   slimrl's code: bad input, something this machine cannot run) print as one line naming the error and the user's
   line, instead of a traceback through slimrl's internals. Everything else (errors in the user's code, TRL's, an
@@ -20,6 +22,8 @@ import site
 import sys
 import sysconfig
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType, TracebackType
 
 from slimrl.compat.env import env_flag
@@ -65,6 +69,33 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     while found is not None and is_library_file(found.f_code.co_filename):
         found, level = found.f_back, level + 1
     warnings.warn(message, category, stacklevel=level if found is not None else 3)
+
+
+def _in_slimrl(filename: str) -> bool:
+    return bool(filename) and os.path.abspath(filename).startswith(_PACKAGE + os.sep)
+
+
+@contextmanager
+def warnings_at_user_line() -> Iterator[None]:
+    """Inside the block, a warning attributed to one of slimrl's files is issued again at the user's line (module
+    docstring), through the user's filters there: shown once per user line under the default filter, raised in
+    place under an ``error`` filter. Every other warning is shown as it would have been."""
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        frame = user_frame(sys._getframe(1)) if _in_slimrl(filename) and file is None else None
+        if frame is None:
+            return previous(message, category, filename, lineno, file, line)
+        globs = frame.f_globals
+        warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
+                               module=globs.get("__name__"), registry=globs.setdefault("__warningregistry__", {}),
+                               module_globals=globs)
+
+    with warnings.catch_warnings():
+        # slimrl's own module registries must not swallow a repeat: the user's line decides what is shown
+        warnings.filterwarnings("always", module=r"slimrl(\.|$)")
+        warnings.showwarning = show
+        yield
 
 
 def _raised_by_slimrl(tb: TracebackType | None) -> tuple[str, int] | None:

@@ -13,6 +13,7 @@ from slimrl.compat.quant import bitsandbytes_works as _bitsandbytes_works
 from slimrl.compat.vllm_info import vllm_status
 from slimrl.generation.engine import SlimrlEngine
 from slimrl.models import unsloth_keywords
+from slimrl.models.chat_processor import accept_chat_messages
 from slimrl.models.checkpointing import MODES as CHECKPOINTING_MODES
 from slimrl.models.checkpointing import enable_checkpointing
 from slimrl.models.loader import resolve_model_path
@@ -282,6 +283,8 @@ def _load(path: str, load_kwargs: dict, vision: bool) -> tuple[Any, Any]:
 
     trust = load_kwargs["trust_remote_code"]
     if vision:
-        return AutoModelForImageTextToText.from_pretrained(path, **load_kwargs), load_processor(path, trust)
+        # Unsloth's loaders return a processor that takes chat messages as text (models/chat_processor.py)
+        processor = accept_chat_messages(load_processor(path, trust))
+        return AutoModelForImageTextToText.from_pretrained(path, **load_kwargs), processor
     model = AutoModelForCausalLM.from_pretrained(path, **load_kwargs)
     return model, with_token_id_chat_templates(AutoTokenizer.from_pretrained(path, trust_remote_code=trust))

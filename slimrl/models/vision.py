@@ -74,9 +74,16 @@ def image_only_processor(path: str, trust_remote_code: bool, reason: BaseExcepti
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     processor = image_only(cls)(image_processor=AutoImageProcessor.from_pretrained(path), tokenizer=tokenizer,
                                 chat_template=getattr(tokenizer, "chat_template", None))
-    warn(f"{name}: loaded without its video processor ({str(reason).splitlines()[0][:160]}); image prompts work, "
+    warn(f"{name}: loaded without its video processor ({first_line(reason)}); image prompts work, "
          f"video prompts need torchvision")
     return processor
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of ``exc``'s message (transformers' backend errors start with a newline), at most
+    160 characters; the exception's type where the message is blank."""
+    line = next((t.strip() for t in str(exc).splitlines() if t.strip()), "")
+    return line[:160] or type(exc).__name__
 
 
 def _processor_class_name(path: str) -> str | None:

@@ -14,7 +14,7 @@ from slimrl.compat.trl_info import check_trl_supported
 from slimrl.patching import moved_names, self_check
 from slimrl.patching.defaults import set_strict
 from slimrl.patching.registry import describe, install, on_first_use, patches, uninstall
-from slimrl.patching.specs import TRAINERS, TrainerSpec, register_all
+from slimrl.patching.specs import TRAINERS, TrainerSpec, every_trainer, register_all
 
 
 def _load_patches() -> None:
@@ -38,21 +38,24 @@ class TrainerNotAvailableError(ImportError):
 
 
 def _normalise(algorithm: str) -> str:
+    """PatchFastRL's name for ``algorithm`` ("GRPOTrainer", "online-dpo", "iw_opd" and "IWOPD" are all accepted)."""
     if not isinstance(algorithm, str):
         raise TypeError(f"algorithm must be a string or None, got {type(algorithm).__name__}")
     name = algorithm.strip().lower().replace("-", "_")
     if name.endswith("trainer"):
         name = name[: -len("trainer")].rstrip("_")
-    if name == "onlinedpo":
-        name = "online_dpo"
-    if name not in TRAINERS:
-        raise ValueError(f"unknown algorithm {algorithm!r}; valid names: {', '.join(TRAINERS)} (or None for all)")
-    return name
+    if name in TRAINERS:  # the table's names need no look at the installed TRL's other trainers
+        return name
+    every = every_trainer()
+    found = next((n for n in every if n.replace("_", "") == name.replace("_", "")), None)
+    if found is None:
+        raise ValueError(f"unknown algorithm {algorithm!r}; valid names: {', '.join(every)} (or None for all)")
+    return found
 
 
 def trainer_available(name: str) -> bool:
     """Whether the installed TRL ships the trainer for ``name``."""
-    return TRAINERS[name].available()
+    return every_trainer()[name].available()
 
 
 def trainer_and_config(name: str) -> tuple[type, type]:
@@ -60,7 +63,7 @@ def trainer_and_config(name: str) -> tuple[type, type]:
     ``ORPOConfig`` from ``trl.experimental.orpo``); :class:`TrainerNotAvailableError` when TRL lacks it."""
     name = _normalise(name)
     _require(name)
-    return TRAINERS[name].classes()
+    return every_trainer()[name].classes()
 
 
 def _require(name: str) -> None:
@@ -73,7 +76,7 @@ def _removed_line(name: str) -> str:
     """One line: which TRL release removed ``name``'s trainer, what to use instead, and the release to pin."""
     from slimrl.compat.trl_info import TESTED_TRL, trl_version
 
-    spec = TRAINERS[name]
+    spec = every_trainer()[name]
     last = spec.last_release or TESTED_TRL[-1]  # removed after slimrl's tests: the newest tested release has it
     when = f"TRL removed it after {last}" + ("" if spec.last_release else " (the newest release slimrl tests)")
     instead = f"use {spec.instead}, or " if spec.instead else ""
@@ -90,8 +93,11 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
                 strict: bool = False) -> None:
     """Patch TRL's trainer classes in place so they train through slimrl's memory-lean paths.
 
-    ``algorithm``: one of ``grpo, dpo, kto, orpo, cpo, sft, reward, rloo, online_dpo, ppo, bco, xpo, prm``
-    (case-insensitive; ``"GRPOTrainer"`` also works) or None for every trainer the installed TRL has.
+    ``algorithm``: one of ``grpo, dpo, kto, orpo, cpo, sft, reward, rloo, online_dpo, ppo, bco, xpo, prm`` or the
+    name of any other trainer the installed TRL ships, stable or experimental (``gkd``, ``gmpo``, ``tpo``,
+    ``async_grpo``, ``distillation``, ...: its class name without "Trainer"; case-insensitive, ``"GKDTrainer"`` also
+    works), or None for every trainer the installed TRL has. The others get slimrl's first-contact layer, or the
+    route of the table trainer they subclass where they keep it (:mod:`slimrl.patching.derived`).
     Idempotent; :func:`unpatch` restores TRL exactly. ``FastLanguageModel`` is accepted for compatibility with
     Unsloth's call ``PatchFastRL("grpo", FastLanguageModel)`` and not needed.
 
@@ -110,7 +116,7 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     """
     install_one_line_errors()  # slimrl's refusals print as one line at the user's line from here on
     moved_names.install()  # `from trl import ORPOConfig` and TRL's other moved names work again
-    names = [n for n in TRAINERS if trainer_available(n)] if algorithm is None else [_normalise(algorithm)]
+    names = [n for n in every_trainer() if trainer_available(n)] if algorithm is None else [_normalise(algorithm)]
     if algorithm is None:
         for gone in set(_removed_since_tests()) - _NOTED_REMOVED:  # the others are patched
             _NOTED_REMOVED.add(gone)
@@ -122,7 +128,7 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     if refused:  # those run as TRL alone: never half patched, never stopped
         warn(_refusal(refused) + ("; the other trainers are patched" if algorithm is None else ""), UserWarning)
     names = [n for n in names if n not in refused]
-    checkable = lambda n: TRAINERS[n].about.scenario is not None  # noqa: E731
+    checkable = lambda n: every_trainer()[n].about.scenario is not None  # noqa: E731
     for name, row in self_check.failures(names, patches, checkable).items():  # an untested TRL: rows first
         _STOOD_DOWN[name] = row
         warn(self_check.stand_down_line(name, row, [f"{p.target}.{p.attribute}" for p in patches(name)]))
@@ -146,7 +152,7 @@ def _missing_targets(name: str) -> list[str]:
 def _refusal(refused: dict[str, list[str]]) -> str:
     from slimrl.compat.trl_info import trl_version
 
-    which = "; ".join(f"{TRAINERS[n].trainer_class_name}: {', '.join(gone)}" for n, gone in refused.items())
+    which = "; ".join(f"{every_trainer()[n].trainer_class_name}: {', '.join(gone)}" for n, gone in refused.items())
     return (f"slimrl cannot patch these trainers of trl {trl_version()}, whose methods it replaces are gone "
             f"({which}): they run as TRL alone, unpatched; install a tested TRL or report it")
 
@@ -158,7 +164,7 @@ def _warn_if_built_before(names: list[str]) -> None:
     import sys
 
     classes = {getattr(sys.modules[s.trainer_module], s.trainer_class_name): s.name
-               for s in (TRAINERS[n] for n in names)
+               for s in (every_trainer()[n] for n in names)
                if s.trainer_module in sys.modules and hasattr(sys.modules[s.trainer_module], s.trainer_class_name)}
     if not classes:
         return
@@ -176,7 +182,7 @@ def _warn_if_built_before(names: list[str]) -> None:
 
 def unpatch(algorithm: str | None = None) -> None:
     """Remove slimrl's patches (all, or one algorithm's), restoring TRL's attributes exactly."""
-    names = list(TRAINERS) if algorithm is None else [_normalise(algorithm)]
+    names = list(every_trainer()) if algorithm is None else [_normalise(algorithm)]
     for name in names:
         _ACTIVE.discard(name)
     for name in names:

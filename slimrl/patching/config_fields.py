@@ -27,6 +27,7 @@ import dataclasses
 import functools
 from typing import Any
 
+from slimrl.compat.callsite import warnings_at_user_line
 from slimrl.compat.trl_info import EVERY_RELEASE
 from slimrl.patching.defaults import apply_config_defaults, record_explicit
 from slimrl.patching.extra_fields import (  # noqa: F401  (FIELDS and the scopes are read from here)
@@ -138,7 +139,8 @@ def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...]
             kwargs = check(type(self), kwargs, mine)
         user = dict(kwargs)
         kwargs, changed = apply_config_defaults(type(self), kwargs)
-        orig_init(self, *args, **kwargs)
+        with warnings_at_user_line():  # TRL's __post_init__ warnings name the user's line, not this wrapper
+            orig_init(self, *args, **kwargs)
         for name, value in {**mine, **attributes}.items():
             setattr(self, name, value)
         record_explicit(self, user, changed)

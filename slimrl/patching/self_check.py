@@ -47,11 +47,13 @@ def why_check(names: list[str], patches_of) -> str | None:
     has a recorded signature)."""
     from slimrl.compat.trl_info import newest_tested, trl_version
     from slimrl.patching.contracts import signature_changes
+    from slimrl.patching.registry import is_installed
 
     newest, installed = newest_tested(), trl_version()
     if installed > newest:
         return f"trl {installed} is newer than the releases slimrl's tests run (newest: {newest})"
-    changed = signature_changes([p for n in names for p in patches_of(n)])
+    # a patch another trainer already installed shows slimrl's signature, not TRL's: it was looked at then
+    changed = signature_changes([p for n in names for p in patches_of(n) if not is_installed(p)])
     if changed:
         key = next(iter(changed))
         return f"{key} has a signature slimrl's tests never saw" + (f" (and {len(changed) - 1} more)"

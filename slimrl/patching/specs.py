@@ -22,27 +22,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import importlib.util
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from slimrl.compat.trl_info import EVERY_RELEASE, TESTED_TRL, UNTIL_1_12, UNTIL_1_13, has_fused_head
 from slimrl.health import attach_health
-from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, ONLINE_FIELDS, config_init_factory, config_patches
+from slimrl.patching.catalog import shipped
+from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, ONLINE_FIELDS, config_patches
+from slimrl.patching.derived import derive
 from slimrl.patching.online.engine_hooks import apply_engine_defaults, vllm_or_transformers
 from slimrl.patching.processors import processor_patch
-from slimrl.patching.registry import Patch, register
+from slimrl.patching.registry import Patch, patches, register
 from slimrl.patching.routes import fused_head, shared_prefix
-from slimrl.patching.steps import push_to_hub_factory, training_step_factory
+from slimrl.patching.spec import CHECKS_ONLY, Layouts, TrainerSpec, row
+from slimrl.patching.steps import push_to_hub_factory
 from slimrl.patching.trainer_init import trainer_init_factory
 from slimrl.patching.trainers import bco, cpo, dpo, grpo, kto, online_dpo, orpo, ppo, prm, reward, rloo, sft, xpo
 from slimrl.patching.validation import check_sequence_budget, sft_layouts
 from slimrl.planning.settings import Workload
 
-Layouts = tuple[tuple[str, ...], ...]
 ROUTES = {
     "method capture": "`_get_per_token_logps_and_entropies` through `slimrl.ops` (routes/method_capture.py)",
     "score positions": "the LM head bypassed, only scored positions projected (routes/score_positions.py)",
@@ -53,79 +51,8 @@ PAIRED: Layouts = (("chosen", "rejected"),)  # with or without an explicit "prom
 PROMPT: Layouts = (("prompt",),)
 
 
-@dataclass(frozen=True)
-class About:
-    """What the documentation, ``slimrl train`` and ``slimrl verify`` read about a trainer: nothing here changes what
-    its patches do (those are :class:`TrainerSpec`'s fields)."""
-
-    note: str = ""  # docs/compatibility.md: what slimrl does for it
-    parity_test: str = "—"  # docs/compatibility.md: where its exactness is tested
-    cli: str | None = None  # slimrl train: "online" | "paired" | "unpaired" | "sft" (None: not offered)
-    scenario: Callable | None = None  # slimrl verify's run: scenario(kit, loss_type) -> trainer, in its module
-    not_verified: str = ""  # why it has no scenario (said under slimrl verify's table)
-
-
-def _row(name: str, trainer: str, config: str, *, note: str = "", parity_test: str = "—", cli: str | None = None,
-         scenario: Callable | None = None, not_verified: str = "", **patching: Any) -> TrainerSpec:
-    """One row of :data:`TRAINERS`: what the patches need, and :class:`About` it."""
-    return TrainerSpec(name, trainer, config, about=About(note, parity_test, cli, scenario, not_verified), **patching)
-
-
-@dataclass(frozen=True)
-class TrainerSpec:
-    """One trainer slimrl patches (see the module docstring)."""
-
-    name: str  # PatchFastRL's name for it
-    trainer: str  # "module:Class" in every supported release
-    config: str  # "module:Class"
-    releases: str = EVERY_RELEASE  # TRL releases that have it (compat.trl_info); its patches apply only there
-    last_release: str | None = None  # named when a newer TRL lacks it
-    instead: str = ""  # what to use where TRL removed it (the one line PatchFastRL says then)
-    layouts: Layouts | Callable[[Any], Layouts] = ()  # dataset column layouts (raw, then pre-tokenized)
-    routes: tuple[str, ...] = ()  # keys of ROUTES, per TRL release range (see `About.note`)
-    fields: tuple[str, ...] = ()  # slimrl config fields that act on it (the others are refused unless default)
-    config_init: Callable = config_init_factory  # factory(orig_init, fields=) for its config's __init__
-    init_hooks: tuple[Callable[[Any, Any], None], ...] = ()  # run as hook(model, args) before TRL's __init__
-    after_init: tuple[Callable[[Any], None], ...] = ()  # run as hook(trainer) after TRL's __init__
-    auto_fit: bool = False  # honours slimrl_auto_fit (slimrl.patching.online.autofit) before TRL's __init__
-    training_step: Callable | None = training_step_factory  # factory for its training_step (None: not patched)
-    patches: tuple[Patch, ...] = field(default=())  # its own, from trainers/<name>.py
-    workload: Workload | None = None  # what one step does: auto-fit's and `slimrl plan`'s (None: not planned)
-    about: About = field(default_factory=lambda: About())  # what the docs, the CLI and verify read
-
-    @property
-    def trainer_module(self) -> str:
-        return self.trainer.partition(":")[0]
-
-    @property
-    def trainer_class_name(self) -> str:
-        return self.trainer.partition(":")[2]
-
-    def available(self) -> bool:
-        """Whether the installed TRL ships this trainer."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # trl.experimental's import warning
-            try:
-                return importlib.util.find_spec(self.trainer_module) is not None
-            except ModuleNotFoundError:
-                return False
-
-    def classes(self) -> tuple[type, type]:
-        """(trainer class, config class) of the installed TRL."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = []
-            for target in (self.trainer, self.config):
-                module, _, name = target.partition(":")
-                out.append(getattr(importlib.import_module(module), name))
-        return out[0], out[1]
-
-    def dataset_layouts(self, args: Any = None) -> Layouts:
-        return self.layouts(args) if callable(self.layouts) else self.layouts
-
-
 TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
-    _row("grpo", grpo.TRAINER, grpo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
+    row("grpo", grpo.TRAINER, grpo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
                 scenario=grpo.scenario,
                 workload=grpo.WORKLOAD,
                 note=ROUTES["method capture"] + "; the calls it leaves to TRL (images, MoE aux loss, a LoRA head): "
@@ -137,20 +64,20 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                             functools.partial(vllm_or_transformers, trainer_module=grpo.MODULE)), auto_fit=True,
                 after_init=(attach_health,),
                 training_step=grpo.grpo_training_step_factory, patches=tuple(grpo.PATCHES), cli="online"),
-    _row("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=("fused head",),
+    row("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=("fused head",),
                 scenario=dpo.scenario,
                 workload=dpo.WORKLOAD,
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; on 1.12 TRL's own `_compute_loss` (full logits)",
                 parity_test="every DPO loss type (15), LoRA, WPO, `tests/patching/routes/test_fused_head.py`",
                 fields=CHUNK_FIELDS if has_fused_head() else (), patches=tuple(dpo.PATCHES), cli="paired"),
-    _row("kto", kto.TRAINER, kto.CONFIG, layouts=(("prompt", "completion", "label"), *PAIRED),
+    row("kto", kto.TRAINER, kto.CONFIG, layouts=(("prompt", "completion", "label"), *PAIRED),
                 scenario=kto.scenario,
                 workload=kto.WORKLOAD,
                 routes=("fused head",), note=ROUTES["fused head"] + " on TRL ≥ 1.15; on 1.12 TRL's own",
                 parity_test="both loss types, `tests/patching/routes/test_fused_head.py`",
                 fields=CHUNK_FIELDS if has_fused_head() else (), patches=tuple(kto.PATCHES),
                 cli="unpaired"),
-    _row("orpo", orpo.TRAINER, orpo.CONFIG,
+    row("orpo", orpo.TRAINER, orpo.CONFIG,
                 instead="DPOTrainer with loss_type=['sigmoid', 'sft'] (a preference loss plus the SFT term)",
                 layouts=PAIRED, routes=("score positions",),
                 scenario=orpo.scenario,
@@ -158,7 +85,7 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                 note="`concatenated_forward` without the `[2B, T, V]` logits: " + ROUTES["score positions"],
                 parity_test="full and LoRA, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
                 patches=tuple(orpo.PATCHES), cli="paired"),
-    _row("cpo", cpo.TRAINER, cpo.CONFIG,
+    row("cpo", cpo.TRAINER, cpo.CONFIG,
                 instead="DPOTrainer without a reference model",
                 layouts=PAIRED, routes=("score positions",),
                 scenario=cpo.scenario,
@@ -167,17 +94,18 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                 parity_test="every CPO loss type (5), `tests/patching/routes/test_score_positions.py`",
                 fields=CHUNK_FIELDS,
                 patches=tuple(cpo.PATCHES), cli="paired"),
-    _row("sft", sft.TRAINER, sft.CONFIG, layouts=sft_layouts, routes=("fused head",),
+    row("sft", sft.TRAINER, sft.CONFIG, layouts=sft_layouts, routes=("fused head",),
                 scenario=sft.scenario,
                 workload=sft.WORKLOAD,
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; `chunked_nll` stays TRL's own",
                 parity_test="nll and dft, completion-only or not, `tests/patching/routes/test_fused_head.py`",
                 fields=CHUNK_FIELDS if has_fused_head() else (), patches=tuple(sft.PATCHES), cli="sft"),
-    _row("reward", reward.TRAINER, reward.CONFIG,
+    row("reward", reward.TRAINER, reward.CONFIG,
                 scenario=reward.scenario,
                 layouts=(*PAIRED, ("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")),
-                note="none needed: a one-score head, no vocabulary-sized tensor; checks and guards only"),
-    _row("rloo", rloo.TRAINER, rloo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
+                note="none needed: a one-score head, no vocabulary-sized tensor; checks and guards only",
+                layer=CHECKS_ONLY),
+    row("rloo", rloo.TRAINER, rloo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
                 scenario=rloo.scenario,
                 workload=rloo.WORKLOAD,
                 note=ROUTES["fused head"] + " on TRL ≥ 1.15; " + ROUTES["method capture"] + " on 1.12",
@@ -187,20 +115,20 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                             functools.partial(vllm_or_transformers, trainer_module=rloo.MODULE)), auto_fit=True,
                 after_init=(attach_health,),
                 training_step=rloo.rloo_training_step_factory, patches=tuple(rloo.PATCHES), cli="online"),
-    _row("online_dpo", online_dpo.TRAINER, online_dpo.CONFIG,
+    row("online_dpo", online_dpo.TRAINER, online_dpo.CONFIG,
                 instead="GRPOTrainer or RLOOTrainer (online, reward-driven)",
                 layouts=PROMPT, routes=("score positions",),
                 scenario=online_dpo.scenario,
                 note="`_forward`: " + ROUTES["score positions"],
                 parity_test="two training steps, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
                 patches=tuple(online_dpo.PATCHES)),
-    _row("ppo", ppo.TRAINER, ppo.CONFIG,
+    row("ppo", ppo.TRAINER, ppo.CONFIG,
                 instead="GRPOTrainer or RLOOTrainer (no value model)",
                 releases=UNTIL_1_12, last_release="1.12.0",
                 not_verified="TRL 1.12's PPO needs a value and a reward model and slimrl leaves its loop to TRL",
                 note="none: TRL 1.12's PPO runs one `train()` loop over full logits; slimrl does not rewrite it; "
-                     "legacy keywords and checks only", training_step=None),
-    _row("bco", bco.TRAINER, bco.CONFIG,
+                     "legacy keywords and checks only", training_step=None, layer=CHECKS_ONLY),
+    row("bco", bco.TRAINER, bco.CONFIG,
                 instead="DPOTrainer(loss_type='bco_pair')",
                 releases=UNTIL_1_13, last_release="1.13.0",
                 scenario=bco.scenario,
@@ -208,20 +136,30 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                 note="`forward`: " + ROUTES["score positions"],
                 parity_test="`tests/patching/trainers/test_bco_and_xpo.py`",
                 fields=CHUNK_FIELDS, patches=tuple(bco.PATCHES)),
-    _row("xpo", xpo.TRAINER, xpo.CONFIG,
+    row("xpo", xpo.TRAINER, xpo.CONFIG,
                 instead="OnlineDPOTrainer or GRPOTrainer",
                 releases=UNTIL_1_13, last_release="1.13.0", layouts=PROMPT,
                 scenario=xpo.scenario,
                 routes=("score positions",), note="`_compute_logprobs`: " + ROUTES["score positions"],
                 parity_test="two steps, `tests/patching/trainers/test_bco_and_xpo.py`", fields=CHUNK_FIELDS,
                 patches=tuple(xpo.PATCHES)),
-    _row("prm", prm.TRAINER, prm.CONFIG,
+    row("prm", prm.TRAINER, prm.CONFIG,
                 instead="a token-classification model trained with transformers' Trainer",
                 releases=UNTIL_1_13, last_release="1.13.0",
                 not_verified="slimrl adds only checks to PRM (a 2-class head)",
                 layouts=(("prompt", "completions", "labels"), ("input_ids",)),
-                note="none needed: a 2-class token head; checks and guards only"),
+                note="none needed: a 2-class token head; checks and guards only", layer=CHECKS_ONLY),
 )}
+
+EXTRA: dict[str, TrainerSpec] = {}  # the installed TRL's other trainers (slimrl.patching.derived), at first use
+ALIASES: dict[str, list[str]] = {}  # table name -> TRL's other classes patched under it ("module:Class")
+
+
+def every_trainer() -> dict[str, TrainerSpec]:
+    """The table and every other trainer the installed TRL ships (read from TRL's modules when the patches load)."""
+    patches()  # the registry's first use reads the installed TRL's trainers
+    return {**TRAINERS, **EXTRA}
+
 
 def trainer_layouts(trainer_cls: type, args: Any = None) -> tuple[str | None, tuple[tuple[str, ...], ...]]:
     """(the TRL trainer name whose layouts apply, its layouts), from the trainers table
@@ -248,11 +186,22 @@ def spec_patches(spec: TrainerSpec) -> list[Patch]:
            Patch(spec.name, spec.trainer, "push_to_hub", push_to_hub_factory, wrap=True)]
     if spec.training_step is not None:
         out.append(Patch(spec.name, spec.trainer, "training_step", spec.training_step, wrap=True))
-    out += config_patches(spec.name, spec.config, fields=spec.fields, init=spec.config_init)
+    if spec.config:
+        out += _config_layer(spec.name, spec.config, spec)
     out += spec.patches
     if spec.releases != EVERY_RELEASE:
         out = [dataclasses.replace(p, versions=spec.releases) for p in out]
     return out
+
+
+def _config_layer(name: str, config: str, spec: TrainerSpec) -> list[Patch]:
+    """``config`` given ``spec``'s config layer (its fields and ``__init__``) under ``name``."""
+    return config_patches(name, config, fields=spec.fields, init=spec.config_init)
+
+
+def _init_patch(name: str, trainer: str, spec: TrainerSpec) -> Patch:
+    """``trainer``'s constructor given ``spec``'s constructor layer under ``name``."""
+    return Patch(name, trainer, "__init__", _init_factory(spec), wrap=True)
 
 
 def _init_factory(spec: TrainerSpec) -> Callable:
@@ -262,7 +211,7 @@ def _init_factory(spec: TrainerSpec) -> Callable:
     def trainer_init(orig_init):
         return trainer_init_factory(orig_init, hooks, fit=fit, algorithm=spec.name, workload=spec.workload,
                                     trainer=spec.trainer_class_name, layouts=spec.dataset_layouts,
-                                    after=spec.after_init)
+                                    after=spec.after_init, guard_rewards=spec.guard_rewards)
 
     trainer_init.__qualname__ = "trainer_init_factory"
     return trainer_init
@@ -276,14 +225,25 @@ def auto_fit_hook(bound: dict[str, Any], algorithm: str, workload: Workload) -> 
 
 
 def register_all() -> None:
-    """Register the table's patches (at ``import slimrl.patching``)."""
+    """Register the table's patches and those of the installed TRL's other trainers (at the registry's first use):
+    a table trainer's patches are also installed with the trainers that inherit its route."""
+    found = derive(TRAINERS, shipped(), spec_patches, _config_layer, _init_patch)
+    EXTRA.update(found.specs)
+    ALIASES.update(found.aliases)
+
+    def with_users(patch: Patch) -> Patch:
+        users = sorted({u for a in patch.algorithms for u in found.users.get(a, ())})
+        return dataclasses.replace(patch, algorithm=patch.algorithms + tuple(users)) if users else patch
+
     for spec in TRAINERS.values():
         for patch in spec_patches(spec):
-            register(patch)
-    for patch in fused_head.kernel_patches(fused_head_users()):
+            register(with_users(patch))
+    for patch in found.patches:
         register(patch)
-    register(shared_prefix.attention_patch(("grpo", "rloo")))
-    register(processor_patch(tuple(TRAINERS)))  # TRL's vision scripts load processors themselves
+    for patch in fused_head.kernel_patches(fused_head_users()):
+        register(with_users(patch))
+    register(with_users(shared_prefix.attention_patch(("grpo", "rloo"))))
+    register(processor_patch((*TRAINERS, *EXTRA)))  # TRL's vision scripts load processors themselves
 
 
 def readme_table() -> str:
@@ -295,4 +255,22 @@ def readme_table() -> str:
         releases = f"{first} – {spec.last_release.rsplit('.', 1)[0]} (removed after)" if spec.last_release else \
             f"{first} – {last}"
         rows.append(f"| {spec.trainer_class_name} | {releases} | {spec.about.note} | {spec.about.parity_test} |")
+    return "\n".join(rows)
+
+
+def every_trainer_table() -> str:
+    """docs/compatibility.md's table of the installed TRL's trainers beyond :data:`TRAINERS` (Markdown): what slimrl
+    gives each (:mod:`slimrl.patching.derived`) and the TRL classes patched under a table trainer's name."""
+    every_trainer()
+    rows = ["| trainer (`PatchFastRL` name) | defined in | what slimrl gives | parity test |", "|---|---|---|---|"]
+    for spec in EXTRA.values():
+        rows.append(f"| {spec.trainer_class_name} (`{spec.name}`) | `{spec.trainer_module}` | **{spec.about.layer}**: "
+                    f"{spec.about.note} | {spec.about.parity_test} |")
+    every = every_trainer()
+    for name, targets in ALIASES.items():
+        for target in targets:
+            module, _, cls = target.partition(":")
+            rows.append(f"| {cls} (`{name}`) | `{module}` | **alias**: TRL's subclass of "
+                        f"{every[name].trainer_class_name} under its name, patched with it: the same layer | as "
+                        f"{name} |")
     return "\n".join(rows)

@@ -33,6 +33,7 @@ class TrainerState:
     seen_step: int | None = None  # fp16: the optimizer step seen at the last training_step
     skipped_steps: int = 0  # fp16: optimizer steps the gradient scaler skipped (metric fp16/skipped_steps)
     fp16_warned: bool = False  # fp16 weights without a scaler: the overflow warning was given
+    building: bool = False  # slimrl's constructor wrapper is running (a patched base's wrapper then stands aside)
     algorithm: str = ""  # PatchFastRL's name of the trainer
     workload: Any = None  # what one step does, for the planner (slimrl.planning.Workload; None: not planned)
 

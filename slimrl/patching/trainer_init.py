@@ -12,6 +12,11 @@
 5. TRL's ``__init__``, then the changed-defaults table (:mod:`slimrl.patching.defaults`);
 6. the trainer's own after-hooks from its spec, each ``hook(trainer)`` (GRPO/RLOO: the run-health monitor,
    :mod:`slimrl.health`).
+
+A warning TRL's constructor attributes to its caller lands on this wrapper: it is issued at the user's line instead
+(:func:`slimrl.compat.callsite.warnings_at_user_line`). TRL's own subclasses call their base's constructor
+(``GKDTrainer`` -> ``SFTTrainer``): when both are patched, the outermost constructor (the class the user built) does
+slimrl's work, and the base's wrapper only runs TRL's constructor.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 
 import torch
 
+from slimrl.compat.callsite import warnings_at_user_line
 from slimrl.models.quantized import keep_quantized_trainable
 from slimrl.patching.defaults import print_changed_defaults
 from slimrl.patching.hub_reach import skip_push_if_unreachable
@@ -52,12 +58,24 @@ def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, trainer: str | No
 def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[[dict], None] | None = None,
                          algorithm: str = "", workload: Any = None, trainer: str | None = None,
                          layouts: Callable[[Any], tuple] | None = None,
-                         after: tuple[Callable[[Any], None], ...] = ()):
+                         after: tuple[Callable[[Any], None], ...] = (), guard_rewards: bool = True):
     """A trainer's ``__init__`` preceded by steps 1-4 of the module docstring and followed by step 6 (``after``);
-    the trainer's state records which trainer it is (``algorithm``, and ``workload`` for the planner)."""
+    the trainer's state records which trainer it is (``algorithm``, and ``workload`` for the planner).
+    ``guard_rewards=False``: reward functions reach TRL as given (trainers that ship them to other processes)."""
 
     @functools.wraps(orig_init)
     def slimrl_trainer_init(self, *args, **kwargs):
+        state = trainer_state(self)
+        if state.building:  # a patched subclass's constructor did slimrl's work: the base's TRL constructor only
+            return orig_init(self, *args, **kwargs)
+        state.building = True
+        try:
+            with warnings_at_user_line():
+                _build(self, args, kwargs)
+        finally:
+            state.building = False
+
+    def _build(self, args: tuple, kwargs: dict) -> None:
         kwargs = translate_trainer_kwargs(type(self), orig_init, args, kwargs)
         check_trainer_inputs(orig_init, args, kwargs, trainer=trainer, layouts=layouts)
         bound = bound_inputs(orig_init, args, kwargs)  # every argument by name (positional ones too)
@@ -69,7 +87,7 @@ def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[
         if fit is not None:
             fit(bound)
         skip_push_if_unreachable(bound.get("args"))
-        if bound.get("reward_funcs") is not None:  # GRPO, RLOO, OnlineDPO, XPO
+        if guard_rewards and bound.get("reward_funcs") is not None:  # GRPO, RLOO, OnlineDPO, XPO
             bound["reward_funcs"] = guard_reward_funcs(bound["reward_funcs"], bound.get("train_dataset"))
         state = trainer_state(self)
         state.algorithm, state.workload = algorithm, workload

@@ -59,14 +59,16 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
     RLOO (see the module docstring). ``progress(row)`` is called after each row."""
     import datasets
 
-    from slimrl.patching import TRAINERS, _normalise, trainer_and_config, trainer_available
+    from slimrl.patching import _normalise, trainer_and_config, trainer_available
+    from slimrl.patching.specs import every_trainer
 
     datasets.disable_progress_bars()
     if load_in_4bit and load_in_8bit:
         raise VerifyError("--load_in_4bit and --load_in_8bit: pass one of them")
     quantized = "4bit" if load_in_4bit else "8bit" if load_in_8bit else None
-    names = [n for n in TRAINERS if trainer_available(n) and TRAINERS[n].about.scenario] if not algorithms else \
-        [_checked_name(a, _normalise, trainer_available, TRAINERS) for a in algorithms]
+    trainers = every_trainer()  # the table and the installed TRL's other trainers (those inheriting a route verify)
+    names = [n for n in trainers if trainer_available(n) and trainers[n].about.scenario] if not algorithms else \
+        [_checked_name(a, _normalise, trainer_available, trainers) for a in algorithms]
     if vllm_server_base_url is not None and (model is None or not Path(model).is_dir()):
         raise VerifyError("--vllm_server_base_url: pass --model DIR, the local model directory the server serves "
                           "(the trained model must hold the server's weights)")

@@ -86,7 +86,7 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
 
-    from slimrl.patching import TRAINERS, PatchFastRL, trainer_and_config, unpatch
+    from slimrl.patching import PatchFastRL, trainer_and_config, unpatch
     from slimrl.patching.routes import served
     from slimrl.patching.self_check import suspended
     from slimrl.verify.generation import GenerationProbe, worst_difference
@@ -97,7 +97,9 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
             PatchFastRL(name)
     trainer_cls, config_cls = trainer_and_config(name)
     torch.manual_seed(0)
-    scenario = agentic_scenario if loss_type in AGENTIC else TRAINERS[name].about.scenario
+    from slimrl.patching.specs import every_trainer
+
+    scenario = agentic_scenario if loss_type in AGENTIC else every_trainer()[name].about.scenario
     trainer = scenario(Kit(trainer_cls, config_cls, out_dir, setup), loss_type)
     model = trainer.model
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
@@ -181,9 +183,9 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
         problem = "no update in TRL's run (the comparison would be vacuous)"
     elif ours["grads"].keys() != ref["grads"].keys():
         problem = "different parameters got gradients"
-    from slimrl.patching.specs import TRAINERS
+    from slimrl.patching.specs import every_trainer
 
-    uses_ops = bool(TRAINERS[name].routes)
+    uses_ops = bool(every_trainer()[name].routes)
     if not problem and uses_ops and not ours["used"] and _route_applies(name):
         problem = "slimrl's log-prob path did not run"
     if not problem and name in PROBED and loss_type not in AGENTIC and math.isnan(ours["gen_err"]):

@@ -1,0 +1,101 @@
+"""One trainer slimrl patches, as a record (:class:`TrainerSpec`, with :class:`About` it): what its patches need and
+what the documentation, ``slimrl train`` and ``slimrl verify`` say about it. The rows themselves are
+:data:`slimrl.patching.specs.TRAINERS` (trainers with a module of their own) and the trainers read from the installed
+TRL (:mod:`slimrl.patching.derived`)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slimrl.compat.trl_info import EVERY_RELEASE
+from slimrl.patching.config_fields import config_init_factory
+from slimrl.patching.registry import Patch
+from slimrl.patching.steps import training_step_factory
+from slimrl.planning.settings import Workload
+
+Layouts = tuple[tuple[str, ...], ...]
+# what slimrl gives a trainer (docs/compatibility.md, slimrl verify --list)
+MEMORY_PATHS = "memory paths"  # a log-prob route of slimrl's, with a parity test
+CHECKS_ONLY = "checks and guards"  # nothing vocabulary-sized to save (a score head): checks and guards
+FIRST_CONTACT = "first contact"  # precision default, offline push, Unsloth's and legacy keywords, warnings' lines
+
+
+@dataclass(frozen=True)
+class About:
+    """What the documentation, ``slimrl train`` and ``slimrl verify`` read about a trainer: nothing here changes what
+    its patches do (those are :class:`TrainerSpec`'s fields)."""
+
+    note: str = ""  # docs/compatibility.md: what slimrl does for it
+    parity_test: str = "—"  # docs/compatibility.md: where its exactness is tested
+    cli: str | None = None  # slimrl train: "online" | "paired" | "unpaired" | "sft" (None: not offered)
+    scenario: Callable | None = None  # slimrl verify's run: scenario(kit, loss_type) -> trainer, in its module
+    not_verified: str = ""  # why it has no scenario (said under slimrl verify's table)
+    layer: str = MEMORY_PATHS  # MEMORY_PATHS | CHECKS_ONLY | FIRST_CONTACT
+
+
+def row(name: str, trainer: str, config: str | None, *, note: str = "", parity_test: str = "—",
+        cli: str | None = None, scenario: Callable | None = None, not_verified: str = "", layer: str = MEMORY_PATHS,
+        **patching: Any) -> TrainerSpec:
+    """One trainer: what the patches need, and :class:`About` it."""
+    about = About(note, parity_test, cli, scenario, not_verified, layer)
+    return TrainerSpec(name, trainer, config, about=about, **patching)
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """One trainer slimrl patches (see the module docstring)."""
+
+    name: str  # PatchFastRL's name for it
+    trainer: str  # "module:Class" in every supported release
+    config: str | None  # "module:Class" (None: TRL publishes none for it; it takes its base's)
+    releases: str = EVERY_RELEASE  # TRL releases that have it (compat.trl_info); its patches apply only there
+    last_release: str | None = None  # named when a newer TRL lacks it
+    instead: str = ""  # what to use where TRL removed it (the one line PatchFastRL says then)
+    layouts: Layouts | Callable[[Any], Layouts] = ()  # dataset column layouts (raw, then pre-tokenized)
+    routes: tuple[str, ...] = ()  # keys of ROUTES, per TRL release range (see `About.note`)
+    fields: tuple[str, ...] = ()  # slimrl config fields that act on it (the others are refused unless default)
+    config_init: Callable = config_init_factory  # factory(orig_init, fields=) for its config's __init__
+    init_hooks: tuple[Callable[[Any, Any], None], ...] = ()  # run as hook(model, args) before TRL's __init__
+    after_init: tuple[Callable[[Any], None], ...] = ()  # run as hook(trainer) after TRL's __init__
+    auto_fit: bool = False  # honours slimrl_auto_fit (slimrl.patching.online.autofit) before TRL's __init__
+    training_step: Callable | None = training_step_factory  # factory for its training_step (None: not patched)
+    guard_rewards: bool = True  # Python reward functions checked (slimrl.patching.reward_guard)
+    base: str | None = None  # the trainer whose route it inherits as TRL's subclass of it (slimrl.patching.derived)
+    patches: tuple[Patch, ...] = field(default=())  # its own, from trainers/<name>.py
+    workload: Workload | None = None  # what one step does: auto-fit's and `slimrl plan`'s (None: not planned)
+    about: About = field(default_factory=lambda: About())  # what the docs, the CLI and verify read
+
+    @property
+    def trainer_module(self) -> str:
+        return self.trainer.partition(":")[0]
+
+    @property
+    def trainer_class_name(self) -> str:
+        return self.trainer.partition(":")[2]
+
+    def available(self) -> bool:
+        """Whether the installed TRL ships this trainer."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # trl.experimental's import warning
+            try:
+                return importlib.util.find_spec(self.trainer_module) is not None
+            except ModuleNotFoundError:
+                return False
+
+    def classes(self) -> tuple[type, type | None]:
+        """(trainer class, config class) of the installed TRL."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = []
+            for target in (self.trainer, self.config):
+                module, _, name = (target or "").partition(":")
+                out.append(getattr(importlib.import_module(module), name) if module else None)
+        return out[0], out[1]
+
+    def dataset_layouts(self, args: Any = None) -> Layouts:
+        return self.layouts(args) if callable(self.layouts) else self.layouts

@@ -1,0 +1,194 @@
+"""``PatchFastRL()`` covers every trainer the installed TRL ships, stable and experimental, read from TRL's modules
+(:mod:`slimrl.patching.catalog`, :mod:`slimrl.patching.derived`): every config builds with its defaults on this
+CPU (TRL's bf16 default, which the CPU cannot run, becomes fp32 in the changed-settings table), every trainer has a
+name ``PatchFastRL`` takes, and the first-contact trainers train one step of a tiny model under the patch."""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+
+import pytest
+
+from slimrl import PatchFastRL, unpatch
+from slimrl.patching.catalog import resolve, shipped, snake_name
+from slimrl.patching.spec import FIRST_CONTACT
+from slimrl.patching.specs import every_trainer
+from slimrl.patching.state import config_state, trainer_state
+
+# what TRL itself requires of a config besides its defaults
+REQUIRED = {"ServerDistillationConfig": {"teacher_model_server_url": "http://127.0.0.1:1"}}
+
+
+def _configs() -> list[type]:
+    return [resolve(s.config) for s in shipped() if s.config]
+
+
+def _build(config_cls: type):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return config_cls(output_dir=tempfile.mkdtemp(), **REQUIRED.get(config_cls.__name__, {}))
+
+
+def test_every_config_of_the_installed_trl_builds_with_its_defaults():
+    from transformers.utils import is_torch_bf16_gpu_available
+
+    configs = _configs()
+    assert len(configs) >= 10  # TRL 1.12 ships 24 trainers with a config, 1.16 23
+    PatchFastRL()
+    try:
+        built = [_build(cls) for cls in configs]
+    finally:
+        unpatch()
+    if not is_torch_bf16_gpu_available():  # this CPU: TRL's own default stops there, the patched one runs in fp32
+        assert all(c.bf16 is False for c in built)
+        assert all("bf16" in config_state(c).changed for c in built)
+        gkd_config = next((cls for cls in configs if cls.__name__ == "GKDConfig"), configs[0])
+        with pytest.raises(ValueError, match="bf16"):  # TRL alone (unpatched): the error the issue met
+            _build(gkd_config)
+
+
+def test_every_trainer_has_a_name_and_is_patched_by_it():
+    names = every_trainer()
+    for found in shipped():
+        assert found.name in names, found
+        cls = resolve(found.trainer)
+        before = cls.__dict__.get("__init__")
+        PatchFastRL(found.name)  # aliases (trl.experimental.kto's KTOTrainer) are patched with their base's name
+        try:
+            assert cls.__dict__.get("__init__") is not before, found.trainer
+        finally:
+            unpatch()
+        assert cls.__dict__.get("__init__") is before, found.trainer
+    assert snake_name("AsyncGRPOTrainer") == "async_grpo" and snake_name("GRPOWithReplayBufferTrainer") == \
+        "grpo_with_replay_buffer" and snake_name("IWOPDTrainer") == "iwopd"
+
+
+def test_names_people_write_reach_the_trainer():
+    from slimrl.patching import _normalise
+
+    if "iwopd" in every_trainer():
+        assert _normalise("IWOPDTrainer") == _normalise("iw_opd") == _normalise("IW-OPD") == "iwopd"
+    if "gkd" in every_trainer():
+        assert _normalise("GKD") == _normalise("gkdtrainer") == "gkd"
+    with pytest.raises(ValueError, match="valid names: .*grpo"):
+        _normalise("no_such_trainer")
+
+
+def test_first_contact_trainers_are_listed_as_such():
+    for name, spec in every_trainer().items():
+        if spec.about.layer == FIRST_CONTACT:
+            assert spec.training_step is None and not spec.fields and "no memory path" in spec.about.note, name
+
+
+# ---- the first-contact trainers train one step of a tiny model under PatchFastRL(); their configs keep TRL's
+# defaults but the sizes (and what TRL needs: a teacher, a reward); TRL's bf16 default is changed on this CPU ----
+
+def _chat_model(tmp_path, seed: int, tokenizer) -> str:
+    from tests.tiny import tiny_llama
+
+    path = tmp_path / f"m{seed}"
+    tiny_llama(seed=seed, vocab_size=len(tokenizer)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _byte_level_tokenizer():
+    """A ByteLevel BPE tokenizer trained here on a few strings (GOLD's byte offsets need one), with TRL's Qwen3 chat
+    template."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from slimrl.verify.tiny import CHAT_SPECIAL
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([f"{a}+{a}={2 * a} user assistant system" for a in range(50)], vocab_size=300,
+                            special_tokens=CHAT_SPECIAL)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", eos_token="<|im_end|>",
+                                  unk_token="<unk>")
+    tok.chat_template = qwen3_chat_template
+    return tok
+
+
+def _reward(completions, **kwargs):
+    return [float(len(str(c)) % 3) for c in completions]
+
+
+MESSAGES = [{"messages": [{"role": "user", "content": f"{a}+{a}="}, {"role": "assistant", "content": str(2 * a)}]}
+            for a in range(8)]
+CHAT_PROMPTS = [{"prompt": [{"role": "user", "content": f"{a}+{a}="}]} for a in range(8)]
+PROMPTS = [{"prompt": f"{a}+{a}="} for a in range(8)]
+SIZES = dict(max_steps=1, per_device_train_batch_size=2, report_to="none", save_strategy="no")
+# name -> (module, trainer keywords beyond model/args/processing_class, config keywords beyond SIZES, tokenizer)
+CASES = {
+    "gkd": ("gkd", {"teacher": True, "data": MESSAGES}, {"max_new_tokens": 4}),
+    "gold": ("gold", {"teacher": True, "data": MESSAGES, "byte_level": True}, {"max_completion_length": 4}),
+    "iwopd": ("iw_opd", {"teacher": True, "data": MESSAGES}, {"max_completion_length": 4}),
+    "tpo": ("tpo", {"data": [{"prompt": f"{a}+{a}=", "chosen": str(2 * a), "rejected": "x", "reference": str(2 * a)}
+                             for a in range(8)]}, {}),
+    "a2po": ("a2po", {"reward": True, "data": PROMPTS}, {"max_completion_length": 4}),
+    "sdft": ("sdft", {"data": [{**p, "privileged_context": "hint"} for p in CHAT_PROMPTS]},
+             {"max_completion_length": 4, "num_generations": 2}),
+    "sdpo": ("sdpo", {"reward": True, "data": PROMPTS}, {"max_completion_length": 4, "num_generations": 2}),
+    "distillation": (None, {"teacher": True, "data": CHAT_PROMPTS}, {"max_completion_length": 4}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_first_contact_trainer_trains_under_the_patch(tmp_path, name):
+    import importlib
+
+    from datasets import Dataset
+
+    from slimrl.verify.tiny import chat_tokenizer
+
+    if name not in every_trainer():
+        pytest.skip(f"the installed TRL has no {name} trainer")
+    module_name, how, config_kwargs = CASES[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = importlib.import_module(f"trl.experimental.{module_name}" if module_name else "trl")
+    prefix = every_trainer()[name].trainer_class_name.removesuffix("Trainer")
+    tok = _byte_level_tokenizer() if how.get("byte_level") else chat_tokenizer()
+    kwargs = {"train_dataset": Dataset.from_list(how["data"]), "processing_class": tok}
+    if how.get("teacher"):
+        kwargs["teacher_model"] = _chat_model(tmp_path, 1, tok)
+    if how.get("reward"):
+        kwargs["reward_funcs"] = [_reward]
+    PatchFastRL(name)
+    try:
+        args = getattr(module, f"{prefix}Config")(output_dir=str(tmp_path / "out"), **SIZES, **config_kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = getattr(module, f"{prefix}Trainer")(model=_chat_model(tmp_path, 0, tok), args=args, **kwargs)
+            result = trainer.train()
+    finally:
+        unpatch()
+    assert trainer_state(trainer).algorithm == name
+    assert result.global_step == 1 and result.training_loss == result.training_loss  # a finite number, not NaN
+
+
+def test_docs_table_is_generated_from_the_installed_trl():
+    """docs/compatibility.md's table of the other trainers is :func:`slimrl.patching.specs.every_trainer_table` on
+    the TRL release it names (regenerate it from there)."""
+    from pathlib import Path
+
+    from slimrl.compat.trl_info import trl_version
+    from slimrl.patching.specs import every_trainer_table
+
+    if str(trl_version()) != "1.16.0":
+        pytest.skip("docs/compatibility.md shows TRL 1.16.0's trainers")
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "compatibility.md").read_text()
+    assert every_trainer_table() in docs, "stale: paste slimrl.patching.specs.every_trainer_table() into the docs"
+
+
+def test_verify_list_names_what_each_trainer_gets(capsys):
+    from slimrl.cli.verify import main
+
+    assert main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name, spec in every_trainer().items():
+        if spec.available():
+            line = next(x for x in lines if x.split()[:1] == [name])
+            assert spec.about.layer in line, line
