@@ -8,12 +8,20 @@ and projects the completion positions through :func:`slimrl.ops.chunked_logprobs
 returns log-probs at *every* completion position, padding included (TRL's entropy metric reads them unmasked).
 
 Delegates to TRL's ``_forward`` for vision inputs, an empty prompt, and heads that are not a plain ``nn.Linear``.
+
+TRL's ``_generate`` (transformers' ``generate``) runs in malloc's recycling phase on a CPU
+(:func:`slimrl.compat.malloc.recycling_phase`), as GRPO's generation does: with slimrl's lean mmap threshold the KV
+cache's growth would page-fault afresh every token (measured: 10-18 CPU-seconds more in the first step of a
+SmolLM2-135M run, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from slimrl.compat.malloc import recycling_phase
 from slimrl.patching.registry import Patch, original
 from slimrl.patching.routes.score_positions import score_positions, servable_head
 
@@ -39,6 +47,17 @@ def slimrl_online_dpo_forward(self, model, prompt_ids, prompt_mask, completion_i
     logps, _, _ = score_positions(self, model, head, ids, mask, targets, score)  # [B, P + C]
     return logps[:, p - 1:-1]  # [B, C]
 
+def online_dpo_generate_factory(orig):
+    """TRL's ``_generate`` in malloc's recycling phase (module docstring); the same call and result."""
+
+    @functools.wraps(orig)
+    def slimrl_online_dpo_generate(self, *args, **kwargs):
+        with recycling_phase():
+            return orig(self, *args, **kwargs)
+
+    return slimrl_online_dpo_generate
+
+
 CONFIG = "trl.experimental.online_dpo.online_dpo_config:OnlineDPOConfig"
 
 
@@ -52,4 +71,5 @@ def scenario(kit, loss_type: str):
 
 PATCHES = [
     Patch("online_dpo", TRAINER, "_forward", slimrl_online_dpo_forward),
+    Patch("online_dpo", TRAINER, "_generate", online_dpo_generate_factory, wrap=True),
 ]
