@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -111,12 +113,41 @@ def uninstall_policy(base: Any) -> None:
     base.__dict__.pop("_set_gradient_checkpointing", None)
 
 
+def is_on(base: Any) -> bool:
+    """Whether ``base`` (a transformers model) checkpoints, asked by the name the installed transformers keeps
+    (``is_activation_checkpointing``; ``is_gradient_checkpointing`` before it had one, deprecated since)."""
+    return bool(base.is_activation_checkpointing if has_activation_checkpointing_enable()
+                else base.is_gradient_checkpointing)
+
+
+def _disable(base: Any) -> None:
+    if has_activation_checkpointing_enable():
+        base.activation_checkpointing_disable()
+    else:
+        base.gradient_checkpointing_disable()
+
+
 def turn_off(model: Any) -> None:
     """No checkpointing on ``model`` (PEFT or transformers), slimrl's policy removed, through transformers' API."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     uninstall_policy(base)
-    if has_activation_checkpointing_enable():
-        if base.is_activation_checkpointing:
-            base.activation_checkpointing_disable()
-    elif base.is_gradient_checkpointing:
-        base.gradient_checkpointing_disable()
+    if is_on(base):
+        _disable(base)
+
+
+@contextmanager
+def paused(model: Any, kwargs: dict | None = None) -> Iterator[None]:
+    """Checkpointing off for the block (a no-grad pass) and back on after with ``kwargs`` (the config's
+    ``gradient_checkpointing_kwargs``), through transformers' current names: what TRL's
+    ``disable_gradient_checkpointing`` does, without the names transformers deprecates (its FutureWarnings)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    was = is_on(base)
+    if was:
+        _disable(base)
+    try:
+        yield
+    finally:
+        if was and has_activation_checkpointing_enable():
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        elif was:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -95,3 +95,47 @@ def test_selective_checkpointing_is_exact_and_kept_through_the_trainers_enable(t
     with pytest.raises(ValueError, match="checkpoint_every_n_layers must be a positive int"):
         FastLanguageModel.get_peft_model(FastLanguageModel.from_pretrained(str(tiny_model_dir))[0], r=4,
                                          use_gradient_checkpointing="selective", checkpoint_every_n_layers=0)
+
+
+def test_paused_turns_checkpointing_off_and_back_without_deprecated_names():
+    """slimrl's pause (the truncated-sampling fix's no-grad pass) and turn_off use transformers' current names: no
+    FutureWarning/DeprecationWarning is raised by a call slimrl makes (TRL's own helper called the deprecated
+    ``is_gradient_checkpointing`` / ``gradient_checkpointing_disable`` / ``_enable``)."""
+    from slimrl.models.checkpointing import is_on, paused, turn_off, turn_on
+    from tests.test_first_contact import _callers_of_deprecations
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama()
+    turn_on(model)
+    seen = []
+
+    def run():
+        with paused(model, {"use_reentrant": False}):
+            seen.append(is_on(model))
+        seen.append(is_on(model))
+        turn_off(model)
+        seen.append(is_on(model))
+
+    found = _callers_of_deprecations(run)  # whoever calls them: only slimrl's code runs on a transformers model here
+    assert not found, found
+    assert seen == [False, True, False]
+
+
+def test_the_deprecation_check_sees_trls_helper():
+    """The check above can fail: TRL's own pause helper, on the same model, warns (transformers >= 5.19)."""
+    from slimrl.models.checkpointing import has_activation_checkpointing_enable, turn_on
+    from tests.test_first_contact import _callers_of_deprecations
+    from tests.tiny import tiny_llama
+
+    if not has_activation_checkpointing_enable():
+        pytest.skip("this transformers has not renamed gradient checkpointing: nothing is deprecated")
+    from trl.models.utils import disable_gradient_checkpointing
+
+    model = tiny_llama()
+    turn_on(model)
+
+    def run():
+        with disable_gradient_checkpointing(model, {"use_reentrant": False}):
+            pass
+
+    assert _callers_of_deprecations(run)

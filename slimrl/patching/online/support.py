@@ -46,7 +46,7 @@ def truncation(trainer: Any) -> dict[str, Any] | None:
 @torch.no_grad()
 def batch_log_kept_mass(trainer: Any, output: dict, settings: dict[str, Any]) -> torch.Tensor:
     """``[B, C]``: ``log S_t`` of every completion position of the generation batch ``output``."""
-    from trl.models.utils import disable_gradient_checkpointing
+    from slimrl.models.checkpointing import paused
 
     prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]  # [B, P], [B, C]
     ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P + C]
@@ -54,7 +54,7 @@ def batch_log_kept_mass(trainer: Any, output: dict, settings: dict[str, Any]) ->
     c = completion_ids.size(1)
     rows = max(1, getattr(trainer.args, "unsloth_grpo_mini_batch", None) or trainer.args.per_device_train_batch_size)
     out = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)  # [B, C]
-    checkpointing = disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs) \
+    checkpointing = paused(trainer.model, trainer.args.gradient_checkpointing_kwargs) \
         if trainer.args.gradient_checkpointing else contextlib.nullcontext()
     with checkpointing:
         for start in range(0, ids.size(0), rows):
