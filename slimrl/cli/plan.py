@@ -39,8 +39,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0 adds the reference pass)")
     p.add_argument("--shared_prefix", type=_bool, default=True, help="slimrl_shared_prefix: each prompt once per "
                    "group in the log-prob passes where the layout applies (GRPO; default true)")
+    p.add_argument("--compare", action="store_true", help="also TRL alone's prediction (the installed release's head) "
+                   "and TRL + Liger's where liger-kernel is installed, for the same settings: peak per phase and, "
+                   "with --budget, the longest completion that fits")
     p.add_argument("--json", action="store_true", help="the plan as one JSON object")
     return p
+
+
+def format_compare(sides: dict[str, dict[str, Any]]) -> str:
+    """``--compare``'s table: one column per side."""
+    names = list(sides)
+    phases = list(dict.fromkeys(p for side in sides.values() for p in side["phases"]))
+    lines = ["", "  compared (GB; TRL's sides simulated on the meta device, see docs/plan.md):",
+             "  " + f"{'':24}" + "".join(f"{n:>14}" for n in names)]
+    for phase in phases:
+        cells = [sides[n]["phases"].get(phase) for n in names]
+        lines.append(f"  {phase:24}" + "".join(f"{'-' if c is None else f'{c / 2**30:.2f}':>14}" for c in cells))
+    lines.append(f"  {'peak':24}" + "".join(f"{sides[n]['peak_bytes'] / 2**30:>14.2f}" for n in names))
+    ref = sides[names[1]]["peak_bytes"] if len(names) > 1 else None
+    if ref:
+        lines.append(f"  {'peak / TRL alone':24}" + "".join(f"{sides[n]['peak_bytes'] / ref:>14.2f}" for n in names))
+    if "longest_completion" in sides[names[0]]:
+        lines.append(f"  {'longest completion':24}" + "".join(
+            f"{str(sides[n]['longest_completion'] or 'none'):>14}" for n in names))
+    return "\n".join(lines)
 
 
 def format_plan(data: dict[str, Any]) -> str:
@@ -79,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                                    f"--num_generations {args.num_generations}")
     if not 0 <= args.lora_r <= 65536:  # beyond any model's width: the planner would describe absurd tensors
         return fail("slimrl plan", f"--lora_r {args.lora_r}: a LoRA rank in [1, 65536], or 0 for full fine-tuning")
-    options = {k: v for k, v in vars(args).items() if k not in ("json", "model", "budget")}
+    options = {k: v for k, v in vars(args).items() if k not in ("json", "model", "budget", "compare")}
     settings = Settings(workload=PLANNED[args.algorithm], **options)
     try:
         with warnings.catch_warnings():
@@ -91,5 +113,23 @@ def main(argv: list[str] | None = None) -> int:
         return fail("slimrl plan", f"the sizes asked for are beyond what can be planned ({type(exc).__name__}: "
                                    f"{str(exc).splitlines()[0][:120]}); ask for fewer rows or tokens")
     data = result.to_json()
-    print(json.dumps(data, indent=2) if args.json else format_plan(data))
+    if args.compare:
+        try:
+            sides = _compare(args, settings, result)
+        except (PlanInputError, ValueError) as exc:
+            return fail("slimrl plan", str(exc))
+        data["compare"] = sides
+    print(json.dumps(data, indent=2) if args.json else format_plan(data) + (
+        format_compare(data["compare"]) if args.compare else ""))
     return 0
+
+
+def _compare(args: argparse.Namespace, settings: Any, result: Any) -> dict[str, Any]:
+    import warnings
+
+    from slimrl.planning.compare import compare
+    from slimrl.planning.config import load_config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return compare(load_config(args.model), settings, result.budget_bytes)

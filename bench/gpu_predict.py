@@ -1,0 +1,110 @@
+"""GPU answers without a GPU: TRL alone (and TRL + Liger) simulated on the meta device (``slimrl.planning.baseline``),
+validated against TRL's published GPU measurements, and slimrl's own prediction (``slimrl.plan``) beside it.
+
+    python bench/gpu_predict.py validate     # TRL v1.15.0's published table (gemma-3-1b, 79 GiB): 20 figures
+    python bench/gpu_predict.py predict      # docs/BENCHMARKS.md's "GPU, predicted" rows
+
+``validate`` reproduces the release's "Fused LM head: up to 6.9x longer sequences" table: the peak at 8,192 tokens
+and the longest trainable length (multiples of 1,024 whose simulated peak stays within 79 GiB) of DPO, KTO (batch
+size 2), GRPO and RLOO (scoring: the policy's log-prob pass and its backward, no generation) and SFT (``nll``),
+with TRL 1.14.2's head (full logits) and 1.15.0's (the fused head). What is assumed of TRL's runs (not published
+with the table): full fine-tuning, bf16 weights, AdamW's state already allocated (a later step), gradient
+checkpointing on, SDPA, batch size 1 (KTO 2), TRL's default reference model where the trainer keeps one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+GIB = 2**30
+# gemma-3-1b (google/gemma-3-1b-it config.json); TRL's runs went past its 32k positions
+GEMMA3_1B = dict(model_type="gemma3_text", hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                 num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144, sliding_window=512,
+                 max_position_embeddings=131072, query_pre_attn_scalar=256, rope_theta=1e6,
+                 final_logit_softcapping=None, tie_word_embeddings=True)
+# TRL v1.15.0 release notes: trainer -> (rows, {release: (max trainable length, peak GiB at 8,192 tokens)})
+PUBLISHED = {
+    "dpo": (1, {"1.14.2": (10240, 48.97), "1.15.0": (59392, 12.00)}),
+    "kto": (2, {"1.14.2": (9216, 64.91), "1.15.0": (63488, 11.98)}),
+    "grpo": (1, {"1.14.2": (28672, 24.15), "1.15.0": (114688, 10.30)}),
+    "rloo": (1, {"1.14.2": (23552, 29.28), "1.15.0": (100352, 14.02)}),
+    "sft": (1, {"1.14.2": (20480, 30.33), "1.15.0": (107520, 8.87)}),
+}
+CAPACITY = 79 * GIB
+
+
+def gemma3_1b():
+    from transformers import AutoConfig
+
+    fields = dict(GEMMA3_1B)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def longest(peak_at, capacity: int, step: int = 1024, top: int = 262144) -> int:
+    """Largest multiple of ``step`` (<= ``top``) whose ``peak_at(tokens)`` fits ``capacity`` (0: none fits)."""
+    lo, hi = 0, top // step + 1  # lo fits (0 trivially), hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if peak_at(mid * step) <= capacity else (lo, mid)
+    return lo * step
+
+
+def validate() -> list[dict]:
+    from slimrl.planning.baseline import family_of, simulate
+
+    config = gemma3_1b()
+    rows = []
+    for trainer, (batch, releases) in PUBLISHED.items():
+        for release, (length, peak) in releases.items():
+            family = family_of(release)
+
+            def peak_at(tokens: int, trainer=trainer, batch=batch, family=family) -> int:
+                return simulate(config, trainer, tokens, family, rows=batch).peak_bytes
+
+            sim_peak = peak_at(8192) / GIB
+            sim_len = longest(peak_at, CAPACITY)
+            rows.append({"trainer": trainer, "trl": release, "published_peak_gib": peak,
+                         "simulated_peak_gib": round(sim_peak, 2), "peak_error": round(sim_peak / peak - 1, 3),
+                         "published_length": length, "simulated_length": sim_len,
+                         "length_error": round(sim_len / length - 1, 3)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| trainer | TRL | peak at 8,192 (GiB): published | simulated | error | longest length: published | "
+           "simulated | error |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['trainer']} | {r['trl']} | {r['published_peak_gib']:.2f} | {r['simulated_peak_gib']:.2f} | "
+                   f"{100 * r['peak_error']:+.1f} % | {r['published_length']:,} | {r['simulated_length']:,} | "
+                   f"{100 * r['length_error']:+.1f} % |")
+    within = sum(abs(r[k]) <= 0.10 for r in rows for k in ("peak_error", "length_error"))
+    worst = max(abs(r[k]) for r in rows for k in ("peak_error", "length_error"))
+    out.append(f"\n{within} of {2 * len(rows)} figures within ±10 %; the largest error {100 * worst:.1f} %")
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=("validate", "predict"))
+    p.add_argument("--json", help="also write the rows to this file")
+    a = p.parse_args()
+    if a.what == "validate":
+        rows = validate()
+        print(table(rows))
+    else:
+        from gpu_predicted import predict  # same directory
+
+        rows = predict()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

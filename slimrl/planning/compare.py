@@ -1,0 +1,87 @@
+"""``slimrl plan --compare``: slimrl's prediction beside TRL alone's and TRL + Liger's for the same settings, before
+any weight loads.
+
+slimrl's side is :func:`slimrl.planning.plan.plan`. TRL's sides are :func:`slimrl.planning.baseline.simulate` with
+the head of the installed TRL release (and, where ``liger_kernel`` is installed, Liger's), at the same rows and
+tokens: a generation batch's rows of prompt + completion tokens (DPO: that many pairs). Generation is taken to cost
+TRL what it costs slimrl's HF-generate path (the same KV cache; slimrl's shared prefill only lowers its prefill), so
+the sides differ in the passes that score and train. For each side: its peak, its phases, and with a budget the
+longest completion that fits (multiples of ``step`` tokens).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+from typing import Any
+
+from slimrl.planning.baseline import family_of, simulate
+from slimrl.planning.settings import Settings
+
+BASELINE_TRAINERS = {"grpo": "grpo", "rloo": "rloo", "dpo": "dpo", "kto": "kto", "sft": "sft"}
+
+
+def liger_installed() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def _trl_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trl")
+    except PackageNotFoundError:
+        return "1.16.0"
+
+
+def trl_side(config: Any, s: Settings, family: str, generation: int = 0) -> dict[str, Any]:
+    """TRL alone (or with Liger) for settings ``s``: ``{"peak_bytes", "phases"}``."""
+    trainer = BASELINE_TRAINERS[s.algorithm]
+    rows = s.per_device_train_batch_size
+    step = simulate(config, trainer, s.max_prompt_length + s.max_completion_length, family, rows=rows,
+                    lora_r=s.lora_r, checkpointing=s.gradient_checkpointing != "false",
+                    reference=(s.beta > 0) if trainer in ("grpo", "rloo") else None, device=s.device)
+    phases = {**step.persistent, "step": step.pass_peak}
+    if s.workload.generates:
+        phases["generation"] = generation
+    peak = sum(step.persistent.values()) + max(step.pass_peak, generation)
+    return {"peak_bytes": peak, "phases": phases}
+
+
+def compare(config: Any, s: Settings, budget: int | None = None, step: int = 256) -> dict[str, dict[str, Any]]:
+    """The sides for ``s`` (module docstring); ``budget`` (bytes) adds each side's longest completion that fits."""
+    from slimrl.planning.plan import plan
+
+    if s.algorithm not in BASELINE_TRAINERS:
+        raise ValueError(f"--compare: TRL alone is simulated for {', '.join(BASELINE_TRAINERS)}; not {s.algorithm!r}")
+    ours = plan(config, s, search=False)
+    generation = ours.phases.get("generation", 0)
+    families = {"trl": family_of(_trl_version())}
+    if liger_installed():
+        families["trl + liger"] = "liger"
+    sides = {"slimrl": {"peak_bytes": ours.peak_bytes, "phases": dict(ours.phases)}}
+    for name, family in families.items():
+        sides[name] = trl_side(config, s, family, generation)
+    if budget is not None:
+        sides["slimrl"]["longest_completion"] = _longest(
+            lambda c: plan(config, replace(s, max_completion_length=c), search=False).peak_bytes, budget, step)
+        for name, family in families.items():
+            sides[name]["longest_completion"] = _longest(
+                lambda c, family=family: trl_side(config, replace(s, max_completion_length=c), family,
+                                                  generation * (s.max_prompt_length + c) //
+                                                  (s.max_prompt_length + s.max_completion_length))["peak_bytes"],
+                budget, step)
+    return sides
+
+
+def _longest(peak_at, budget: int, step: int, top: int = 1 << 20) -> int | None:
+    """Largest multiple of ``step`` whose ``peak_at`` fits ``budget`` (None: not even ``step``)."""
+    if peak_at(step) > budget:
+        return None
+    lo, hi = 1, 2
+    while hi * step <= top and peak_at(hi * step) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if peak_at(mid * step) <= budget else (lo, mid)
+    return lo * step

@@ -1,0 +1,128 @@
+"""TRL alone simulated on the meta device (:mod:`slimrl.planning.baseline`) and ``slimrl plan --compare``
+(:mod:`slimrl.planning.compare`): the simulation holds what each TRL head holds (logits-sized tensors before 1.15,
+the fused head's fp32 weight gradient after), the optimizer state and reference model as TRL keeps them, and the
+comparison puts slimrl's prediction beside it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slimrl.planning.baseline import family_of, liger_chunk, simulate
+
+GIB = 2**30
+
+
+def _config(vocab: int = 4096, hidden: int = 64, layers: int = 2, **more):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1 << 17,
+                       tie_word_embeddings=True, **more)
+
+
+def test_families_follow_the_trl_release():
+    assert family_of("1.14.2") == "full_logits" and family_of("1.15.0") == "fused_head"
+    assert family_of("1.16.0") == "fused_head" and family_of("1.16.0", liger=True) == "liger"
+
+
+def test_full_logits_hold_logit_sized_tensors_the_fused_head_does_not():
+    """TRL <= 1.14's GRPO pass holds the bf16 logits and their gradient at once (two [T, V] tensors at least);
+    TRL >= 1.15's fused head stays far below one of them (its tile is [4096, 32768] whatever the length)."""
+    config, tokens = _config(vocab=32768), 16384
+    logits = tokens * 32768 * 2  # bf16 [T, V]
+    full = simulate(config, "grpo", tokens, "full_logits")
+    fused = simulate(config, "grpo", tokens, "fused_head")
+    assert full.pass_peak >= 2 * logits
+    assert fused.pass_peak < logits / 2
+    assert full.persistent == fused.persistent  # the head changes the step, not what is held across steps
+
+
+def test_sft_nll_before_1_15_also_upcasts_the_logits():
+    """transformers' own loss (SFT's nll before 1.15) upcasts the logits to fp32: bf16 + fp32 copies at least."""
+    config, tokens = _config(vocab=32768), 2048
+    logits = tokens * 32768 * 2
+    assert simulate(config, "sft", tokens, "full_logits").pass_peak >= 3 * logits
+
+
+def test_fused_head_backward_holds_an_fp32_weight_gradient_when_the_head_trains():
+    """Full fine-tuning trains the (tied) head: the fused head's backward holds an fp32 [V, H] gradient; with LoRA
+    the head is frozen and that gradient is never allocated."""
+    config = _config(vocab=65536, hidden=256)
+    full = simulate(config, "sft", 256, "fused_head")
+    lora = simulate(config, "sft", 256, "fused_head", lora_r=8)
+    assert full.pass_peak - lora.pass_peak >= 65536 * 256 * 4
+
+
+def test_optimizer_state_reference_and_lora():
+    config = _config()
+    full = simulate(config, "rloo", 256, "fused_head")
+    weights = full.persistent["weights"]
+    assert full.persistent["optimizer"] == 2 * weights  # AdamW's two moments in the weights' dtype (bf16)
+    assert full.persistent["reference"] == weights  # RLOO's default beta keeps a frozen copy
+    lora = simulate(config, "rloo", 256, "fused_head", lora_r=8)
+    assert "reference" not in lora.persistent  # the adapter disabled is the reference
+    import torch
+
+    from slimrl.planning.trace import meta_model
+
+    adapter = sum(p.numel() for n, p in meta_model(config, torch.bfloat16, 8).named_parameters() if "lora_" in n)
+    assert lora.persistent["optimizer"] == 16 * adapter  # fp32 adapter weights, gradients and two moments
+    assert "reference" not in simulate(config, "grpo", 256, "fused_head").persistent  # beta 0 by default
+
+
+def test_sliding_window_masks_are_quadratic_on_cuda():
+    """A sliding-window layer gets a boolean [T, T] mask that CUDA's memory-efficient kernel turns into a bias of
+    the query's dtype: the pass grows with T^2 on CUDA, not in the CPU simulation."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("gemma3_text", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=512,
+                                  sliding_window=64, max_position_embeddings=1 << 16)
+    config._attn_implementation = "sdpa"
+    t = 2048
+
+    def growth(device: str) -> int:  # what doubling the length adds beyond twice the memory: the T^2 terms x 2
+        one, two = (simulate(config, "grpo", n, "fused_head", device=device).pass_peak for n in (t, 2 * t))
+        return two - 2 * one
+
+    assert growth("cuda") >= 5 * t * t  # (1 + 2) T^2 bytes: the bool mask and the bf16 bias, x (4 - 2)
+    assert growth("cpu") < 3 * t * t  # the bool mask only
+
+
+def test_liger_chunk_and_bad_input():
+    assert liger_chunk(8192, 262144, 1152) == 64  # 8192 / ceil(262144 / 1152) = 35.9 -> 64
+    with pytest.raises(ValueError, match="choose from"):
+        simulate(_config(), "ppo", 64, "fused_head")
+
+
+def test_compare_puts_slimrl_beside_trl_alone(tmp_path):
+    from slimrl.planning.compare import compare
+    from slimrl.planning.settings import Settings
+
+    config = _config(vocab=32768, hidden=128)
+    s = Settings(per_device_train_batch_size=2, num_generations=2, max_prompt_length=32, max_completion_length=512,
+                 lora_r=8, device="cuda", gradient_checkpointing="true")
+    sides = compare(config, s, budget=GIB // 4, step=1024)
+    assert {"slimrl", "trl"} <= set(sides)
+    assert sides["trl"]["phases"]["generation"] == sides["slimrl"]["phases"]["generation"]
+    assert all(side["longest_completion"] for side in sides.values())
+    with pytest.raises(ValueError, match="orpo"):
+        compare(config, Settings(algorithm="orpo"))
+
+
+def test_plan_cli_compare(capsys, tmp_path):
+    from slimrl.cli import plan as plan_cli
+
+    _config(vocab=8192).save_pretrained(tmp_path)
+    base = ["--model", str(tmp_path), "--device", "cuda", "--max_completion_length", "128", "--lora_r", "4",
+            "--per_device_train_batch_size", "2", "--num_generations", "2"]
+    assert plan_cli.main([*base, "--compare", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["compare"]["trl"]["peak_bytes"] > 0 and data["compare"]["slimrl"]["peak_bytes"] == data["peak_bytes"]
+    assert plan_cli.main([*base, "--compare"]) == 0
+    out = capsys.readouterr().out
+    assert "compared" in out and "peak / TRL alone" in out
+    assert plan_cli.main([*base, "--compare", "--algorithm", "orpo"]) == 2  # one line: TRL alone is not simulated
+    assert "--compare" in capsys.readouterr().err
