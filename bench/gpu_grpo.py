@@ -1,5 +1,5 @@
 """One GRPO step of a 1.5-8B model on one GPU: TRL 1.16 alone, TRL + Liger, slimrl and Unsloth, each side in its
-own process (``bench/gpu_worker.py``).
+own process (``slimrl/cli/compare_worker.py``, the worker ``slimrl compare`` runs).
 
     python bench/gpu_grpo.py --shape qwen2.5-1.5b --length 4096 --prompt-length 256            # TRL, Liger, slimrl
     python bench/gpu_grpo.py --shape qwen2.5-1.5b --length 4096 --prompt-length 256 --sides unsloth
@@ -9,7 +9,7 @@ own process (``bench/gpu_worker.py``).
 
 Models are random-init from the configs in :data:`SHAPES` (nothing downloaded: memory and time do not depend on
 the weights' values), saved once under ``--cache`` with a character tokenizer, then loaded by each side its own way
-(``bench/gpu_worker.py``; QLoRA: an NF4 base through bitsandbytes on every side). LoRA r=64 (alpha 64) on every
+(``slimrl/cli/compare_worker.py``; QLoRA: an NF4 base through bitsandbytes on every side). LoRA r=64 (alpha 64) on every
 projection; GRPOConfig is TRL's defaults otherwise (dapo, beta 0, gradient checkpointing on, bf16 on CUDA).
 
 Sampling: by default ``generate`` returns ``--length`` random token ids per completion (bench code only), so the
@@ -41,8 +41,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_shapes import SHAPES, model_dir  # noqa: E402 - the bench directory is not a package
-from gpu_worker import UNSLOTH_SITE, run_side, unsloth_env, unsloth_python  # noqa: E402
 from grpo_step import RESULT_TAG  # noqa: E402
+
+from slimrl.cli.compare_worker import UNSLOTH_SITE, run_side, unsloth_env, unsloth_python  # noqa: E402
 
 SIDES = ("trl", "trl-liger", "slimrl", "slimrl/resident", "slimrl/noshared", "unsloth")
 

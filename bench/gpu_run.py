@@ -81,7 +81,9 @@ def steps(stage: str, tiny: bool) -> list[Step]:
             Step("parity-4bit", _verify("--algorithm", "grpo", "--loss_type", "dapo", "--load_in_4bit"), 60, 20),
             Step("prefix-attention", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                       "tests/gpu/test_prefix_attention_device.py"), 45, 10),
-            Step("headline", _grpo(*headline, "--sides", "trl,trl-liger,slimrl", "--steps", "2"), 300, 120),
+            # slimrl compare (each side its own process, the plan's prediction beside), on the shape's copy
+            Step("headline", ("{py}", "bench/gpu_compare.py", *headline, "--sides", "trl,trl-liger,slimrl",
+                              "--steps", "2"), 300, 120),
         ],
         "B": [
             Step("unsloth-setup", ("{py}", "bench/gpu_unsloth.py", "--wheels", ".gpu-wheels/unsloth", "--target",

@@ -1,4 +1,4 @@
-"""``slimrl`` command line: ``slimrl train | export | plan | verify | doctor``."""
+"""``slimrl`` command line: ``slimrl train | export | plan | verify | compare | doctor``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ commands:
   export   write a trained adapter as the adapter, the merged model and/or GGUF files (llama.cpp, Ollama)
   plan     predict peak memory per phase and step time before any weight loads; with --budget, what fits
   verify   prove the patch exact on your setup: TRL alone vs slimrl, every trainer and loss type
+  compare  measure TRL alone vs slimrl (and TRL + Liger) on your model and device: memory, time, loss
   doctor   versions, device, memory, and whether every patch applies to the installed TRL
 """
 
@@ -49,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         from slimrl.cli.verify import main as verify_main
 
         return verify_main(rest)
+    if command == "compare":
+        from slimrl.cli.compare import main as compare_main
+
+        return compare_main(rest)
     if command == "doctor":
         from slimrl.cli.doctor import main as doctor_main
 

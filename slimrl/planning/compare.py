@@ -34,17 +34,18 @@ def _trl_version() -> str:
         return "1.16.0"
 
 
-def trl_side(config: Any, s: Settings, family: str, generation: int = 0) -> dict[str, Any]:
-    """TRL alone (or with Liger) for settings ``s``: ``{"peak_bytes", "phases"}``."""
+def trl_side(config: Any, s: Settings, family: str, generation: int = 0, runtime: int = 0) -> dict[str, Any]:
+    """TRL alone (or with Liger) for settings ``s``: ``{"peak_bytes", "phases"}``; ``generation`` and ``runtime``
+    (the CPU process's own size) as slimrl's plan has them."""
     trainer = BASELINE_TRAINERS[s.algorithm]
     rows = s.per_device_train_batch_size
     step = simulate(config, trainer, s.max_prompt_length + s.max_completion_length, family, rows=rows,
                     lora_r=s.lora_r, checkpointing=s.gradient_checkpointing != "false",
                     reference=(s.beta > 0) if trainer in ("grpo", "rloo") else None, device=s.device)
-    phases = {**step.persistent, "step": step.pass_peak}
+    phases = {"runtime": runtime, **step.persistent, "step": step.pass_peak}
     if s.workload.generates:
         phases["generation"] = generation
-    peak = sum(step.persistent.values()) + max(step.pass_peak, generation)
+    peak = runtime + sum(step.persistent.values()) + max(step.pass_peak, generation)
     return {"peak_bytes": peak, "phases": phases}
 
 
@@ -55,22 +56,22 @@ def compare(config: Any, s: Settings, budget: int | None = None, step: int = 256
     if s.algorithm not in BASELINE_TRAINERS:
         raise ValueError(f"--compare: TRL alone is simulated for {', '.join(BASELINE_TRAINERS)}; not {s.algorithm!r}")
     ours = plan(config, s, search=False)
-    generation = ours.phases.get("generation", 0)
+    generation, runtime = ours.phases.get("generation", 0), ours.phases.get("runtime", 0)
     families = {"trl": family_of(_trl_version())}
     if liger_installed():
         families["trl + liger"] = "liger"
     sides = {"slimrl": {"peak_bytes": ours.peak_bytes, "phases": dict(ours.phases)}}
     for name, family in families.items():
-        sides[name] = trl_side(config, s, family, generation)
+        sides[name] = trl_side(config, s, family, generation, runtime)
     if budget is not None:
         sides["slimrl"]["longest_completion"] = _longest(
             lambda c: plan(config, replace(s, max_completion_length=c), search=False).peak_bytes, budget, step)
+        tokens = s.max_prompt_length + s.max_completion_length
         for name, family in families.items():
             sides[name]["longest_completion"] = _longest(
                 lambda c, family=family: trl_side(config, replace(s, max_completion_length=c), family,
-                                                  generation * (s.max_prompt_length + c) //
-                                                  (s.max_prompt_length + s.max_completion_length))["peak_bytes"],
-                budget, step)
+                                                  generation * (s.max_prompt_length + c) // tokens,
+                                                  runtime)["peak_bytes"], budget, step)
     return sides
 
 

@@ -49,17 +49,32 @@ def test_every_config_of_the_installed_trl_builds_with_its_defaults():
 
 
 def test_every_trainer_has_a_name_and_is_patched_by_it():
+    """Every trainer class the installed TRL publishes is patched by ``PatchFastRL()`` (its constructor replaced) and
+    restored by ``unpatch()``; its name reaches it (aliases such as ``trl.experimental.kto``'s KTOTrainer are
+    patched with their base's name); one named trainer alone is patched by its name."""
+    from slimrl.patching import _normalise
+
     names = every_trainer()
-    for found in shipped():
-        assert found.name in names, found
-        cls = resolve(found.trainer)
-        before = cls.__dict__.get("__init__")
-        PatchFastRL(found.name)  # aliases (trl.experimental.kto's KTOTrainer) are patched with their base's name
-        try:
-            assert cls.__dict__.get("__init__") is not before, found.trainer
-        finally:
-            unpatch()
-        assert cls.__dict__.get("__init__") is before, found.trainer
+    found = list(shipped())
+    classes = [resolve(f.trainer) for f in found]
+    before = [cls.__dict__.get("__init__") for cls in classes]
+    for f in found:
+        assert f.name in names and _normalise(f.name) == f.name, f
+    PatchFastRL()
+    try:
+        patched = [cls.__dict__.get("__init__") for cls in classes]
+    finally:
+        unpatch()
+    assert all(p is not b for p, b in zip(patched, before, strict=True)), [f.trainer for f, p, b in
+                                                                           zip(found, patched, before) if p is b]
+    assert [cls.__dict__.get("__init__") for cls in classes] == before
+    gkd = next((f for f in found if f.name == "gkd"), found[-1])
+    cls = resolve(gkd.trainer)
+    PatchFastRL(gkd.name)
+    try:
+        assert cls.__dict__.get("__init__") is not before[classes.index(cls)]
+    finally:
+        unpatch()
     assert snake_name("AsyncGRPOTrainer") == "async_grpo" and snake_name("GRPOWithReplayBufferTrainer") == \
         "grpo_with_replay_buffer" and snake_name("IWOPDTrainer") == "iwopd"
 

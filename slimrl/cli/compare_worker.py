@@ -1,5 +1,6 @@
-"""One side of ``bench/gpu_grpo.py`` in this process: load the model the side's own way, build its GRPOTrainer, run
-the steps, print the figures as one JSON line after ``BENCH_RESULT``.
+"""One side of ``slimrl compare`` (and of the GPU runner's ``bench/gpu_grpo.py``) in this process: load the model
+the side's own way, build its GRPOTrainer, run the steps, print the figures as one JSON line after
+:data:`RESULT_TAG` (``python -m slimrl.cli.compare_worker --worker SIDE --model DIR ...``).
 
 Sides: ``trl`` (``AutoModelForCausalLM`` + ``GRPOTrainer(peft_config=...)``), ``trl-liger`` (the same with
 ``use_liger_kernel=True``), ``slimrl`` (``PatchFastRL`` + ``FastLanguageModel``), ``slimrl/resident`` (GPU-resident
@@ -17,10 +18,13 @@ carries the optimizer's state, which the first step's peak lacks.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import time
 import types
 
+RESULT_TAG = "BENCH_RESULT "  # the one line a worker prints its figures on
 UNSLOTH_SITE = os.environ.get("SLIMRL_UNSLOTH_SITE", "/tmp/slimrl-unsloth-site")
 # the rehearsal's view of the GPU machine's packages (bench/gpu_unsloth.py --view): set, an Unsloth process runs
 # with ``python -S`` and sees that folder's packages and its own, nothing else of this interpreter's
@@ -122,14 +126,19 @@ def _load(args, path: str, dtype):
         model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=seq, dtype=dtype, load_in_4bit=qlora)
         ckpt = True if side == "slimrl/resident" else {"true": True, "false": False}.get(args.ckpt, args.ckpt)
         return FastLanguageModel.get_peft_model(model, **lora, use_gradient_checkpointing=ckpt), tok, {}
+    import torch
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
     quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                bnb_4bit_compute_dtype=dtype) if qlora else None
+    from peft import get_peft_model
+
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, quantization_config=quant,
                                                  device_map={"": args.device} if quant else None)
-    return model, AutoTokenizer.from_pretrained(path), {"peft_config": LoraConfig(task_type="CAUSAL_LM", **lora)}
+    torch.manual_seed(3407)  # the adapter initialised as FastLanguageModel.get_peft_model's random_state does it
+    model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+    return model, AutoTokenizer.from_pretrained(path), {}
 
 
 def _versions(side: str) -> dict[str, str | None]:
@@ -240,6 +249,7 @@ def run_side(args, path: str) -> dict:
         "step_s": [s["s"] for s in steps], "fits": not args.cap_gb or max(
             (s["reserved_gb"] if cuda else s["alloc_gb"] for s in steps), default=0.0) <= args.cap_gb,
         "loss": logs[-1]["loss"] if logs else None, "grad_norm": logs[-1].get("grad_norm") if logs else None,
+        "first_loss": logs[0]["loss"] if logs else None, "first_grad_norm": logs[0].get("grad_norm") if logs else None,
         "completion_len": logs[-1].get("completions/mean_length") if logs else None,
         "device": torch.cuda.get_device_name(0) if cuda else "cpu", "versions": _versions(side),
     }
@@ -255,3 +265,27 @@ def _peaks(cuda: bool) -> tuple[int, int]:
 
     peak = peak_bytes(torch.device("cpu"))
     return peak, peak
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    """A worker's options (what ``slimrl compare`` and ``bench/gpu_grpo.py`` pass)."""
+    p = argparse.ArgumentParser(prog="python -m slimrl.cli.compare_worker")
+    p.add_argument("--worker", required=True)
+    p.add_argument("--model", required=True, help="the model directory")
+    p.add_argument("--lengths", required=True, help="completion tokens of each step, comma-separated")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--prompt-length", type=int, default=128)
+    p.add_argument("--lora-r", type=int, default=64)
+    p.add_argument("--ckpt", default="slimrl")
+    p.add_argument("--quant", default="bf16")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--cap-gb", type=float, default=None)
+    p.add_argument("--generate", action="store_true")
+    return p
+
+
+if __name__ == "__main__":
+    arguments = worker_parser().parse_args()
+    arguments.lengths = [int(x) for x in arguments.lengths.split(",")]
+    print(RESULT_TAG + json.dumps(run_side(arguments, arguments.model)), flush=True)
