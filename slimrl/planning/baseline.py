@@ -23,7 +23,9 @@ The head, per TRL release (:data:`FAMILIES`):
 
 The Triton launches themselves are not run (their memory is the tensors their launchers allocate, mimicked here);
 attention is CUDA's SDPA: flash where transformers passes no mask, memory-efficient with the boolean mask turned into
-an additive bias of the query's dtype where it passes one (Gemma 3's sliding-window layers).
+an additive bias of the query's dtype where it passes one (Gemma 3's sliding-window layers; the conversion holds the
+mask's ``logical_not`` for a moment: ``[T, T]`` bool + bf16 bias + that negation, 4 bytes per query-key pair at
+once, besides the mask itself).
 """
 
 from __future__ import annotations
@@ -149,7 +151,11 @@ class _CudaSdpa(torch.autograd.Function):
     def forward(ctx, q, k, v, mask):
         out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)  # [B, H, T, D]
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)  # [B, H, T]
-        bias = None if mask is None else torch.empty(mask.shape, dtype=q.dtype, device=q.device)  # [B, 1, T, T]
+        bias = None
+        if mask is not None:  # PyTorch's conversion: zeros of the query's dtype, filled where not logical_not(mask)
+            negated = torch.empty(mask.shape, dtype=torch.bool, device=q.device)  # [B, 1, T, T]
+            bias = torch.empty(mask.shape, dtype=q.dtype, device=q.device)  # [B, 1, T, T]
+            del negated
         ctx.save_for_backward(q, k, v, out, lse, *(() if bias is None else (bias,)))
         return out
 
@@ -186,18 +192,25 @@ REFERENCE = {"rloo": True, "dpo": True, "kto": True, "grpo": False, "sft": False
 
 
 def simulate(config: Any, trainer: str, tokens: int, family: str, *, rows: int = 1, lora_r: int = 0,
-             checkpointing: bool = True, reference: bool | None = None, device: str = "cuda") -> Step:
+             checkpointing: bool = True, reference: bool | None = None, device: str = "cuda",
+             load_in_4bit: bool = False) -> Step:
     """One step of ``trainer`` on ``rows`` sequences of ``tokens`` tokens (DPO: that many chosen and as many
     rejected; KTO: as many mismatched KL sequences besides), TRL's head of ``family``; ``reference`` overrides the
     trainer's default (:data:`REFERENCE`). ``device="cuda"``: bf16 and CUDA's attention (module docstring);
-    ``"cpu"``: fp32, attention keeping only its output and log-sum-exp (what slimrl's planner assumes there)."""
+    ``"cpu"``: fp32, attention keeping only its output and log-sum-exp (what slimrl's planner assumes there).
+    ``load_in_4bit``: the decoder's linear weights in NF4, as slimrl's planner counts them (QLoRA)."""
     from slimrl.planning import trace
 
     if trainer not in TRAINERS or family not in FAMILIES:
         raise ValueError(f"trainer {trainer!r} / family {family!r}: choose from {TRAINERS} / {FAMILIES}")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = trace.meta_model(config, dtype, lora_r, checkpoint_every=1 if checkpointing else 0)
-    weights = sum(p.numel() * p.element_size() for n, p in _unique(model) if "lora_" not in n)
+    if load_in_4bit:
+        from slimrl.planning.plan import _weights
+
+        weights = _weights(model, True, dtype)[0]
+    else:
+        weights = sum(p.numel() * p.element_size() for n, p in _unique(model) if "lora_" not in n)
     trained = [(n, p) for n, p in _unique(model) if p.requires_grad]
     persistent = {"weights": weights,
                   "optimizer": 16 * sum(p.numel() for _, p in trained) if lora_r else

@@ -41,7 +41,8 @@ def trl_side(config: Any, s: Settings, family: str, generation: int = 0, runtime
     rows = s.per_device_train_batch_size
     step = simulate(config, trainer, s.max_prompt_length + s.max_completion_length, family, rows=rows,
                     lora_r=s.lora_r, checkpointing=s.gradient_checkpointing != "false",
-                    reference=(s.beta > 0) if trainer in ("grpo", "rloo") else None, device=s.device)
+                    reference=(s.beta > 0) if trainer in ("grpo", "rloo") else None, device=s.device,
+                    load_in_4bit=s.load_in_4bit)
     phases = {"runtime": runtime, **step.persistent, "step": step.pass_peak}
     if s.workload.generates:
         phases["generation"] = generation

@@ -1,0 +1,109 @@
+"""docs/BENCHMARKS.md's "GPU, predicted" rows: slimrl's plan beside TRL 1.16 alone and TRL + Liger simulated on the
+meta device (``python bench/gpu_predict.py predict``). Every figure is a prediction; the simulation's error against
+TRL's published GPU measurements is in ``python bench/gpu_predict.py validate``.
+
+Each row: GRPO (or the validation's trainers), bf16 on CUDA, TRL's default gradient checkpointing on TRL's sides and
+slimrl's default (offloaded) on slimrl's, the step's scoring and backward (generation: the same HF-generate KV cache
+on every side, included), ``per_device_train_batch_size = num_generations`` (one prompt's group per step).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import replace
+
+GIB = 2**30
+SHAPES = {
+    "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=1 << 20),
+    "qwen3-8b": dict(model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                     tie_word_embeddings=False, max_position_embeddings=1 << 20),
+    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+                         max_position_embeddings=1 << 20),
+}
+# (label, shape, settings): per_device_train_batch_size = num_generations = 8 unless given
+ROWS = [
+    ("Qwen2.5-1.5B bf16 LoRA r=64, 8 x 4,096", "qwen2.5-1.5b",
+     dict(max_prompt_length=256, max_completion_length=4096, lora_r=64)),
+    ("Qwen3-8B QLoRA r=64, 8 x 8,192", "qwen3-8b",
+     dict(max_prompt_length=256, max_completion_length=8192, lora_r=64, load_in_4bit=True)),
+    ("Qwen3-8B QLoRA r=64, one 110K-token sequence per micro-batch (Unsloth's 110K on 80 GB)", "qwen3-8b",
+     dict(max_prompt_length=1024, max_completion_length=109 * 1024, lora_r=64, load_in_4bit=True,
+          per_device_train_batch_size=1, num_generations=1)),
+    ("Llama-3.1-8B QLoRA r=64, 8 x 20K (Unsloth's estimate: 54.3 GB Unsloth, 510.8 GB TRL + FA2)", "llama-3.1-8b",
+     dict(max_prompt_length=512, max_completion_length=20 * 1024 - 512, lora_r=64, load_in_4bit=True)),
+]
+
+
+def config_of(shape: str):
+    from transformers import AutoConfig
+
+    fields = dict(SHAPES[shape])
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def settings_of(extra: dict):
+    from slimrl.planning.settings import Settings
+
+    base = dict(per_device_train_batch_size=8, num_generations=8, device="cuda", gradient_checkpointing="slimrl")
+    return Settings(**{**base, **extra})
+
+
+def sides(config, s) -> dict[str, dict]:
+    """slimrl, TRL 1.16 alone and TRL + Liger for settings ``s`` (TRL's sides with TRL's checkpointing)."""
+    from slimrl.planning.compare import trl_side
+    from slimrl.planning.plan import plan
+
+    ours = plan(config, s, search=False)
+    generation = ours.phases.get("generation", 0)
+    trl_s = replace(s, gradient_checkpointing="true")
+    out = {"slimrl": {"peak_bytes": ours.peak_bytes, "phases": ours.phases}}
+    for name, family in (("trl 1.16", "fused_head"), ("trl + liger", "liger")):
+        out[name] = trl_side(config, trl_s, family, generation)
+    return out
+
+
+def longest(config, s, budget: int, step: int = 256) -> dict[str, int | None]:
+    """Each side's longest completion within ``budget`` (multiples of ``step``)."""
+    from slimrl.planning.compare import _longest, trl_side
+    from slimrl.planning.plan import plan
+
+    ours = plan(config, s, search=False)
+    tokens = s.max_prompt_length + s.max_completion_length
+    gen_per_token = ours.phases.get("generation", 0) / tokens
+    out = {"slimrl": _longest(lambda c: plan(config, replace(s, max_completion_length=c), search=False).peak_bytes,
+                              budget, step)}
+    trl_s = replace(s, gradient_checkpointing="true")
+    for name, family in (("trl 1.16", "fused_head"), ("trl + liger", "liger")):
+        out[name] = _longest(lambda c, family=family: trl_side(
+            config, replace(trl_s, max_completion_length=c), family,
+            int(gen_per_token * (s.max_prompt_length + c)))["peak_bytes"], budget, step)
+    return out
+
+
+def predict() -> list[dict]:
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for label, shape, extra in ROWS:
+            config, s = config_of(shape), settings_of(extra)
+            got = sides(config, s)
+            row = {"row": label, **{k: round(v["peak_bytes"] / GIB, 2) for k, v in got.items()},
+                   "largest_slimrl_phase": max((k for k in got["slimrl"]["phases"] if k not in (
+                       "runtime", "weights", "adapter_and_optimizer", "engine")),
+                       key=got["slimrl"]["phases"].get)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if shape == "qwen2.5-1.5b":
+                for budget in (24, 80):
+                    fit = {"row": f"{label}: longest completion in {budget} GB",
+                           **longest(config, s, budget * 10**9)}
+                    rows.append(fit)
+                    print(json.dumps(fit), flush=True)
+    return rows
