@@ -17,7 +17,9 @@ Memory (bytes) = runtime + weights + adapter state + the largest phase, where
   completion) tokens: vLLM's CPU KV cache is allocated uninitialised, measured), ``logprobs_no_grad``
   (old/reference passes, ``unsloth_grpo_mini_batch`` rows at a time), ``policy_forward`` (what the forward keeps
   for the backward under the checkpointing policy) and ``backward`` (the peak of forward + backward: recompute and
-  head chunks included).
+  head chunks included). On CUDA, slimrl's checkpointing (``"slimrl"``) keeps the layer inputs in host memory
+  (:mod:`slimrl.models.offload`): all but two layers' inputs (the one recomputed and the one copied ahead) leave
+  both phases.
 
 **Shared-prefix layout** (``Settings.shared_prefix``, slimrl's ``slimrl_shared_prefix``, default on; a trainer whose
 workload declares it, a model it applies to: :func:`shared_prefix_applies`): a log-prob pass over ``n`` rows of
@@ -253,6 +255,9 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     kept, peak = layered(f"grad {seqs} {prompt} {c} {chunk} {entropy}",
                          lambda m: trace.trace_logprob_pass(m, seqs, prompt, c, grad=True, entropy=entropy,
                                                             chunk_rows=chunk))
+    if dev == "cuda" and s["gradient_checkpointing"] == "slimrl":  # layer inputs in host memory, 2 on the GPU
+        offloaded = max(shape["layers"] - 2, 0) * seqs * (prompt + c) * shape["hidden"] * dtype.itemsize
+        kept, peak = kept - offloaded, peak - offloaded
     phases["policy_forward"] = kept
     phases["backward"] = peak + (_prefix_gather_bytes(config, rows, prompt, completion, dtype) if shared else 0)
     peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[largest_phase(phases)]
