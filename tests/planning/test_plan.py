@@ -252,3 +252,22 @@ def test_forward_flops_pairs_default_is_causal_per_row():
     kw = dict(params=1000, layers=2, hidden=8, vocab=50)
     assert forward_flops(300, 100, 40, **kw) == forward_flops(300, 100, 40, **kw, pairs=300 * 100 / 2)
     assert forward_flops(300, 100, 40, **kw, pairs=0) == 300 * 2 * 1000 + 40 * 2 * 8 * 50
+
+
+def test_cuda_plan_keeps_offloaded_layer_inputs_off_the_gpu():
+    """On CUDA, slimrl's checkpointing keeps each layer's input in host memory: both gradient phases drop by the
+    inputs of all but two layers (the one recomputed and the one copied ahead), plain checkpointing keeps them."""
+    import torch
+    from transformers import LlamaConfig
+
+    from slimrl.planning import Settings, plan
+
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    common = dict(per_device_train_batch_size=2, num_generations=2, max_prompt_length=16, max_completion_length=240,
+                  lora_r=4, device="cuda", shared_prefix=False)
+    ours, plain = (plan(config, Settings(gradient_checkpointing=ck, **common), search=False)
+                   for ck in ("slimrl", "true"))
+    inputs = 4 * 2 * 256 * 64 * torch.bfloat16.itemsize  # (6 - 2) layers x 2 rows x 256 tokens x hidden, bf16
+    assert plain.phases["policy_forward"] - ours.phases["policy_forward"] == inputs
+    assert plain.phases["backward"] - ours.phases["backward"] == inputs
