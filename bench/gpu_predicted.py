@@ -87,6 +87,35 @@ def longest(config, s, budget: int, step: int = 256) -> dict[str, int | None]:
     return out
 
 
+def gemma_rows() -> list[dict]:
+    """The validation table's gemma-3-1b configurations (full fine-tuning, bf16, batch size 1, KTO 2) for slimrl: its
+    plan at 8,192 tokens and its longest length within 79 GiB, beside TRL 1.16 alone's simulation."""
+    from gpu_predict import CAPACITY, PUBLISHED, gemma3_1b, longest
+
+    from slimrl.patching.specs import PLANNED
+    from slimrl.planning.baseline import simulate
+    from slimrl.planning.plan import plan
+    from slimrl.planning.settings import Settings
+
+    config, rows = gemma3_1b(), []
+    for trainer, (batch, _) in PUBLISHED.items():
+        def ours(tokens: int, trainer=trainer, batch=batch) -> int:
+            s = Settings(algorithm=trainer, workload=PLANNED[trainer], per_device_train_batch_size=batch,
+                         num_generations=1, max_prompt_length=1, max_completion_length=tokens - 1, lora_r=0,
+                         device="cuda", gradient_checkpointing="slimrl")
+            return plan(config, s, search=False).peak_bytes
+
+        def theirs(tokens: int, trainer=trainer, batch=batch) -> int:
+            return simulate(config, trainer, tokens, "fused_head", rows=batch).peak_bytes
+
+        row = {"row": f"gemma-3-1b {trainer} (full fine-tuning{', batch 2' if batch == 2 else ''})",
+               "slimrl_8192": round(ours(8192) / GIB, 2), "trl 1.16_8192": round(theirs(8192) / GIB, 2),
+               "slimrl_longest": longest(ours, CAPACITY), "trl 1.16_longest": longest(theirs, CAPACITY)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def predict() -> list[dict]:
     rows = []
     with warnings.catch_warnings():
@@ -106,4 +135,5 @@ def predict() -> list[dict]:
                            **longest(config, s, budget * 10**9)}
                     rows.append(fit)
                     print(json.dumps(fit), flush=True)
+        rows += gemma_rows()
     return rows

@@ -31,14 +31,12 @@ once, besides the mask itself).
 from __future__ import annotations
 
 import math
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
-from unittest import mock
 
 import torch
 
-from slimrl.planning.trace import LiveBytes, _base, _state
+from slimrl.planning.trace import LiveBytes, _base, _state, cuda_attention
 
 FAMILIES = ("full_logits", "fused_head", "liger")
 TRAINERS = ("grpo", "rloo", "dpo", "kto", "sft")
@@ -143,50 +141,6 @@ def liger_chunk(rows: int, vocab: int, hidden: int) -> int:
     return 2 ** math.ceil(math.log2(max(1, math.ceil(rows / math.ceil(vocab / hidden)))))
 
 
-class _CudaSdpa(torch.autograd.Function):
-    """CUDA SDPA's memory (module docstring): the output and an fp32 log-sum-exp; a boolean mask becomes an additive
-    bias of the query's dtype that the memory-efficient kernel keeps for its backward."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask):
-        out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)  # [B, H, T, D]
-        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)  # [B, H, T]
-        bias = None
-        if mask is not None:  # PyTorch's conversion: zeros of the query's dtype, filled where not logical_not(mask)
-            negated = torch.empty(mask.shape, dtype=torch.bool, device=q.device)  # [B, 1, T, T]
-            bias = torch.empty(mask.shape, dtype=q.dtype, device=q.device)  # [B, 1, T, T]
-            del negated
-        ctx.save_for_backward(q, k, v, out, lse, *(() if bias is None else (bias,)))
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v = ctx.saved_tensors[:3]
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
-
-
-def _sdpa(query, key, value, attn_mask=None, *args, **kwargs):
-    return _CudaSdpa.apply(query, key, value, attn_mask)  # grouped-query heads stay unrepeated (enable_gqa)
-
-
-def _attention(model: Any, device: str) -> ExitStack:
-    """Attention as on ``device`` (:func:`_sdpa`; on CPU no bias is kept); the causal mask of full-attention layers
-    left to the kernel (a batch without padding: transformers passes none), a sliding-window mask built as
-    transformers builds it."""
-    import sys
-
-    import transformers.masking_utils as masking
-
-    stack = ExitStack()
-    sdpa = _sdpa if device == "cuda" else lambda q, k, v, *a, **kw: _CudaSdpa.apply(q, k, v, None)
-    stack.enter_context(mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", sdpa))
-    stack.enter_context(mock.patch.object(masking, "is_tracing", lambda *a, **k: True))
-    module = sys.modules[type(_base(model)).__module__]
-    if hasattr(module, "create_causal_mask"):
-        stack.enter_context(mock.patch.object(module, "create_causal_mask", lambda *a, **k: None))
-    return stack
-
-
 # trainers whose default run keeps a frozen reference model (RLOO's beta defaults to 0.05, GRPO's to 0)
 REFERENCE = {"rloo": True, "dpo": True, "kto": True, "grpo": False, "sft": False}
 
@@ -218,7 +172,7 @@ def simulate(config: Any, trainer: str, tokens: int, family: str, *, rows: int =
     keep_ref = REFERENCE[trainer] if reference is None else reference
     if keep_ref and not lora_r:  # LoRA: TRL scores the reference with the adapter disabled, no copy
         persistent["reference"] = weights
-    with _attention(model, device), LiveBytes(_state(model)) as live:
+    with cuda_attention(model, device), LiveBytes(_state(model)) as live:
         _step(model, trainer, tokens, family, rows, keep_ref)
     return Step(trainer, family, tokens, persistent, live.peak)
 

@@ -247,14 +247,14 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
         seqs, c = packed(mini, groups, completion, shared)
         _, peak = layered(f"no grad {seqs} {prompt} {c} {chunk}",
                           lambda m: trace.trace_logprob_pass(m, seqs, prompt, c, grad=False, entropy=False,
-                                                             chunk_rows=chunk))
+                                                             chunk_rows=chunk, device=dev))
         extra = _prefix_gather_bytes(config, mini, prompt, completion, dtype) if shared else 0
         phases["logprobs_no_grad"] = peak + extra
     entropy = work.entropy
     seqs, c = packed(rows, groups, completion, shared)
     kept, peak = layered(f"grad {seqs} {prompt} {c} {chunk} {entropy}",
                          lambda m: trace.trace_logprob_pass(m, seqs, prompt, c, grad=True, entropy=entropy,
-                                                            chunk_rows=chunk))
+                                                            chunk_rows=chunk, device=dev))
     if dev == "cuda" and s["gradient_checkpointing"] == "slimrl":  # layer inputs in host memory, 2 on the GPU
         offloaded = max(shape["layers"] - 2, 0) * seqs * (prompt + c) * shape["hidden"] * dtype.itemsize
         kept, peak = kept - offloaded, peak - offloaded

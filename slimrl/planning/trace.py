@@ -19,7 +19,8 @@ Attention: on the meta device ``scaled_dot_product_attention`` decomposes into i
 ``[B, heads, T, T]`` scores; the kernels a real run uses (flash / memory-efficient, on CPU and CUDA) keep only the
 inputs, the output and a ``[B, heads, T]`` fp32 log-sum-exp. During the trace :class:`_FlashLikeAttention` stands in
 for it with exactly those tensors (without it the plan would count the math form's scores, which no real run
-holds).
+holds). A CUDA plan (:func:`cuda_attention`) adds what CUDA's SDPA keeps where transformers passes a mask (Gemma 3's
+sliding-window layers): the boolean mask converted to a bias of the query's dtype, kept for the backward.
 """
 
 from __future__ import annotations
@@ -120,15 +121,60 @@ def _tracing() -> ExitStack:
     return stack
 
 
+class _CudaSdpa(torch.autograd.Function):
+    """CUDA SDPA's memory (module docstring): the output and an fp32 log-sum-exp; a boolean mask becomes an additive
+    bias of the query's dtype that the memory-efficient kernel keeps for its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask):
+        out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)  # [B, H, T, D]
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)  # [B, H, T]
+        bias = None
+        if mask is not None:  # PyTorch's conversion: zeros of the query's dtype, filled where not logical_not(mask)
+            negated = torch.empty(mask.shape, dtype=torch.bool, device=q.device)  # [B, 1, T, T]
+            bias = torch.empty(mask.shape, dtype=q.dtype, device=q.device)  # [B, 1, T, T]
+            del negated
+        ctx.save_for_backward(q, k, v, out, lse, *(() if bias is None else (bias,)))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v = ctx.saved_tensors[:3]
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+
+
+def _sdpa(query, key, value, attn_mask=None, *args, **kwargs):
+    return _CudaSdpa.apply(query, key, value, attn_mask)  # grouped-query heads stay unrepeated (enable_gqa)
+
+
+def cuda_attention(model: Any, device: str) -> ExitStack:
+    """Attention as on ``device`` (:func:`_sdpa`; on CPU no bias is kept); the causal mask of full-attention layers
+    left to the kernel (a batch without padding: transformers passes none), a sliding-window mask built as
+    transformers builds it."""
+    import sys
+
+    import transformers.masking_utils as masking
+
+    stack = ExitStack()
+    sdpa = _sdpa if device == "cuda" else lambda q, k, v, *a, **kw: _CudaSdpa.apply(q, k, v, None)
+    stack.enter_context(mock.patch.object(torch.nn.functional, "scaled_dot_product_attention", sdpa))
+    stack.enter_context(mock.patch.object(masking, "is_tracing", lambda *a, **k: True))
+    module = sys.modules[type(_base(model)).__module__]
+    if hasattr(module, "create_causal_mask"):
+        stack.enter_context(mock.patch.object(module, "create_causal_mask", lambda *a, **k: None))
+    return stack
+
+
 def trace_logprob_pass(model: Any, rows: int, prompt: int, completion: int, *, grad: bool, entropy: bool,
-                       chunk_rows: int) -> tuple[int, int]:
+                       chunk_rows: int, device: str = "cpu") -> tuple[int, int]:
     """One log-prob pass as slimrl runs it (backbone, completion positions through the chunked head, and with
     ``grad`` the backward of their sum): (bytes live after the forward, peak bytes)."""
     from slimrl.ops import chunked_logprobs
 
     backbone, head = _base(model).get_decoder(), _base(model).get_output_embeddings()
     ids = torch.zeros(rows, prompt + completion, dtype=torch.long, device="meta")  # [B, T]
-    with _tracing(), torch.set_grad_enabled(grad), LiveBytes(_state(model)) as live:
+    attention = cuda_attention(model, "cuda") if device == "cuda" else _tracing()
+    with attention, torch.set_grad_enabled(grad), LiveBytes(_state(model)) as live:
         hidden = backbone(input_ids=ids, use_cache=False).last_hidden_state  # [B, T, H]
         kept = hidden[:, -completion - 1:-1].reshape(-1, hidden.size(-1))  # [B*L, H]
         targets = torch.zeros(kept.size(0), dtype=torch.long, device="meta")
