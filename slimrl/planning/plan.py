@@ -7,7 +7,9 @@ Memory (bytes) = runtime + weights + adapter state + the largest phase, where
   does not count the CUDA context);
 * **weights**: every parameter of the model built from its config on the meta device, in the load dtype (fp32 on
   CPU, bf16 on CUDA) or NF4 (0.516 bytes per parameter of the decoder's linear layers, the rest 16-bit);
-* **adapter**: LoRA parameters (fp32) + their gradients + AdamW's two moments = 16 bytes per LoRA parameter;
+* **adapter**: LoRA parameters (fp32) + their gradients + AdamW's two moments = 16 bytes per LoRA parameter; full
+  fine-tuning (``lora_r=0``): AdamW's two moments in the weights' dtype (what ``torch.optim.AdamW`` keeps), the
+  gradients being counted by the trace as the backward creates them;
 * **engine** (``fast_inference`` on CPU): what the started vLLM engine keeps for the rest of the run, its packed
   linear copies and LoRA slots computed, its runtime measured once per machine and shape
   (:mod:`slimrl.planning.engine_cpu`); on CUDA the engine shares every base weight and its KV cache is the phase;
@@ -198,8 +200,6 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     weight_bytes, params, lora = _memo(_MODELS, (id(config), "weights", dtype, s["lora_r"], s["load_in_4bit"]),
                                        lambda: _weights(trace.meta_model(config, dtype, s["lora_r"], 0),
                                                         s["load_in_4bit"], dtype))
-    if not s["lora_r"]:  # full fine-tuning: fp32 master copy of gradients and two moments per weight
-        lora = params
     prompt, completion = s["max_prompt_length"], s["max_completion_length"]
     work: Workload = s["workload"]
     rows = s["per_device_train_batch_size"] * (2 if work.paired else 1)
@@ -208,7 +208,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     phases: dict[str, int] = {}
     phases["runtime"] = tp.runtime_bytes if dev == "cpu" else 0
     phases["weights"] = weight_bytes
-    phases["adapter_and_optimizer"] = 16 * lora
+    phases["adapter_and_optimizer"] = 16 * lora if s["lora_r"] else 2 * weight_bytes
     kv_token = kv_bytes_per_token(config, dtype)
 
     def layered(name: str, run: Any) -> tuple[int, ...]:

@@ -6,7 +6,7 @@ people's code, never copied here) with the one-line ``PatchFastRL()`` in front, 
 2. the model (student and teacher) -> the embedded SmolLM2-135M-Instruct (a local directory);
 3. ``--dataset_name <hub id>`` -> a local directory with the Hub dataset's columns and value formats, written here
    (conversational rows as in TRL's ``trl-lib`` datasets);
-4. sizes cut for a CPU (``--max_steps 2``, small batches, short completions);
+4. sizes cut for a CPU (``--max_steps 1``, small batches, short completions);
 5. the script's own command (its docstring's LoRA command where it has one) with GPU-era settings kept: TRL's
    parser hands every config field over, so TRL's ``bf16`` default is "passed" and, without slimrl, stops on a CPU.
 
@@ -86,7 +86,7 @@ def test_trls_installed_script_runs_to_the_end_with_the_patch(tmp_path, smollm2,
     out = tmp_path / "out"
     flags = [a.format(model=smollm2) for a in COMMANDS[name]]
     argv = [str(script), "--model_name_or_path", smollm2, "--dataset_name", str(data), "--output_dir", str(out),
-            "--max_steps", "2", "--report_to", "none", *flags]
+            "--max_steps", "1", "--report_to", "none", *flags]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     done = subprocess.run([sys.executable, "-c", LAUNCH, *argv], cwd=tmp_path, env=env, capture_output=True,
