@@ -10,6 +10,7 @@ Memory (bytes) = runtime + weights + adapter state + the largest phase, where
 * **adapter**: LoRA parameters (fp32) + their gradients + AdamW's two moments = 16 bytes per LoRA parameter; full
   fine-tuning (``lora_r=0``): AdamW's two moments in the weights' dtype (what ``torch.optim.AdamW`` keeps), the
   gradients being counted by the trace as the backward creates them;
+* **reference**: full fine-tuning with a reference model (DPO, KTO; GRPO/RLOO with ``beta > 0``): TRL's frozen copy;
 * **engine** (``fast_inference`` on CPU): what the started vLLM engine keeps for the rest of the run, its packed
   linear copies and LoRA slots computed, its runtime measured once per machine and shape
   (:mod:`slimrl.planning.engine_cpu`); on CUDA the engine shares every base weight and its KV cache is the phase;
@@ -205,10 +206,10 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     rows = s["per_device_train_batch_size"] * (2 if work.paired else 1)
     mini = min(s["unsloth_grpo_mini_batch"] or rows, rows)
     chunk = chunk_rows or auto_chunk_rows(rows * completion, shape["vocab"], torch.device("cpu"))
-    phases: dict[str, int] = {}
-    phases["runtime"] = tp.runtime_bytes if dev == "cpu" else 0
-    phases["weights"] = weight_bytes
-    phases["adapter_and_optimizer"] = 16 * lora if s["lora_r"] else 2 * weight_bytes
+    phases = {"runtime": tp.runtime_bytes if dev == "cpu" else 0, "weights": weight_bytes,
+              "adapter_and_optimizer": 16 * lora if s["lora_r"] else 2 * weight_bytes}
+    if not s["lora_r"] and (work.reference == "always" or (work.reference == "beta" and s["beta"] > 0)):
+        phases["reference"] = weight_bytes  # TRL's frozen copy (with LoRA the adapter disabled is the reference)
     kv_token = kv_bytes_per_token(config, dtype)
 
     def layered(name: str, run: Any) -> tuple[int, ...]:

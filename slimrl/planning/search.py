@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-PERSISTENT = ("runtime", "weights", "adapter_and_optimizer", "engine")  # held for the whole run; the rest are phases
+# held for the whole run; the rest are phases
+PERSISTENT = ("runtime", "weights", "adapter_and_optimizer", "reference", "engine")
 
 
 def largest_phase(phases: dict[str, int]) -> str:
