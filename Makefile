@@ -48,13 +48,13 @@ envs-full:
 test: envs
 	$(MAKE) lint bytecode suite-trl116-fast
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(PART_THREADS)} $(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast \
-	  test-gguf-fast test-trl112-fast verify-trl116 test-trl-matrix-fast test-triton
+	  test-scripts3 test-gguf-fast test-trl112-fast verify-trl116 test-trl-matrix-fast test-triton
 	$(MAKE) test-vllm-fast  # alone: vLLM's CPU engine runs a thread on every core (beside a job, 2.3x as long)
 
 test-full: envs-full
 	$(MAKE) lint bytecode suite-trl116
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(PART_THREADS)} $(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast \
-	  test-trl112 test-trl-matrix test-tf-gpu verify-trl116 test-triton
+	  test-scripts3 test-trl112 test-trl-matrix test-tf-gpu verify-trl116 test-triton
 	$(MAKE) test-vllm
 
 lint:
@@ -150,14 +150,13 @@ test-scripts2:
 	  PY=$(abspath .venv-vllm/bin/python) bash $(REAL_SCRIPTS2)/run_all.sh $(SCRIPTS2_VLLM) | tee .real-scripts2.log; \
 	  tail -1 .real-scripts2.log | grep -q " 0 failed$$"; \
 	else echo "real scripts: none at $(REAL_SCRIPTS2) (set REAL_SCRIPTS2=...): skipped"; fi
-	$(MAKE) test-scripts3
 
 test-scripts:
 	@if [ -f $(REAL_SCRIPTS)/run_all.sh ]; then \
 	  PY=$(abspath .venv-vllm/bin/python) bash $(REAL_SCRIPTS)/run_all.sh | tee .real-scripts.log; \
 	  tail -1 .real-scripts.log | grep -q " 0 failed$$"; \
 	else echo "real scripts: none at $(REAL_SCRIPTS) (set REAL_SCRIPTS=...): skipped"; fi
-	$(MAKE) test-scripts2
+	$(MAKE) test-scripts2 test-scripts3
 
 # The lent GPU machine's two carry sets (bench/gpu_wheels.py: slimrl's and Unsloth's, 17 MiB, one carry)
 gpu-wheels:
