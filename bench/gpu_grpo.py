@@ -40,6 +40,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+if sys.argv[1:3] == ["--worker", "unsloth"]:
+    # Unsloth's worker: Unsloth before anything that imports transformers or PEFT (slimrl's package does), as
+    # Unsloth requires; slimrl from this checkout, since the Unsloth process may not see this interpreter's packages
+    import unsloth  # noqa: F401
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from gpu_shapes import SHAPES, model_dir  # noqa: E402 - the bench directory is not a package
 from grpo_step import RESULT_TAG  # noqa: E402
 
