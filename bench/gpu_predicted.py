@@ -87,22 +87,27 @@ def longest(config, s, budget: int, step: int = 256) -> dict[str, int | None]:
     return out
 
 
-def gemma_rows() -> list[dict]:
+def gemma_rows(trainers: tuple[str, ...] | None = None) -> list[dict]:
     """The validation table's gemma-3-1b configurations (full fine-tuning, bf16, batch size 1, KTO 2) for slimrl: its
-    plan at 8,192 tokens and its longest length within 79 GiB, beside TRL 1.16 alone's simulation."""
+    plan at 8,192 tokens and its longest length within 79 GiB, beside TRL 1.16 alone's simulation (``trainers``: a
+    subset of the table's, all by default). The reference model as the validation assumes it (TRL's defaults: DPO,
+    KTO, RLOO's ``beta=0.05``)."""
     from gpu_predict import CAPACITY, PUBLISHED, gemma3_1b, longest
 
     from slimrl.patching.specs import PLANNED
-    from slimrl.planning.baseline import simulate
+    from slimrl.planning.baseline import REFERENCE, simulate
     from slimrl.planning.plan import plan
     from slimrl.planning.settings import Settings
 
     config, rows = gemma3_1b(), []
     for trainer, (batch, _) in PUBLISHED.items():
+        if trainers and trainer not in trainers:
+            continue
+
         def ours(tokens: int, trainer=trainer, batch=batch) -> int:
             s = Settings(algorithm=trainer, workload=PLANNED[trainer], per_device_train_batch_size=batch,
                          num_generations=1, max_prompt_length=1, max_completion_length=tokens - 1, lora_r=0,
-                         device="cuda", gradient_checkpointing="slimrl")
+                         device="cuda", gradient_checkpointing="slimrl", beta=0.05 if REFERENCE[trainer] else 0.0)
             return plan(config, s, search=False).peak_bytes
 
         def theirs(tokens: int, trainer=trainer, batch=batch) -> int:
