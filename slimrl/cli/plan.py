@@ -39,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0 adds the reference pass)")
     p.add_argument("--shared_prefix", type=_bool, default=True, help="slimrl_shared_prefix: each prompt once per "
                    "group in the log-prob passes where the layout applies (GRPO; default true)")
+    p.add_argument("--tiled_mlp", type=_bool, default=False, help="unsloth_tiled_mlp: the MLPs run a tile of "
+                   "hidden_size tokens at a time, checkpointed per tile (default false)")
     p.add_argument("--compare", action="store_true", help="also TRL alone's prediction (the installed release's head) "
                    "and TRL + Liger's where liger-kernel is installed, for the same settings: peak per phase and, "
                    "with --budget, the longest completion that fits")

@@ -21,6 +21,7 @@ from slimrl.models.methods import attach
 from slimrl.models.modes import for_inference, for_training
 from slimrl.models.quantized import keep_quantized_trainable
 from slimrl.models.targets import _default_dtype, default_target_modules  # noqa: F401 - re-exported
+from slimrl.models.tiled_mlp import tile_mlp
 from slimrl.models.tokenizers import with_token_id_chat_templates
 from slimrl.models.vision import is_vision_language, load_processor, vision_target_modules
 
@@ -70,7 +71,8 @@ class FastLanguageModel:
         Unsloth's other keywords are accepted as :mod:`slimrl.models.unsloth_keywords` declares (``full_finetuning``:
         unquantized, and no adapter from :meth:`get_peft_model`; ``random_state``: the engine's seed;
         ``float8_kv_cache``: the engine's fp8 KV cache on CUDA; ``use_gradient_checkpointing``: the default of
-        :meth:`get_peft_model`'s; ``resize_model_vocab``: the embedding resized; the ones that mean nothing here,
+        :meth:`get_peft_model`'s; ``resize_model_vocab``: the embedding resized; ``unsloth_tiled_mlp``: the MLPs
+        run a tile of tokens at a time (:mod:`slimrl.models.tiled_mlp`); the ones that mean nothing here,
         such as ``offload_embedding``, with one line each).
         """
         if not isinstance(max_seq_length, int) or max_seq_length < 1:
@@ -79,6 +81,10 @@ class FastLanguageModel:
             raise ValueError(f"max_lora_rank must be a positive int, got {max_lora_rank!r}")
         del use_exact_model_name, unsloth_vllm_standby, disable_log_stats  # honoured as they are (unsloth_keywords)
         kwargs = unsloth_keywords.take("from_pretrained", kwargs)
+        tiled = kwargs.pop("unsloth_tiled_mlp", False)
+        if not isinstance(tiled, bool | int) or tiled < 0:
+            raise ValueError(f"unsloth_tiled_mlp={tiled!r}: True (tiles of hidden_size tokens), False, or the tokens "
+                             "of one tile (an int)")
         if full_finetuning and (load_in_4bit or load_in_8bit):
             unsloth_keywords.note("from_pretrained(full_finetuning=True): the model loads unquantized (load_in_4bit/"
                                   "load_in_8bit ignored: a quantized base cannot train in full)")
@@ -153,6 +159,8 @@ class FastLanguageModel:
             model.vllm_engine = SlimrlEngine(str(path), model.dtype, max_seq_length, max_lora_rank,
                                              gpu_memory_utilization, seed=0 if random_state is None else random_state,
                                              kv_cache_dtype="fp8" if fp8 else "auto")
+        if tiled:
+            tile_mlp(model, None if tiled is True else int(tiled))
         attach(model)  # Unsloth's model methods: fast_generate, save_lora / load_lora, the export calls
         return model, tokenizer
 

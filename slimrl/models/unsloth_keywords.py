@@ -64,8 +64,8 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("float32_mixed_precision", F, "ignored", "precision follows `dtype` and the trainer's bf16/fp16"),
     Keyword("load_in_fp8", F, "ignored", "no fp8 weights in slimrl; the model loads in `dtype`"),
     Keyword("qat_scheme", F, "ignored", "no quantization-aware training in slimrl"),
-    Keyword("unsloth_tiled_mlp", F, "ignored", "Unsloth's own MLP kernel; slimrl's memory paths are in the loss "
-                                               "and checkpointing"),
+    Keyword("unsloth_tiled_mlp", F, "honoured", "each decoder MLP runs a tile of tokens at a time, checkpointed "
+                                                "per tile (True: tiles of hidden_size tokens; an int: that many)"),
     Keyword("r", P, "honoured", "LoRA rank (at most `max_lora_rank`)"),
     Keyword("target_modules", P, "honoured", "None: every attention and MLP projection"),
     Keyword("lora_alpha", P, "passed", "PEFT's"),

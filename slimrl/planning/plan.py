@@ -216,10 +216,10 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
         """``run(model)`` on models of 2n and 3n decoder layers (n: the checkpointing period), extrapolated to the
         full depth: past the first layer every figure is affine in the number of identical layers."""
         n = max(every, 1)
-        small, double = (_memo(_TRACES, (id(config), name, k, dtype, s["lora_r"], every),
-                               lambda k=k: run(_memo(_MODELS, (id(config), k, dtype, s["lora_r"], every),
-                                                     lambda k=k: trace.meta_model(_with_layers(config, k), dtype,
-                                                                                  s["lora_r"], every))))
+        key = (id(config), dtype, s["lora_r"], every, s["tiled_mlp"])
+        small, double = (_memo(_TRACES, (*key, name, k),
+                               lambda k=k: run(_memo(_MODELS, (*key, k), lambda k=k: trace.meta_model(
+                                   _with_layers(config, k), dtype, s["lora_r"], every, tiled=s["tiled_mlp"]))))
                          for k in (2 * n, 3 * n))
         return tuple(int(a + (b - a) * (shape["layers"] - 2 * n) / n) for a, b in zip(small, double, strict=True))
 

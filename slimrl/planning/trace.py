@@ -60,9 +60,10 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-def meta_model(config: Any, dtype: torch.dtype, lora_r: int, checkpoint_every: int = 0) -> Any:
-    """The model on the meta device with a LoRA adapter of rank ``lora_r`` (0: none) and checkpointing of every
-    ``checkpoint_every``-th decoder layer (0: off)."""
+def meta_model(config: Any, dtype: torch.dtype, lora_r: int, checkpoint_every: int = 0, tiled: bool = False) -> Any:
+    """The model on the meta device with a LoRA adapter of rank ``lora_r`` (0: none), checkpointing of every
+    ``checkpoint_every``-th decoder layer (0: off) and, with ``tiled``, its MLPs tiled as ``unsloth_tiled_mlp=True``
+    tiles them (:mod:`slimrl.models.tiled_mlp`)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -78,6 +79,10 @@ def meta_model(config: Any, dtype: torch.dtype, lora_r: int, checkpoint_every: i
         from slimrl.models.checkpointing import turn_on
 
         turn_on(_base(model), checkpoint_every)
+    if tiled:
+        from slimrl.models.tiled_mlp import tile_mlp
+
+        tile_mlp(model)
     model.train()
     return model
 

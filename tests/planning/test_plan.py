@@ -271,3 +271,20 @@ def test_cuda_plan_keeps_offloaded_layer_inputs_off_the_gpu():
     inputs = 4 * 2 * 256 * 64 * torch.bfloat16.itemsize  # (6 - 2) layers x 2 rows x 256 tokens x hidden, bf16
     assert plain.phases["policy_forward"] - ours.phases["policy_forward"] == inputs
     assert plain.phases["backward"] - ours.phases["backward"] == inputs
+
+
+def test_tiled_mlp_plans_one_tile_of_mlp_intermediates(capsys):
+    """``unsloth_tiled_mlp``: the backward's recompute holds one tile's MLP intermediates instead of the whole
+    micro-batch's; the forward's phase does not grow, and the CLI takes the option."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=2048, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192)
+    common = dict(per_device_train_batch_size=2, num_generations=2, max_prompt_length=16, max_completion_length=2032,
+                  lora_r=4, device="cuda", shared_prefix=False)
+    whole, tiled = (plan(config, Settings(tiled_mlp=t, **common), search=False) for t in (False, True))
+    gate_up = 2 * 2 * 2048 * 2048 * torch.bfloat16.itemsize  # gate and up, [2 x 2,048 tokens, 2,048], bf16
+    assert whole.phases["backward"] - tiled.phases["backward"] > gate_up, (whole.phases, tiled.phases)
+    assert tiled.phases["policy_forward"] <= whole.phases["policy_forward"]
+    with pytest.raises(PlanInputError, match="--tiled_mlp"):
+        plan(config, Settings(tiled_mlp="yes", **common), search=False)

@@ -65,6 +65,7 @@ def prompt_length(dataset: Any, processing_class: Any, rows: int = 256) -> int |
 def settings_of(model: Any, args: Any, prompt: int | None, algorithm: str, workload: Workload) -> Settings:
     """The plan's settings for this model and config (``workload``: what the trainer's step does)."""
     from slimrl.generation.trl_backend import engine_of
+    from slimrl.models.tiled_mlp import is_tiled
     from slimrl.patching.validation import model_max_seq_length
 
     peft = getattr(model, "peft_config", None) or {}
@@ -80,7 +81,7 @@ def settings_of(model: Any, args: Any, prompt: int | None, algorithm: str, workl
                     lora_r=lora_r, load_in_4bit=bool(getattr(model, "is_loaded_in_4bit", False)),
                     fast_inference=engine_of(model) is not None, device="cuda" if cuda else "cpu",
                     beta=float(getattr(args, "beta", 0.0) or 0.0),
-                    shared_prefix=bool(getattr(args, "slimrl_shared_prefix", True)))
+                    shared_prefix=bool(getattr(args, "slimrl_shared_prefix", True)), tiled_mlp=is_tiled(model))
 
 
 def apply_auto_fit(bound: dict[str, Any], algorithm: str, workload: Workload) -> None:

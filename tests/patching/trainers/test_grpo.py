@@ -29,7 +29,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp(min=1e-12))
 
 
-def run_grpo(tmp_path, loss_type: str, beta: float, **cfg_overrides):
+def run_grpo(tmp_path, loss_type: str, beta: float, tiled_rows: int | None = None, **cfg_overrides):
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
     from trl import GRPOConfig, GRPOTrainer
@@ -39,6 +39,10 @@ def run_grpo(tmp_path, loss_type: str, beta: float, **cfg_overrides):
     torch.manual_seed(1)
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
                                              init_lora_weights=False, task_type="CAUSAL_LM"))
+    if tiled_rows:  # from_pretrained(unsloth_tiled_mlp=tiled_rows) does this
+        from slimrl.models.tiled_mlp import tile_mlp
+
+        tile_mlp(model, rows=tiled_rows)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     seen: list[list[str]] = []
 
@@ -100,6 +104,30 @@ def test_gradient_checkpointing_and_num_chunks_parity(tmp_path):
         unpatch()
     for name, ref in ref_deltas.items():
         assert _rel(deltas[name], ref) <= 1e-4
+
+
+def test_tiled_mlp_run_equals_trl_alone(tmp_path, monkeypatch):
+    """``unsloth_tiled_mlp``: slimrl with every MLP tiled (tiles of 8 tokens, checkpointed inside TRL's layer
+    checkpointing, LoRA on up_proj) vs TRL alone untiled: same completions, updates within the same 1e-4."""
+    from slimrl.models import tiled_mlp
+
+    tiles = []
+    monkeypatch.setattr(tiled_mlp, "checkpoint", lambda fn, x, **kw: tiles.append(x.shape[0]) or
+                        torch.utils.checkpoint.checkpoint(fn, x, **kw))
+    unpatch()
+    ref_seen, ref_deltas, _, _ = run_grpo(tmp_path / "trl", "dapo", 0.04, gradient_checkpointing=True)
+    assert not tiles
+    PatchFastRL("grpo")
+    try:
+        seen, deltas, _, trainer = run_grpo(tmp_path / "slim", "dapo", 0.04, tiled_rows=8,
+                                            gradient_checkpointing=True)
+    finally:
+        unpatch()
+    assert seen == ref_seen and served(trainer) > 0
+    assert len(tiles) > 4 and max(tiles) == 8  # the backward's passes ran tile by tile
+    assert any(d.abs().max() > 0 for n, d in ref_deltas.items() if "up_proj" in n)
+    for name, ref in ref_deltas.items():
+        assert _rel(deltas[name], ref) <= 1e-4, name
 
 
 def test_unsupported_head_delegates_to_trl(tmp_path, monkeypatch):

@@ -1,0 +1,80 @@
+"""Tiled MLP: each decoder layer's MLP runs a tile of tokens at a time, and with gradients each tile is checkpointed,
+so the layer's MLP intermediates exist for one tile instead of the whole micro-batch (Unsloth's
+``unsloth_tiled_mlp=True``; TiledMLP of Arctic Long Sequence Training, Bekman et al. 2025, arXiv:2506.13996).
+
+Why it saves memory: with checkpointing, the backward recomputes one decoder layer at a time over every token of
+the micro-batch; a gated MLP's gate, up, activation and product (``[tokens, intermediate]`` each, plus their
+gradients) are most of that recompute at long lengths. The MLP is position-wise, so ``mlp(x)`` row by row equals
+``mlp`` over the tile's rows: the outputs are the same numbers, and the weight gradients are the same sums taken
+tile by tile (so equal up to floating-point summation order). The price is one more forward of the MLP per layer
+(each tile is recomputed in the backward).
+
+A module is tiled when its attribute name is ``mlp``, its class name ends in ``MLP`` and it has no ``experts``
+(a mixture of experts routes over the whole batch and returns more than a tensor): dense MLPs of Llama, Qwen2/3,
+Gemma, Mistral, SmolLM. A call with anything but one hidden-state tensor goes to the module's own forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+ATTR = "slimrl_tiled_rows"  # set on a tiled module: the rows of a tile
+
+
+def tiled_modules(model: Any) -> list[torch.nn.Module]:
+    """The dense MLP modules of ``model`` that tiling applies to (module docstring)."""
+    return [m for name, m in model.named_modules()
+            if name.rsplit(".", 1)[-1] == "mlp" and type(m).__name__.endswith("MLP") and not hasattr(m, "experts")]
+
+
+def tile_rows(model: Any) -> int:
+    """Rows per tile: the hidden size (Arctic's rule: about ``tokens / hidden_size`` tiles), at least 256."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "text_config", None) or config
+    return max(256, int(getattr(config, "hidden_size", 0) or 0))
+
+
+def tile_mlp(model: Any, rows: int | None = None) -> int:
+    """Run every dense MLP of ``model`` (and its PEFT wrapper) ``rows`` tokens at a time (default
+    :func:`tile_rows`); returns how many modules were tiled. Again on a tiled model: only the rows change."""
+    if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
+        raise ValueError(f"rows={rows!r}: the tokens of one MLP tile, a positive int (None: the hidden size)")
+    rows = rows or tile_rows(model)
+    modules = tiled_modules(model)
+    for module in modules:
+        if not hasattr(module, ATTR):
+            module.forward = _tiled(module, module.forward)
+        setattr(module, ATTR, rows)
+    return len(modules)
+
+
+def untile_mlp(model: Any) -> None:
+    """Undo :func:`tile_mlp`: each module's own forward again."""
+    for module in tiled_modules(model):
+        if hasattr(module, ATTR):
+            del module.forward  # the instance attribute: the class's forward shows through again
+            delattr(module, ATTR)
+
+
+def is_tiled(model: Any) -> bool:
+    return any(hasattr(m, ATTR) for m in tiled_modules(model))
+
+
+def _tiled(module: torch.nn.Module, own: Any) -> Any:
+    def forward(x: Any = None, *args: Any, **kwargs: Any) -> Any:
+        rows = getattr(module, ATTR, None)
+        if rows is None or args or kwargs or not isinstance(x, torch.Tensor) or x.dim() < 2:
+            return own(x, *args, **kwargs)
+        flat = x.reshape(-1, x.shape[-1])  # [N, H], N = batch x tokens
+        if flat.shape[0] <= rows:
+            return own(x)
+        grad = torch.is_grad_enabled()
+        outs = [checkpoint(own, tile, use_reentrant=False) if grad else own(tile)  # [n, H]
+                for tile in flat.split(rows)]
+        out = torch.cat(outs)  # [N, H]
+        return out.reshape(*x.shape[:-1], out.shape[-1])  # [B, T, H]
+
+    return forward
