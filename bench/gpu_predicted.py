@@ -3,7 +3,8 @@ meta device (``python bench/gpu_predict.py predict``). Every figure is a predict
 TRL's published GPU measurements is in ``python bench/gpu_predict.py validate``.
 
 Each row: GRPO (or the validation's trainers), bf16 on CUDA, TRL's default gradient checkpointing on TRL's sides and
-slimrl's default (offloaded) on slimrl's, the step's scoring and backward (generation: the same HF-generate KV cache
+slimrl's default (offloaded) on slimrl's — and slimrl again with ``unsloth_tiled_mlp=True`` ("slimrl tiled_mlp") —,
+the step's scoring and backward (generation: the same HF-generate KV cache
 on every side, included), ``per_device_train_batch_size = num_generations`` (one prompt's group per step).
 """
 
@@ -61,9 +62,11 @@ def sides(config, s) -> dict[str, dict]:
     from slimrl.planning.plan import plan
 
     ours = plan(config, s, search=False)
+    tiled = plan(config, replace(s, tiled_mlp=True), search=False)  # from_pretrained(unsloth_tiled_mlp=True)
     generation = ours.phases.get("generation", 0)
     trl_s = replace(s, gradient_checkpointing="true")
-    out = {"slimrl": {"peak_bytes": ours.peak_bytes, "phases": ours.phases}}
+    out = {"slimrl": {"peak_bytes": ours.peak_bytes, "phases": ours.phases},
+           "slimrl tiled_mlp": {"peak_bytes": tiled.peak_bytes, "phases": tiled.phases}}
     for name, family in (("trl 1.16", "fused_head"), ("trl + liger", "liger")):
         out[name] = trl_side(config, trl_s, family, generation)
     return out
@@ -77,8 +80,9 @@ def longest(config, s, budget: int, step: int = 256) -> dict[str, int | None]:
     ours = plan(config, s, search=False)
     tokens = s.max_prompt_length + s.max_completion_length
     gen_per_token = ours.phases.get("generation", 0) / tokens
-    out = {"slimrl": _longest(lambda c: plan(config, replace(s, max_completion_length=c), search=False).peak_bytes,
-                              budget, step)}
+    out = {name: _longest(lambda c, t=t: plan(config, replace(s, max_completion_length=c, tiled_mlp=t),
+                                              search=False).peak_bytes, budget, step)
+           for name, t in (("slimrl", False), ("slimrl tiled_mlp", True))}
     trl_s = replace(s, gradient_checkpointing="true")
     for name, family in (("trl 1.16", "fused_head"), ("trl + liger", "liger")):
         out[name] = _longest(lambda c, family=family: trl_side(
