@@ -126,6 +126,8 @@ def gemma_rows(trainers: tuple[str, ...] | None = None) -> list[dict]:
 
 
 def predict() -> list[dict]:
+    from slimrl.planning.search import largest_phase
+
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -133,9 +135,7 @@ def predict() -> list[dict]:
             config, s = config_of(shape), settings_of(extra)
             got = sides(config, s)
             row = {"row": label, **{k: round(v["peak_bytes"] / GIB, 2) for k, v in got.items()},
-                   "largest_slimrl_phase": max((k for k in got["slimrl"]["phases"] if k not in (
-                       "runtime", "weights", "adapter_and_optimizer", "engine")),
-                       key=got["slimrl"]["phases"].get)}
+                   "largest_slimrl_phase": largest_phase(got["slimrl"]["phases"])}
             rows.append(row)
             print(json.dumps(row), flush=True)
             if shape == "qwen2.5-1.5b":

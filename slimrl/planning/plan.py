@@ -208,7 +208,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     chunk = chunk_rows or auto_chunk_rows(rows * completion, shape["vocab"], torch.device("cpu"))
     phases = {"runtime": tp.runtime_bytes if dev == "cpu" else 0, "weights": weight_bytes,
               "adapter_and_optimizer": 16 * lora if s["lora_r"] else 2 * weight_bytes}
-    if not s["lora_r"] and (work.reference == "always" or (work.reference == "beta" and s["beta"] > 0)):
+    if not s["lora_r"] and work.keeps_reference(s["beta"]):
         phases["reference"] = weight_bytes  # TRL's frozen copy (with LoRA the adapter disabled is the reference)
     kv_token = kv_bytes_per_token(config, dtype)
 

@@ -23,6 +23,10 @@ class Workload:
     entropy: bool = True  # the policy's log-prob pass also computes entropies
     shared_prefix: bool = True  # generating, its log-prob passes pack each prompt once per group (slimrl_shared_prefix)
 
+    def keeps_reference(self, beta: float) -> bool:
+        """Whether a step scores a frozen reference model at this KL coefficient."""
+        return self.reference == "always" or (self.reference == "beta" and beta > 0)
+
 
 @dataclass(frozen=True)
 class Settings:

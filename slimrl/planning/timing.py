@@ -141,8 +141,7 @@ def decode_seconds(steps: int, rows: int, *, params: int, weight_bytes: int, kv_
 def no_grad_passes(s: dict[str, Any]) -> int:
     """No-grad log-prob passes per step: the reference model's (always, or when beta > 0, as the workload says),
     none for the old policy (slimrl reuses the policy's log-probs when ``num_iterations`` is 1)."""
-    reference = s["workload"].reference
-    return 1 if reference == "always" or reference == "beta" and s["beta"] > 0 else 0
+    return 1 if s["workload"].keeps_reference(s["beta"]) else 0
 
 
 def step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp):

@@ -79,6 +79,7 @@ def failure_message(trainer: Any, error: BaseException) -> str:
         from slimrl.compat.memory import total_bytes
         from slimrl.patching.online.autofit import settings_of
         from slimrl.planning.plan import plan
+        from slimrl.planning.search import largest_phase
 
         model = trainer.accelerator.unwrap_model(trainer.model)
         state = trainer_state(trainer)
@@ -86,8 +87,7 @@ def failure_message(trainer: Any, error: BaseException) -> str:
         result = plan(model.config, settings, budget=total_bytes(trainer.accelerator.device))
     except Exception as err:  # noqa: BLE001 - the plan is extra information; the failure is the message
         return f"{text}; no plan ({type(err).__name__}: {err})"
-    phase = max((k for k in result.phases if k not in ("runtime", "weights", "adapter_and_optimizer", "reference",
-                                                      "engine")), key=result.phases.get)
+    phase = largest_phase(result.phases)
     fix = (f"fits with {result.recommended}" if result.recommended else
            f"max_completion_length <= {result.max_completion_length_that_fits} fits"
            if result.max_completion_length_that_fits else "a smaller batch or a 4-bit base")
