@@ -4,6 +4,7 @@
 * every test ends with TRL restored (``unpatch()``), so no test leaks patches into the next;
 * ``avx512bf16``: bitsandbytes believes this CPU has AVX512-BF16 (its 4-bit layers read that when built), so the
   eval-mode repacking that breaks gradients (slimrl/models/quantized.py) happens here too;
+* ``fake_gpu``: a GPU of slimrl's table presented through torch's CUDA API (tests/fake_gpu.py);
 * ``tiny_model_dir``: a directory with the 2-layer tiny Llama and its character tokenizer (tests/tiny.py), the shape
   ``FastLanguageModel.from_pretrained`` and ``slimrl train --model`` read.
 
@@ -52,6 +53,17 @@ def tiny_model_dir(tmp_path) -> Path:
     tiny_llama().save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """``gpu = fake_gpu("t4")``: that GPU of slimrl's table presented through torch's CUDA API (tests/fake_gpu.py)
+    for the rest of the test."""
+    from tests.fake_gpu import clear_transformers_cache, present
+
+    yield lambda name: present(monkeypatch, name)
+    monkeypatch.undo()
+    clear_transformers_cache()
 
 
 @pytest.fixture

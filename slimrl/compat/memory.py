@@ -1,8 +1,13 @@
 """Every memory reading slimrl makes, in one place: free / total / resident bytes, and peak windows.
 
-Peaks: on CUDA, ``torch.cuda.max_memory_allocated`` since the last reset; on the host, the kernel's peak resident
-set (``VmHWM``), which writing ``5`` to ``/proc/self/clear_refs`` resets (without that permission the window
-starts at process start). Several readers nest (a training step's window around the engine's generation and
+Peaks: on CUDA, ``torch.cuda.max_memory_allocated``; on the host, the kernel's peak resident set (``VmHWM``).
+slimrl never resets torch's CUDA peak counters: they are the user's (a notebook prints ``max_memory_reserved()``
+after ``train()``, and a reset inside the run would show only the last window). A CUDA window (a training step, an
+engine phase) is read from the counters as they move: when the process's peak rose during the window, that peak was
+reached inside it and is the window's peak exactly; when it did not, the window's peak lies between what was
+allocated at its ends and the earlier peak, and the larger end is reported (a lower bound). On the host the window
+starts with writing ``5`` to ``/proc/self/clear_refs`` (which only resets ``VmHWM``; without that permission the
+window starts at process start). Several readers nest (a training step's window around the engine's generation and
 training phases), so a reset never loses a peak: :func:`reset_peak` first folds the current peak into every open
 :class:`PeakWindow`, whose :meth:`PeakWindow.peak_bytes` is the maximum over its whole lifetime.
 """
@@ -69,23 +74,29 @@ def _cuda(device: torch.device) -> bool:
 
 
 def peak_bytes(device: torch.device) -> int:
-    """Peak memory in use since the last :func:`reset_peak`: CUDA max allocated, or the host's peak resident set
-    (VmHWM)."""
+    """Peak memory in use: CUDA's max allocated of the process, or the host's peak resident set (VmHWM) since the
+    last :func:`reset_peak`."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) if _cuda(device) else 0
     peak = _proc_kib("/proc/self/status", "VmHWM")
     return resident_bytes() if peak is None else peak
 
 
+def allocated_bytes(device: torch.device) -> int:
+    """Bytes allocated now: CUDA's allocated memory, or the host's resident set."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) if _cuda(device) else 0
+    return resident_bytes()
+
+
 def reset_peak(device: torch.device) -> None:
-    """Start a new peak window on ``device``, after folding the current peak into every open :class:`PeakWindow`."""
+    """Start a new host peak window, after folding the current peak into every open :class:`PeakWindow`; on CUDA
+    nothing is reset (the module docstring)."""
     current = peak_bytes(device)
     for window in _OPEN:
         if window.device.type == device.type:
             window.folded = max(window.folded, current)
     if device.type == "cuda":
-        if _cuda(device):
-            torch.cuda.reset_peak_memory_stats(device)
         return
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -100,17 +111,23 @@ class PeakWindow:
     def __init__(self, device: torch.device) -> None:
         self.device = torch.device(device)
         self.folded = 0
+        cuda = self.device.type == "cuda"
+        self._process_peak = peak_bytes(self.device) if cuda else None  # the peak before this window (CUDA)
+        self._start = allocated_bytes(self.device) if cuda else 0
 
     def peak_bytes(self) -> int:
-        return max(self.folded, peak_bytes(self.device))
+        now = peak_bytes(self.device)
+        if self._process_peak is not None and now <= self._process_peak:
+            now = max(self._start, allocated_bytes(self.device))  # the peak predates the window: a lower bound
+        return max(self.folded, now)
 
 
 @contextmanager
 def peak_window(device: torch.device | str) -> Iterator[PeakWindow]:
-    """``with peak_window(device) as w: ...; w.peak_bytes()`` — resets the peak at entry (folding it into outer
-    windows), stays correct through inner resets."""
+    """``with peak_window(device) as w: ...; w.peak_bytes()`` — a host window resets the peak at entry (folding it
+    into outer windows) and stays correct through inner resets; a CUDA window reads the counters as they move."""
+    reset_peak(torch.device(device))
     window = PeakWindow(torch.device(device))
-    reset_peak(window.device)
     _OPEN.append(window)
     try:
         yield window

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from slimrl.compat.memory import peak_bytes, reset_peak
+from slimrl.compat.memory import PeakWindow, reset_peak
 from slimrl.compat.vllm_info import kv_bytes_per_token, supported_lora_rank
 from slimrl.generation import cpu_lora
 from slimrl.generation.memory import kv_cache_bytes, release_host_pages
@@ -88,6 +88,7 @@ class SlimrlEngine:
         self.shared_bytes = 0
         self.kv_cache_bytes: int | None = None
         self.phase_peaks: dict[str, int] = {}  # "generation" / "training" -> peak bytes of the last such phase
+        self._phase: PeakWindow | None = None  # the phase now running (from its start)
         self.timings: dict[str, float] = defaultdict(float)
 
     # -- start ---------------------------------------------------------------------------------------------------
@@ -124,6 +125,7 @@ class SlimrlEngine:
             kwargs["enforce_eager"] = True  # no graph capture on CPU: faster start, same tok/s (measured)
             cpu_lora.install()  # one GEMM per LoRA op instead of a per-token weight gather (slimrl.generation.cpu_lora)
         t0 = time.perf_counter()
+        self._phase = PeakWindow(self.device)  # the first generation phase: from the engine's start
         self.llm = LLM(**kwargs)
         self.timings["start_s"] = time.perf_counter() - t0
         if training_model is not None:
@@ -168,14 +170,20 @@ class SlimrlEngine:
         """Free the KV cache until the next generation; returns bytes released (host pages on CPU)."""
         if self.llm is None or self.asleep:
             return 0
-        self.phase_peaks["generation"] = peak_bytes(self.device)
+        self._next_phase("generation")
         if self.device.type == "cuda":
             released = self._cuda_standby()
         else:
             released = sum(self.llm.collective_rpc(lambda w: release_host_pages(_kv_cache_tensors(w))))
         self.asleep = True
-        reset_peak(self.device)
         return released
+
+    def _next_phase(self, ended: str) -> None:
+        """Record the peak of the phase that ended and start the next one's window."""
+        if self._phase is not None:
+            self.phase_peaks[ended] = self._phase.peak_bytes()
+        reset_peak(self.device)
+        self._phase = PeakWindow(self.device)
 
     def _cuda_standby(self) -> int:
         """KV cache only: ``sleep(level=0)`` + ``release_kv_cache_memory()`` where vLLM has it (>= 0.32); its sleep
@@ -198,8 +206,7 @@ class SlimrlEngine:
         """Take the KV cache back (before a generation)."""
         if self.llm is None or not self.asleep:
             return
-        self.phase_peaks["training"] = peak_bytes(self.device)
-        reset_peak(self.device)
+        self._next_phase("training")
         for tags in self._wake_tags if self.device.type == "cuda" else ():
             self.llm.wake_up(tags=tags)
         self.llm.reset_prefix_cache()  # released pages read as zeros: no cached prefix may be reused

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from slimrl.compat.callsite import warn
+from slimrl.compat.gpus import load_device_map
 from slimrl.compat.quant import BNB_CPU_MIN
 from slimrl.compat.quant import bitsandbytes_works as _bitsandbytes_works
 from slimrl.compat.vllm_info import vllm_status
@@ -109,8 +110,6 @@ class FastLanguageModel:
                 load_kwargs["quantization_config"] = BitsAndBytesConfig(
                     load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch_dtype,
                     bnb_4bit_use_double_quant=True) if load_in_4bit else BitsAndBytesConfig(load_in_8bit=True)
-                if not torch.cuda.is_available():
-                    load_kwargs.setdefault("device_map", "cpu")
             else:
                 warn(f"{bits}=True needs bitsandbytes (CUDA, or CPU with bitsandbytes>="
                               f"{BNB_CPU_MIN}: pip install 'slimrl[quant]'); loading {model_name!r} unquantized "
@@ -125,6 +124,9 @@ class FastLanguageModel:
             engine_problem = "slimrl's engine does not serve vision-language models yet"
         if engine_problem is not None:
             warn(f"fast_inference=True: {engine_problem}; generation will use Hugging Face generate")
+        device_map = load_device_map()  # on the GPU as it loads; on a CPU, transformers' default or ("cpu" if "quantization_config" in load_kwargs else None)
+        if device_map is not None:
+            load_kwargs.setdefault("device_map", device_map)
         # Safe defaults: weights from safetensors only (no pickle), no remote code unless the caller passes it.
         load_kwargs.setdefault("use_safetensors", True)
         load_kwargs.setdefault("trust_remote_code", False)

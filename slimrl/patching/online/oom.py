@@ -1,9 +1,10 @@
 """Out-of-memory recovery for the online trainers' log-prob passes and the policy's backward (GRPO, RLOO).
 
-A micro-batch that runs out of memory (CUDA's ``OutOfMemoryError``; on CPU a ``MemoryError`` or the allocator's
-"can't allocate memory") is split in halves and retried, and the smaller size is kept for the rest of the run;
-every split is counted in the metric ``memory/oom_splits`` (a running total, logged once a split happened). The loss
-and its normalisation stay TRL's, computed once over the whole micro-batch, because only the *log-prob* side is split:
+A micro-batch that runs out of memory (the CUDA allocator's ``OutOfMemoryError``; on CPU a ``MemoryError`` or the
+allocator's "can't allocate memory"; never an error CUDA reports from the device, :func:`device_failure`) is split
+in halves and retried, and the smaller size is kept for the rest of the run; every split is counted in the metric
+``memory/oom_splits``. The loss and its normalisation stay TRL's, computed once over the whole micro-batch, because
+only the *log-prob* side is split:
 
 * **no-grad passes** (old / reference log-probs): rows are independent, so the pass runs on row slices of half the
   size and the results are concatenated (:func:`logps_with_recovery`).
@@ -37,18 +38,19 @@ from typing import Any
 
 import torch
 
+from slimrl.compat.allocation_errors import device_failure, is_out_of_memory
 from slimrl.patching.state import trainer_state
-
-_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
 
 Compute = Callable[[torch.Tensor, torch.Tensor, int | None], tuple]  # (ids, mask, batch_size) -> (logps, H, aux)
 
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is an allocation failure (CUDA OOM, ``MemoryError``, the CPU allocator's error)."""
-    if isinstance(error, MemoryError | torch.OutOfMemoryError):
-        return True
-    return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in _MARKERS)
+def _raise_unless_out_of_memory(error: BaseException, rows: int) -> None:
+    """Re-raise ``error`` unless it is a recoverable out-of-memory with rows left to split (one line first for an
+    error the device reported)."""
+    line = device_failure(error)
+    if line is not None:
+        print(line, flush=True)
+    if not is_out_of_memory(error) or rows == 1:
+        raise error
 
 
 def free_memory() -> None:
@@ -99,8 +101,7 @@ def logps_with_recovery(trainer: Any, compute: Compute, input_ids: torch.Tensor,
         try:
             logps, entropies, aux = compute(input_ids, attention_mask, batch_size)
         except Exception as error:
-            if not is_out_of_memory(error) or rows == 1:
-                raise
+            _raise_unless_out_of_memory(error, rows)
             del error
             free_memory()
             split = max(1, rows // 2)
@@ -137,8 +138,7 @@ def _retry_halving(trainer: Any, attr: str, where: str, size: int, attempt: Call
         try:
             return attempt(size)
         except Exception as error:
-            if not is_out_of_memory(error) or size == 1:
-                raise
+            _raise_unless_out_of_memory(error, size)
             del error
         free_memory()  # outside the handler: the failed attempt's frames are gone
         new = max(1, size // 2)
@@ -196,8 +196,7 @@ def backward_into_model(trainer: Any, call: _PolicyCall, grad_logps: torch.Tenso
             call.outputs = None
             return
         except Exception as error:
-            if not is_out_of_memory(error) or call.input_ids.size(0) == 1:
-                raise
+            _raise_unless_out_of_memory(error, call.input_ids.size(0))
             del error
         call.outputs = None  # the only reference to the failed graph: its activations go
         del outs

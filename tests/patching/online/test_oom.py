@@ -88,6 +88,29 @@ def test_not_out_of_memory_is_raised_unchanged():
     assert not oom.is_out_of_memory(ValueError("out of memory"))
 
 
+@pytest.mark.parametrize("message", [
+    "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API call",
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+])
+def test_a_failure_the_device_reports_is_never_retried(tmp_path, monkeypatch, capsys, patched, message):
+    """Only the allocator's own ``OutOfMemoryError`` (raised before the kernel runs) is retried; an error CUDA reports
+    from the device (asynchronous, the context maybe corrupted) is raised as it is, with one line, and nothing is
+    split."""
+    assert not oom.is_out_of_memory(RuntimeError(message)) and oom.device_failure(RuntimeError(message))
+    fired = []
+
+    def failing(target, trainer, model, input_ids, *args, **kwargs):
+        fired.append(input_ids.size(0))
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(logps, "logps_and_entropies_through_ops", failing)
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        run_grpo(tmp_path, "dapo", 0.04)
+    out = capsys.readouterr().out
+    assert len(fired) == 1 and "retrying" not in out
+    assert [line for line in out.splitlines() if line.startswith("slimrl: the GPU reported a failure")] != []
+
+
 def test_grads_set_aside_adds_or_restores():
     p = torch.nn.Parameter(torch.ones(3))
     p.grad = torch.full((3,), 2.0)
