@@ -22,19 +22,17 @@ Memory (bytes) = runtime + weights + adapter state + the largest phase, where
   for the backward under the checkpointing policy) and ``backward`` (the peak of forward + backward: recompute and
   head chunks included). On CUDA, slimrl's checkpointing (``"slimrl"``) keeps the layer inputs in host memory
   (:mod:`slimrl.models.offload`): all but two layers' inputs (the one recomputed and the one copied ahead) leave
-  both phases.
+  both phases for ``host_pinned_bytes`` (its pool's buffers, a note past its share of the host's RAM).
 
 **Shared-prefix layout** (``Settings.shared_prefix``, slimrl's ``slimrl_shared_prefix``, default on; a trainer whose
 workload declares it, a model it applies to: :func:`shared_prefix_applies`): a log-prob pass over ``n`` rows of
 groups of ``G`` runs ``ceil(n / G)`` packed rows of ``P + min(n, G) * C`` tokens; traced as such, plus the one
 layer's gathered prompt keys and values the attention of :mod:`slimrl.ops.prefix_attention` holds while it runs.
 
-No allocator factor: on CUDA the prediction is of allocated bytes (what ``max_memory_allocated`` reports, the
-caching allocator's reserve not included); on CPU slimrl returns freed blocks to the OS during the gradient passes
-(:mod:`slimrl.compat.malloc`), and resident size tracked live bytes within the error of ``bench/plan_accuracy.py``
-(docs/BENCHMARKS.md), so none is added.
-
-Time: :mod:`slimrl.planning.timing`.
+No allocator factor: on CUDA the prediction is of allocated bytes (``max_memory_allocated``, the caching allocator's
+reserve not included); on CPU slimrl returns freed blocks to the OS during the gradient passes
+(:mod:`slimrl.compat.malloc`): resident size tracked live bytes within ``bench/plan_accuracy.py``'s error. Time:
+:mod:`slimrl.planning.timing`.
 """
 
 from __future__ import annotations
@@ -46,6 +44,7 @@ import torch
 
 from slimrl.compat.memory import parse_bytes
 from slimrl.planning.config import PlanInputError, load_config
+from slimrl.planning.host import pinned_host_bytes
 from slimrl.planning.search import PERSISTENT, fastest_fitting, largest_phase, longest_fitting
 from slimrl.planning.settings import CHECKPOINTING, Settings, Workload, _check  # noqa: F401 - re-exported
 from slimrl.planning.timing import calibrate, no_grad_passes, packed, step_split
@@ -67,6 +66,7 @@ class Plan:
     recommended: dict[str, Any] | None = None
     max_completion_length_that_fits: int | None = None
     notes: list[str] = field(default_factory=list)
+    host_pinned_bytes: int = 0  # offloaded layer inputs in host memory (CUDA, slimrl's checkpointing)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -223,7 +223,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
                          for k in (2 * n, 3 * n))
         return tuple(int(a + (b - a) * (shape["layers"] - 2 * n) / n) for a, b in zip(small, double, strict=True))
 
-    notes: list[str] = []
+    notes, host = [], 0  # host: host_pinned_bytes
     if work.generates:
         if s["fast_inference"]:
             wanted = kv_token * rows * (prompt + completion)
@@ -259,12 +259,13 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     if dev == "cuda" and s["gradient_checkpointing"] == "slimrl":  # layer inputs in host memory, 2 on the GPU
         offloaded = max(shape["layers"] - 2, 0) * seqs * (prompt + c) * shape["hidden"] * dtype.itemsize
         kept, peak = kept - offloaded, peak - offloaded
+        host = pinned_host_bytes(offloaded, shape["layers"] - 2, notes)
     phases["policy_forward"] = kept
     phases["backward"] = peak + (_prefix_gather_bytes(config, rows, prompt, completion, dtype) if shared else 0)
     peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[largest_phase(phases)]
     split = step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
-    return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases,
-                step_seconds=sum(split.values()), step_split=split, notes=notes)
+    return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases, step_seconds=sum(split.values()),
+                step_split=split, notes=notes, host_pinned_bytes=host)
 
 
 def _engine_on_cpu(config: Any, lora_r: int, dtype: torch.dtype, notes: list[str]) -> int:

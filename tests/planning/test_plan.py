@@ -271,6 +271,20 @@ def test_cuda_plan_keeps_offloaded_layer_inputs_off_the_gpu():
     inputs = 4 * 2 * 256 * 64 * torch.bfloat16.itemsize  # (6 - 2) layers x 2 rows x 256 tokens x hidden, bf16
     assert plain.phases["policy_forward"] - ours.phases["policy_forward"] == inputs
     assert plain.phases["backward"] - ours.phases["backward"] == inputs
+    # in host memory instead: the offloader's pool, one buffer per layer rounded up to its granule
+    from slimrl.models.offload import GRANULE
+
+    assert ours.host_pinned_bytes == 4 * GRANULE and plain.host_pinned_bytes == 0
+    assert "host_pinned_bytes" in ours.to_json()
+
+
+def test_a_pool_past_its_share_of_host_ram_is_noted():
+    from slimrl.planning.host import pinned_host_bytes
+
+    notes = []
+    assert pinned_host_bytes(34 * 2**30, 34, notes, host_ram=int(12.7 * 2**30)) == 34 * 2**30
+    assert notes and "more than the 40% of 12.7 GiB of RAM slimrl page-locks" in notes[0]
+    assert pinned_host_bytes(2**30, 4, notes := [], host_ram=64 * 2**30) == 2**30 and not notes
 
 
 def test_tiled_mlp_plans_one_tile_of_mlp_intermediates(capsys):
