@@ -124,11 +124,11 @@ class FastLanguageModel:
             engine_problem = "slimrl's engine does not serve vision-language models yet"
         if engine_problem is not None:
             warn(f"fast_inference=True: {engine_problem}; generation will use Hugging Face generate")
-        device_map = load_device_map()  # on the GPU as it loads; on a CPU, transformers' default or ("cpu" if "quantization_config" in load_kwargs else None)
+        on_cpu = "cpu" if "quantization_config" in load_kwargs else None  # bitsandbytes needs it named
+        device_map = load_device_map() or on_cpu  # on CUDA: on the GPU as it loads, shard by shard
         if device_map is not None:
             load_kwargs.setdefault("device_map", device_map)
-        # Safe defaults: weights from safetensors only (no pickle), no remote code unless the caller passes it.
-        load_kwargs.setdefault("use_safetensors", True)
+        load_kwargs.setdefault("use_safetensors", True)  # safe defaults: no pickle, no remote code unless asked
         load_kwargs.setdefault("trust_remote_code", False)
         if load_kwargs["use_safetensors"] and Path(path).is_dir() and not any(Path(path).glob("*.safetensors")):
             raise ValueError(f"{model_name!r} has no .safetensors weights (only pickle-based files such as "
