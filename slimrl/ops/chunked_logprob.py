@@ -34,21 +34,25 @@ import torch
 
 from slimrl.compat.memory import free_bytes
 
-# Bytes one row of fp32 logits may cost per live buffer when the chunk size is chosen automatically.
-_AUTO_MAX_CHUNK_BYTES = 64 * 2**20
+# The most one fp32 logits block may take when the chunk size is chosen automatically: on a CPU small blocks stay in
+# cache and cost nothing more; on a GPU each block re-reads the whole head from memory, so blocks of thousands of rows
+# (880 at a 150K vocabulary) keep the passes over it few.
+_AUTO_MAX_CHUNK_BYTES = {"cpu": 64 * 2**20, "cuda": 512 * 2**20}
 _AUTO_MIN_ROWS = 16
 # Non-differentiable per-row statistics the forward can also return (same names as TRL's fused head outputs).
 STATS = ("log_sum_sq_probs", "mean_logits", "is_top1")
 
 
-def auto_chunk_rows(n_rows: int, vocab_size: int, device: torch.device) -> int:
+def auto_chunk_rows(n_rows: int, vocab_size: int, device: torch.device, free: int | None = None) -> int:
     """Rows per chunk so that one fp32 ``[rows, V]`` block stays within a small share of free memory.
 
-    Budget: ``min(64 MiB, free / 32)`` per block (the backward keeps about three such blocks alive), at least 16 rows.
-    Free memory is ``torch.cuda.mem_get_info`` on CUDA and ``MemAvailable`` on CPU.
+    Budget: ``min(cap, free / 32)`` per block (the backward keeps about three such blocks alive), at least 16 rows;
+    the cap is 64 MiB on a CPU and 512 MiB on a GPU (:data:`_AUTO_MAX_CHUNK_BYTES`). ``free`` defaults to what is free
+    now: ``torch.cuda.mem_get_info`` on CUDA, ``MemAvailable`` on CPU (a plan passes the GPU it plans for).
     """
-    free = free_bytes(device)
-    budget = min(_AUTO_MAX_CHUNK_BYTES, free // 32) if free else _AUTO_MAX_CHUNK_BYTES
+    free = free_bytes(device) if free is None else free
+    cap = _AUTO_MAX_CHUNK_BYTES.get(device.type, _AUTO_MAX_CHUNK_BYTES["cuda"])
+    budget = min(cap, free // 32) if free else cap
     rows = max(_AUTO_MIN_ROWS, budget // (4 * vocab_size))
     return int(max(1, min(n_rows, rows)))
 

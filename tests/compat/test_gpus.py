@@ -71,3 +71,20 @@ def test_model_loads_on_its_gpu(fake_gpu, monkeypatch, tmp_path, key):
         seen.clear()
         flm.FastLanguageModel.from_pretrained(str(path))
         assert seen["device_map"] == {"": 1}  # each rank on its own GPU
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_logprob_chunks_are_sized_for_the_gpu(fake_gpu, key):
+    """slimrl's op on a GPU scores blocks of hundreds to thousands of rows (each block re-reads the head), at most a
+    32nd of free memory per block; a CPU keeps 64 MiB blocks; 16 rows when memory is short."""
+    from slimrl.ops.chunked_logprob import auto_chunk_rows
+
+    gpu = fake_gpu(key)
+    gpu.place(gpu.gpu.total_bytes // 3)  # a model and its optimizer state on the card
+    vocab = 151_936  # Qwen's
+    rows = auto_chunk_rows(10**6, vocab, torch.device("cuda", 0))
+    assert rows * 4 * vocab <= max(gpu.free_bytes // 32, 16 * 4 * vocab)
+    assert rows >= (800 if gpu.gpu.total_bytes >= 39 * 2**30 else 200), rows
+    assert auto_chunk_rows(10**6, vocab, torch.device("cpu"), free=64 * 2**30) == 64 * 2**20 // (4 * vocab)
+    gpu.place(gpu.free_bytes - 2**20)
+    assert auto_chunk_rows(10**6, vocab, torch.device("cuda", 0)) == 16

@@ -175,3 +175,39 @@ def test_routing_hands_back_to_the_triton_kernel_unless_chunking_is_set(kernel, 
         assert grads.keys() == ref_grads.keys() and worst <= 1e-4, (args, name, worst)
         for key, ref in ref_metrics.items():
             assert abs(metrics[key] - ref) <= 1e-4 * max(abs(ref), 1.0), (args, key, metrics[key], ref)
+
+
+@pytest.mark.parametrize("chunks", [None, 2])
+def test_grpo_projects_through_the_triton_kernel_unless_chunking_is_set(kernel, monkeypatch, tmp_path, chunks):
+    """GRPO's method-capture route on a Triton device: the rows it selects (completion positions, each prompt once)
+    are projected by TRL's Triton kernel, never slower than TRL's own pass; slimrl's torch op runs only for a chunking
+    the user chose. Both equal TRL alone (whose pass runs the same kernel)."""
+    from trl.trainer import utils
+
+    from slimrl.patching.routes import head
+    from tests.patching.parity import assert_patched_equals_unpatched
+    from tests.patching.trainers.test_grpo import run_grpo
+
+    k, launches = kernel
+    monkeypatch.setattr(utils, "_use_triton", k._use_triton)
+    ops = {"calls": 0}
+    for name in ("chunked_logprob_outputs", "masked_token_logprobs"):
+        def counted(*args, _f=getattr(head, name), **kwargs):
+            ops["calls"] += 1
+            return _f(*args, **kwargs)
+        monkeypatch.setattr(head, name, counted)
+    extra = {} if chunks is None else {"unsloth_num_chunks": chunks}
+    before = {}
+
+    def run(out):
+        before.update(launches)
+        result = run_grpo(out, "dapo", 0.04, **(extra if "slim" in str(out) else {}))
+        before["run"] = launches["forward"] - before["forward"]
+        return result
+
+    ops_before = ops["calls"]
+    assert_patched_equals_unpatched(run, "grpo", tmp_path)
+    if chunks is None:
+        assert before["run"] > 0 and ops["calls"] == ops_before, "the patched run did not use TRL's Triton kernel"
+    else:
+        assert before["run"] == 0 and ops["calls"] > ops_before, "a chosen chunking must run slimrl's op"

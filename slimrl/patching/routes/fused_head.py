@@ -33,25 +33,10 @@ import torch
 
 from slimrl.compat.trl_info import FUSED_HEAD
 from slimrl.patching.registry import Patch, original
-from slimrl.patching.routes.head import Head, chunking_of
+from slimrl.patching.routes.head import UTILS, Head, chunking_of
+from slimrl.patching.routes.head import trl_kernel_is_best as _trl_kernel_is_best
 from slimrl.patching.state import trainer_state
 from slimrl.patching.steps import current_args, current_trainer, prediction_step_factory
-
-UTILS = "trl.trainer.utils"
-
-
-
-def _trl_kernel_is_best(device: torch.device) -> bool:
-    """TRL's Triton kernel on CUDA/XPU: already compact and tiled, so slimrl hands the call back to it. TRL 1.15
-    has no kernel at all without Triton (``_ChunkedLogProbFunction = None``: its fused-head trainers cannot run on
-    a CPU); 1.16 decides with ``_use_triton`` and falls back to torch elsewhere."""
-    if original(UTILS, "_ChunkedLogProbFunction") is None:
-        return False
-    try:
-        from trl.kernels.chunked_logprob import _use_triton
-    except ImportError:  # TRL 1.15: the kernel module is Triton only
-        return device.type in ("cuda", "xpu")
-    return bool(_use_triton(device))
 
 
 class SlimrlChunkedLogProbFunction:

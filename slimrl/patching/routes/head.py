@@ -12,7 +12,13 @@ A route hands :class:`Head` the hidden states it captured (or TRL handed its ker
 * **dtype**: the routes that capture the head's input run the projection in the head's dtype (the hidden states
   cast to it, as ``nn.Linear`` would see them) with an fp32 softmax, outside any autocast; TRL's fused-head kernel
   slot keeps TRL's rule (the op's compute dtype follows the caller's autocast), so :meth:`Head.outputs` takes
-  ``in_head_dtype=False`` there.
+  ``in_head_dtype=False`` there;
+* **kernel**: where TRL's own Triton kernel runs (TRL >= 1.15 on CUDA/XPU with Triton, :func:`trl_kernel`) it
+  projects the rows the route selected, unless the config chose slimrl's chunking: it tiles the vocabulary with a
+  fused online log-sum-exp, where slimrl's torch op re-reads the head once per row block, so on those devices a
+  projection is never slower than TRL's. What slimrl's routes add stays theirs on every device (the rows they score:
+  completion positions only, each prompt once in the shared-prefix layout; no logits kept between forward and
+  backward); slimrl's op serves every other device and the chunking a user asks for.
 """
 
 from __future__ import annotations
@@ -25,6 +31,44 @@ import torch
 
 from slimrl.compat.heads import logit_transform
 from slimrl.ops.chunked_logprob import autocast_off, chunked_logprob_outputs, masked_token_logprobs
+from slimrl.patching.registry import original
+
+UTILS = "trl.trainer.utils"
+
+
+def _trl_kernel_class() -> Any:
+    """TRL's ``_ChunkedLogProbFunction`` as TRL has it (before slimrl's kernel swap, where installed); None before
+    TRL 1.15."""
+    try:
+        return original(UTILS, "_ChunkedLogProbFunction")
+    except RuntimeError:  # not swapped (GRPO's route does not swap it)
+        import importlib
+
+        return getattr(importlib.import_module(UTILS), "_ChunkedLogProbFunction", None)
+
+
+def trl_kernel_is_best(device: torch.device) -> bool:
+    """Whether TRL's Triton kernel runs on ``device`` (CUDA/XPU with Triton): already compact and tiled, so slimrl
+    hands projections to it. TRL before 1.15 has no kernel; 1.15 has one without Triton only
+    (``_ChunkedLogProbFunction = None``: its fused-head trainers cannot run on a CPU); 1.16 decides with
+    ``_use_triton`` and falls back to torch elsewhere."""
+    if _trl_kernel_class() is None:
+        return False
+    try:
+        from trl.kernels.chunked_logprob import _use_triton
+    except ImportError:  # TRL 1.15: the kernel module is Triton only
+        return device.type in ("cuda", "xpu")
+    return bool(_use_triton(device))
+
+
+def trl_kernel(device: torch.device, head: Head) -> tuple[Any, int] | None:
+    """(TRL's kernel class, its vocabulary tile) where it serves ``head``'s projections on ``device`` (the module
+    docstring), else None."""
+    if head.num_chunks != -1 or head.chunk_multiplier is not None or not trl_kernel_is_best(device):
+        return None
+    import trl.trainer.utils as utils
+
+    return _trl_kernel_class(), getattr(utils, "_CHUNKED_LOGPROB_CHUNK_SIZE", 4096)
 
 
 def chunking_of(args: Any) -> tuple[int, int | None]:
@@ -69,6 +113,11 @@ class Head:
         ``(log_probs [N], entropy, log_sum_sq_probs, mean_logits, is_top1)``, each None unless in ``outputs``."""
         with self._context(hidden, in_head_dtype):
             h = hidden.to(self.weight.dtype) if in_head_dtype else hidden
+            trl = trl_kernel(hidden.device, self)
+            if trl is not None:
+                kernel, tile = trl
+                return kernel.apply(h, self.weight, self.bias, targets, float(temperature), tile, self.softcap,
+                                    float(self.logit_scale), tuple(outputs))
             return chunked_logprob_outputs(h, self.weight, targets, self.bias, float(temperature), outputs=outputs,
                                            num_chunks=self.num_chunks, chunk_multiplier=self.chunk_multiplier,
                                            logit_scale=float(self.logit_scale), softcap=self.softcap)
@@ -77,6 +126,11 @@ class Head:
                with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``hidden [B, T, H]`` scored against ``targets [B, T]`` where ``valid [B, T]``, in the head's dtype:
         ``(log-probs [B, T], entropies [B, T] | None)``, 0 where not valid."""
+        if trl_kernel(hidden.device, self) is not None:  # the valid rows gathered, scattered back (as TRL does)
+            wanted = ("log_probs", "entropy") if with_entropy else ("log_probs",)
+            logps, entropy, *_ = self.outputs(hidden[valid], targets[valid], temperature, wanted)  # [N], [N] | None
+            return (logps.new_zeros(valid.shape).masked_scatter(valid, logps),
+                    None if entropy is None else entropy.new_zeros(valid.shape).masked_scatter(valid, entropy))
         with self._context(hidden, True):
             return masked_token_logprobs(hidden.to(self.weight.dtype), self.weight, targets, valid, self.bias,
                                          temperature, num_chunks=self.num_chunks,
