@@ -191,11 +191,14 @@ def test_grpo_projects_through_the_triton_kernel_unless_chunking_is_set(kernel, 
     k, launches = kernel
     monkeypatch.setattr(utils, "_use_triton", k._use_triton)
     ops = {"calls": 0}
-    for name in ("chunked_logprob_outputs", "masked_token_logprobs"):
-        def counted(*args, _f=getattr(head, name), **kwargs):
+    def counting(op):
+        def counted(*args, **kwargs):
             ops["calls"] += 1
-            return _f(*args, **kwargs)
-        monkeypatch.setattr(head, name, counted)
+            return op(*args, **kwargs)
+        return counted
+
+    for name in ("chunked_logprob_outputs", "masked_token_logprobs"):
+        monkeypatch.setattr(head, name, counting(getattr(head, name)))
     extra = {} if chunks is None else {"unsloth_num_chunks": chunks}
     before = {}
 
