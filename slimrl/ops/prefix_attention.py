@@ -19,11 +19,21 @@ parameter gradient. Work: ``P + sum L_i`` tokens per group through every linear 
 No ``[T, T]`` mask is built: the prompt queries run as one causal attention over the first ``P`` positions, the
 completions as one batched attention of ``S`` segments x ``L`` queries over ``P + L`` keys (the prompt's keys gathered
 once per segment, each segment's own keys causal), so memory grows with ``P + G * C`` per group.
+
+**On CUDA** that batched attention must run in SDPA's memory-efficient kernel (flash attention takes no mask): in
+the math kernel one layer's scores ``[S, h, L, P + L]`` in fp32 would be ~7 GB at 8 x 4,096 tokens. The kernel takes
+an additive bias in the query's dtype whose rows start on 16-element boundaries, broadcast over heads, and inputs of
+equal head counts with a contiguous last dimension; a boolean mask is converted (and padded to that alignment) by SDPA
+at every call, forward and backward, in every layer. :meth:`PackedLayout.bias` builds that bias once per layout and
+dtype (``[S, 1, L, P + L]``, ``-inf`` where a key is not seen, rows padded to a multiple of 16: ``S * L *
+ceil16(P + L)`` elements, which ``slimrl plan`` counts), and the keys' heads are repeated for grouped-query models
+(tested at real head sizes: tests/ops/test_prefix_attention.py states the constraints, tests/gpu asks PyTorch's own
+dispatch check on a GPU).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -67,6 +77,18 @@ class PackedLayout:
     seg_index: torch.Tensor  # [S, L] long: positions of each segment's tokens (clamped past its end)
     seg_mask: torch.Tensor  # [S, 1, L, P + L] bool: prompt keys of the segment's row + its own causal keys
     source: torch.Tensor  # [R, T] long: index of each position's output in cat(prompt outputs, segment outputs)
+    _biases: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """``seg_mask`` as SDPA's memory-efficient kernel takes it (the module docstring): ``[S, 1, L, P + L]`` in
+        ``dtype``, 0 where a key is seen and ``-inf`` elsewhere, each row starting on a 16-element boundary."""
+        if dtype not in self._biases:
+            s, _, lw, keys = self.seg_mask.shape
+            padded = torch.full((s, 1, lw, -(-keys // 16) * 16), float("-inf"), dtype=dtype,
+                                device=self.seg_mask.device)  # [S, 1, L, ceil16(P + L)]
+            padded[..., :keys].masked_fill_(self.seg_mask, 0.0)
+            self._biases[dtype] = padded[..., :keys]
+        return self._biases[dtype]
 
     @classmethod
     def build(cls, prefix_lens: list[int], segments: list[list[int]], device: torch.device) -> PackedLayout:
@@ -133,7 +155,7 @@ def shared_prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     seg_vals = torch.cat([value[:, :, :pw].index_select(0, layout.seg_row), segment(value)], dim=2)  # [S, kv, P+L, d]
     own = sdpa(
         segment(query), _repeat_heads(seg_keys, groups), _repeat_heads(seg_vals, groups),
-        attn_mask=layout.seg_mask, dropout_p=dropout, scale=scaling)  # [S, h, L, d]
+        attn_mask=layout.bias(query.dtype), dropout_p=dropout, scale=scaling)  # [S, h, L, d]
     flat = torch.cat([prompt.transpose(1, 2).reshape(rows * pw, heads, dim),
                       own.transpose(1, 2).reshape(n_seg * lw, heads, dim)])  # [R*P + S*L, h, d]
     return flat[layout.source]  # [R, T, h, d]

@@ -166,13 +166,13 @@ def shared_prefix_applies(config: Any, s: dict[str, Any]) -> bool:
 
 
 def _prefix_gather_bytes(config: Any, rows: int, prompt: int, completion: int, dtype: torch.dtype) -> int:
-    """The shared-prefix attention's own transient in one layer: each completion segment's keys and values, the
-    prompt's gathered and both repeated to every query head (``2 x S x heads x (P + C) x head_dim``)."""
+    """The shared-prefix attention's own bytes: one layer's segment keys and values, the prompt's gathered, repeated
+    to every head (``2 x S x heads x (P + C) x head_dim``), and the pass's bias (``S x C x ceil16(P + C)``)."""
     text = getattr(config, "text_config", None) or config
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    size = torch.tensor([], dtype=dtype).element_size()
-    return 2 * rows * heads * (prompt + completion) * head_dim * size
+    bias = rows * completion * (-(-(prompt + completion) // 16) * 16)
+    return (2 * rows * heads * (prompt + completion) * head_dim + bias) * dtype.itemsize
 
 
 _MODELS: dict[tuple, Any] = {}

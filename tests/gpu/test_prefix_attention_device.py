@@ -57,3 +57,33 @@ def test_packed_completions_match_sdpa_on_unpacked_rows(device, dtype):
     for got, ref in zip(grads_packed, grads_rows):
         assert got.abs().max() > 0
         torch.testing.assert_close(got.float(), ref.float(), atol=tol * max(1.0, float(ref.abs().max())), rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("heads, kv, dim", [(12, 2, 128), (32, 8, 128), (4, 1, 256)])
+def test_segments_take_the_memory_efficient_kernel_on_cuda(monkeypatch, heads, kv, dim):
+    """PyTorch's own dispatch check says the segments' attention can run in the memory-efficient kernel, and one
+    layer at 8 completions x 1,024 tokens over a 256-token prompt stays far below the math kernel's fp32 scores."""
+    from torch.backends.cuda import SDPAParams, can_use_efficient_attention
+
+    from slimrl.ops import prefix_attention as pa
+
+    layout = PackedLayout.build([256], [[1024] * 8], torch.device("cuda"))
+    seen = []
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        if attn_mask is not None:
+            seen.append(can_use_efficient_attention(SDPAParams(q, k, v, attn_mask, 0.0, False, False), True))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(pa, "sdpa", spy)
+    q = torch.randn(1, heads, layout.width, dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, kv, layout.width, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()  # a test process: its own counters
+    before = torch.cuda.memory_allocated()
+    pa.shared_prefix_attention(q, k, v, layout)
+    torch.cuda.synchronize()
+    grown = torch.cuda.max_memory_allocated() - before
+    scores = 8 * heads * 1024 * (256 + 1024) * 4  # the math kernel's fp32 scores of the segments
+    assert seen == [True] and grown < scores / 4, (seen, grown, scores)

@@ -63,3 +63,54 @@ def test_layout_rejects_nothing_it_cannot_index():
     assert layout.width == 4 and layout.seg_index.tolist() == [[2], [3]]
     assert layout.seg_mask.shape == (2, 1, 1, 3)
     assert layout.seg_mask[:, 0, 0].tolist() == [[True, True, True], [True, True, True]]
+
+
+def efficient_kernel_problems(query: torch.Tensor, key: torch.Tensor, bias: torch.Tensor) -> list[str]:
+    """What keeps the segments' attention (``query [S, h, L, d]``, ``key [S, h, P + L, d]``, ``bias``) out of SDPA's
+    memory-efficient CUDA kernel (PyTorch's dispatch rules for it); empty when nothing does."""
+    problems = []
+    if bias.dtype != query.dtype:
+        problems.append(f"bias dtype {bias.dtype} is not the query's {query.dtype} (SDPA would convert it each call)")
+    if bias.dim() != 4 or bias.shape[1] != 1 or bias.shape[-2:] != (query.shape[-2], key.shape[-2]):
+        problems.append(f"bias shape {tuple(bias.shape)} is not [S, 1, L, P + L]")
+    if bias.stride(-1) != 1 or bias.stride(-2) % 16:
+        problems.append(f"bias rows are not 16-aligned (strides {bias.stride()}): SDPA would pad a copy each call")
+    if query.size(1) != key.size(1):
+        problems.append("grouped-query heads not repeated (the kernel takes equal head counts)")
+    if query.size(-1) % (4 if query.dtype == torch.float32 else 8):
+        problems.append(f"head dim {query.size(-1)} is not a multiple of {4 if query.dtype == torch.float32 else 8}")
+    if query.stride(-1) != 1 or key.stride(-1) != 1:
+        problems.append("query or key with a strided last dimension")
+    return problems
+
+
+SHAPES = {"qwen2.5-1.5b": (12, 2, 128), "llama-3.1-8b": (32, 8, 128), "gemma-3-1b": (4, 1, 256), "smollm2": (9, 3, 64)}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("model", list(SHAPES))
+def test_segments_attention_meets_the_efficient_kernel(monkeypatch, model, dtype):
+    """At real head sizes the segments' attention reaches SDPA as its memory-efficient CUDA kernel takes it (no
+    per-call conversion or padding copy, no reason to fall back to the math kernel); the bias is built once per
+    layout and dtype and is exactly the boolean mask."""
+    from slimrl.ops import prefix_attention as pa
+
+    heads, kv, dim = SHAPES[model]
+    layout = pa.PackedLayout.build([40, 33], [[37, 50, 12], [64]], torch.device("cpu"))
+    calls = []
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        if attn_mask is not None:
+            calls.append(efficient_kernel_problems(q, k, attn_mask))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(pa, "sdpa", spy)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, heads, layout.width, dim, generator=g).to(dtype)
+    k, v = (torch.randn(2, kv, layout.width, dim, generator=g).to(dtype) for _ in range(2))
+    pa.shared_prefix_attention(q, k, v, layout)
+    pa.shared_prefix_attention(q, k, v, layout)
+    assert calls == [[], []]
+    bias = layout.bias(dtype)
+    assert layout.bias(dtype) is bias  # once per layout and dtype
+    assert torch.equal(bias == 0, layout.seg_mask) and torch.isinf(bias[~layout.seg_mask]).all()
