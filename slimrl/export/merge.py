@@ -8,6 +8,10 @@ adapter's dtype (bf16 for a QLoRA adapter TRL trained) and, on a 4-bit base, qua
 rounding the merged model would then carry on every weight. Adapter variants PEFT merges differently (DoRA) go
 through PEFT's own variant merge, on the fp32 dequantized weight. Layers the adapter does not wrap are copied
 (dequantized if quantized). Nothing in the model is changed.
+
+The merged tensors go to host memory one layer at a time, as each is computed (:func:`_to_host`): on a GPU only one
+layer's fp32 merge is ever there beside the model, the engine and the optimizer state (a 7-8B model merged whole on
+the device would need another 15 GiB of it).
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ def merged_state_dict(model: torch.nn.Module, dtype: torch.dtype | None = None) 
 
     def put(name: str, tensor: torch.Tensor | None) -> None:
         if tensor is not None:
-            out[name] = tensor.detach().to(dtype) if tensor.is_floating_point() else tensor.detach()
+            out[name] = _to_host(tensor.detach().to(dtype) if tensor.is_floating_point() else tensor.detach())
 
     for name, module in base.named_modules():
         parts = name.split(".")
@@ -106,6 +110,11 @@ def merged_state_dict(model: torch.nn.Module, dtype: torch.dtype | None = None) 
             if bname not in getattr(module, "_non_persistent_buffers_set", set()):
                 put(prefix + bname, buf)
     return out
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in host memory (a copy of a device tensor; a host tensor as it is)."""
+    return t if t.device.type == "cpu" else t.to("cpu")
 
 
 def output_dtype(model: torch.nn.Module) -> torch.dtype:

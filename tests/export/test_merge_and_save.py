@@ -130,3 +130,23 @@ def test_a_failed_export_leaves_no_partial_file_and_keeps_the_rest(model_dir, tm
         + (["chat_template.jinja"] if (target / "chat_template.jinja").exists() else []))
     assert (target / "adapter_model.safetensors").read_bytes() == adapter
     assert not list(tmp_path.glob(".out.partial-*"))
+
+
+def test_merged_weights_leave_the_device_layer_by_layer(model_dir, monkeypatch):
+    """On a GPU the merge must not hold the whole merged model on the device: each merged tensor is moved to host
+    memory as it is made. A model on the meta device stands for the GPU here; ``_to_host`` records the order."""
+    from slimrl.export import merge
+
+    model, _ = _lora(model_dir)
+    model.to("meta")
+    moved = []
+
+    def to_host(t):
+        moved.append((t.device.type, len(moved)))
+        assert len([d for d, _ in moved if d == "meta"]) == len(moved), "a tensor reached the host unmoved"
+        return torch.empty_like(t, device="cpu")
+
+    monkeypatch.setattr(merge, "_to_host", to_host)
+    state = merge.merged_state_dict(model)
+    assert moved and all(t.device.type == "cpu" for t in state.values())
+    assert len(moved) == len(state)
