@@ -18,6 +18,7 @@ from slimrl.verify.agentic import KINDS as AGENTIC
 from slimrl.verify.agentic import scenario as agentic_scenario
 from slimrl.verify.compare import joint_error, loss_error, worst_parameter_error
 from slimrl.verify.reference import trl_kernel_where_missing
+from slimrl.verify.replay import record_or_replay, replays
 from slimrl.verify.scenarios import Kit, Setup, UnquantizableError
 
 PROBED = ("grpo", "rloo")  # trainers whose generation is checked against the training model
@@ -80,9 +81,11 @@ class Row:
         return not self.skipped and not self.passed
 
 
-def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -> dict[str, Any]:
+def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str,
+         completions: list | None = None) -> dict[str, Any]:
     """One side: build the trainer (patch state set first), train two steps, return losses, first-step gradients,
-    updates and whether slimrl's log-prob path ran."""
+    updates and whether slimrl's log-prob path ran. ``completions``: TRL alone's sampled completions, recorded there
+    and replayed in the patched run (:mod:`slimrl.verify.replay`)."""
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
 
@@ -112,6 +115,8 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
                 grads.update({n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None})
 
     probe = GenerationProbe(trainer) if patched and name in PROBED and loss_type not in AGENTIC else None
+    if completions is not None:
+        record_or_replay(trainer, completions, replay=patched)
     trainer.add_callback(FirstGradients())
     trainer.remove_callback(PrinterCallback)  # the table is the output, not TRL's log dictionaries
     trainer.train()
@@ -122,7 +127,7 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str) -
             "grads": grads, "updates": {n: p.detach() - before[n] for n, p in params.items()},
             "used": served(trainer) > 0, "vllm": bool(getattr(trainer, "use_vllm", False)),
             "exposure": rounding_exposure(params, {n: p.detach() - before[n] for n, p in params.items()}),
-            "dtype": _lowest_precision(p.dtype for p in params.values()),
+            "dtype": _lowest_precision([setup.dtype, *(p.dtype for p in params.values())]),
             "masked": _mean_logged(trainer.state.log_history, "sampling/is_masked_share/sequence")}
 
 
@@ -148,7 +153,8 @@ def rounding_exposure(params: dict, updates: dict) -> float:
 
 
 def _lowest_precision(dtypes) -> torch.dtype:
-    """The least precise floating dtype the trained parameters have (TRL keeps a QLoRA adapter in bf16)."""
+    """The least precise of the run's floating dtypes: the model's (a bf16 base computes in bf16 under TRL's
+    ``bf16=True`` whatever the adapter's dtype) and the trained parameters' (TRL keeps a QLoRA adapter in bf16)."""
     order = [torch.bfloat16, torch.float16, torch.float32]
     found = set(dtypes)
     return next((d for d in order if d in found), torch.float32)
@@ -160,10 +166,11 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
 
     tol = TOLERANCE[setup.dtype]
     t0 = time.perf_counter()
+    completions = [] if replays(setup.dtype, setup.device) and name in PROBED else None
     with tempfile.TemporaryDirectory(prefix="slimrl-verify-") as tmp:
         with trl_kernel_where_missing():  # TRL 1.15 without Triton has no fused-head kernel: a plain one stands in
-            ref, ref_error = _attempt(name, loss_type, setup, False, str(Path(tmp) / "trl"))
-        ours, our_error = _attempt(name, loss_type, setup, True, str(Path(tmp) / "slimrl"))
+            ref, ref_error = _attempt(name, loss_type, setup, False, str(Path(tmp) / "trl"), completions)
+        ours, our_error = _attempt(name, loss_type, setup, True, str(Path(tmp) / "slimrl"), completions)
     unpatch()
     nan = (math.nan, math.nan, math.nan)
     if ref is not None:  # TRL may train in a lower precision than the model's (a QLoRA adapter in bf16)
@@ -214,12 +221,12 @@ def generation_row(name: str, loss_type: str, setup: Setup) -> Row:
                masked_share=ours["masked"] if ours else math.nan)
 
 
-def _attempt(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str):
+def _attempt(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str, completions: list | None = None):
     """(:func:`_run`'s result, None) or (None, the error in one line); a scenario that cannot run on the setup's
     quantized base raises :class:`~slimrl.verify.scenarios.UnquantizableError`."""
     try:
         with several_chunks() if patched else contextlib.nullcontext():
-            return _run(name, loss_type, setup, patched, out_dir), None
+            return _run(name, loss_type, setup, patched, out_dir, completions), None
     except UnquantizableError:
         raise
     except Exception as err:  # noqa: BLE001  (a crash is reported in the row)

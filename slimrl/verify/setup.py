@@ -49,8 +49,10 @@ def make_setup(model: str | None = None, full: bool = False, device: str = "cpu"
         if not full:
             config = shrink(config)
     dtype = torch.float32
-    if device == "cuda":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device == "cuda":  # the card's 16-bit dtype: bf16 where it is native, fp16 on a T4 or V100
+        from slimrl.compat.gpus import current_gpu
+
+        dtype = current_gpu().dtype
     return Setup(config=config, tokenizer=tokenizer, device=device, dtype=dtype, quantized=quantized)
 
 
