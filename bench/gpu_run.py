@@ -2,7 +2,8 @@
 
 On the GPU machine (a copy of this repository with ``.gpu-wheels/`` from ``make gpu-wheels``; results under ``$OUT``):
 
-    bash bench/gpu_run.sh A   # <= 420 s: slimrl's wheels, doctor, CUDA correctness, then the headline:
+    bash bench/gpu_run.sh A   # <= 420 s: slimrl's wheels, doctor, CUDA correctness (verify rows, tests/gpu),
+                              #   then the headline:
                               #   Qwen2.5-1.5B shape, bf16 LoRA r=64, 8 x 4,096: TRL alone, TRL + Liger, slimrl
     bash bench/gpu_run.sh B   # <= 300 s: Unsloth's wheels into their own folder, Unsloth on the headline config,
                               #   the longest completion under 24 GB per side, Qwen3-8B QLoRA 8 x 8,192
@@ -15,8 +16,10 @@ tiny shapes on the CPU, Unsloth imported from its carry set through a view of th
 
 A stage installs a carry set only when an import it needs fails (a warm machine keeps what the previous command
 installed), then runs its steps one after another, each in its own process under its own time limit (a step over
-it is killed and recorded as ``timed_out``); it goes on past a failed step and skips a step when less than the
-step's ``min_s`` is left of the stage's budget. After every step it rewrites ``<stage>.json`` (device, versions, and
+it is killed and recorded as ``timed_out``); it goes on past a failed step. The limits of a stage's steps add up to
+at most its budget, so every step gets its share (the last ones included) or says why not: skipped when less than
+its ``min_s`` is left, or when it needs 4-bit and bitsandbytes has no build for the CUDA the machine's torch
+reports (one line naming both). After every step it rewrites ``<stage>.json`` (device, versions, and
 per step: command, exit code, seconds, the bench's JSON result) beside ``<stage>.log`` (every step's output), so a
 command cut short still leaves its figures. ``bench/gpu_report.py`` turns the JSON files into BENCHMARKS.md rows.
 """
@@ -52,6 +55,7 @@ class Step:
     limit_s: int
     min_s: int = 20
     rehearsal_limit_s: int = 240
+    needs_4bit: bool = False
 
 
 def _grpo(*args: str) -> tuple[str, ...]:
@@ -74,24 +78,25 @@ def steps(stage: str, tiny: bool) -> list[Step]:
         ("--shape", "qwen3-8b", "--length", "8192", "--prompt-length", "256", "--generations", "8")
     table = {
         "A": [
-            Step("doctor", ("{py}", "-m", "slimrl", "doctor"), 40, 10),
+            Step("doctor", ("{py}", "-m", "slimrl", "doctor"), 25, 10),
             # bf16 on CUDA (fp32 in the rehearsal): loss, every LoRA gradient and the update vs TRL alone
-            Step("parity-grpo", _verify("--algorithm", "grpo", "--loss_type", "dapo"), 45, 15),
-            Step("parity-dpo", _verify("--algorithm", "dpo", "--loss_type", "sigmoid"), 45, 15),
-            Step("parity-4bit", _verify("--algorithm", "grpo", "--loss_type", "dapo", "--load_in_4bit"), 60, 20),
-            Step("prefix-attention", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                      "tests/gpu/test_prefix_attention_device.py"), 45, 10),
+            Step("parity-grpo", _verify("--algorithm", "grpo", "--loss_type", "dapo"), 40, 15),
+            Step("parity-dpo", _verify("--algorithm", "dpo", "--loss_type", "sigmoid"), 35, 15),
+            Step("parity-4bit", _verify("--algorithm", "grpo", "--loss_type", "dapo", "--load_in_4bit"), 45, 20,
+                 needs_4bit=True),
+            # every CUDA test: offloaded checkpointing's exactness, the shared-prefix kernels, PyTorch's dispatch
+            Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"), 60, 20),
             # slimrl compare (each side its own process, the plan's prediction beside), on the shape's copy
             Step("headline", ("{py}", "bench/gpu_compare.py", *headline, "--sides", "trl,trl-liger,slimrl",
-                              "--steps", "2"), 300, 120),
+                              "--steps", "2"), 210, 120),
         ],
         "B": [
             Step("unsloth-setup", ("{py}", "bench/gpu_unsloth.py", "--wheels", ".gpu-wheels/unsloth", "--target",
-                                   *(("{tmp}/unsloth-py312", "--python", "3.12") if tiny else ("{site}",))), 60, 10),
-            Step("unsloth-headline", _grpo(*headline, "--sides", "unsloth", "--steps", "2"), 180, 60),
-            Step("fit-24gb", _grpo(*fit, "--fit", "--sides", "trl,trl-liger,slimrl,unsloth"), 240, 90),
+                                   *(("{tmp}/unsloth-py312", "--python", "3.12") if tiny else ("{site}",))), 40, 10),
+            Step("unsloth-headline", _grpo(*headline, "--sides", "unsloth", "--steps", "2"), 100, 60),
+            Step("fit-24gb", _grpo(*fit, "--fit", "--sides", "trl,trl-liger,slimrl,unsloth"), 80, 50),
             Step("8b-qlora", _grpo(*big, "--quant", "qlora", "--steps", "1", "--sides", "trl,slimrl,unsloth"),
-                 240, 90),
+                 80, 50, needs_4bit=True),
         ],
     }
     return table[stage]
@@ -109,6 +114,12 @@ def probe(py: str) -> dict:
             "    try: v[p] = m.version(p)\n"
             "    except m.PackageNotFoundError: v[p] = None\n"
             "v['device'] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'\n"
+            "try:\n"
+            "    import bitsandbytes.cextension as c\n"
+            "    loaded = not isinstance(c.lib, c.ErrorHandlerMockBNBNativeLibrary)\n"
+            "    v['bnb'] = None if loaded else f'bitsandbytes has no build for CUDA {torch.version.cuda}'\n"
+            "except Exception as e:\n"
+            "    v['bnb'] = f'bitsandbytes does not import ({type(e).__name__}: {e})'\n"
             "print(json.dumps(v))")
     out = subprocess.run([py, "-c", code], capture_output=True, text=True)
     try:
@@ -144,6 +155,16 @@ def run_step(step: Step, fill: dict[str, str], log, limit_s: int) -> dict:
     return record
 
 
+def skip_reason(step: Step, seen: dict, left: float, tiny: bool, budget: int) -> str | None:
+    """Why ``step`` does not run (one line), or None: 4-bit without a bitsandbytes build for this CUDA, or less than
+    its ``min_s`` left of the stage's budget (never in the rehearsal, whose limits are its own)."""
+    if step.needs_4bit and seen.get("bnb"):
+        return f"4-bit steps need bitsandbytes' CUDA library: {seen['bnb']}"
+    if not tiny and left < step.min_s:
+        return f"{left:.0f} s left of the stage's {budget} s, the step needs {step.min_s}"
+    return None
+
+
 def run_stage(stage: str, out: Path, py: str, tiny: bool) -> dict:
     """One stage (module docstring); returns what it wrote to ``<stage>.json``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -163,8 +184,9 @@ def run_stage(stage: str, out: Path, py: str, tiny: bool) -> dict:
         report["versions"] = {k: v for k, v in seen.items() if k != "missing"}
         for step in steps(stage, tiny):
             left = BUDGET_S[stage] - (time.perf_counter() - started)
-            if not tiny and left < step.min_s:
-                why = f"{left:.0f} s left of the stage's {BUDGET_S[stage]} s, the step needs {step.min_s}"
+            why = skip_reason(step, seen, left, tiny, BUDGET_S[stage])
+            if why:
+                print(f"{stage} {step.name}: skipped: {why}", file=log, flush=True)
                 report["steps"].append({"name": step.name, "skipped": why})
             else:
                 limit = step.rehearsal_limit_s if tiny else int(min(step.limit_s, left))

@@ -8,8 +8,10 @@
 * ``unsloth/``: Unsloth 2026.10.9 on its own supported stack (TRL 1.15.0, a datasets below 5), installed on the
   machine into a folder of its own (``--target``) that only the Unsloth processes put first on their path.
 
-Two wheels are rebuilt smaller (the run never loads what is dropped): bitsandbytes keeps only its CPU library and
-the one built for the machine's CUDA 13.0 (the wheel carries ten CUDA/ROCm builds, 43 MB); unsloth drops
+Two wheels are rebuilt smaller (the run never loads what is dropped): bitsandbytes keeps its CPU library and the
+builds for every CUDA release PyTorch publishes wheels for (:data:`TORCH_CUDA_BUILDS`; bitsandbytes loads the build
+of torch's CUDA, else the nearest of the same major), not only the CUDA of one machine (the wheel carries fourteen
+CUDA/ROCm builds, 43 MB); unsloth drops
 ``studio/`` (its web application, 82 MB unpacked) and ``unsloth_cli/`` with their console scripts. Left out on
 purpose, because ``import unsloth`` does not import them (the rehearsal in ``make test`` imports it from this very
 set): xformers (Unsloth falls back to PyTorch's SDPA, which TRL uses too), diffusers, hf_transfer.
@@ -36,11 +38,14 @@ UNSLOTH_SET = ("unsloth==2026.10.9", "unsloth_zoo==2026.10.9", "trl==1.15.0", "d
 MACHINE_STANDINS = ("transformers==5.17.0", "huggingface_hub==1.33.0", "tokenizers==0.23.2", "accelerate==1.15.0",
                     "httpx", "httpcore", "h11", "anyio")
 
+# the CUDA releases of PyTorch's wheels (torch 2.11, the machine's: cu126, cu128, cu130): a machine's torch reports
+# one of them, and bitsandbytes needs its build for it (or one of the same major)
+TORCH_CUDA_BUILDS = ("126", "128", "130")
+_BNB_BUILDS = ("118", "120", "121", "122", "123", "124", "125", "126", "128", "129", "130", "131", "132")
 # what each rebuilt wheel drops: (wheel name prefix, path prefixes dropped, console-script lines dropped)
 STRIP = {
-    "bitsandbytes-": (tuple(f"bitsandbytes/libbitsandbytes_{k}" for k in
-                            ("cuda118", "cuda120", "cuda121", "cuda122", "cuda123", "cuda124", "cuda125", "cuda126",
-                             "cuda128", "cuda129", "cuda131", "cuda132", "rocm")), ()),
+    "bitsandbytes-": (tuple(f"bitsandbytes/libbitsandbytes_cuda{k}" for k in _BNB_BUILDS if k not in TORCH_CUDA_BUILDS)
+                      + ("bitsandbytes/libbitsandbytes_rocm",), ()),
     "unsloth-": (("studio/", "unsloth_cli/"), ("unsloth_cli",)),
 }
 

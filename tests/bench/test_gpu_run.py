@@ -102,3 +102,25 @@ def test_a_stage_short_of_time_skips_what_it_cannot_finish(tmp_path, monkeypatch
     first, second = report["steps"]
     assert first["rc"] == 0 and first["limit_s"] <= 50
     assert "the step needs 100" in second["skipped"]
+
+
+def test_the_runner_runs_tests_gpu_budgets_every_step_and_keeps_bitsandbytes_for_any_torch_cuda():
+    """What the runner must do on a real GPU, checked on its tables: every CUDA test runs (tests/gpu, not one file);
+    a stage's step limits fit its budget, so the last steps (the 24 GB fit, the 8B QLoRA row) get their share;
+    bitsandbytes keeps a build for every CUDA PyTorch publishes wheels for, and a 4-bit step says in one line why it
+    is skipped where bitsandbytes has none for the machine's."""
+    gpu_run, gpu_wheels = _bench("gpu_run"), _bench("gpu_wheels")
+    a = gpu_run.steps("A", tiny=False)
+    assert any(s.argv[-1] == "tests/gpu" for s in a)
+    for stage in gpu_run.STAGES:
+        assert sum(s.limit_s for s in gpu_run.steps(stage, tiny=False)) <= gpu_run.BUDGET_S[stage], stage
+    dropped = gpu_wheels.STRIP["bitsandbytes-"][0]
+    kept = [b for b in gpu_wheels.TORCH_CUDA_BUILDS if not any(f"cuda{b}" in d for d in dropped)]
+    assert kept == list(gpu_wheels.TORCH_CUDA_BUILDS) and len({b[:2] for b in kept}) >= 2  # CUDA 12 and 13
+    four_bit = next(s for s in a if s.needs_4bit)
+    missing = {"bnb": "bitsandbytes has no build for CUDA 12.4"}
+    why = gpu_run.skip_reason(four_bit, missing, 400, tiny=False, budget=420)
+    assert why and "\n" not in why and "CUDA 12.4" in why
+    assert gpu_run.skip_reason(four_bit, {"bnb": None}, 400, tiny=False, budget=420) is None
+    assert gpu_run.skip_reason(a[-1], missing, 400, tiny=False, budget=420) is None  # only 4-bit steps need it
+    assert "needs 120" in gpu_run.skip_reason(a[-1], {}, 30, tiny=False, budget=420)
