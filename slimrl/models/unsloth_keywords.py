@@ -48,14 +48,16 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("use_exact_model_name", F, "honoured", "slimrl always loads the exact name it is given"),
     Keyword("unsloth_vllm_standby", F, "honoured", "slimrl's engine always releases its KV cache while training"),
     Keyword("disable_log_stats", F, "honoured", "the engine logs no vLLM statistics"),
-    Keyword("float8_kv_cache", F, "honoured", "fp8 KV cache in the engine on CUDA (`kv_cache_dtype='fp8'`); "
-                                              "ignored with one line on a CPU, where vLLM has none"),
+    Keyword("float8_kv_cache", F, "honoured", "fp8 KV cache in the engine on GPUs with fp8 (compute capability "
+                                              ">= 8.9: L4, RTX 4090, H100; `kv_cache_dtype='fp8'`); ignored with one "
+                                              "line elsewhere (older GPUs, a CPU)"),
     Keyword("use_gradient_checkpointing", F, "honoured", "the default of `get_peft_model`'s keyword of that name"),
     Keyword("resize_model_vocab", F, "honoured", "`model.resize_token_embeddings(n)` after loading"),
     Keyword("token", F, "passed", "hub token for a download"),
     Keyword("revision", F, "passed", "hub revision"),
     Keyword("trust_remote_code", F, "passed", "transformers' (default False)"),
-    Keyword("device_map", F, "passed", "transformers'"),
+    Keyword("device_map", F, "passed", "transformers'; without it, on CUDA the model loads on the process's GPU "
+                                       "(`LOCAL_RANK` under torchrun), shard by shard, as Unsloth's does"),
     Keyword("rope_scaling", F, "passed", "transformers' config override"),
     Keyword("offload_embedding", F, "ignored", "the input embedding stays with the model (on a CPU it is in host "
                                                "memory already)"),
