@@ -34,6 +34,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gradient_checkpointing", default="slimrl", help="true, false, slimrl (default) or selective")
     p.add_argument("--fast_inference", type=_bool, default=False)
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--gpu", default=None, help="plan for this GPU of slimrl's table (t4, v100, l4, a10g, rtx4090, "
+                   "a100-40gb, a100-80gb, h100, h200): its dtype and memory, and with --fast_inference vLLM's "
+                   "start-up check (implies --device cuda)")
+    p.add_argument("--gpu_memory_utilization", default="0.5", help="the engine's share of the GPU (Unsloth's "
+                   "meaning: its weights included), or auto")
+    p.add_argument("--max_seq_length", type=int, default=None, help="the engine's longest sequence (default: "
+                   "prompt + completion)")
     p.add_argument("--budget", default=None, help="memory budget, e.g. 20GB: adds fits, recommended settings and the "
                                                   "longest completion that fits")
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0 adds the reference pass)")
@@ -103,8 +110,26 @@ def main(argv: list[str] | None = None) -> int:
                                    f"--num_generations {args.num_generations}")
     if not 0 <= args.lora_r <= 65536:  # beyond any model's width: the planner would describe absurd tensors
         return fail("slimrl plan", f"--lora_r {args.lora_r}: a LoRA rank in [1, 65536], or 0 for full fine-tuning")
-    options = {k: v for k, v in vars(args).items() if k not in ("json", "model", "budget", "compare")}
-    settings = Settings(workload=PLANNED[args.algorithm], **options)
+    gpu, utilization = None, args.gpu_memory_utilization
+    if args.gpu is not None:
+        from slimrl.compat.gpus import find_gpu
+
+        try:
+            gpu = find_gpu(args.gpu)
+        except ValueError as exc:
+            return fail("slimrl plan", str(exc))
+        args.device = "cuda"
+    try:
+        utilization = utilization if utilization == "auto" else float(utilization)
+        if utilization != "auto" and not 0 < utilization < 1:
+            raise ValueError
+    except ValueError:
+        return fail("slimrl plan", f"--gpu_memory_utilization {args.gpu_memory_utilization!r}: a fraction in (0, 1) "
+                                   f"or auto")
+    skip = ("json", "model", "budget", "compare", "gpu", "gpu_memory_utilization", "max_seq_length")
+    options = {k: v for k, v in vars(args).items() if k not in skip}
+    share = {} if utilization == "auto" else {"gpu_memory_utilization": utilization}
+    settings = Settings(workload=PLANNED[args.algorithm], gpu=gpu.key if gpu else None, **share, **options)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -115,14 +140,22 @@ def main(argv: list[str] | None = None) -> int:
         return fail("slimrl plan", f"the sizes asked for are beyond what can be planned ({type(exc).__name__}: "
                                    f"{str(exc).splitlines()[0][:120]}); ask for fewer rows or tokens")
     data = result.to_json()
+    if gpu is not None:
+        from slimrl.planning.config import load_config
+        from slimrl.planning.gpu import format_section, gpu_section
+
+        seq = args.max_seq_length or args.max_prompt_length + args.max_completion_length
+        data.update(gpu_section(load_config(args.model), gpu, args.fast_inference, args.load_in_4bit, args.lora_r,
+                                utilization, seq))
     if args.compare:
         try:
             sides = _compare(args, settings, result)
         except (PlanInputError, ValueError) as exc:
             return fail("slimrl plan", str(exc))
         data["compare"] = sides
-    print(json.dumps(data, indent=2) if args.json else format_plan(data) + (
-        format_compare(data["compare"]) if args.compare else ""))
+    text = format_plan(data) + ("\n" + format_section(data) if gpu is not None else "")
+    print(json.dumps(data, indent=2) if args.json else text + (format_compare(data["compare"]) if args.compare
+                                                                else ""))
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 BNB_CPU_MIN = "0.50.0"  # bitsandbytes runs NF4, LLM.int8() and its 8-bit optimizers on CPU from this release
+NF4_BYTES = 0.516  # 4 bits + one 8-bit absmax per 64 weights + one fp32 per 256 absmax blocks (double quant)
 
 
 def bitsandbytes_works() -> bool:

@@ -31,7 +31,9 @@ from typing import Any
 
 import torch
 
-from slimrl.compat.memory import PeakWindow, reset_peak
+from slimrl.compat.engine_memory import MAX_NUM_SEQS, EngineStart, cuda_engine_start, fix_for, startup_problem
+from slimrl.compat.gpus import local_cuda_index
+from slimrl.compat.memory import PeakWindow, free_bytes, reset_peak, total_bytes
 from slimrl.compat.vllm_info import kv_bytes_per_token, supported_lora_rank
 from slimrl.generation import cpu_lora, shared_loader
 from slimrl.generation.memory import kv_cache_bytes, release_host_pages
@@ -70,7 +72,7 @@ class SlimrlEngine:
     """Colocated vLLM engine for one base model (see the module docstring)."""
 
     def __init__(self, model_path: str, dtype: torch.dtype, max_seq_length: int, max_lora_rank: int,
-                 gpu_memory_utilization: float | str, seed: int = 0, max_num_seqs: int = 64,
+                 gpu_memory_utilization: float | str, seed: int = 0, max_num_seqs: int = MAX_NUM_SEQS,
                  kv_cache_dtype: str = "auto") -> None:
         self.model_path = model_path
         self.dtype = dtype
@@ -80,7 +82,9 @@ class SlimrlEngine:
         self.seed = seed
         self.max_num_seqs = max_num_seqs
         self.kv_cache_dtype = kv_cache_dtype  # "auto" (the weights' dtype) or "fp8" (CUDA)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        # each process's engine on its own GPU (TRL's colocate mode: one engine per rank)
+        self.device = torch.device("cuda", local_cuda_index()) if torch.cuda.is_available() else torch.device("cpu")
+        self.start_args: EngineStart | None = None  # what vLLM was given on a GPU (and the GPU's state then)
         self.llm: Any = None
         self.lora_request: Any = None
         self.adapter_id = 0
@@ -120,13 +124,11 @@ class SlimrlEngine:
             kwargs.update(shared_loader.source_args(training_model))
             if any(shared_loader.is_4bit(p) for p in training_model.parameters()):
                 kwargs["enforce_eager"] = True  # bitsandbytes' kernels run as they are: no graph capture, no compile
-        if self.kv_cache_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = self.kv_cache_bytes
-        else:
-            kwargs["gpu_memory_utilization"] = float(self.gpu_memory_utilization)
         if self.device.type == "cuda":
-            kwargs["enable_sleep_mode"] = True
+            kwargs.update(self._cuda_memory_args(training_model), enable_sleep_mode=True)
         else:
+            kwargs.update({"kv_cache_memory_bytes": self.kv_cache_bytes} if self.kv_cache_bytes is not None else
+                          {"gpu_memory_utilization": float(self.gpu_memory_utilization)})
             kwargs["enforce_eager"] = True  # no graph capture on CPU: faster start, same tok/s (measured)
             cpu_lora.install()  # one GEMM per LoRA op instead of a per-token weight gather (slimrl.generation.cpu_lora)
         t0 = time.perf_counter()
@@ -141,6 +143,21 @@ class SlimrlEngine:
             models = self.llm.collective_rpc(_engine_model)
             self.shared_bytes = shared_storage_bytes(training_model, models[0]) if len(models) == 1 else 0
         return self.llm
+
+    def _cuda_memory_args(self, training_model: torch.nn.Module | None) -> dict[str, Any]:
+        """vLLM's memory arguments on this GPU now, after vLLM's own start-up check passed on them
+        (:mod:`slimrl.compat.engine_memory`); a one-line MemoryError where it would not."""
+        external = shared_loader.external_bytes(training_model, self.device) if training_model is not None else 0
+        self.start_args = cuda_engine_start(self.gpu_memory_utilization, free_bytes(self.device),
+                                            total_bytes(self.device), external, self.kv_cache_bytes)
+        problem = startup_problem(self.start_args)
+        if problem:
+            raise MemoryError(f"fast_inference: vLLM cannot start on this GPU beside the training model ({problem}); "
+                              f"{fix_for(self.start_args)}")
+        args: dict[str, Any] = {"gpu_memory_utilization": self.start_args.gpu_memory_utilization}
+        if self.start_args.kv_cache_memory_bytes is not None:
+            args["kv_cache_memory_bytes"] = self.start_args.kv_cache_memory_bytes
+        return args
 
     def share_weights(self, training_model: torch.nn.Module) -> int:
         """Point the training model's frozen base weights at the engine's (in-process engines only)."""

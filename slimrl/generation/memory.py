@@ -20,10 +20,10 @@ import os
 
 import torch
 
+from slimrl.compat.engine_memory import auto_kv_bytes
 from slimrl.compat.memory import free_bytes, total_bytes
 
 _MADV_DONTNEED = 4
-_TRAINING_RESERVE = 0.25
 
 
 def kv_cache_bytes(utilization: float | str, device: torch.device, per_token: int, max_tokens: int,
@@ -32,14 +32,13 @@ def kv_cache_bytes(utilization: float | str, device: torch.device, per_token: in
     (a float on CUDA)."""
     wanted = per_token * max_tokens
     if utilization == "auto":
-        room = free_bytes(device) - 3 * trainable_bytes
-        room = int(room * (1 - _TRAINING_RESERVE))
-        if room < per_token * 16:
+        kv = auto_kv_bytes(free_bytes(device), trainable_bytes, per_token, max_tokens)
+        if kv is None:
             raise MemoryError(
-                f"gpu_memory_utilization='auto': only {max(room, 0) / 2**20:.0f} MiB left for the generation KV cache "
-                f"after the model, the adapter and its optimizer state; free memory, lower max_seq_length, or pass "
-                f"fast_inference=False")
-        return min(wanted, room)
+                "gpu_memory_utilization='auto': too little memory left for the generation KV cache after the model, "
+                "the adapter and its optimizer state; free memory, lower max_seq_length, or pass "
+                "fast_inference=False")
+        return kv
     if not isinstance(utilization, int | float) or not 0 < utilization < 1:
         raise ValueError(f"gpu_memory_utilization must be a float in (0, 1) or 'auto', got {utilization!r}")
     if device.type == "cuda":

@@ -8,12 +8,10 @@ from typing import Any
 import torch
 
 from slimrl.compat.callsite import warn
-from slimrl.compat.gpus import current_gpu, load_device_map
+from slimrl.compat.gpus import load_device_map
 from slimrl.compat.quant import BNB_CPU_MIN
 from slimrl.compat.quant import bitsandbytes_works as _bitsandbytes_works
-from slimrl.compat.vllm_info import vllm_status
-from slimrl.generation.engine import SlimrlEngine
-from slimrl.models import unsloth_keywords
+from slimrl.models import engine_setup, unsloth_keywords
 from slimrl.models.chat_processor import accept_chat_messages
 from slimrl.models.checkpointing import MODES as CHECKPOINTING_MODES
 from slimrl.models.checkpointing import enable_checkpointing
@@ -119,11 +117,14 @@ class FastLanguageModel:
             raise ValueError(f"gpu_memory_utilization must be a float in (0, 1) or 'auto', got "
                              f"{gpu_memory_utilization!r}")
         vision = cls._loads_vision(str(path), bool(load_kwargs.get("trust_remote_code", False)))
-        engine_problem = vllm_status() if fast_inference else None
-        if fast_inference and vision and engine_problem is None:
-            engine_problem = "slimrl's engine does not serve vision-language models yet"
-        if engine_problem is not None:
-            warn(f"fast_inference=True: {engine_problem}; generation will use Hugging Face generate")
+        problem = engine_setup.engine_problem(fast_inference, vision)
+        if problem is not None:
+            warn(f"fast_inference=True: {problem}; generation will use Hugging Face generate")
+        engine = fast_inference and problem is None
+        if engine:  # on a GPU: vLLM's start-up check, before any weight loads
+            engine_setup.check_before_loading(str(path), gpu_memory_utilization, max_seq_length,
+                                              "quantization_config" in load_kwargs and load_in_4bit, max_lora_rank,
+                                              torch_dtype)
         on_cpu = "cpu" if "quantization_config" in load_kwargs else None  # bitsandbytes needs it named
         device_map = load_device_map() or on_cpu  # on CUDA: on the GPU as it loads, shard by shard
         if device_map is not None:
@@ -152,17 +153,10 @@ class FastLanguageModel:
                                "full_finetuning": bool(full_finetuning), "vision": vision}
         if use_gradient_checkpointing is not None:
             model.slimrl_config["gradient_checkpointing_default"] = use_gradient_checkpointing
-        engine = fast_inference and engine_problem is None
-        gpu = current_gpu()
-        fp8 = bool(float8_kv_cache) and engine and gpu is not None and gpu.fp8
-        if float8_kv_cache and not fp8:
-            why = ("there is no vLLM engine (fast_inference)" if not engine else "vLLM's CPU backend has no fp8 KV "
-                   "cache" if gpu is None else f"the {gpu.name} has no fp8 (compute capability {gpu.capability})")
-            unsloth_keywords.note(f"from_pretrained(float8_kv_cache=True) ignored: {why}")
+        kv_dtype = engine_setup.kv_cache_dtype(bool(float8_kv_cache), engine)
         if engine:
-            model.vllm_engine = SlimrlEngine(str(path), model.dtype, max_seq_length, max_lora_rank,
-                                             gpu_memory_utilization, seed=0 if random_state is None else random_state,
-                                             kv_cache_dtype="fp8" if fp8 else "auto")
+            engine_setup.attach_engine(model, str(path), max_seq_length, max_lora_rank, gpu_memory_utilization,
+                                       0 if random_state is None else random_state, kv_dtype)
         if tiled:
             tile_mlp(model, None if tiled is True else int(tiled))
         attach(model)  # Unsloth's model methods: fast_generate, save_lora / load_lora, the export calls

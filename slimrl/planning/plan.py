@@ -42,14 +42,15 @@ from typing import Any
 
 import torch
 
+from slimrl.compat.gpus import find_gpu
 from slimrl.compat.memory import parse_bytes
+from slimrl.compat.quant import NF4_BYTES
 from slimrl.planning.config import PlanInputError, load_config
+from slimrl.planning.gpu import cuda_total
 from slimrl.planning.host import pinned_host_bytes
 from slimrl.planning.search import PERSISTENT, fastest_fitting, largest_phase, longest_fitting
 from slimrl.planning.settings import CHECKPOINTING, Settings, Workload, _check  # noqa: F401 - re-exported
 from slimrl.planning.timing import calibrate, no_grad_passes, packed, step_split
-
-NF4_BYTES = 0.516  # 4 bits + one 8-bit absmax per 64 weights + one fp32 per 256 absmax blocks (double quant)
 
 
 @dataclass
@@ -194,7 +195,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     from slimrl.planning import trace
 
     dev = s["device"]
-    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    dtype = find_gpu(s["gpu"]).dtype if s.get("gpu") else torch.bfloat16 if dev == "cuda" else torch.float32
     shape = _shape(config)
     every = _checkpoint_every(s)
     tp = calibrate(dev, dtype)
@@ -226,14 +227,9 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     notes, host = [], 0  # host: host_pinned_bytes
     if work.generates:
         if s["fast_inference"]:
-            wanted = kv_token * rows * (prompt + completion)
-            if dev == "cuda" and torch.cuda.is_available():
-                from slimrl.compat.memory import total_bytes
-
-                phases["generation"] = max(int(total_bytes(torch.device("cuda")) * utilization) - weight_bytes,
-                                           wanted)
-            else:
-                phases["generation"] = wanted
+            wanted, total = kv_token * rows * (prompt + completion), cuda_total(s.get("gpu")) if dev == "cuda" else None
+            # a float gpu_memory_utilization: the engine takes that share of the card, its (shared) weights included
+            phases["generation"] = max(int(total * utilization) - weight_bytes, wanted) if total else wanted
             if dev == "cpu":
                 phases["engine"] = _engine_on_cpu(config, s["lora_r"], dtype, notes)
         else:

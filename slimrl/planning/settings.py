@@ -50,6 +50,7 @@ class Settings:
     chunk_rows: int | None = None  # rows per head chunk (None: as the op chooses)
     shared_prefix: bool = True  # slimrl_shared_prefix: each prompt once per group where the layout applies
     tiled_mlp: bool = False  # unsloth_tiled_mlp=True: the MLPs run a tile of hidden_size tokens at a time
+    gpu: str | None = None  # a GPU of slimrl's table (its key): the dtype the model loads in there
 
 
 MAX_SIZE = 2**24  # rows or tokens: beyond any run, and below the integer overflow of a [rows, tokens] tensor
