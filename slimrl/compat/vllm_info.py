@@ -8,6 +8,9 @@ from typing import Any
 import torch
 
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# the vLLM releases slimrl's engine is tested against (its loader, LoRA manager, sleep/wake calls): pyproject's
+# `vllm` extra declares the same range
+VLLM_SUPPORTED = ">=0.32,<0.33"
 
 
 def vllm_status() -> str | None:

@@ -88,3 +88,20 @@ def test_logprob_chunks_are_sized_for_the_gpu(fake_gpu, key):
     assert auto_chunk_rows(10**6, vocab, torch.device("cpu"), free=64 * 2**30) == 64 * 2**20 // (4 * vocab)
     gpu.place(gpu.free_bytes - 2**20)
     assert auto_chunk_rows(10**6, vocab, torch.device("cuda", 0)) == 16
+
+
+def test_a_rerun_cell_reuses_the_engine_and_another_model_is_one_line(fake_gpu, tmp_path):
+    """vLLM's memory pool allows one engine per process: the same model loaded again with the same settings gets
+    the engine there; another model while that engine runs on a GPU is refused in one line."""
+    from slimrl.models import engine_setup
+
+    fake_gpu("a100-40gb")
+    first, second, other = tiny_llama(), tiny_llama(), tiny_llama()
+    engine = engine_setup.attach_engine(first, "/models/a", 512, 16, 0.6, 0, "auto")
+    assert engine_setup.attach_engine(second, "/models/a", 512, 16, 0.6, 0, "auto") is engine
+    assert second.vllm_engine is engine and engine.device == torch.device("cuda", 0)
+    engine.llm = object()  # started
+    with pytest.raises(ValueError, match="already runs vLLM's engine for '/models/a'") as err:
+        engine_setup.attach_engine(other, "/models/b", 512, 16, 0.6, 0, "auto")
+    assert "\n" not in str(err.value)
+    engine.llm = None

@@ -58,3 +58,16 @@ def test_model_says_whether_it_takes_the_shared_prefix_layout(tmp_path, capsys):
         assert expected in out, (name, out)
     assert doctor.main(["--model", str(tmp_path / "absent")]) == 1
     assert "PROBLEM: --model" in capsys.readouterr().out
+
+
+def test_a_vllm_outside_the_tested_range_is_named(capsys, monkeypatch):
+    from slimrl.verify import doctor as facts
+
+    found = {"trl": "1.16.0", "torch": "2.13.0", "vllm": "0.35.1"}
+    monkeypatch.setattr(facts, "_version", lambda name: found.get(name))
+    doctor.main([])
+    out = capsys.readouterr().out
+    assert "vllm 0.35.1 is outside the releases slimrl's engine is tested with (>=0.32,<0.33)" in out
+    found["vllm"] = "0.32.0"
+    doctor.main([])
+    assert "outside the releases slimrl's engine" not in capsys.readouterr().out
