@@ -86,9 +86,12 @@ def steps(stage: str, tiny: bool) -> list[Step]:
                  needs_4bit=True),
             # every CUDA test: offloaded checkpointing's exactness, the shared-prefix kernels, PyTorch's dispatch
             Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"), 60, 20),
+            # the Unsloth notebooks' engine arguments on this card's real free memory (vLLM's check where installed)
+            Step("engine-args", ("{py}", "bench/gpu_engine_args.py", *(("--device", "cpu", "--gpu", "t4") if tiny
+                                                                        else ())), 15, 5),
             # slimrl compare (each side its own process, the plan's prediction beside), on the shape's copy
             Step("headline", ("{py}", "bench/gpu_compare.py", *headline, "--sides", "trl,trl-liger,slimrl",
-                              "--steps", "2"), 210, 120),
+                              "--steps", "2"), 200, 120),
         ],
         "B": [
             Step("unsloth-setup", ("{py}", "bench/gpu_unsloth.py", "--wheels", ".gpu-wheels/unsloth", "--target",

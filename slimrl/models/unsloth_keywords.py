@@ -40,9 +40,10 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("load_in_16bit", F, "honoured", "no quantization (weights in `dtype`)"),
     Keyword("full_finetuning", F, "honoured", "every weight trains: not quantized, and `get_peft_model` then adds "
                                               "no adapter (one line)"),
-    Keyword("fast_inference", F, "honoured", "colocated vLLM engine as `model.vllm_engine` (HF generate without "
-                                             "vLLM, one line)"),
-    Keyword("gpu_memory_utilization", F, "honoured", "vLLM's memory fraction, or `'auto'`"),
+    Keyword("fast_inference", F, "honoured", "colocated vLLM engine as `model.vllm_engine` on the training model's "
+                                             "weights, 4-bit included (HF generate without vLLM, one line)"),
+    Keyword("gpu_memory_utilization", F, "honoured", "the engine's share of the GPU, its (shared) weights included, as "
+            "in Unsloth; or `'auto'`; checked with vLLM's own start-up check before any weight loads"),
     Keyword("max_lora_rank", F, "honoured", "largest LoRA rank the engine serves"),
     Keyword("random_state", F, "honoured", "the engine's sampling seed"),
     Keyword("use_exact_model_name", F, "honoured", "slimrl always loads the exact name it is given"),
