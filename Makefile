@@ -108,7 +108,7 @@ test-tf-gpu:
 test-vllm-fast:
 	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm/test_grpo_engine.py \
 	  tests/vllm/test_plan_engine.py tests/vllm/test_agentic_engine.py tests/vllm/test_4bit_engine.py \
-	  tests/vllm/test_gpu_start.py tests/vllm/test_engine_api.py
+	  tests/vllm/test_gpu_start.py tests/vllm/test_engine_api.py tests/vllm/test_two_engines.py
 
 test-vllm:
 	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm

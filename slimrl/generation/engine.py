@@ -60,6 +60,18 @@ def _install_adapter(worker: Any, lora_id: int, tensors: dict, config: dict) -> 
     return manager._adapter_manager.add_adapter(lora)
 
 
+def rank_args(seed: int) -> dict[str, Any]:
+    """With several processes (torchrun, accelerate), each rank's engine in its own process on its own device, as
+    TRL's colocate mode starts them: vLLM joins the process group already there (``external_launcher``), one rank
+    per engine, each with its own sampling seed."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return {}
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1,
+            "seed": seed + dist.get_rank()}
+
+
 def _kv_cache_tensors(worker: Any) -> list[torch.Tensor]:
     return [t for t in getattr(worker.model_runner, "kv_caches", []) if isinstance(t, torch.Tensor)]
 
@@ -120,6 +132,7 @@ class SlimrlEngine:
         }
         if self.kv_cache_dtype != "auto":
             kwargs["kv_cache_dtype"] = self.kv_cache_dtype
+        kwargs.update(rank_args(self.seed))
         if training_model is not None:
             kwargs.update(shared_loader.source_args(training_model))
             if any(shared_loader.is_4bit(p) for p in training_model.parameters()):

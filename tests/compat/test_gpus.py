@@ -105,3 +105,14 @@ def test_a_rerun_cell_reuses_the_engine_and_another_model_is_one_line(fake_gpu, 
         engine_setup.attach_engine(other, "/models/b", 512, 16, 0.6, 0, "auto")
     assert "\n" not in str(err.value)
     engine.llm = None
+
+
+def test_each_ranks_engine_is_on_its_own_gpu(fake_gpu, monkeypatch):
+    from slimrl.generation.engine import SlimrlEngine
+
+    fake_gpu("h100")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert SlimrlEngine("m", torch.bfloat16, 512, 16, 0.5).device == torch.device("cuda", 1)
+    monkeypatch.delenv("LOCAL_RANK")
+    assert SlimrlEngine("m", torch.bfloat16, 512, 16, 0.5).device == torch.device("cuda", 0)
