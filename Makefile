@@ -80,7 +80,9 @@ verify-trl116:
 test-trl112-fast:
 	.venv-trl112/bin/python -m pytest -q -p no:cacheprovider tests/patching/test_patchfastrl.py \
 	  tests/patching/routes/test_shared_prefix.py tests/patching/test_agentic_parity.py tests/patching/online/test_oom.py \
-	  tests/patching/test_future_trl.py
+	  tests/patching/test_future_trl.py \
+	  tests/patching/test_every_trainer.py::test_every_config_subclassed_as_trls_scripts_do_gets_the_first_contact \
+	  tests/models/test_generate_after_training.py
 	.venv-trl112/bin/python -m slimrl verify --all --tiny --quiet
 
 test-trl112:

@@ -58,7 +58,7 @@ def worker(mode: str, generations: int, length: int) -> dict:
         for _ in range(2):
             engine.load_adapter(model)
             t0 = time.perf_counter()
-            out = engine.generate([prompt] * generations, params)
+            out = engine.generate_ids([prompt] * generations, params)
             times.append(time.perf_counter() - t0)
             engine.standby()
         tokens = sum(len(o.outputs[0].token_ids) for o in out)

@@ -36,6 +36,7 @@ from slimrl.compat.gpus import local_cuda_index
 from slimrl.compat.memory import PeakWindow, free_bytes, reset_peak, total_bytes
 from slimrl.compat.vllm_info import kv_bytes_per_token, supported_lora_rank
 from slimrl.generation import cpu_lora, shared_loader
+from slimrl.generation.llm_facade import LLMFacade
 from slimrl.generation.memory import kv_cache_bytes, release_host_pages
 from slimrl.generation.weights import adapter_tensors, share_base_weights, shared_storage_bytes
 
@@ -80,8 +81,9 @@ def _engine_model(worker: Any) -> torch.nn.Module:
     return worker.model_runner.model
 
 
-class SlimrlEngine:
-    """Colocated vLLM engine for one base model (see the module docstring)."""
+class SlimrlEngine(LLMFacade):
+    """Colocated vLLM engine for one base model (see the module docstring); notebooks call it as vLLM's ``LLM``
+    (:class:`slimrl.generation.llm_facade.LLMFacade`)."""
 
     def __init__(self, model_path: str, dtype: torch.dtype, max_seq_length: int, max_lora_rank: int,
                  gpu_memory_utilization: float | str, seed: int = 0, max_num_seqs: int = MAX_NUM_SEQS,
@@ -194,8 +196,9 @@ class SlimrlEngine:
         return self.lora_request
 
     # -- generation ----------------------------------------------------------------------------------------------
-    def generate(self, prompt_token_ids: list[list[int]], sampling_params: Any, lora_request: Any = None) -> list:
-        """``LLM.generate`` on token-id prompts with the current adapter (woken first if in standby)."""
+    def generate_ids(self, prompt_token_ids: list[list[int]], sampling_params: Any, lora_request: Any = None) -> list:
+        """``LLM.generate`` on token-id prompts with the current adapter (woken first if in standby): the trainer's
+        generation. (:meth:`generate` is vLLM's, for notebooks.)"""
         self.start()
         self.resume()
         t0 = time.perf_counter()
@@ -253,8 +256,6 @@ class SlimrlEngine:
         self.asleep = False
 
     def fast_generate(self, prompts: str | list, sampling_params: Any = None, lora_request: Any = None) -> list:
-        """Unsloth's ``model.fast_generate``: ``LLM.generate`` on text (or ``{"prompt_token_ids": ...}``) prompts,
-        with ``lora_request`` (e.g. the one :meth:`load_adapter` returned) or the base weights."""
-        self.start()
-        self.resume()
-        return self.llm.generate(prompts, sampling_params=sampling_params, lora_request=lora_request, use_tqdm=False)
+        """Unsloth's ``model.fast_generate``: :meth:`generate` (text, token ids or vLLM's prompt dicts) with
+        ``lora_request`` (e.g. the one :meth:`load_adapter` returned) or the base weights."""
+        return self.generate(prompts, sampling_params, lora_request=lora_request)

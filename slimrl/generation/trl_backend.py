@@ -105,7 +105,7 @@ class SlimrlVLLMGeneration:
         if isinstance(kwargs.get("structured_outputs"), dict):
             kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
         with profiler or nullcontext():
-            outputs = self.engine.generate(prompts, SamplingParams(**kwargs))
+            outputs = self.engine.generate_ids(prompts, SamplingParams(**kwargs))
         self.engine.standby()
         from trl.generation.vllm_generation import extract_logprobs
 

@@ -1,7 +1,8 @@
 """Unsloth's model methods, on every model ``FastLanguageModel`` returns (plain or with its LoRA adapter):
-``fast_generate`` (the colocated engine when the model has one, else Hugging Face ``generate`` behind the same call:
-:mod:`slimrl.generation.hf_generate`), ``save_lora`` / ``load_lora``, ``save_pretrained_merged``,
-``save_pretrained_gguf``, ``push_to_hub_merged``, ``push_to_hub_gguf`` (:mod:`slimrl.export.api`)."""
+``generate`` (transformers', in inference mode and back), ``fast_generate`` (the colocated engine when the model
+has one, else Hugging Face ``generate`` behind the same call: :mod:`slimrl.generation.hf_generate`), ``save_lora`` /
+``load_lora``, ``save_pretrained_merged``, ``save_pretrained_gguf``, ``push_to_hub_merged``, ``push_to_hub_gguf``
+(:mod:`slimrl.export.api`)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,21 @@ def _inference(model: Any) -> Iterator[None]:
             for_training(model)
 
 
+def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """transformers' ``generate`` as Unsloth's models run it: in inference mode (eval, KV cache on, checkpointing
+    off, left padding) and the training mode back after, so a notebook's try-it cell right after
+    ``trainer.train()`` gets the trained model's own output (in training mode with checkpointing, transformers drops
+    the KV cache: 5.19 then degenerates). Where a patched trainer's step generates (TRL sampling its completions),
+    or the model is not training, transformers' call runs as it is."""
+    from slimrl.models.modes import in_trainer_step
+
+    original = type(self).generate
+    if not self.training or in_trainer_step():
+        return original(self, *args, **kwargs)
+    with _inference(self):
+        return original(self, *args, **kwargs)
+
+
 def load_lora(self: Any, save_directory: str | Path, load_tensors: bool = False) -> Any:
     """What ``fast_generate``'s ``lora_request=`` takes for an adapter saved with ``save_lora``: vLLM's
     ``LoRARequest`` for the engine, slimrl's equivalent for HF ``generate``. ``load_tensors`` (Unsloth's: read the
@@ -80,6 +96,7 @@ def _bound(name: str, fn: Any) -> Any:
 
 
 METHODS = {
+    "generate": generate,
     "fast_generate": fast_generate,
     "load_lora": load_lora,
     "save_lora": _bound("save_lora", api.save_lora),

@@ -12,6 +12,9 @@ and the tokenizer's padding side. Called without a prior ``for_inference`` it se
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +23,21 @@ import torch
 from slimrl.models.quantized import keep_8bit_training_mode, keep_quantized_trainable
 
 _STATE = "_slimrl_saved_training_state"
+_IN_STEP: ContextVar[bool] = ContextVar("slimrl_trainer_step", default=False)
+
+
+@contextmanager
+def trainer_step() -> Iterator[None]:
+    """A patched trainer's step runs: generation inside it keeps the trainer's own settings (``generate`` below)."""
+    token = _IN_STEP.set(True)
+    try:
+        yield
+    finally:
+        _IN_STEP.reset(token)
+
+
+def in_trainer_step() -> bool:
+    return _IN_STEP.get()
 
 
 @dataclass

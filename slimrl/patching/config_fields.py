@@ -139,13 +139,49 @@ def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...]
             kwargs = check(type(self), kwargs, mine)
         user = dict(kwargs)
         kwargs, changed = apply_config_defaults(type(self), kwargs)
-        with warnings_at_user_line():  # TRL's __post_init__ warnings name the user's line, not this wrapper
-            orig_init(self, *args, **kwargs)
+        _IN_INIT.add(id(self))
+        try:
+            with warnings_at_user_line():  # TRL's __post_init__ warnings name the user's line, not this wrapper
+                orig_init(self, *args, **kwargs)
+        finally:
+            _IN_INIT.discard(id(self))
         for name, value in {**mine, **attributes}.items():
             setattr(self, name, value)
         record_explicit(self, user, changed)
 
     return slimrl_config_fields_init
+
+
+_IN_INIT: set[int] = set()  # configs whose slimrl wrapper (__init__, or __post_init__ for a subclass) runs now
+
+
+def config_post_init_factory(orig_post_init):
+    """A TRL config's ``__post_init__`` that gives a dataclass *subclass* of it (TRL's own scripts declare
+    ``@dataclass class ExampleSDPOConfig(SDPOConfig)``, whose generated ``__init__`` never calls the TRL class's)
+    the first contact the class's own ``__init__`` gives: the settings passed (its fields away from their defaults)
+    go through :func:`slimrl.patching.defaults.apply_config_defaults` before TRL's checks run, and are recorded for
+    the changed-settings table. Construction through slimrl's ``__init__`` is left as it is."""
+
+    @functools.wraps(orig_post_init)
+    def slimrl_config_post_init(self, *args, **kwargs):
+        if id(self) in _IN_INIT:
+            return orig_post_init(self, *args, **kwargs)
+        defaults = _field_defaults(type(self))
+        user = {name: getattr(self, name) for name, default in defaults.items()
+                if hasattr(self, name) and getattr(self, name) is not default and getattr(self, name) != default}
+        settings, changed = apply_config_defaults(type(self), user)
+        for name in changed:
+            setattr(self, name, settings[name])
+        _IN_INIT.add(id(self))  # a parent class's wrapper, further down, stands aside
+        try:
+            with warnings_at_user_line():
+                result = orig_post_init(self, *args, **kwargs)
+        finally:
+            _IN_INIT.discard(id(self))
+        record_explicit(self, user, changed)
+        return result
+
+    return slimrl_config_post_init
 
 
 def config_patches(algorithm: str, target: str, fields: tuple[str, ...] = ALL_FIELDS, versions: str = EVERY_RELEASE,
@@ -157,4 +193,6 @@ def config_patches(algorithm: str, target: str, fields: tuple[str, ...] = ALL_FI
                   wrap=True, versions=versions),
             Patch(algorithm, target, "__annotations__", functools.partial(extended_annotations_factory, names=fields),
                   wrap=True, versions=versions),
-            Patch(algorithm, target, "__init__", functools.partial(init, fields=fields), wrap=True, versions=versions)]
+            Patch(algorithm, target, "__init__", functools.partial(init, fields=fields), wrap=True, versions=versions),
+            Patch(algorithm, target, "__post_init__", config_post_init_factory, wrap=True, versions=versions,
+                  optional=True)]

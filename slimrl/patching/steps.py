@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from slimrl.models.modes import trainer_step
 from slimrl.patching.guards import check_finite_step, count_skipped_scaler_step
 
 _CURRENT: ContextVar[Any] = ContextVar("slimrl_current_trainer", default=None)
@@ -27,7 +28,8 @@ def running(trainer: Any) -> Iterator[None]:
     """Make ``trainer`` the current one for the duration of a step."""
     token = _CURRENT.set(trainer)
     try:
-        yield
+        with trainer_step():
+            yield
     finally:
         _CURRENT.reset(token)
 

@@ -132,7 +132,7 @@ try:
     engine.max_num_seqs = 8
     before = resident_bytes()
     engine.load_adapter(model)
-    engine.generate([[1, 2, 3, 4]] * 8, SamplingParams(max_tokens=8, min_tokens=8))
+    engine.generate_ids([[1, 2, 3, 4]] * 8, SamplingParams(max_tokens=8, min_tokens=8))
     engine.standby()
     print("SLIMRL_ENGINE_DELTA", resident_bytes() - before)
 finally:

@@ -207,3 +207,36 @@ def test_verify_list_names_what_each_trainer_gets(capsys):
         if spec.available():
             line = next(x for x in lines if x.split()[:1] == [name])
             assert spec.about.layer in line, line
+
+
+def _subclass(config_cls: type) -> type:
+    """``@dataclass class Example<Name>(<Name>): extra: int = 3``, as TRL's own example scripts declare theirs."""
+    import dataclasses
+
+    return dataclasses.dataclass(type(f"Example{config_cls.__name__}", (config_cls,),
+                                      {"__annotations__": {"extra": int}, "extra": 3}))
+
+
+def test_every_config_subclassed_as_trls_scripts_do_gets_the_first_contact():
+    """The subclass's generated ``__init__`` never calls the patched class's: slimrl's ``__post_init__`` gives it
+    the same first contact. ``bf16=True`` as ``TrlParser`` passes ``--bf16 true``: TRL alone stops on this CPU, the
+    patched run trains in fp32 with the change in the table."""
+    from transformers.utils import is_torch_bf16_gpu_available
+
+    configs = _configs()
+    PatchFastRL()
+    try:
+        built = []
+        for cls in configs:
+            sub = _subclass(cls)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                built.append(sub(output_dir=tempfile.mkdtemp(), bf16=True, **REQUIRED.get(cls.__name__, {})))
+    finally:
+        unpatch()
+    assert all(c.extra == 3 for c in built)
+    if not is_torch_bf16_gpu_available():
+        assert all(c.bf16 is False and "bf16" in config_state(c).changed for c in built), \
+            [type(c).__name__ for c in built if c.bf16 is not False]
+        with pytest.raises(ValueError, match="bf16"):  # TRL alone
+            _subclass(configs[0])(output_dir=tempfile.mkdtemp(), bf16=True)

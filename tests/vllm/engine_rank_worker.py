@@ -22,7 +22,7 @@ def main(out: str) -> None:
     engine = model.vllm_engine
     engine.max_num_seqs = 4
     request = engine.load_adapter(model)
-    outs = engine.generate([[1, 2, 3, 4]] * 2, SamplingParams(max_tokens=6, temperature=1.0), lora_request=request)
+    outs = engine.generate_ids([[1, 2, 3, 4]] * 2, SamplingParams(max_tokens=6, temperature=1.0), lora_request=request)
     config = engine.llm.llm_engine.vllm_config
     info = {"rank": rank, "world_size": dist.get_world_size(), "device": str(engine.device),
             "backend": config.parallel_config.distributed_executor_backend, "seed": config.model_config.seed,

@@ -51,7 +51,7 @@ def _engine_logps(engine, ids: list[int], lora_request) -> torch.Tensor:
     """log p(ids[t] | ids[:t]) for t >= 1 from the engine (prompt log-probs), [T-1]."""
     from vllm import SamplingParams
 
-    out = engine.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
+    out = engine.generate_ids([ids], SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
                           lora_request=lora_request)[0]
     return torch.tensor([out.prompt_logprobs[t][ids[t]].logprob for t in range(1, len(ids))], dtype=torch.float64)
 
@@ -100,7 +100,7 @@ def test_sampled_tokens_carry_the_training_models_logprobs(lora_model):
     engine.load_adapter(model)
     prompt = _ids(tok)[:-12]
     # No min_tokens here: it masks EOS, and processed log-probs are then those of the renormalized distribution.
-    out = engine.generate([prompt] * 4, SamplingParams(max_tokens=12, temperature=1.0, logprobs=0))
+    out = engine.generate_ids([prompt] * 4, SamplingParams(max_tokens=12, temperature=1.0, logprobs=0))
     for o in out:
         c = o.outputs[0]
         sampled = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)], dtype=torch.float64)
@@ -117,7 +117,7 @@ def test_standby_releases_the_kv_cache_and_generation_stays_right(lora_model):
     engine = model.vllm_engine
     req = engine.load_adapter(model)
     ids = _ids(tok)
-    engine.generate([ids[:20]] * 8, SamplingParams(max_tokens=200, min_tokens=200, temperature=1.0))
+    engine.generate_ids([ids[:20]] * 8, SamplingParams(max_tokens=200, min_tokens=200, temperature=1.0))
     before = resident_bytes()
     released = engine.standby()
     drop = before - resident_bytes()
@@ -147,3 +147,25 @@ def test_the_engine_listens_on_loopback_only(lora_model):
     assert model.vllm_engine.llm is not None
     listening = [c for c in psutil.Process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     assert all(c.laddr.ip in ("127.0.0.1", "::1") for c in listening), listening
+
+
+def test_the_engine_answers_as_vllms_llm(lora_model, capsys):
+    """What Unsloth's notebooks call on ``model.vllm_engine`` (vLLM's ``LLM`` there): sleep before other training,
+    wake_up, generate on text / token ids, chat, reset_prefix_cache, get_tokenizer, llm_engine."""
+    from vllm import SamplingParams
+
+    model, tok = lora_model
+    engine = model.vllm_engine
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    first = engine.generate(["What is 2+3?"], greedy)[0].outputs[0].text
+    engine.sleep()
+    assert engine.asleep and "its weights are the training model's own" in capsys.readouterr().out
+    assert engine.wake_up() is True and not engine.asleep
+    engine.sleep(level=2)
+    assert engine.generate("What is 2+3?", greedy)[0].outputs[0].text == first  # woken by the generation
+    ids = tok("What is 2+3?")["input_ids"]
+    assert engine.generate(ids, greedy)[0].outputs[0].text == first
+    chat = engine.chat([{"role": "user", "content": "What is 2+3?"}], greedy)
+    assert len(chat) == 1 and chat[0].outputs[0].token_ids
+    assert engine.reset_prefix_cache() in (True, False) and engine.get_tokenizer() is not None
+    assert engine.llm_engine is engine.llm.llm_engine
