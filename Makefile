@@ -10,10 +10,13 @@ ENVS   := $(PYTHON) tools/envs.py  # every virtual environment, declared once (t
 REAL_SCRIPTS ?= $(abspath ../shared/real_scripts)
 REAL_SCRIPTS2 ?= $(abspath ../shared/real_scripts2)
 REAL_SCRIPTS3 ?= $(abspath ../shared/real_scripts3)
+REAL_SCRIPTS4 ?= $(abspath ../shared/real_scripts4)
 SCRIPTS_FAST := trl_sft trl_dpo unsloth_gpt-oss_20B_RL_2048_Game
 SCRIPTS2_VENV := trl_grpo_vlm trl_grpo_agent  # the second set: TRL's VLM and agent scripts in .venv (no vLLM) ...
 SCRIPTS2_VLLM := unsloth_Qwen2.5_VL_7B_GRPO   # ... and Unsloth's vision notebook, which imports vLLM itself
 SCRIPTS3 := unsloth_Qwen3_VL_8B_Vision_GRPO trl_gkd  # the third set, in .venv
+SCRIPTS4_VENV := trl_sdpo  # the fourth set: TRL's SDPO script (its own config subclass) in .venv ...
+SCRIPTS4_VLLM := unsloth_Qwen3_8B_FP8_GRPO  # ... and Unsloth's FP8 notebook, which imports vLLM (run with vLLM's part)
 TRL_MATRIX := 1130 1142 1150
 # Processes side by side: the suites are single-threaded Python for the most part (a test's user time about equals its
 # wall time), so on CI's 2 cores two pytest workers (pytest-xdist) and two make jobs take about half the time.
@@ -26,7 +29,7 @@ PYTEST := -q -p no:cacheprovider -n $(JOBS)
 .PHONY: demo envs envs-full install test test-full lint test-trl116 test-trl116-fast suite-trl116 suite-trl116-fast \
 	verify-trl116 bytecode test-trl112 test-trl112-fast \
 	test-trl-matrix test-trl-matrix-fast test-tf-gpu test-vllm test-vllm-fast test-gguf test-gguf-fast test-triton \
-	test-gpu test-scripts test-scripts-fast test-scripts2 test-scripts3 gpu-wheels clean
+	test-gpu test-scripts test-scripts-fast test-scripts2 test-scripts3 test-scripts4 test-scripts4-vllm gpu-wheels clean
 
 # Only what the demo needs: .venv (torch 2.13.0 CPU, slimrl with its extras, the embedded model)
 install:
@@ -48,14 +51,14 @@ envs-full:
 test: envs
 	$(MAKE) lint bytecode suite-trl116-fast
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(PART_THREADS)} $(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast \
-	  test-scripts3 test-gguf-fast test-trl112-fast verify-trl116 test-trl-matrix-fast test-triton
-	$(MAKE) test-vllm-fast  # alone: vLLM's CPU engine runs a thread on every core (beside a job, 2.3x as long)
+	  test-scripts3 test-scripts4 test-gguf-fast test-trl112-fast verify-trl116 test-trl-matrix-fast test-triton
+	$(MAKE) test-vllm-fast test-scripts4-vllm  # alone: vLLM's CPU engine runs a thread on every core
 
 test-full: envs-full
 	$(MAKE) lint bytecode suite-trl116
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(PART_THREADS)} $(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast \
-	  test-scripts3 test-trl112 test-trl-matrix test-tf-gpu verify-trl116 test-triton
-	$(MAKE) test-vllm
+	  test-scripts3 test-scripts4 test-trl112 test-trl-matrix test-tf-gpu verify-trl116 test-triton
+	$(MAKE) test-vllm test-scripts4-vllm
 
 lint:
 	.venv/bin/ruff check slimrl tests bench examples tools
@@ -146,6 +149,18 @@ test-scripts3:
 	  tail -1 .real-scripts3.log | grep -q " 0 failed$$"; \
 	else echo "real scripts: none at $(REAL_SCRIPTS3) (set REAL_SCRIPTS3=...): skipped"; fi
 
+test-scripts4:
+	@if [ -f $(REAL_SCRIPTS4)/run_all.sh ]; then \
+	  PY=$(abspath $(PY)) bash $(REAL_SCRIPTS4)/run_all.sh $(SCRIPTS4_VENV) | tee .real-scripts4.log; \
+	  tail -1 .real-scripts4.log | grep -q " 0 failed$$"; \
+	else echo "real scripts: none at $(REAL_SCRIPTS4) (set REAL_SCRIPTS4=...): skipped"; fi
+
+test-scripts4-vllm:
+	@if [ -f $(REAL_SCRIPTS4)/run_all.sh ]; then \
+	  PY=$(abspath $(PY)) PY_VLLM=$(abspath .venv-vllm/bin/python) bash $(REAL_SCRIPTS4)/run_all.sh $(SCRIPTS4_VLLM) \
+	  | tee .real-scripts4-vllm.log; tail -1 .real-scripts4-vllm.log | grep -q " 0 failed$$"; \
+	else echo "real scripts: none at $(REAL_SCRIPTS4) (set REAL_SCRIPTS4=...): skipped"; fi
+
 test-scripts2:
 	@if [ -f $(REAL_SCRIPTS2)/run_all.sh ]; then \
 	  PY=$(abspath $(PY)) bash $(REAL_SCRIPTS2)/run_all.sh $(SCRIPTS2_VENV) | tee .real-scripts2.log; \
@@ -159,7 +174,7 @@ test-scripts:
 	  PY=$(abspath .venv-vllm/bin/python) bash $(REAL_SCRIPTS)/run_all.sh | tee .real-scripts.log; \
 	  tail -1 .real-scripts.log | grep -q " 0 failed$$"; \
 	else echo "real scripts: none at $(REAL_SCRIPTS) (set REAL_SCRIPTS=...): skipped"; fi
-	$(MAKE) test-scripts2 test-scripts3
+	$(MAKE) test-scripts2 test-scripts3 test-scripts4 test-scripts4-vllm
 
 # The lent GPU machine's two carry sets (bench/gpu_wheels.py: slimrl's and Unsloth's, 17 MiB, one carry)
 gpu-wheels:
