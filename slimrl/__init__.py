@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import slimrl.compat.bnb_notice  # noqa: F401 - first: drops bitsandbytes' CPU-kernel notice before PEFT imports it
 from slimrl.compat.devices import is_bfloat16_supported
 from slimrl.compat.versions import Version
 from slimrl.patching import PatchDPOTrainer, PatchFastRL, unpatch
