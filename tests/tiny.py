@@ -36,3 +36,26 @@ def tiny_llama_scorer(seed: int = 0, **overrides):
 
 # Config keywords every CPU test passes (no reporting, fp32 on the CPU, no checkpoints written).
 CPU_ARGS = dict(report_to="none", use_cpu=True, bf16=False, save_strategy="no")
+
+
+HYBRID = {  # text models whose decoder mixes attention with convolution (LFM2) or Gated-DeltaNet (Qwen3.5) layers
+    "lfm2": dict(layer_types=["conv", "full_attention"]),
+    "qwen3_5_text": dict(layer_types=["linear_attention", "full_attention"], head_dim=8, linear_num_key_heads=2,
+                         linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8),
+}
+
+
+def tiny_hybrid(model_type: str, seed: int = 0):
+    """A 2-layer hybrid-attention causal LM (:data:`HYBRID`), hidden 32, vocab 49 (the tiny tokenizer's), fp32."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=49, pad_token_id=0,
+                                  eos_token_id=1, bos_token_id=None, tie_word_embeddings=True,
+                                  **HYBRID[model_type])
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = 1
+    return model

@@ -16,9 +16,11 @@ TRL's ``generate`` call is left alone (one log line, once per reason) when: the 
 token types), beam search or an assistant model, a cache implementation or chunked prefill is asked for, generation
 runs without a KV cache (``use_cache`` False in the call's or the model's generation config), a module in training
 mode would draw random numbers (dropout or router jitter above 0: the prefill would draw other ones than TRL's) or
-checkpoint its layer (no KV cache then), or the model is an encoder-decoder. A model in training mode with nothing
-that draws (TRL's RLOO generates so; ``disable_dropout``, LoRA without dropout) computes what it computes in eval
-mode, so its prefill is shared. A call where no prompt repeats runs unchanged without a line.
+checkpoint its layer (no KV cache then), the model is an encoder-decoder, or its cache has layers whose state cannot
+be expanded row by row (linear attention and convolutions: LFM2, Qwen3.5; read from the cache transformers builds).
+A model in training mode with nothing that draws (TRL's RLOO generates so; ``disable_dropout``, LoRA without
+dropout) computes what it computes in eval mode, so its prefill is shared. A call where no prompt repeats runs
+unchanged without a line.
 """
 
 from __future__ import annotations
@@ -66,12 +68,34 @@ def why_not(model: Any, args: tuple, kwargs: dict) -> str | None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if getattr(base.config, "is_encoder_decoder", False):
         return "an encoder-decoder model"
+    unselectable = _layers_without_row_selection(base.config)
+    if unselectable:
+        return f"a cache whose {unselectable} layers keep states the prefill cannot expand row by row"
     drawing = _draws_in_training(model)
     if drawing:
         return f"a module in training mode with {drawing}"
     if kwargs["input_ids"].size(1) < 2:
         return ""
     return None
+
+
+def _layers_without_row_selection(config: Any) -> str:
+    """The kinds of the model's cache layers that cannot be expanded to every row (LFM2's convolutions, Qwen3.5's
+    Gated-DeltaNet: transformers' linear-attention layers keep conv/recurrent states besides any keys and values),
+    read from the cache transformers builds for the config; "" when every layer can."""
+    try:
+        from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixin
+    except ImportError:  # a transformers without linear-attention caches
+        from transformers.cache_utils import DynamicCache
+
+        LinearAttentionCacheLayerMixin = ()  # noqa: N806
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception:  # noqa: BLE001 - a config transformers builds no cache from: the prefill finds out itself
+        return ""
+    kinds = {type(layer).__name__ for layer in layers if isinstance(layer, LinearAttentionCacheLayerMixin)
+             or not callable(getattr(layer, "batch_select_indices", None))}
+    return ", ".join(sorted(kinds))
 
 
 _RANDOM_RATES = ("attention_dropout", "dropout", "hidden_dropout", "router_jitter_noise", "jitter_noise")
