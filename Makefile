@@ -29,7 +29,7 @@ PYTEST := -q -p no:cacheprovider -n $(JOBS)
 .PHONY: demo envs envs-full install test test-full lint test-trl116 test-trl116-fast suite-trl116 suite-trl116-fast \
 	verify-trl116 bytecode test-trl112 test-trl112-fast \
 	test-trl-matrix test-trl-matrix-fast test-tf-gpu test-vllm test-vllm-fast test-gguf test-gguf-fast test-triton \
-	test-gpu test-scripts test-scripts-fast test-scripts2 test-scripts3 test-scripts4 test-scripts4-vllm gpu-wheels clean
+	test-openenv test-gpu test-scripts test-scripts-fast test-scripts2 test-scripts3 test-scripts4 test-scripts4-vllm gpu-wheels clean
 
 # Only what the demo needs: .venv (torch 2.13.0 CPU, slimrl with its extras, the embedded model)
 install:
@@ -51,13 +51,14 @@ envs-full:
 test: envs
 	$(MAKE) lint bytecode suite-trl116-fast
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(PART_THREADS)} $(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast \
-	  test-scripts3 test-scripts4 test-gguf-fast test-trl112-fast verify-trl116 test-trl-matrix-fast test-triton
+	  test-scripts3 test-scripts4 test-gguf-fast test-trl112-fast verify-trl116 test-trl-matrix-fast test-triton \
+	  test-openenv
 	$(MAKE) test-vllm-fast test-scripts4-vllm  # alone: vLLM's CPU engine runs a thread on every core
 
 test-full: envs-full
 	$(MAKE) lint bytecode suite-trl116
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(PART_THREADS)} $(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast \
-	  test-scripts3 test-scripts4 test-trl112 test-trl-matrix test-tf-gpu verify-trl116 test-triton
+	  test-scripts3 test-scripts4 test-trl112 test-trl-matrix test-tf-gpu verify-trl116 test-triton test-openenv
 	$(MAKE) test-vllm test-scripts4-vllm
 
 lint:
@@ -127,6 +128,10 @@ test-gguf-fast:
 	@if [ -f .gguf-wheels/.nocompiler ]; then echo "SKIPPED: llama.cpp checks (no C/C++ compiler to build it)"; \
 	else .venv-gguf/bin/python -m pytest -q -p no:cacheprovider tests/gguf \
 	  "tests/e2e/test_smollm2_export.py::test_gguf_reads_back_to_the_merged_model[q4_k_m]"; fi
+
+# OpenEnv environments (openenv-core in its own environment: its server framework pins an older pillow)
+test-openenv:
+	.venv-openenv/bin/python -m pytest -q -p no:cacheprovider tests/environments
 
 # TRL's Triton fused-head kernel under Triton's interpreter (tests/triton; skipped in every other environment)
 test-triton:

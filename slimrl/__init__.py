@@ -16,6 +16,7 @@ from typing import Any
 import slimrl.compat.bnb_notice  # noqa: F401 - first: drops bitsandbytes' CPU-kernel notice before PEFT imports it
 from slimrl.compat.devices import is_bfloat16_supported
 from slimrl.compat.versions import Version
+from slimrl.environments import is_port_open, launch_openenv
 from slimrl.patching import PatchDPOTrainer, PatchFastRL, unpatch
 from slimrl.rewards import (
     SandboxLimits,
@@ -46,5 +47,6 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["FastLanguageModel", "FastModel", "FastVisionModel", "PatchFastRL", "PatchDPOTrainer", "unpatch",
            "vLLMSamplingParams", "is_bfloat16_supported", "verify", "check_python_modules",
-           "create_locked_down_function", "execute_with_time_limit", "run_sandboxed", "SandboxLimits", "Version"]
+           "create_locked_down_function", "execute_with_time_limit", "run_sandboxed", "SandboxLimits", "Version",
+           "launch_openenv", "is_port_open"]
 __version__ = "0.1.0"

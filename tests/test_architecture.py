@@ -56,6 +56,13 @@ def test_export_reads_models_it_is_given():
         assert not bad, (path, bad)
 
 
+def test_environments_are_self_contained():
+    """Environment servers (OpenEnv) know nothing of the trainers, models or the engine."""
+    for path, imported in _modules("environments").items():
+        bad = _outside(imported, "slimrl.environments", "slimrl.compat")
+        assert not bad, (path, bad)
+
+
 def test_health_only_reads_logs():
     """The run-health checks read the rows TRL logs: they never reach into patching, models or the CLI."""
     for path, imported in _modules("health").items():

@@ -70,6 +70,8 @@ MATRIX: dict[str, Env] = {
     # the releases between those: .venv with only trl swapped (their dependencies are the same)
     **{f".venv-trl{v.replace('.', '')}": Env(base=".venv", extras=None, no_deps=(f"trl=={v}",))
        for v in ("1.13.0", "1.14.2", "1.15.0")},
+    # OpenEnv (its server framework pulls gradio, which pins an older pillow: kept out of .venv)
+    ".venv-openenv": Env(base=".venv", extras=None, no_deps=(), packages=("openenv-core==0.3.0",)),
     # the lent GPU machines' transformers
     ".venv-tf517": Env(base=".venv", extras=None, packages=("transformers==5.17.0",), no_deps=(), full_only=True),
     # llama.cpp's library built from source (the GGUF checks), on .venv
