@@ -11,15 +11,23 @@ tile by tile (so equal up to floating-point summation order). The price is one m
 
 A module is tiled when its attribute name is ``mlp``, its class name ends in ``MLP`` and it has no ``experts``
 (a mixture of experts routes over the whole batch and returns more than a tensor): dense MLPs of Llama, Qwen2/3,
-Gemma, Mistral, SmolLM. A call with anything but one hidden-state tensor goes to the module's own forward.
+Gemma, Mistral, SmolLM. A call with anything but one hidden-state tensor goes to the module's own forward; a module
+whose output is not one row per input row (a tuple, another shape: not position-wise) is left untiled, with one line.
+
+The tiled forward is a method bound to its module (no closure over it): a copy of the model (``copy.deepcopy``,
+which TRL's ``create_reference_model`` makes for a frozen reference) binds it to the copy, so the copy computes with
+its own weights.
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from slimrl.compat.callsite import warn
 
 ATTR = "slimrl_tiled_rows"  # set on a tiled module: the rows of a tile
 
@@ -46,7 +54,9 @@ def tile_mlp(model: Any, rows: int | None = None) -> int:
     modules = tiled_modules(model)
     for module in modules:
         if not hasattr(module, ATTR):
-            module.forward = _tiled(module, module.forward)
+            if "forward" in vars(module):  # a forward set on the instance before: tiles run it
+                module.slimrl_inner_forward = module.forward
+            module.forward = types.MethodType(tiled_forward, module)
         setattr(module, ATTR, rows)
     return len(modules)
 
@@ -54,27 +64,47 @@ def tile_mlp(model: Any, rows: int | None = None) -> int:
 def untile_mlp(model: Any) -> None:
     """Undo :func:`tile_mlp`: each module's own forward again."""
     for module in tiled_modules(model):
-        if hasattr(module, ATTR):
-            del module.forward  # the instance attribute: the class's forward shows through again
-            delattr(module, ATTR)
+        _untile(module)
+
+
+def _untile(module: torch.nn.Module) -> None:
+    if hasattr(module, ATTR):
+        inner = vars(module).pop("slimrl_inner_forward", None)
+        if inner is not None:
+            module.forward = inner
+        else:
+            vars(module).pop("forward", None)  # the class's forward shows through again
+        delattr(module, ATTR)
 
 
 def is_tiled(model: Any) -> bool:
     return any(hasattr(m, ATTR) for m in tiled_modules(model))
 
 
-def _tiled(module: torch.nn.Module, own: Any) -> Any:
-    def forward(x: Any = None, *args: Any, **kwargs: Any) -> Any:
-        rows = getattr(module, ATTR, None)
-        if rows is None or args or kwargs or not isinstance(x, torch.Tensor) or x.dim() < 2:
-            return own(x, *args, **kwargs)
-        flat = x.reshape(-1, x.shape[-1])  # [N, H], N = batch x tokens
-        if flat.shape[0] <= rows:
-            return own(x)
-        grad = torch.is_grad_enabled()
-        outs = [checkpoint(own, tile, use_reentrant=False) if grad else own(tile)  # [n, H]
-                for tile in flat.split(rows)]
-        out = torch.cat(outs)  # [N, H]
-        return out.reshape(*x.shape[:-1], out.shape[-1])  # [B, T, H]
+def _own(module: torch.nn.Module) -> Any:
+    """The module's untiled forward (bound to this module: a copy's is the copy's)."""
+    inner = vars(module).get("slimrl_inner_forward")
+    return inner if inner is not None else types.MethodType(type(module).forward, module)
 
-    return forward
+
+def tiled_forward(self: torch.nn.Module, x: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """``self``'s forward a tile of rows at a time (module docstring)."""
+    own = _own(self)
+    rows = getattr(self, ATTR, None)
+    if rows is None or args or kwargs or not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return own(x, *args, **kwargs)
+    flat = x.reshape(-1, x.shape[-1])  # [N, H], N = batch x tokens
+    if flat.shape[0] <= rows:
+        return own(x)
+    tiles = flat.split(rows)
+    grad = torch.is_grad_enabled()
+    first = checkpoint(own, tiles[0], use_reentrant=False) if grad else own(tiles[0])  # [n, H]
+    if not isinstance(first, torch.Tensor) or first.dim() != 2 or first.shape[0] != tiles[0].shape[0]:
+        _untile(self)
+        what = f"shape {tuple(first.shape)}" if isinstance(first, torch.Tensor) else type(first).__name__
+        warn(f"unsloth_tiled_mlp: {type(self).__name__} returns {what} for a tile of {tiles[0].shape[0]} rows, not "
+             f"one row per row (not position-wise): it runs untiled")
+        return own(x)
+    outs = [first] + [checkpoint(own, tile, use_reentrant=False) if grad else own(tile) for tile in tiles[1:]]
+    out = torch.cat(outs)  # [N, H]
+    return out.reshape(*x.shape[:-1], out.shape[-1])  # [B, T, H]

@@ -72,3 +72,46 @@ def test_the_backward_recompute_holds_one_tile_of_intermediates():
     whole, tiles = peak(False), peak(True)
     intermediates = 4096 * 1024 * 4 * 3  # gate, up, their product: fp32, what the whole-batch recompute keeps
     assert tiles < whole - intermediates // 2, (whole, tiles)
+
+
+def test_a_deep_copy_computes_with_its_own_weights():
+    """TRL's frozen reference is ``copy.deepcopy(policy)`` (``create_reference_model``: Online DPO, A2PO in full
+    fine-tuning): the copy's tiled MLPs run the copy's weights, not the policy's as they change."""
+    import copy
+
+    model = tiny_llama()
+    tile_mlp(model, rows=8)
+    reference = copy.deepcopy(model)
+    untiled = copy.deepcopy(model)
+    untile_mlp(untiled)
+    with torch.no_grad():
+        for p in tiled_modules(model)[0].parameters():
+            p.add_(0.5)  # the policy moves
+    x = torch.randn(2, 13, 32)  # [B, T, H]: 26 rows, tiles of 8
+    ref_mlp, untiled_mlp, policy_mlp = (tiled_modules(m)[0] for m in (reference, untiled, model))
+    with torch.no_grad():
+        torch.testing.assert_close(ref_mlp(x), untiled_mlp(x), rtol=0, atol=1e-6)
+        assert (ref_mlp(x) - policy_mlp(x)).abs().max() > 0.1
+
+
+def test_an_mlp_that_is_not_position_wise_stands_aside():
+    class PairMLP(torch.nn.Module):  # returns (output, aux): not one row per row
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.proj(x), x.mean()
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = PairMLP()
+
+    holder = Holder()
+    assert tile_mlp(holder, rows=2) == 1
+    x = torch.randn(1, 5, 4)
+    with pytest.warns(UserWarning, match=r"PairMLP returns tuple for a tile of 2 rows.*it runs untiled"):
+        out, aux = holder.mlp(x)
+    assert out.shape == (1, 5, 4) and not is_tiled(holder)
+    torch.testing.assert_close(holder.mlp(x)[0], holder.mlp.proj(x))
