@@ -77,6 +77,12 @@ def check_config(cfg: Any, config_cls: type) -> None:
 
     if not str(cfg.output_dir or "").strip():
         raise UsageError("--output_dir '': an empty path; pass the folder to write the run to")
+    from slimrl.patching.validation import unsloth_refusals
+
+    refused = unsloth_refusals({name: getattr(cfg, name, None) for name in
+                                ("learning_rate", "temperature", "max_completion_length")})
+    if refused:  # the library accepts what TRL accepts; the command runs only what makes sense
+        raise UsageError(refused[0])
     for name in COUNTS:
         if hasattr(cfg, name) and not (name == "max_steps" and cfg.max_steps == -1):
             _count(name, getattr(cfg, name), MAX_GENERATIONS if name == "num_generations" else None)

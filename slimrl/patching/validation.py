@@ -63,17 +63,40 @@ def _world_size() -> int:
         return 1
 
 
+def unsloth_refusals(values: dict) -> list[str]:
+    """What Unsloth's configs refuse and TRL's accept, for these config values: a learning rate below 0 (torch's
+    optimizer refuses it later), a temperature outside (0, 10] (0 divides by zero), a ``max_completion_length``
+    below 1. The library warns (TRL accepts them, so slimrl does); ``slimrl train`` refuses them."""
+    found = []
+    lr = values.get("learning_rate")
+    if lr is not None and float(lr) < 0:
+        found.append(f"learning_rate={lr} is invalid: it must be >= 0 (e.g. 1e-5 for LoRA; 0 trains nothing)")
+    temperature = values.get("temperature")
+    if temperature is not None and not 0 < float(temperature) <= 10:
+        found.append(f"temperature={temperature} is invalid: it must be > 0 and <= 10 (1.0 samples from the model "
+                     f"as it is; 0.6-1.0 is usual for GRPO)")
+    completion = values.get("max_completion_length")
+    if completion is not None and int(completion) < 1:
+        found.append(f"max_completion_length={completion} is invalid: it must be >= 1 (the tokens each completion "
+                     f"may have)")
+    return found
+
+
+def warn_unsloth_refusals(values: dict) -> None:
+    for message in unsloth_refusals(values):
+        warn(f"{message}; Unsloth refuses this, TRL accepts it, so slimrl does too", UserWarning)
+
+
 def check_learning_rate(kwargs: dict, defaults: dict) -> None:
-    """Every patched config: ``learning_rate`` below 0 is a ValueError (torch refuses it, but only once the model is
-    loaded and the optimizer built); outside [1e-7, 1] (0 included) a warning (almost surely a typo, not
-    impossible)."""
+    """Every patched config: ``learning_rate`` below 0, or outside [1e-7, 1] (0 included), is a warning (almost
+    surely a typo, not impossible; TRL accepts it)."""
 
     lr = kwargs.get("learning_rate", defaults.get("learning_rate"))
     if lr is None:
         return
     if float(lr) < 0:
-        raise ValueError(f"learning_rate={lr} is invalid: it must be >= 0 (e.g. 1e-5 for LoRA; 0 trains nothing)")
-    if not 1e-7 <= float(lr) <= 1:
+        warn_unsloth_refusals({"learning_rate": lr})
+    elif not 1e-7 <= float(lr) <= 1:
         warn(f"learning_rate={lr} is outside [1e-7, 1]: check it (LoRA usually runs at 5e-6 to 5e-4)",
                       UserWarning)
 
@@ -82,8 +105,8 @@ def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
     """Checks on ``GRPOConfig(...)`` / ``RLOOConfig(...)`` keywords that need no compute; returns the (possibly
     adjusted) keywords.
 
-    * ``temperature`` must be in (0, 10]: ValueError (0 divides by zero; TRL would train on NaN).
-    * ``max_completion_length`` below 1: ValueError (nothing to generate).
+    * ``temperature`` outside (0, 10] and ``max_completion_length`` below 1: a warning (Unsloth refuses them; TRL
+      accepts them: :func:`unsloth_refusals`).
     * ``per_device_train_batch_size x gradient_accumulation_steps x world size`` not a multiple of
       ``num_generations`` (and no explicit ``generation_batch_size`` / ``steps_per_generation``): the batch size
       is set to ``num_generations``, with a warning saying so (Unsloth's behaviour, so that
@@ -96,14 +119,7 @@ def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
     def get(name):
         return kwargs.get(name, defaults.get(name))
 
-    temperature = get("temperature")
-    if temperature is not None and not 0 < float(temperature) <= 10:
-        raise ValueError(f"temperature={temperature} is invalid: it must be > 0 and <= 10 (1.0 samples from the "
-                         f"model as it is; 0.6-1.0 is usual for GRPO)")
-    completion = get("max_completion_length")
-    if completion is not None and int(completion) < 1:
-        raise ValueError(f"max_completion_length={completion} is invalid: it must be >= 1 (the tokens each "
-                         f"completion may have)")
+    warn_unsloth_refusals({"temperature": get("temperature"), "max_completion_length": get("max_completion_length")})
     n_gen = get("num_generations")
     explicit_generation = kwargs.get("generation_batch_size") is not None or \
         kwargs.get("steps_per_generation") is not None
@@ -128,9 +144,9 @@ def check_grpo_config_kwargs(kwargs: dict, defaults: dict) -> dict:
 
 
 def check_precision(model: Any, args: Any) -> None:
-    """A float16 model with ``bf16=True`` written by the user (or a bfloat16 model with ``fp16=True``) is a TypeError
-    (Unsloth's check: autocast in the other half-precision format is almost surely a mistake). TRL's own default
-    (``bf16`` left unset) is never refused: TRL trains that combination, so slimrl does too."""
+    """A float16 model with ``bf16=True`` written by the user (or a bfloat16 model with ``fp16=True``): a warning
+    (Unsloth refuses it with a TypeError: autocast in the other half-precision format is almost surely a mistake;
+    TRL trains it, so slimrl does too). TRL's own default (``bf16`` left unset) says nothing."""
     import torch
 
     if model is None or args is None or isinstance(model, str):
@@ -140,11 +156,11 @@ def check_precision(model: Any, args: Any) -> None:
     explicit = config_state(args).explicit
     dtype = getattr(model, "dtype", None)
     if dtype == torch.float16 and getattr(args, "bf16", False) and "bf16" in explicit:
-        raise TypeError("the model is float16 but the config has bf16=True: set bf16=False, fp16=True, or load the "
-                        "model with dtype=torch.bfloat16")
+        warn("the model is float16 but the config has bf16=True: set bf16=False, fp16=True, or load the model with "
+             "dtype=torch.bfloat16 (Unsloth refuses this; TRL trains it, so slimrl does too)", UserWarning)
     if dtype == torch.bfloat16 and getattr(args, "fp16", False) and "fp16" in explicit:
-        raise TypeError("the model is bfloat16 but the config has fp16=True: set fp16=False, bf16=True, or load the "
-                        "model with dtype=torch.float16")
+        warn("the model is bfloat16 but the config has fp16=True: set fp16=False, bf16=True, or load the model with "
+             "dtype=torch.float16 (Unsloth refuses this; TRL trains it, so slimrl does too)", UserWarning)
 
 
 def check_dataset(dataset: Any, argument: str = "train_dataset") -> None:

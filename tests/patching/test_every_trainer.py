@@ -240,3 +240,42 @@ def test_every_config_subclassed_as_trls_scripts_do_gets_the_first_contact():
             [type(c).__name__ for c in built if c.bf16 is not False]
         with pytest.raises(ValueError, match="bf16"):  # TRL alone
             _subclass(configs[0])(output_dir=tempfile.mkdtemp(), bf16=True)
+
+
+VALUES = [  # unusual values a user can write; TRL accepts some and refuses others
+    {"learning_rate": -1e-5}, {"learning_rate": 0.0}, {"learning_rate": 5.0}, {"temperature": 15.0},
+    {"temperature": 0.0}, {"temperature": -1.0}, {"max_completion_length": 0}, {"max_completion_length": 1},
+    {"beta": -0.5}, {"beta": 0.0}, {"num_generations": 1}, {"num_generations": 3},
+    {"per_device_train_batch_size": 3}, {"gradient_accumulation_steps": 7}, {"max_steps": 0}, {"seed": -3},
+    {"warmup_ratio": 0.5}, {"epsilon": 0.0}, {"top_p": 0.0}, {"max_length": 1},
+]
+
+
+def _builds(cls, values) -> bool:
+    fields = {f for f in cls.__dataclass_fields__}
+    if not set(values) <= fields:
+        return None  # not a field of this config
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cls(output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=False, **REQUIRED.get(cls.__name__, {}),
+                **values)
+        return True
+    except Exception:  # noqa: BLE001 - TRL's own refusals, whatever their type
+        return False
+
+
+def test_the_patched_configs_refuse_nothing_trl_accepts():
+    """Every config class TRL ships, with each of :data:`VALUES`: what TRL alone builds, the patched config builds
+    (a warning names what Unsloth would have refused)."""
+    configs = _configs()
+    alone = {(cls.__name__, i): _builds(cls, v) for cls in configs for i, v in enumerate(VALUES)}
+    PatchFastRL()
+    try:
+        patched = {(cls.__name__, i): _builds(cls, v) for cls in configs for i, v in enumerate(VALUES)}
+    finally:
+        unpatch()
+    tried = [k for k, v in alone.items() if v is not None]
+    assert len(tried) > 100 and any(alone[k] is False for k in tried)  # TRL refuses some: not vacuous
+    refused = sorted(f"{name} {VALUES[i]}" for (name, i) in tried if alone[(name, i)] and not patched[(name, i)])
+    assert not refused, refused

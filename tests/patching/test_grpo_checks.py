@@ -43,10 +43,17 @@ def ones(completions, **kwargs):
     return [1.0] * len(completions)
 
 
-@pytest.mark.parametrize("temperature", [0.0, -1.0, 10.5])
-def test_temperature_out_of_range(tmp_path, temperature):
-    with pytest.raises(ValueError, match=rf"temperature={temperature} is invalid: it must be > 0 and <= 10"):
-        _config(tmp_path, temperature=temperature)
+@pytest.mark.parametrize("temperature", [0.0, -1.0, 10.5, 15.0])
+def test_temperature_unsloth_refuses_is_a_warning(tmp_path, temperature):
+    """TRL accepts the config, so slimrl does; the warning says what Unsloth would have refused."""
+    with pytest.warns(UserWarning, match=rf"temperature={temperature} is invalid: it must be > 0 and <= 10.*"
+                                         rf"Unsloth refuses this, TRL accepts it"):
+        assert _config(tmp_path, temperature=temperature).temperature == temperature
+
+
+def test_negative_learning_rate_is_a_warning(tmp_path):
+    with pytest.warns(UserWarning, match=r"learning_rate=-1e-05 is invalid: it must be >= 0.*Unsloth refuses"):
+        assert _config(tmp_path, learning_rate=-1e-5).learning_rate == -1e-5
 
 
 @pytest.mark.parametrize("lr", [2.0, 1e-9])
@@ -72,8 +79,12 @@ def test_mini_batch_larger_than_generation_batch(tmp_path):
 
 
 def test_fp16_model_with_bf16(tmp_path):
-    with pytest.raises(TypeError, match="the model is float16 but the config has bf16=True: set bf16=False"):
-        _trainer(tmp_path, ones, model=tiny_llama().to(torch.float16), bf16=True)
+    """Unsloth's TypeError, here a warning: TRL trains an fp16 model under bf16 autocast."""
+    from slimrl.patching.validation import check_precision
+
+    with pytest.warns(UserWarning, match="the model is float16 but the config has bf16=True: set bf16=False.*"
+                                         "Unsloth refuses this"):
+        check_precision(tiny_llama().to(torch.float16), _explicit(SimpleNamespace(fp16=False, bf16=True), {"bf16"}))
 
 
 def _explicit(config, names: set[str]):
@@ -85,7 +96,7 @@ def _explicit(config, names: set[str]):
 def test_bf16_model_with_fp16():
     from slimrl.patching.validation import check_precision
 
-    with pytest.raises(TypeError, match="the model is bfloat16 but the config has fp16=True: set fp16=False"):
+    with pytest.warns(UserWarning, match="the model is bfloat16 but the config has fp16=True: set fp16=False"):
         check_precision(tiny_llama().to(torch.bfloat16),
                         _explicit(SimpleNamespace(fp16=True, bf16=False), {"fp16"}))
     # TRL's own default (fp16 not written by the user) is never refused
