@@ -1,5 +1,6 @@
 """``python -m slimrl.patching``: print every patch slimrl declares; ``--record-contracts``: add the installed TRL's
-signatures of the methods slimrl replaces to ``contracts.json`` (:mod:`slimrl.patching.contracts`)."""
+signatures of the methods slimrl replaces to ``contracts.json`` (:mod:`slimrl.patching.contracts`) and the
+fingerprints of the ones it re-computes to ``fingerprints.json`` (:mod:`slimrl.patching.fingerprints`)."""
 
 import sys
 
@@ -8,12 +9,16 @@ from slimrl.patching import describe
 if __name__ == "__main__":
     if sys.argv[1:] == ["--record-contracts"]:
         from slimrl.compat.trl_info import trl_version
+        from slimrl.patching import fingerprints
         from slimrl.patching.contracts import RECORD, record, write
         from slimrl.patching.registry import patches
 
         data = record(patches(), str(trl_version()))
         write(data)
-        print(f"{RECORD}: {len(data)} contracts, trl {trl_version()} recorded")
+        codes = fingerprints.record(patches(), str(trl_version()))
+        fingerprints.write(codes)
+        print(f"{RECORD}: {len(data)} contracts, {fingerprints.RECORD.name}: {len(codes)} fingerprints, trl "
+              f"{trl_version()} recorded")
         sys.exit(0)
     rows = describe()
     cols = ["algorithm", "target", "attribute", "replacement", "trl", "installed"]

@@ -163,15 +163,19 @@ def test_handed_back_line_once_per_process_and_reason():
 
 
 def test_installed_trl_signatures_are_recorded():
-    """contracts.json holds the installed (tested) release's signature of every method slimrl replaces: a new TRL
-    release is added with ``python -m slimrl.patching --record-contracts`` in its environment."""
+    """contracts.json holds the installed (tested) release's signature of every method slimrl replaces, and
+    fingerprints.json the code of every one it re-computes: a new TRL release is added with
+    ``python -m slimrl.patching --record-contracts`` in its environment."""
     from slimrl.compat.trl_info import TESTED_TRL, trl_version
     from slimrl.patching.contracts import signature_changes
+    from slimrl.patching.fingerprints import code_changes, recorded
     from slimrl.patching.registry import patches
 
     if str(trl_version()) not in TESTED_TRL:
         pytest.skip("not a tested release")
     assert signature_changes(patches()) == {}
+    assert code_changes(patches()) == {}
+    assert any(str(trl_version()) in e["releases"] for entries in recorded().values() for e in entries)
 
 
 # (d) a version newer than slimrl's tests: the self-check
@@ -319,3 +323,66 @@ def test_the_truncation_fix_stands_aside_where_trl_carries_the_kept_set(monkeypa
     with pytest.warns(UserWarning, match="corrects truncated sampling itself"):
         apply_support_fix(trainer, output)
     assert output["sampling_per_token_logps"] is logps
+
+
+@pytest.fixture
+def self_check_on(monkeypatch, tmp_path):
+    """The self-check as a user has it (on, a cache of its own), on the installed (tested) TRL's version."""
+    from slimrl.patching import self_check
+
+    monkeypatch.setenv("SLIMRL_CACHE", str(tmp_path))
+    monkeypatch.delenv("SLIMRL_SELF_CHECK", raising=False)
+    monkeypatch.setattr(self_check, "_PROCESS", {})
+    monkeypatch.setattr("slimrl.patching._STOOD_DOWN", {})
+    return self_check
+
+
+def _edited_logps(monkeypatch):
+    """A fork's edit of GRPO's log-prob method under the same TRL version (the code differs, the signature not)."""
+    from trl import GRPOTrainer
+
+    real = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **kwargs):
+        logps, entropies, aux = real(self, model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                     compute_entropy, compute_aux_loss, **kwargs)
+        return logps * 0.5, entropies, aux  # what the fork changed
+
+    import inspect
+
+    _get_per_token_logps_and_entropies.__signature__ = inspect.signature(real)
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", _get_per_token_logps_and_entropies)
+    return _get_per_token_logps_and_entropies
+
+
+def test_a_changed_method_under_a_tested_version_runs_the_check_and_stays_trl(self_check_on, monkeypatch):
+    """A TRL whose version slimrl knows but whose re-computed method is not a tested release's code: the parity row
+    runs before GRPO is patched; its failure leaves GRPO to TRL alone (the fork's own method)."""
+    from trl import GRPOTrainer
+
+    from slimrl.compat.trl_info import trl_version
+    from slimrl.patching.fingerprints import recorded
+    from slimrl.patching.registry import is_installed, patches
+
+    assert str(trl_version()) in {r for entries in recorded().values() for e in entries for r in e["releases"]}
+    edited = _edited_logps(monkeypatch)
+    reason = self_check_on.why_check(["grpo"], patches)
+    assert reason and "has code none of slimrl's tested TRL releases had" in reason
+    runs = []
+    monkeypatch.setattr(self_check_on, "run_rows", lambda names: runs.append(names) or {
+        n: {"passed": False, "row": f"{n} dapo update 1.0e+00 ... FAIL", "seconds": 1.0} for n in names})
+    with pytest.warns(UserWarning, match=r"grpo dapo update .* FAIL -- not patched, it runs as TRL alone"):
+        PatchFastRL("grpo")
+    assert runs == [["grpo"]]
+    assert GRPOTrainer._get_per_token_logps_and_entropies is edited
+    assert not any(is_installed(p) for p in patches("grpo") if p.attribute == "_get_per_token_logps_and_entropies")
+
+
+def test_the_tested_code_runs_no_check_and_the_cache_follows_the_code(self_check_on, monkeypatch):
+    from slimrl.patching.registry import patches
+
+    assert self_check_on.why_check(["grpo"], patches) is None  # the installed TRL is a tested one, code and all
+    before = self_check_on.version_set()
+    _edited_logps(monkeypatch)
+    assert self_check_on.version_set() != before  # a verdict cached on other code is never this code's

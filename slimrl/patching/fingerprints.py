@@ -1,0 +1,109 @@
+"""What the TRL methods slimrl re-implements *are*, not what their release is called: a hash of their source.
+
+A version number does not say which code is installed: a patched fork, an editable install, a dev build or a patch
+release (1.16.1) can carry a changed ``_get_per_token_logps_and_entropies`` under a version slimrl's tests know, and
+an untested release (1.15.1) can carry exactly a tested one's. So each TRL method whose replacement computes what it
+computed — the log-prob methods, the fused-head kernel, ``concatenated_forward`` / ``forward``, ``_compute_loss``
+(:func:`computing`) — is fingerprinted: the SHA-256 of its source text (``inspect.getsource``, the same on every
+Python; a class is its whole source), recorded for every tested release in ``fingerprints.json`` by
+``python -m slimrl.patching --record-contracts``. :func:`code_changes` names the installed targets whose fingerprint
+is none of the recorded ones: the self-check runs for their trainers (:mod:`slimrl.patching.self_check`), and its
+verdicts are cached under the installed fingerprints (:func:`digest`), so a cached pass never outlives the code it
+was made on. A target whose source cannot be read (no ``.py`` files installed) counts as changed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+RECORD = Path(__file__).with_name("fingerprints.json")
+COMPUTING_WRAPS = ("_compute_loss",)  # wrapped (not replaced) methods whose numbers the patched path changes
+
+
+def computing(patch: Any) -> bool:
+    """Whether ``patch`` replaces (or wraps and changes the numbers of) a TRL method: its target is fingerprinted."""
+    return patch.target.startswith("trl.") and patch.guarded and (not patch.wrap or
+                                                                   patch.attribute in COMPUTING_WRAPS)
+
+
+def fingerprint(obj: Any) -> str | None:
+    """SHA-256 of ``obj``'s source (lines stripped of trailing blanks), or None when it cannot be read."""
+    target = getattr(obj, "__func__", obj)
+    try:
+        source = inspect.getsource(target)
+    except (OSError, TypeError):
+        return None
+    text = "\n".join(line.rstrip() for line in source.splitlines())
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _live(patches) -> dict[str, str | None]:
+    """``"target.attribute" -> fingerprint`` of the installed TRL's originals of the computing patches."""
+    from slimrl.patching.registry import is_installed, original
+
+    out: dict[str, str | None] = {}
+    for p in patches:
+        if not computing(p) or not p.applies():
+            continue
+        key = f"{p.target}.{p.attribute}"
+        try:
+            value = original(p.target, p.attribute) if is_installed(p) else getattr(p.resolve(), p.attribute)
+        except (AttributeError, RuntimeError):  # a target this TRL lacks: the patch's own check says so
+            continue
+        if value is not None:  # TRL 1.15 without Triton has no kernel (None): nothing to fingerprint
+            out[key] = fingerprint(value)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def recorded() -> dict[str, list[dict]]:
+    """``"target.attribute" -> [{"releases": [...], "sha256": ...}]`` (fingerprints.json)."""
+    return json.loads(RECORD.read_text()) if RECORD.is_file() else {}
+
+
+def code_changes(patches) -> dict[str, str]:
+    """``"target.attribute" -> algorithm names`` of the installed computing targets whose code no tested release
+    had (module docstring)."""
+    algorithms = {f"{p.target}.{p.attribute}": ",".join(p.algorithms) for p in patches}
+    known = recorded()
+    return {key: algorithms[key] for key, sha in _live(patches).items()
+            if key in known and (sha is None or sha not in {e["sha256"] for e in known[key]})}
+
+
+def digest(patches) -> str:
+    """A short hash of every installed computing target's fingerprint: the self-check's verdicts are cached under
+    it (with the versions)."""
+    live = _live(patches)
+    text = json.dumps(sorted(live.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def record(patches, release: str) -> dict[str, list[dict]]:
+    """fingerprints.json with the installed release's fingerprints added."""
+    data = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
+    for key, sha in _live(patches).items():
+        if sha is None:
+            continue
+        entries = data.setdefault(key, [])
+        for entry in entries:
+            if release in entry["releases"] and entry["sha256"] != sha:
+                entry["releases"].remove(release)
+        entries[:] = [e for e in entries if e["releases"]]
+        same = next((e for e in entries if e["sha256"] == sha), None)
+        if same is None:
+            entries.append({"releases": [release], "sha256": sha})
+        elif release not in same["releases"]:
+            from packaging.version import Version
+
+            same["releases"] = sorted({*same["releases"], release}, key=Version)
+    return dict(sorted(data.items()))
+
+
+def write(data: dict[str, list[dict]]) -> None:
+    lines = [f" {json.dumps(key)}: {json.dumps(value)}" for key, value in sorted(data.items())]
+    RECORD.write_text("{\n" + ",\n".join(lines) + "\n}\n")
