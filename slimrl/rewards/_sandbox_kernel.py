@@ -142,8 +142,11 @@ DENIED = (  # refused with EPERM: other processes, the network, the kernel's own
     "swapoff", "iopl", "ioperm", "acct", "syslog", "name_to_handle_at", "open_by_handle_at", "setsid", "setpgid",
     "personality", "quotactl", "lookup_dcookie", "memfd_secret", "process_madvise", "mknod", "mknodat",
     # memory outside every limit: SysV shared memory and memfd pages are the host's until the call ends (RLIMIT_AS
-    # counts only what is mapped); inotify instances are the user's (128 in all, the trainer's too)
-    "shmget", "shmat", "memfd_create", "inotify_init", "inotify_init1")
+    # counts only what is mapped); SysV semaphore sets and message queues and POSIX message queues are kernel memory
+    # (gigabytes of slab from one call under memory_mb=512); inotify and fanotify instances are the user's (a budget
+    # the trainer shares: exhausting it made the trainer's own fanotify_init fail)
+    "shmget", "shmat", "memfd_create", "semget", "semop", "semtimedop", "semctl", "msgget", "msgsnd", "msgrcv",
+    "msgctl", "mq_open", "mq_timedsend", "inotify_init", "inotify_init1", "fanotify_init", "fanotify_mark")
 
 
 class _ArgCmp(ctypes.Structure):
