@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -17,8 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--adapter", required=True, help="a slimrl train --output_dir (its adapter/) or an adapter "
                    "directory (adapter_config.json)")
     p.add_argument("--model", help="the base model (default: the one the adapter records)")
-    p.add_argument("--output", help="where to write (default: <adapter's run>/export, or <adapter>-export beside a "
-                   "plain adapter folder); never inside the adapter")
+    p.add_argument("--output", help="where to write (default: <adapter's run>/export; a checkpoint's: "
+                   "<run>/exports/checkpoint-N, out of the checkpoints' rotation; <adapter>-export beside a plain "
+                   "adapter folder); never inside the adapter")
     p.add_argument("--formats", default="merged_16bit,gguf:q8_0", help="comma-separated: lora, merged_16bit, "
                    "merged_4bit, gguf:<type> (gguf:q8_0, gguf:f16, gguf:q4_k_m, ...); default merged_16bit,gguf:q8_0")
     p.add_argument("--load_in_4bit", action="store_true", help="load the base in 4-bit (the merge dequantizes it)")
@@ -56,6 +58,9 @@ def _config(adapter: Path) -> dict:
     return config
 
 
+CHECKPOINT = re.compile(r"^checkpoint-\d+$")
+
+
 def output_folder(args: argparse.Namespace, adapter: Path) -> Path:
     """``--output``, or the default beside the adapter; never the adapter's own folder nor inside it."""
     if args.output is not None and not args.output.strip():
@@ -63,7 +68,11 @@ def output_folder(args: argparse.Namespace, adapter: Path) -> Path:
     if args.output:
         out = Path(args.output).expanduser()
     else:
-        out = adapter.parent / "export" if adapter.name == "adapter" else adapter.parent / f"{adapter.name}-export"
+        out = (adapter.parent / "export" if adapter.name == "adapter" else
+               # a checkpoint's export: "checkpoint-N-export" beside it would be taken for a checkpoint and deleted
+               # by the rotation of a resumed run (transformers globs checkpoint-*)
+               adapter.parent / "exports" / adapter.name if CHECKPOINT.match(adapter.name) else
+               adapter.parent / f"{adapter.name}-export")
     resolved, source = out.resolve(), adapter.resolve()
     if resolved == source or source in resolved.parents:
         raise ValueError(f"--output {out}: inside the adapter folder {adapter}, which the export would change; "

@@ -49,3 +49,15 @@ def reaps_orphans() -> bool:
         return bool(flag.value)
     except (OSError, AttributeError):
         return False
+
+
+def die_with_parent(signum: int | None = None) -> None:
+    """In a child process before exec (``subprocess``'s ``preexec_fn``): the kernel sends it ``signum`` (SIGKILL by
+    default) when its parent dies, so a killed parent leaves no child running (Linux; elsewhere nothing)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum or signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

@@ -25,6 +25,7 @@ Using the environment in GRPO: TRL's ``environment_factory`` (an object whose me
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import signal
 import socket
@@ -36,6 +37,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from slimrl.compat.processes import die_with_parent
 
 HOST = "127.0.0.1"
 _CHILDREN: list[subprocess.Popen] = []
@@ -81,16 +84,6 @@ def _pythonpath(working_directory: Path, inherited: str | None) -> str:
     roots = [str(working_directory)] + ([str(working_directory / "src")] if (working_directory / "src").is_dir()
                                         else [])
     return os.pathsep.join(roots + ([inherited] if inherited else []))
-
-
-def _die_with_parent() -> None:
-    """In the child, before uvicorn starts: SIGTERM when the parent dies (Linux; elsewhere atexit only)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _end_children() -> None:
@@ -153,7 +146,7 @@ def _start(directory: Path, server: str, environment: dict, openenv_class: Any, 
     with open(log, "w") as out:
         child = subprocess.Popen([sys.executable, "-m", "uvicorn", server, "--host", HOST, "--port", str(port)],
                                  cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                 preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
     _CHILDREN.append(child)
     base = f"http://{HOST}:{port}"
     deadline = time.monotonic() + timeout

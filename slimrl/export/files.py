@@ -132,9 +132,36 @@ def clean_stale(*folders: str | Path) -> list[Path]:
             if match.group(1) and not (path / STAGE_MARK).is_file():
                 continue
             if pid != os.getpid() and not pid_alive(pid):
+                backup = _BACKUP.match(path.name)
+                if backup:  # a swap that was killed: its target back to the old export before the backup goes
+                    _repair(place / backup.group(1), path)
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed
+
+
+_BACKUP = re.compile(r"^\.(.+)\.backup-\d+-[a-z0-9_]{8}$")
+_NEW, _PLACING, _UNPLACED, _DONE = ".slimrl-new.json", ".slimrl-placing", ".slimrl-unplaced", ".slimrl-done"
+
+
+def _repair(target: Path, backup: Path) -> None:
+    """Undo the swap ``backup`` journals (its process was killed): the files it placed removed, the files it set
+    aside put back, so ``target`` holds the export from before; nothing when the swap had finished."""
+    if (backup / _DONE).exists() or not target.is_dir():
+        return
+    try:
+        new = set(json.loads((backup / _NEW).read_text()))
+    except (OSError, ValueError):
+        new = set()
+    saved = {str(p.relative_to(backup)) for p in backup.rglob("*") if p.is_file()
+             and p.name not in (STAGE_MARK, _NEW, _PLACING, _UNPLACED, _DONE)}
+    if (backup / _PLACING).exists() and not (backup / _UNPLACED).exists():  # some new files may be in
+        for rel in new - saved:
+            (target / rel).unlink(missing_ok=True)
+        (backup / _UNPLACED).touch()  # a repair killed from here on must not remove what it has put back
+    for rel in sorted(saved):
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(backup / rel, target / rel)
 
 
 def temp_directory(kind: str) -> tempfile.TemporaryDirectory:
@@ -170,7 +197,33 @@ def staged_directory(target: str | Path, overwrite: bool = False, kind: str | No
     target = Path(target)
     check_target(target, overwrite, kind=kind)
     target.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale(target.parent)
+    with _exclusive(target):
+        clean_stale(target.parent)
+        yield from _staged(target, overwrite, kind)
+
+
+@contextmanager
+def _exclusive(target: Path) -> Iterator[None]:
+    """One export into ``target`` at a time (``flock`` on a lock file beside it): a second is one line."""
+    import fcntl
+
+    lock = target.parent / f".{target.name}.export-lock"
+    with open(lock, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise ExportConflictError(f"{target}: another export is writing there now (pid {holder}); wait for it "
+                                      f"or choose another output folder") from None
+        f.seek(0), f.truncate(), f.write(str(os.getpid())), f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _staged(target: Path, overwrite: bool, kind: str | None) -> Iterator[Path]:
     stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-{os.getpid()}-", dir=target.parent))
     (stage / STAGE_MARK).touch()
     try:
@@ -201,6 +254,7 @@ def _swap_in(target: Path, stage: Path, new: set[str], stale: set[str], kind: st
     failure puts the backup back, so ``target`` holds the old export or the whole new one, never a mix."""
     backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.backup-{os.getpid()}-", dir=target.parent))
     (backup / STAGE_MARK).touch()
+    (backup / _NEW).write_text(json.dumps(sorted(new)))  # the journal a killed swap is repaired from
     saved, placed = [], []
     try:
         for rel in sorted(stale | {r for r in new if (target / r).exists()} | {MANIFEST}):
@@ -208,12 +262,14 @@ def _swap_in(target: Path, stage: Path, new: set[str], stale: set[str], kind: st
                 (backup / rel).parent.mkdir(parents=True, exist_ok=True)
                 os.replace(target / rel, backup / rel)
                 saved.append(rel)
+        (backup / _PLACING).touch()
         for rel in sorted(new):
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
             os.replace(stage / rel, target / rel)
             placed.append(rel)
         manifest = {"files": sorted(new), "fingerprints": {r: _fingerprint(target / r) for r in sorted(new)}}
         (target / MANIFEST).write_text(json.dumps({**manifest, **({"kind": kind} if kind else {})}, indent=1) + "\n")
+        (backup / _DONE).touch()
     except BaseException as exc:
         for rel in placed:
             (target / rel).unlink(missing_ok=True)
@@ -225,18 +281,6 @@ def _swap_in(target: Path, stage: Path, new: set[str], stale: set[str], kind: st
         raise
     finally:
         shutil.rmtree(backup, ignore_errors=True)
-
-
-def die_with_parent() -> None:
-    """In a child process before exec (``subprocess``'s ``preexec_fn``): end it when the exporting process dies, so
-    a killed export leaves no converter running."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def size_text(path: str | Path) -> str:
