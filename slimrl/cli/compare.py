@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -49,11 +50,33 @@ def _check(args: argparse.Namespace) -> str | None:
     for name in ("num_generations", "max_prompt_length", "max_completion_length", "lora_r", "steps", "timeout"):
         if getattr(args, name) < 1:
             return f"--{name} {getattr(args, name)}: must be at least 1"
+        if name != "timeout" and getattr(args, name) > 2**20:  # before the model loads: no run is this large
+            return f"--{name} {getattr(args, name)}: larger than any run ({2**20:,} at most)"
     unknown = [s for s in args.sides if s not in SIDES]
     if unknown:
         return f"--sides {','.join(unknown)}: unknown; choose from {', '.join(SIDES)}"
     if args.device not in ("cuda", "cpu"):
         return f"--device {args.device!r}: choose cuda or cpu"
+    if args.timeout > 7 * 24 * 3600:
+        return f"--timeout {args.timeout}: seconds per side, at most a week ({7 * 24 * 3600})"
+    return _json_destination(args.json)
+
+
+def _json_destination(path: str | None) -> str | None:
+    """Why the record could not be written to ``--json`` (checked before any side runs: the results would be
+    lost after minutes of work); None: it can."""
+    if path is None:
+        return None
+    import stat
+    from pathlib import Path
+
+    target = Path(path).expanduser()
+    if not target.parent.is_dir():
+        return f"--json {path}: the folder {target.parent} does not exist; create it or choose another file"
+    if target.exists() and not stat.S_ISREG(target.stat().st_mode):
+        return f"--json {path}: not a regular file (a folder, FIFO or device); choose a file name"
+    if not os.access(target if target.exists() else target.parent, os.W_OK):
+        return f"--json {path}: cannot write there; choose a writable place"
     return None
 
 
@@ -178,4 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
         print(f"  record: {args.json}")
-    return 1 if loss and loss.startswith("DIFFER") else 0
+    incomplete = [side for side, r in results.items() if "failed" in r or "oom" in r]
+    if incomplete:
+        print(f"  not measured: {', '.join(incomplete)} (exit 1)")
+    return 1 if (loss and loss.startswith("DIFFER")) or incomplete else 0

@@ -62,11 +62,26 @@ def test_a_side_that_fails_or_runs_out_of_memory_is_reported_and_the_others_go_o
     assert "oom        out of memory" in text and "broken     failed" in text
 
 
+def test_compare_exits_1_when_a_side_was_not_measured(monkeypatch, tmp_path, capsys):
+    """Every side failed (or one did): the results are printed and written, and the exit status says so."""
+    monkeypatch.setattr(compare, "worker_command", lambda args, side, path: _fake("raise SystemExit(3)"))
+    monkeypatch.setattr(compare, "prediction", lambda args, path: {})
+    record = tmp_path / "r.json"
+    assert compare.main(["--json", str(record), "--max_completion_length", "4", "--steps", "1"]) == 1
+    assert "not measured: trl, slimrl (exit 1)" in capsys.readouterr().out
+    assert json.loads(record.read_text())["sides"]["trl"]["failed"].startswith("exit 3")
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--max_completion_length", "0"], "--max_completion_length 0"),
     (["--sides", "trl,nope"], "--sides nope"),
     (["--device", "tpu"], "--device 'tpu'"),
     (["--device", "cuda"], "no CUDA device"),
+    (["--max_completion_length", "100000000"], "larger than any run"),
+    (["--timeout", "100000000000000000000"], "at most a week"),
+    (["--json", "/nonexistent-folder/out.json"], "the folder /nonexistent-folder does not exist"),
+    (["--json", "/tmp"], "not a regular file"),
+    (["--json", "/dev/null"], "not a regular file"),
 ])
 def test_bad_input_is_one_line(argv, needle, capsys):
     pytest.importorskip("torch")
