@@ -209,7 +209,7 @@ def force_mixed_lengths(longest: int, eos_id: int) -> None:
 
 def force_mixed_lengths_engine(engine, longest: int) -> None:
     """The engine: one SamplingParams per row with ``min_tokens = max_tokens`` = its drawn length."""
-    orig, calls = engine.generate, [0]
+    orig, calls = engine.generate_ids, [0]
 
     def generate(prompt_token_ids, sampling_params, *args, **kwargs):
         lengths = mixed_lengths(len(prompt_token_ids), longest, calls[0])
@@ -221,7 +221,7 @@ def force_mixed_lengths_engine(engine, longest: int) -> None:
             per_row.append(p)
         return orig(prompt_token_ids, per_row, *args, **kwargs)
 
-    engine.generate = generate
+    engine.generate_ids = generate
 
 
 CALLS = ["37*48+12", "37*48+12", "(37*48)+12", "37*(48+12)", "37*48-12", "1776+12", "37*48 + 12", "48*37+12"]
@@ -311,7 +311,7 @@ def force_tool_turns_engine(engine, tok, length: int) -> None:
     calls = ["<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": e}}) + "\n</tool_call>"
              for e in dict.fromkeys(CALLS)]
     regex = "(?:" + "|".join(re.escape(c) for c in calls) + ")"
-    orig = engine.generate
+    orig = engine.generate_ids
 
     def generate(prompt_token_ids, sampling_params, *args, **kwargs):
         per_row = []
@@ -324,7 +324,7 @@ def force_tool_turns_engine(engine, tok, length: int) -> None:
             per_row.append(p)
         return orig(prompt_token_ids, per_row, *args, **kwargs)
 
-    engine.generate = generate
+    engine.generate_ids = generate
 
 
 STORY = ("Once upon a time the number five lived in a small town of numbers, where every morning it counted the "

@@ -114,14 +114,25 @@ def check_config(cfg: Any, config_cls: type) -> None:
             raise UsageError(f"--generation_kwargs {kwargs}: a JSON object, e.g. '{{\"top_k\": 50}}'")
 
 
+def raw_options(argv: list[str]) -> list[tuple[str, str]]:
+    """``(name, value)`` of each ``--option`` as written, the name in its underscore spelling (argparse takes
+    ``--accelerator-config`` for ``--accelerator_config``: every spelling gets the same check)."""
+    out = []
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--"):
+            continue
+        name, eq, value = arg[2:].partition("=")
+        if not eq and i + 1 < len(argv):
+            value = argv[i + 1]
+        out.append((name.replace("-", "_"), value))
+    return out
+
+
 def check_raw_counts(argv: list[str], yaml_data: dict[str, Any]) -> None:
     """The counts as the user wrote them (the library may fix a batch to ``num_generations`` after the fact, as
     Unsloth does; a batch of -1 is still a mistake worth one line)."""
     given = dict(yaml_data)
-    for i, arg in enumerate(argv):
-        name, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
-        if name and not value and i + 1 < len(argv):
-            value = argv[i + 1]
+    for name, value in raw_options(argv):
         if name in FIXED_AFTER:
             given[name] = value
     for name in FIXED_AFTER:
@@ -138,22 +149,32 @@ FILE_OPTIONS = ("accelerator_config", "deepspeed", "fsdp_config")  # JSON files 
 
 
 def check_raw_paths(argv: list[str], yaml_data: dict[str, Any]) -> None:
-    """A file option naming something that is not a regular file (a FIFO would block the parse forever)."""
+    """A file option (:data:`FILE_OPTIONS`, any spelling) that names no regular file (a FIFO would block the parse
+    forever; a missing one is transformers' traceback) or is not a JSON object: one line."""
     import os
     import stat
 
     given = {k: v for k, v in yaml_data.items() if k in FILE_OPTIONS}
-    for i, arg in enumerate(argv):
-        name, _, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+    for name, value in raw_options(argv):
         if name in FILE_OPTIONS:
-            given[name] = value or (argv[i + 1] if i + 1 < len(argv) else "")
+            given[name] = value
     for name, value in given.items():
-        if not isinstance(value, str) or not value or value.lstrip().startswith("{"):
-            continue  # a JSON string, not a path
+        if isinstance(value, dict) or value is None:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise UsageError(f"--{name} {value!r}: pass a JSON file or a JSON object")
+        if value.lstrip().startswith(("{", "[")):
+            try:
+                parsed = json.loads(value)
+            except ValueError as err:
+                raise UsageError(f"--{name} {value}: not valid JSON ({err})") from None
+            if not isinstance(parsed, dict):
+                raise UsageError(f"--{name} {value}: a JSON object ({{...}}), not a {type(parsed).__name__}")
+            continue
         try:
             mode = os.stat(os.path.expanduser(value)).st_mode
-        except OSError:
-            continue  # transformers names a missing file itself
+        except OSError as err:
+            raise UsageError(f"--{name} {value}: {err.strerror.lower()}; pass a JSON file or a JSON object") from None
         if not stat.S_ISREG(mode):
             raise UsageError(f"--{name} {value}: not a regular file (a pipe or a device would block the run); pass "
                              f"a JSON file")

@@ -9,9 +9,9 @@ anything, so a notebook whose ``gpu_memory_utilization`` cannot start on this ca
 line saying what to change, instead of inside vLLM after the weights loaded; ``slimrl plan --gpu`` asks it for a card
 the user does not have.
 
-vLLM's sleep-mode memory pool allows one engine per process: a second ``from_pretrained(fast_inference=True)`` of the
-same model and settings (a re-run notebook cell) gets the engine already there; another model while that engine is
-alive on a GPU is refused in one line.
+vLLM's sleep-mode memory pool allows one engine per process on a GPU: a second ``from_pretrained(fast_inference=True)``
+of the same model and settings (a re-run notebook cell) gets the engine already there; another model while that
+engine is alive on the GPU is refused in one line. (vLLM's CPU back end runs several: each load gets its own.)
 """
 
 from __future__ import annotations
@@ -104,8 +104,9 @@ def check_before_loading(path: str, utilization: float | str, max_seq_length: in
 def attach_engine(model: Any, path: str, max_seq_length: int, max_lora_rank: int, utilization: float | str,
                   seed: int, kv_dtype: str) -> SlimrlEngine:
     """``model.vllm_engine``: the engine of this process for these settings (module docstring)."""
-    key = (path, str(model.dtype), max_seq_length, max_lora_rank, str(utilization), kv_dtype)
-    engine = _LIVE.get(key)
+    quantization = getattr(getattr(model, "config", None), "quantization_config", None)  # a 4-bit base is another
+    key = (path, str(model.dtype), str(quantization), max_seq_length, max_lora_rank, str(utilization), kv_dtype)
+    engine = _LIVE.get(key) if torch.cuda.is_available() else None  # vLLM's CPU back end runs several
     if engine is None:
         started = [e for e in _LIVE.values() if e.llm is not None and e.device.type == "cuda"]
         if started:

@@ -146,3 +146,12 @@ def test_calculator_task_on_a_model_whose_template_cannot_show_tools(capsys, tmp
     capsys.readouterr()  # the save's progress bar
     err = _err(capsys, ["--task", "calculator", "--model", str(tmp_path / "model")], tmp_path)
     assert f"--model {tmp_path / 'model'}: the model's chat template shows no tools and is not ChatML" in err
+
+
+@pytest.mark.parametrize("spelling", ["--accelerator_config", "--accelerator-config", "--deepspeed", "--fsdp-config"])
+@pytest.mark.parametrize(("value", "needle"), [("/nonexistent/acc.json", "no such file or directory"),
+                                               ("{bad json", "not valid JSON"), ("[1, 2]", "a JSON object")])
+def test_every_spelling_of_a_file_option_gets_its_check(capsys, tmp_path, spelling, value, needle):
+    """argparse takes the hyphenated spelling too: the check runs on the option, not on how it was written."""
+    err = _err(capsys, [spelling, value], tmp_path)
+    assert needle in err and "Traceback" not in err

@@ -57,14 +57,14 @@ def test_every_turn_of_the_tool_loop_is_served_by_the_engine(tmp_path):
                               reward_funcs=[lambda completions, **kw: [float(len(str(c)) % 5) for c in completions]])
         engine = model.vllm_engine
         calls = []
-        generate = engine.generate
+        generate = engine.generate_ids
 
         def counted(prompt_token_ids, *args, **kwargs):
             calls.append((trainer.state.global_step, len(prompt_token_ids),
                           any("<tool_response>" in tok.decode(p) for p in prompt_token_ids)))
             return generate(prompt_token_ids, *args, **kwargs)
 
-        engine.generate = counted
+        engine.generate_ids = counted
         trainer.train()
     finally:
         unpatch()
