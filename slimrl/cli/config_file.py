@@ -67,8 +67,13 @@ def _option_map(parser) -> dict[str, Any]:
 
 def check_yaml_values(parser, data: dict[str, Any], path: str) -> None:
     """Every key of the YAML is an option and its value has the option's type (one line naming file and key)."""
+    import argparse
+
     options = _option_map(parser)
     for key, value in data.items():
+        if not isinstance(key, str):
+            raise UsageError(f"--config {path}: key {shown(key)} is not an option name (keys are names such as "
+                             "learning_rate)")
         action = options.get(key)
         if action is None:
             close = difflib.get_close_matches(key, list(options), n=1)
@@ -85,13 +90,17 @@ def check_yaml_values(parser, data: dict[str, Any], path: str) -> None:
             continue
         values = value if isinstance(value, list) and action.nargs in ("+", "*") else [value]
         for v in values:
+            if getattr(convert, "__name__", "") == "str" and isinstance(v, bool | int | float):
+                kind = "a boolean" if isinstance(v, bool) else "a number"
+                raise UsageError(f"--config {path}: key {key}: YAML read {shown(v)} as {kind}; this option takes "
+                                 f"a string (quote it: '{v}')")
             try:
                 converted = convert(v) if isinstance(v, str) else v
                 if convert in (int, float) and (isinstance(v, bool) or not isinstance(converted, int | float)):
                     raise ValueError
                 if convert is int and isinstance(converted, float) and not converted.is_integer():
                     raise ValueError
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, argparse.ArgumentTypeError):
                 kind = getattr(convert, "__name__", "value")
                 raise UsageError(f"--config {path}: key {key}: {shown(v)} is not a valid {kind}") from None
             if isinstance(v, dict | list) and convert is not None and getattr(convert, "__name__", "") == "str":

@@ -160,9 +160,22 @@ def _check_shape(name: str, data: Any) -> None:
         if not isinstance(data, dict) or not isinstance(data.get("state"), dict) \
                 or not isinstance(data.get("param_groups"), list):
             raise TypeError("not an optimizer state (state, param_groups)")
+        groups = data["param_groups"]
+        # a group may be empty (the Trainer's no-decay group under LoRA), the list of groups may not
+        if not groups or not all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                                 and all(isinstance(i, int) and not isinstance(i, bool) for i in g["params"])
+                                 for g in groups):
+            raise TypeError("it has no parameter groups, or a group holds something other than parameter ids")
     elif name == "scheduler.pt":
         if not isinstance(data, dict):
             raise TypeError("not a scheduler state (a mapping)")
+        kinds = {"last_epoch": int, "_step_count": int, "base_lrs": list, "_last_lr": list}
+        for key, kind in kinds.items():
+            value = data.get(key)
+            if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+                raise TypeError(f"its {key} is a {type(value).__name__}, not a {kind.__name__}")
+            if kind is list and value is not None and not all(isinstance(x, int | float) for x in value):
+                raise TypeError(f"its {key} holds something other than learning rates")
     elif name.startswith("rng_state"):
         import random
 

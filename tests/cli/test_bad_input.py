@@ -155,3 +155,16 @@ def test_every_spelling_of_a_file_option_gets_its_check(capsys, tmp_path, spelli
     """argparse takes the hyphenated spelling too: the check runs on the option, not on how it was written."""
     err = _err(capsys, [spelling, value], tmp_path)
     assert needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("output_dir: 123\n", "key output_dir: YAML read 123 as a number; this option takes a string (quote it: '123')"),
+    ("bf16: maybe\n", "key bf16: 'maybe' is not a valid"),
+    ("1: 2\n", "key 1 is not an option name"),
+])
+def test_yaml_values_of_the_wrong_type_are_one_line(capsys, tmp_path, text, expected):
+    """YAML turns unquoted values into numbers and booleans and allows non-string keys: each gets one line."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(text)
+    err = _err(capsys, ["--config", str(cfg)], tmp_path)
+    assert f"--config {cfg}: {expected}" in err

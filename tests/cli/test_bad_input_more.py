@@ -93,7 +93,8 @@ def test_a_resume_checkpoint_with_wrong_types_or_a_code_pickle_is_refused(tmp_pa
     ckpt = tmp_path / "out" / "checkpoint-2"
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_text('{"global_step": 2, "log_history": []}')
-    torch.save({"state": {}, "param_groups": []}, ckpt / "optimizer.pt")
+    torch.save({"state": {}, "param_groups": [{"params": [0], "lr": 1e-5}, {"params": [], "lr": 1e-5}]},
+               ckpt / "optimizer.pt")  # the Trainer's empty no-decay group under LoRA
     from transformers import TrainingArguments
 
     torch.save(TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[]), ckpt / "training_args.bin")
@@ -114,7 +115,8 @@ def test_a_resume_checkpoint_with_wrong_types_or_a_code_pickle_is_refused(tmp_pa
 
 @pytest.mark.parametrize("damage", ["state-key", "log-history", "step-huge", "step-negative", "target-modules",
                                     "nan-adapter", "ref-truncated", "optimizer-shape", "scheduler-shape",
-                                    "rng-shape"])
+                                    "rng-shape", "optimizer-no-groups", "optimizer-bad-ids", "scheduler-types",
+                                    "scheduler-lrs"])
 def test_a_checkpoint_that_would_fail_inside_transformers_is_damaged(tmp_path, damage):
     """Checkpoints that passed the damage check and then failed inside transformers or TRL: each is named, and
     ``--resume latest`` falls back to an older one."""
@@ -148,6 +150,14 @@ def test_a_checkpoint_that_would_fail_inside_transformers_is_damaged(tmp_path, d
         torch.save([1, 2, 3], ckpt / "optimizer.pt")
     elif damage == "scheduler-shape":
         torch.save([1], ckpt / "scheduler.pt")
+    elif damage == "optimizer-no-groups":
+        torch.save({"state": {}, "param_groups": []}, ckpt / "optimizer.pt")
+    elif damage == "optimizer-bad-ids":
+        torch.save({"state": {}, "param_groups": [{"params": ["w"], "lr": 1e-5}]}, ckpt / "optimizer.pt")
+    elif damage == "scheduler-types":
+        torch.save({"last_epoch": "3", "_step_count": 4}, ckpt / "scheduler.pt")
+    elif damage == "scheduler-lrs":
+        torch.save({"last_epoch": 3, "base_lrs": ["fast"]}, ckpt / "scheduler.pt")
     elif damage == "rng-shape":
         torch.save({"python": (1, 2), "numpy": None, "cpu": torch.zeros(3)}, ckpt / "rng_state.pth")
     with pytest.raises(UsageError, match=r"--resume .*: .* is damaged; pass an intact checkpoint"):

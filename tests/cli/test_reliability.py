@@ -54,7 +54,7 @@ def _checkpoint(out: Path, step: int, r: int = 16, algorithm: str = "grpo") -> P
     ckpt = out / f"checkpoint-{step}"
     ckpt.mkdir(parents=True)
     save_file({"a": torch.zeros(2, 2)}, ckpt / "adapter_model.safetensors")
-    torch.save({"state": {}, "param_groups": []}, ckpt / "optimizer.pt")
+    torch.save({"state": {}, "param_groups": [{"params": [0], "lr": 1e-5}]}, ckpt / "optimizer.pt")
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     (ckpt / "adapter_config.json").write_text(json.dumps({"r": r, "target_modules": ["q_proj"]}))
     (ckpt / "slimrl_run.json").write_text(json.dumps({"algorithm": algorithm, "lora_r": r}))
