@@ -183,6 +183,7 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
 
     from slimrl import FastLanguageModel
     from slimrl.cli.report import MetricsFileCallback, plot_for, print_summary, use_step_lines
+    from slimrl.cli.resume import train_or_finish
     from slimrl.compat.memory import peak_window
     from slimrl.health import monitor_of
 
@@ -216,9 +217,7 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
             print(f"slimrl train: warm start: {steps} supervised steps on tool-call demonstrations", flush=True)
             warm_start(model, tokenizer, steps, cfg, targs.max_seq_length)
             warmed = evaluate()
-        online = {"reward_funcs": rewards} if targs.algorithm in ONLINE else {}
-        if tools:
-            online["tools"] = tools
+        online = ({"reward_funcs": rewards} if targs.algorithm in ONLINE else {}) | ({"tools": tools} if tools else {})
         trainer = trainer_cls(model=model, args=cfg, train_dataset=train_ds, processing_class=tokenizer,
                               callbacks=[MetricsFileCallback(out), RunRecordCallback(record)], **online)
         if len(trainer.train_dataset) == 0:  # TRL dropped every row (e.g. all longer than max_length)
@@ -226,7 +225,7 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
                              f"preprocessing (every row is longer than --max_length {getattr(cfg, 'max_length', '?')}"
                              f"?); raise --max_length")
         use_step_lines(trainer)
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        train_or_finish(trainer, resume_from)
         after = evaluate()
         adapter_dir = out / "adapter"
         trainer.save_model(str(adapter_dir))

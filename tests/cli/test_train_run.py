@@ -90,6 +90,27 @@ def test_tensorboard_gets_the_health_metrics_and_the_summary_its_section(setup, 
     assert status["sampler_mismatch"].startswith("not judged (sampling/kl_k3/mean not logged")  # HF generate
 
 
+def test_resume_at_max_steps_trains_no_further_step(setup, capsys):
+    """transformers resumed at ``max_steps`` runs one step past it (TRL alone ends at step 3 of 2); ``slimrl
+    train --resume`` loads the checkpoint and saves its adapter without a step."""
+    try:
+        assert train.main(_argv(setup, "done", steps=2)) == 0
+        capsys.readouterr()
+        ckpt = load_file(setup / "done" / "checkpoint-2" / "adapter_model.safetensors")
+        (setup / "done" / "adapter" / "adapter_model.safetensors").unlink()  # as if killed after the checkpoint
+        assert train.main(_argv(setup, "done", steps=2) + ["--resume"]) == 0
+    finally:
+        unpatch()
+    stdout = capsys.readouterr().out
+    assert "checkpoint-2 is at step 2, --max_steps 2: nothing left to train" in stdout
+    assert not [line for line in stdout.splitlines() if line.startswith("step ")]
+    steps = [json.loads(x)["step"] for x in (setup / "done" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    saved = load_file(setup / "done" / "adapter" / "adapter_model.safetensors")
+    assert saved.keys() == ckpt.keys() and all(torch.equal(saved[k], ckpt[k]) for k in ckpt)
+    assert any(v.abs().sum() > 0 for k, v in ckpt.items() if "lora_B" in k), "the checkpoint is the fresh adapter"
+
+
 def _cli(tmp_path: Path, out: str, extra: list[str] = (), env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "slimrl", "train", *_argv(tmp_path, out, steps=6), *extra],
                             cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
