@@ -73,21 +73,22 @@ def sides(config, s) -> dict[str, dict]:
 
 
 def longest(config, s, budget: int, step: int = 256) -> dict[str, int | None]:
-    """Each side's longest completion within ``budget`` (multiples of ``step``)."""
-    from slimrl.planning.compare import _longest, trl_side
+    """Each side's longest completion within ``budget`` (multiples of ``step``): memory capacity, searched past the
+    model's context up to :data:`MAX_SEARCH_TOKENS` (the published lengths compared with are capacities too)."""
+    from slimrl.planning.compare import MAX_SEARCH_TOKENS, _longest, trl_side
     from slimrl.planning.plan import plan
 
     ours = plan(config, s, search=False)
     tokens = s.max_prompt_length + s.max_completion_length
     gen_per_token = ours.phases.get("generation", 0) / tokens
     out = {name: _longest(lambda c, t=t: plan(config, replace(s, max_completion_length=c, tiled_mlp=t),
-                                              search=False).peak_bytes, budget, step)
+                                              search=False).peak_bytes, budget, step, MAX_SEARCH_TOKENS)
            for name, t in (("slimrl", False), ("slimrl tiled_mlp", True))}
     trl_s = replace(s, gradient_checkpointing="true")
     for name, family in (("trl 1.16", "fused_head"), ("trl + liger", "liger")):
         out[name] = _longest(lambda c, family=family: trl_side(
             config, replace(trl_s, max_completion_length=c), family,
-            int(gen_per_token * (s.max_prompt_length + c)))["peak_bytes"], budget, step)
+            int(gen_per_token * (s.max_prompt_length + c)))["peak_bytes"], budget, step, MAX_SEARCH_TOKENS)
     return out
 
 

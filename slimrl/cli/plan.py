@@ -131,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     share = {} if utilization == "auto" else {"gpu_memory_utilization": utilization}
     settings = Settings(workload=PLANNED[args.algorithm], gpu=gpu.key if gpu else None, **share, **options)
     try:
+        from slimrl.planning.bounds import check_plannable
+        from slimrl.planning.config import load_config
+
+        check_plannable(load_config(args.model), args.model, args.load_in_4bit)  # before any trace
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             result = plan(args.model, settings, budget=args.budget)

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from slimrl.planning.baseline import family_of, simulate
+from slimrl.planning.search import MAX_SEARCH_TOKENS, context_room
 from slimrl.planning.settings import Settings
 
 BASELINE_TRAINERS = {"grpo": "grpo", "rloo": "rloo", "dpo": "dpo", "kto": "kto", "sft": "sft"}
@@ -50,7 +51,7 @@ def trl_side(config: Any, s: Settings, family: str, generation: int = 0, runtime
     return {"peak_bytes": peak, "phases": phases}
 
 
-def compare(config: Any, s: Settings, budget: int | None = None, step: int = 256) -> dict[str, dict[str, Any]]:
+def compare(config: Any, s: Settings, budget: int | None = None, step: int = 64) -> dict[str, dict[str, Any]]:
     """The sides for ``s`` (module docstring); ``budget`` (bytes) adds each side's longest completion that fits."""
     from slimrl.planning.plan import plan
 
@@ -65,24 +66,30 @@ def compare(config: Any, s: Settings, budget: int | None = None, step: int = 256
     for name, family in families.items():
         sides[name] = trl_side(config, s, family, generation, runtime)
     if budget is not None:
+        room = context_room(config, s.max_prompt_length)
+        top = MAX_SEARCH_TOKENS if room is None else min(room, MAX_SEARCH_TOKENS)
         sides["slimrl"]["longest_completion"] = _longest(
-            lambda c: plan(config, replace(s, max_completion_length=c), search=False).peak_bytes, budget, step)
+            lambda c: plan(config, replace(s, max_completion_length=c), search=False).peak_bytes, budget, step, top)
         tokens = s.max_prompt_length + s.max_completion_length
         for name, family in families.items():
             sides[name]["longest_completion"] = _longest(
                 lambda c, family=family: trl_side(config, replace(s, max_completion_length=c), family,
                                                   generation * (s.max_prompt_length + c) // tokens,
-                                                  runtime)["peak_bytes"], budget, step)
+                                                  runtime)["peak_bytes"], budget, step, top)
     return sides
 
 
-def _longest(peak_at, budget: int, step: int, top: int = 1 << 20) -> int | None:
-    """Largest multiple of ``step`` whose ``peak_at`` fits ``budget`` (None: not even ``step``)."""
-    if peak_at(step) > budget:
+def _longest(peak_at, budget: int, step: int, top: int) -> int | None:
+    """Largest multiple of ``step`` up to ``top`` tokens whose ``peak_at`` fits ``budget`` (None: not even
+    ``step``)."""
+    if step > top or peak_at(step) > budget:
         return None
+    if peak_at(top // step * step) <= budget:
+        return top // step * step
     lo, hi = 1, 2
     while hi * step <= top and peak_at(hi * step) <= budget:
         lo, hi = hi, hi * 2
+    hi = min(hi, top // step)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if peak_at(mid * step) <= budget else (lo, mid)

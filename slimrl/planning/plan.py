@@ -45,6 +45,7 @@ import torch
 from slimrl.compat.gpus import find_gpu
 from slimrl.compat.memory import parse_bytes
 from slimrl.compat.quant import NF4_BYTES
+from slimrl.planning.bounds import check_budget
 from slimrl.planning.config import PlanInputError, load_config
 from slimrl.planning.gpu import cuda_total
 from slimrl.planning.host import pinned_host_bytes
@@ -131,6 +132,8 @@ def plan(model: Any = "SmolLM2-135M-Instruct", settings: Settings | None = None,
         budget_bytes = None if budget is None else parse_bytes(budget)
     except ValueError as err:
         raise PlanInputError(str(err)) from None
+    if budget_bytes is not None:
+        check_budget(budget_bytes, budget)
     result = _predict(config, settings, utilization, chunk_rows)
     if budget_bytes is None:
         return result

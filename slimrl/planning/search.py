@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 # held for the whole run; the rest are phases
+MAX_SEARCH_TOKENS = 1 << 20  # a config that states no context: no model reads more tokens than this
 PERSISTENT = ("runtime", "weights", "adapter_and_optimizer", "reference", "engine")
 
 
@@ -32,11 +33,20 @@ def fastest_fitting(predict: Callable[[dict], Any], s: dict[str, Any], budget: i
     return None
 
 
+def context_room(config: Any, prompt: int) -> int | None:
+    """Completion tokens the model's own context leaves after ``prompt`` (``max_position_embeddings``; None: the
+    config states no limit)."""
+    text = getattr(config, "text_config", None) or config
+    positions = getattr(text, "max_position_embeddings", None)
+    return max(0, positions - prompt) if isinstance(positions, int) and positions > 0 else None
+
+
 def longest_fitting(predict: Callable[[dict], Any], config: Any, s: dict[str, Any], budget: int,
                     step: int = 64) -> int | None:
     """Largest ``max_completion_length`` (multiple of ``step``) whose prediction fits, at most the model's
-    ``max_position_embeddings`` minus the prompt. Memory is close to affine in the length at fixed rows: two
-    predictions give a first guess, which is then bracketed and bisected exactly."""
+    ``max_position_embeddings`` minus the prompt (:data:`MAX_SEARCH_TOKENS` where the config states none). Memory
+    is close to affine in the length at fixed rows: two predictions give a first guess, which is then bracketed and
+    bisected exactly."""
     peaks: dict[int, int] = {}
 
     def peak(k: int) -> int:  # k steps of completion
@@ -47,16 +57,13 @@ def longest_fitting(predict: Callable[[dict], Any], config: Any, s: dict[str, An
     def fits(k: int) -> bool:
         return peak(k) <= budget
 
-    if not fits(1):
+    room = context_room(config, s["max_prompt_length"])
+    top = min(MAX_SEARCH_TOKENS if room is None else room, MAX_SEARCH_TOKENS) // step
+    if top == 0 or not fits(1):
         return None
-    text = getattr(config, "text_config", None) or config
-    positions = getattr(text, "max_position_embeddings", None)  # the model's own length limit
-    top = max(1, (positions - s["max_prompt_length"]) // step) if positions else None
-    if top is not None and fits(top):
+    if fits(top):
         return top * step
-    guess = max(1, int(1 + (budget - peak(1)) / max((peak(16) - peak(1)) / 15, 1.0)))
-    if top is not None:
-        guess = min(guess, top)
+    guess = min(top, max(1, int(1 + (budget - peak(1)) / max((peak(16) - peak(1)) / 15, 1.0))))
     width = 1
     if fits(guess):  # bracket: lo fits, hi does not
         lo = guess

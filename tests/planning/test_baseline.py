@@ -18,8 +18,8 @@ def _config(vocab: int = 4096, hidden: int = 64, layers: int = 2, **more):
     from transformers import LlamaConfig
 
     return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1 << 17,
-                       tie_word_embeddings=True, **more)
+                       num_attention_heads=4, num_key_value_heads=2,
+                       **{"max_position_embeddings": 1 << 17, "tie_word_embeddings": True, **more})
 
 
 def test_families_follow_the_trl_release():
