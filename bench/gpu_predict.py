@@ -18,6 +18,8 @@ import argparse
 import json
 import sys
 
+import torch
+
 GIB = 2**30
 # gemma-3-1b (google/gemma-3-1b-it config.json); TRL's runs went past its 32k positions
 GEMMA3_1B = dict(model_type="gemma3_text", hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
@@ -33,6 +35,9 @@ PUBLISHED = {
     "sft": (1, {"1.14.2": (20480, 30.33), "1.15.0": (107520, 8.87)}),
 }
 CAPACITY = 79 * GIB
+# The published DPO and KTO runs held a bf16 reference, not TRL's float32 default (model_init_kwargs set the dtype):
+# DPO - SFT at 1.15 is 3.13 GiB, less than a float32 copy of gemma-3-1b alone (3.72); RLOO - GRPO is exactly 3.72
+REFERENCE_DTYPES = {"dpo": torch.bfloat16, "kto": torch.bfloat16}
 
 
 def gemma3_1b():
@@ -55,6 +60,7 @@ def longest(peak_at, capacity: int, step: int = 1024, top: int = 262144) -> int:
 
 def validate() -> list[dict]:
     from slimrl.planning.baseline import family_of, simulate
+    from slimrl.planning.reference import REFERENCE_DTYPE
 
     config = gemma3_1b()
     rows = []
@@ -63,7 +69,8 @@ def validate() -> list[dict]:
             family = family_of(release)
 
             def peak_at(tokens: int, trainer=trainer, batch=batch, family=family) -> int:
-                return simulate(config, trainer, tokens, family, rows=batch).peak_bytes
+                return simulate(config, trainer, tokens, family, rows=batch,
+                                reference_dtype=REFERENCE_DTYPES.get(trainer, REFERENCE_DTYPE)).peak_bytes
 
             sim_peak = peak_at(8192) / GIB
             sim_len = longest(peak_at, CAPACITY)

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from slimrl.planning.reference import REFERENCE_DTYPE, reference_bytes
 from slimrl.planning.trace import LiveBytes, _base, _state, cuda_attention
 
 FAMILIES = ("full_logits", "fused_head", "liger")
@@ -147,12 +148,13 @@ REFERENCE = {"rloo": True, "dpo": True, "kto": True, "grpo": False, "sft": False
 
 def simulate(config: Any, trainer: str, tokens: int, family: str, *, rows: int = 1, lora_r: int = 0,
              checkpointing: bool = True, reference: bool | None = None, device: str = "cuda",
-             load_in_4bit: bool = False) -> Step:
+             load_in_4bit: bool = False, reference_dtype: torch.dtype = REFERENCE_DTYPE) -> Step:
     """One step of ``trainer`` on ``rows`` sequences of ``tokens`` tokens (DPO: that many chosen and as many
     rejected; KTO: as many mismatched KL sequences besides), TRL's head of ``family``; ``reference`` overrides the
-    trainer's default (:data:`REFERENCE`). ``device="cuda"``: bf16 and CUDA's attention (module docstring);
-    ``"cpu"``: fp32, attention keeping only its output and log-sum-exp (what slimrl's planner assumes there).
-    ``load_in_4bit``: the decoder's linear weights in NF4, as slimrl's planner counts them (QLoRA)."""
+    trainer's default (:data:`REFERENCE`), ``reference_dtype`` the dtype TRL builds that copy in
+    (:data:`REFERENCE_DTYPE`). ``device="cuda"``: bf16 and CUDA's attention (module docstring); ``"cpu"``: fp32,
+    attention keeping only its output and log-sum-exp (what slimrl's planner assumes there). ``load_in_4bit``: the
+    decoder's linear weights in NF4, as slimrl's planner counts them (QLoRA)."""
     from slimrl.planning import trace
 
     if trainer not in TRAINERS or family not in FAMILIES:
@@ -171,7 +173,7 @@ def simulate(config: Any, trainer: str, tokens: int, family: str, *, rows: int =
                   2 * sum(p.numel() * p.element_size() for _, p in trained)}
     keep_ref = REFERENCE[trainer] if reference is None else reference
     if keep_ref and not lora_r:  # LoRA: TRL scores the reference with the adapter disabled, no copy
-        persistent["reference"] = weights
+        persistent["reference"] = reference_bytes(weights, dtype, reference_dtype, load_in_4bit)
     with cuda_attention(model, device), LiveBytes(_state(model)) as live:
         _step(model, trainer, tokens, family, rows, keep_ref)
     return Step(trainer, family, tokens, persistent, live.peak)
@@ -188,34 +190,72 @@ def _unique(model: Any) -> list[tuple[str, torch.Tensor]]:
 
 
 def _step(model: Any, trainer: str, tokens: int, family: str, rows: int, reference: bool) -> None:
-    """The step's passes (module docstring) and the backward of the policy's."""
+    """The step's passes (module docstring) and the backward of the policy's. What the trainer keeps referenced until
+    its loss function returns stays live in the trace: the reference pass's outputs (DPO, KTO: ``ref_outputs``) and,
+    with full logits, the copies its logit metrics make of the policy's logits."""
     policy = 2 * rows if trainer == "dpo" else rows
-    if trainer == "kto":  # the KL pass: the policy on mismatched pairs, no gradient; then their reference
+    if trainer == "kto":  # the KL pass: the policy on mismatched pairs, no gradient (its logits freed after)
         with torch.no_grad():
-            del_ = _pass(model, rows, tokens, family, grad=False)
-            del del_
-    loss = _pass(model, policy, tokens, family, grad=True, nll=trainer == "sft")
+            _pass(model, rows, tokens, family, grad=False)
+    held: list[torch.Tensor] = []  # [policy logits, reference logits] where the head materialises them
+    loss = _pass(model, policy, tokens, family, grad=True, nll=trainer == "sft", keep=held)
     if reference:
         with torch.no_grad():
-            ref = _pass(model, policy + (rows if trainer == "kto" else 0), tokens, family, grad=False)
-            del ref
+            if trainer == "kto":  # the reference's KL pass, then its pass over the batch
+                _pass(model, rows, tokens, family, grad=False)
+            _pass(model, policy, tokens, family, grad=False, keep=held if trainer in ("dpo", "kto") else None)
+    if held and trainer in ("dpo", "kto"):
+        _logit_metrics(held[0], trainer)
+    del held
     loss.backward()
 
 
-def _pass(model: Any, rows: int, tokens: int, family: str, grad: bool, nll: bool = False) -> torch.Tensor:
-    """One forward over ``rows`` sequences through TRL's head of ``family``; a scalar to back-propagate."""
+def _logit_metrics(logits: torch.Tensor, trainer: str) -> None:
+    """TRL <= 1.14's ``logits/chosen`` and ``logits/rejected`` over the policy's ``[B, T, V]`` logits: DPO splits
+    the batch into views and copies each half's completion positions by a boolean mask; KTO first copies the chosen
+    and the rejected rows (``index_select``, both held) and then masks each. Every completion position is taken to
+    be scored (the mask keeps all of them)."""
+    with torch.no_grad():
+        shifted = logits[:, :-1].detach()  # [B, T-1, V]
+        if trainer == "dpo":
+            halves = shifted.chunk(2, dim=0)  # views
+        else:
+            half = shifted.shape[0] // 2 or 1
+            halves = (shifted[:half].clone(), shifted[half:].clone())  # index_select: copies
+        for part in halves:
+            masked = part.reshape(-1, part.shape[-1]).clone()  # part[mask.bool()]: [N, V]
+            del masked
+        del halves
+
+
+def _accelerate_fp32(logits: torch.Tensor) -> torch.Tensor:
+    """accelerate's mixed precision (``bf16=True``, TRL's default) wraps the prepared model's ``forward`` in autocast
+    and ``convert_outputs_to_fp32``: the logits the trainer sees are an fp32 copy of the bf16 ones (which are then
+    freed; the cast's backward keeps nothing)."""
+    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+
+
+def _pass(model: Any, rows: int, tokens: int, family: str, grad: bool, nll: bool = False,
+          keep: list | None = None) -> torch.Tensor:
+    """One forward over ``rows`` sequences through TRL's head of ``family``; a scalar to back-propagate. ``keep``:
+    the pass's logits are appended (held by the caller) where the head materialises them."""
     base = _base(model)
     ids = torch.zeros(rows, tokens, dtype=torch.long, device="meta")  # [B, T]
     head = base.get_output_embeddings()
     if family == "full_logits":
         if nll:  # SFT's nll: transformers' own loss over the model's logits
             out = model(input_ids=ids, labels=ids, use_cache=False)
+            logits = _accelerate_fp32(out.logits)  # [B, T, V] fp32
+            loss = out.loss
+            del out
             with torch.no_grad():  # TRL's entropy and accuracy metrics over the same logits
-                metrics = _LogprobEntropyKernel.apply(out.logits[:, :-1].detach())
-                top = out.logits[:, :-1].argmax(-1)
+                metrics = _LogprobEntropyKernel.apply(logits[:, :-1].detach())
+                top = logits[:, :-1].argmax(-1)
                 del metrics, top
-            return out.loss
-        logits = model(input_ids=ids, use_cache=False).logits  # [B, T, V]
+            return loss
+        logits = _accelerate_fp32(model(input_ids=ids, use_cache=False).logits)  # [B, T, V] fp32
+        if keep is not None:
+            keep.append(logits)
         return _LogprobEntropyKernel.apply(logits[:, :-1]).sum()
     hidden = base.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state  # [B, T, H]
     scored = hidden[:, :-1].reshape(-1, hidden.size(-1)).clone()  # [N, H]: TRL's hidden_states[mask]

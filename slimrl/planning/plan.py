@@ -10,7 +10,8 @@ Memory (bytes) = runtime + weights + adapter state + the largest phase, where
 * **adapter**: LoRA parameters (fp32) + their gradients + AdamW's two moments = 16 bytes per LoRA parameter; full
   fine-tuning (``lora_r=0``): AdamW's two moments in the weights' dtype (what ``torch.optim.AdamW`` keeps), the
   gradients being counted by the trace as the backward creates them;
-* **reference**: full fine-tuning with a reference model (DPO, KTO; GRPO/RLOO with ``beta > 0``): TRL's frozen copy;
+* **reference**: full fine-tuning with a reference model (DPO, KTO; GRPO/RLOO with ``beta > 0``): TRL's frozen copy,
+  in the float32 TRL builds it in (:mod:`slimrl.planning.reference`);
 * **engine** (``fast_inference`` on CPU): what the started vLLM engine keeps for the rest of the run, its packed
   linear copies and LoRA slots computed, its runtime measured once per machine and shape
   (:mod:`slimrl.planning.engine_cpu`); on CUDA the engine shares every base weight and its KV cache is the phase;
@@ -49,6 +50,7 @@ from slimrl.planning.bounds import check_budget
 from slimrl.planning.config import PlanInputError, load_config
 from slimrl.planning.gpu import cuda_total
 from slimrl.planning.host import pinned_host_bytes
+from slimrl.planning.reference import reference_bytes
 from slimrl.planning.search import PERSISTENT, fastest_fitting, largest_phase, longest_fitting
 from slimrl.planning.settings import CHECKPOINTING, Settings, Workload, _check  # noqa: F401 - re-exported
 from slimrl.planning.timing import calibrate, no_grad_passes, packed, step_split
@@ -85,11 +87,8 @@ def _shape(config: Any) -> dict[str, int]:
 
 def _checkpoint_every(s: dict[str, Any]) -> int:
     """The checkpointing period of the settings: 0 off, 1 every layer, n every n-th (selective, default 2)."""
-    if s["gradient_checkpointing"] == "false":
-        return 0
-    if s["gradient_checkpointing"] == "selective":
-        return s["checkpoint_every_n_layers"] or 2
-    return 1
+    mode = s["gradient_checkpointing"]
+    return 0 if mode == "false" else (s["checkpoint_every_n_layers"] or 2) if mode == "selective" else 1
 
 
 def _weights(model: Any, load_in_4bit: bool, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -213,7 +212,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     phases = {"runtime": tp.runtime_bytes if dev == "cpu" else 0, "weights": weight_bytes,
               "adapter_and_optimizer": 16 * lora if s["lora_r"] else 2 * weight_bytes}
     if not s["lora_r"] and work.keeps_reference(s["beta"]):
-        phases["reference"] = weight_bytes  # TRL's frozen copy (with LoRA the adapter disabled is the reference)
+        phases["reference"] = reference_bytes(weight_bytes, dtype, load_in_4bit=s["load_in_4bit"])
     kv_token = kv_bytes_per_token(config, dtype)
 
     def layered(name: str, run: Any) -> tuple[int, ...]:

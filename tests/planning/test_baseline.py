@@ -28,14 +28,16 @@ def test_families_follow_the_trl_release():
 
 
 def test_full_logits_hold_logit_sized_tensors_the_fused_head_does_not():
-    """TRL <= 1.14's GRPO pass holds the bf16 logits and their gradient at once (two [T, V] tensors at least);
-    TRL >= 1.15's fused head stays far below one of them (its tile is [4096, 32768] whatever the length)."""
+    """TRL <= 1.14's GRPO pass holds the logits and their gradient at once, both fp32: accelerate's mixed precision
+    converts the model's outputs to fp32 (``convert_outputs_to_fp32``), so the kernel's gradient is fp32 too (two
+    fp32 [T, V] tensors at least; the bf16 ones would be half that). TRL >= 1.15's fused head stays far below one
+    of them (its tile is [4096, 32768] whatever the length)."""
     config, tokens = _config(vocab=32768), 16384
-    logits = tokens * 32768 * 2  # bf16 [T, V]
+    logits = tokens * 32768 * 4  # fp32 [T, V]
     full = simulate(config, "grpo", tokens, "full_logits")
     fused = simulate(config, "grpo", tokens, "fused_head")
     assert full.pass_peak >= 2 * logits
-    assert fused.pass_peak < logits / 2
+    assert fused.pass_peak < logits / 4
     assert full.persistent == fused.persistent  # the head changes the step, not what is held across steps
 
 
@@ -44,6 +46,21 @@ def test_sft_nll_before_1_15_also_upcasts_the_logits():
     config, tokens = _config(vocab=32768), 2048
     logits = tokens * 32768 * 2
     assert simulate(config, "sft", tokens, "full_logits").pass_peak >= 3 * logits
+
+
+def test_the_reference_outputs_and_the_logit_metrics_stay_live_until_the_loss_returns():
+    """TRL <= 1.14's KTO keeps ``ref_outputs`` referenced until ``_compute_loss`` returns, and its logits metrics
+    copy the chosen and the rejected rows of the policy's logits (``index_select``, both held) and then each half's
+    positions by a boolean mask: policy + reference + both copies + one masked half, 3.5 fp32 [2, T, V] tensors at
+    once (the backward holds 2.5). DPO's metrics split by views and mask one half at a time."""
+    config, tokens = _config(vocab=32768), 4096
+    logits = 2 * tokens * 32768 * 4  # fp32 [2, T, V]
+    kto = simulate(config, "kto", tokens, "full_logits", rows=2)
+    assert kto.pass_peak >= 3.5 * logits
+    dpo = simulate(config, "dpo", tokens, "full_logits")  # policy and reference [2, T, V] each, one masked half
+    assert dpo.pass_peak >= 2.5 * logits
+    no_reference = simulate(config, "kto", tokens, "full_logits", rows=2, reference=False)
+    assert kto.pass_peak - no_reference.pass_peak >= logits  # the reference's logits held, not freed at once
 
 
 def test_fused_head_backward_holds_an_fp32_weight_gradient_when_the_head_trains():
@@ -56,15 +73,20 @@ def test_fused_head_backward_holds_an_fp32_weight_gradient_when_the_head_trains(
 
 
 def test_optimizer_state_reference_and_lora():
+    import torch
+
     config = _config()
     full = simulate(config, "rloo", 256, "fused_head")
     weights = full.persistent["weights"]
     assert full.persistent["optimizer"] == 2 * weights  # AdamW's two moments in the weights' dtype (bf16)
-    assert full.persistent["reference"] == weights  # RLOO's default beta keeps a frozen copy
+    # RLOO's default beta keeps a frozen copy, built by create_model_from_path in its default float32
+    assert full.persistent["reference"] == 2 * weights
+    bf16 = simulate(config, "rloo", 256, "fused_head", reference_dtype=torch.bfloat16)
+    assert bf16.persistent["reference"] == weights  # model_init_kwargs={"dtype": "bfloat16"}
+    four_bit = simulate(config, "rloo", 256, "fused_head", load_in_4bit=True)
+    assert four_bit.persistent["reference"] == four_bit.persistent["weights"]  # rebuilt 4-bit
     lora = simulate(config, "rloo", 256, "fused_head", lora_r=8)
     assert "reference" not in lora.persistent  # the adapter disabled is the reference
-    import torch
-
     from slimrl.planning.trace import meta_model
 
     adapter = sum(p.numel() for n, p in meta_model(config, torch.bfloat16, 8).named_parameters() if "lora_" in n)
@@ -126,3 +148,16 @@ def test_plan_cli_compare(capsys, tmp_path):
     assert "compared" in out and "peak / TRL alone" in out
     assert plan_cli.main([*base, "--compare", "--algorithm", "orpo"]) == 2  # one line: TRL alone is not simulated
     assert "--compare" in capsys.readouterr().err
+
+
+def test_slimrl_plan_counts_the_reference_trl_builds():
+    """slimrl leaves the reference to TRL: its plan of a full fine-tuning DPO run on CUDA counts the float32 copy,
+    on CPU (fp32 weights) the weights' own size."""
+    from slimrl.patching.specs import PLANNED
+    from slimrl.planning import Settings, plan
+
+    s = Settings(algorithm="dpo", workload=PLANNED["dpo"], lora_r=0, per_device_train_batch_size=1, num_generations=1, max_prompt_length=8,
+                 max_completion_length=8)
+    cuda = plan(_config(), Settings(**{**s.__dict__, "device": "cuda"}), search=False).phases
+    cpu = plan(_config(), s, search=False).phases
+    assert cuda["reference"] == 2 * cuda["weights"] and cpu["reference"] == cpu["weights"]
