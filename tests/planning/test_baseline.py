@@ -156,8 +156,8 @@ def test_slimrl_plan_counts_the_reference_trl_builds():
     from slimrl.patching.specs import PLANNED
     from slimrl.planning import Settings, plan
 
-    s = Settings(algorithm="dpo", workload=PLANNED["dpo"], lora_r=0, per_device_train_batch_size=1, num_generations=1, max_prompt_length=8,
-                 max_completion_length=8)
+    s = Settings(algorithm="dpo", workload=PLANNED["dpo"], lora_r=0, per_device_train_batch_size=1,
+                 num_generations=1, max_prompt_length=8, max_completion_length=8)
     cuda = plan(_config(), Settings(**{**s.__dict__, "device": "cuda"}), search=False).phases
     cpu = plan(_config(), s, search=False).phases
     assert cuda["reference"] == 2 * cuda["weights"] and cpu["reference"] == cpu["weights"]
