@@ -18,6 +18,10 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r}: write true or false")
 
 
+def _bool_or_auto(text: str) -> bool | None:
+    return None if text.lower() == "auto" else _bool(text)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="slimrl plan", description="Predict a run's peak memory per phase and its step "
                                 "time before any weight loads (the model's config.json only).")
@@ -46,8 +50,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0 adds the reference pass)")
     p.add_argument("--shared_prefix", type=_bool, default=True, help="slimrl_shared_prefix: each prompt once per "
                    "group in the log-prob passes where the layout applies (GRPO; default true)")
-    p.add_argument("--tiled_mlp", type=_bool, default=False, help="unsloth_tiled_mlp: the MLPs run a tile of "
-                   "hidden_size tokens at a time, checkpointed per tile (default false)")
+    p.add_argument("--tiled_mlp", type=_bool_or_auto, default=None, help="unsloth_tiled_mlp: the MLPs run a tile "
+                   "of hidden_size tokens at a time, checkpointed per tile; auto (default): slimrl's default, tiles "
+                   "on CUDA where they save >= 10 %% of the peak")
     p.add_argument("--compare", action="store_true", help="also TRL alone's prediction (the installed release's head) "
                    "and TRL + Liger's where liger-kernel is installed, for the same settings: peak per phase and, "
                    "with --budget, the longest completion that fits")

@@ -43,7 +43,17 @@ def check_plannable(config: Any, model: str, load_in_4bit: bool) -> None:
                              f"{'' if load_in_4bit else ' or pass --load_in_4bit true'}")
 
 
-def check_budget(budget_bytes: int, given: Any) -> None:
+def parse_budget(given: str | int | None) -> int | None:
+    """``--budget`` in bytes (None: no budget); a value that is no size, or beyond any machine, is one line."""
+    from slimrl.compat.memory import parse_bytes
+
+    if given is None:
+        return None
+    try:
+        budget_bytes = parse_bytes(given)
+    except ValueError as err:
+        raise PlanInputError(str(err)) from None
     if budget_bytes > MAX_BUDGET_BYTES:
         raise PlanInputError(f"--budget {given}: beyond any single machine's memory (at most 1 PiB); pass the memory "
                              f"of the GPU or machine the run is for, e.g. 80GB")
+    return budget_bytes

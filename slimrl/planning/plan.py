@@ -44,15 +44,15 @@ from typing import Any
 import torch
 
 from slimrl.compat.gpus import find_gpu
-from slimrl.compat.memory import parse_bytes
 from slimrl.compat.quant import NF4_BYTES
-from slimrl.planning.bounds import check_budget
+from slimrl.planning.bounds import parse_budget
 from slimrl.planning.config import PlanInputError, load_config
 from slimrl.planning.gpu import cuda_total
 from slimrl.planning.host import pinned_host_bytes
 from slimrl.planning.reference import reference_bytes
 from slimrl.planning.search import PERSISTENT, fastest_fitting, largest_phase, longest_fitting
 from slimrl.planning.settings import CHECKPOINTING, Settings, Workload, _check  # noqa: F401 - re-exported
+from slimrl.planning.tiling import tiled_default
 from slimrl.planning.timing import calibrate, no_grad_passes, packed, step_split
 
 
@@ -82,7 +82,8 @@ class Plan:
 
 def _shape(config: Any) -> dict[str, int]:
     text = getattr(config, "text_config", None) or config
-    return {"layers": text.num_hidden_layers, "hidden": text.hidden_size, "vocab": text.vocab_size}
+    return {"layers": text.num_hidden_layers, "hidden": text.hidden_size, "vocab": text.vocab_size,
+            "intermediate": getattr(text, "intermediate_size", None) or 4 * text.hidden_size}
 
 
 def _checkpoint_every(s: dict[str, Any]) -> int:
@@ -122,18 +123,17 @@ def plan(model: Any = "SmolLM2-135M-Instruct", settings: Settings | None = None,
     name = model if config is None else getattr(config, "_name_or_path", "") or type(config).__name__
     settings = replace(settings, gradient_checkpointing=str(settings.gradient_checkpointing).lower())
     _check(settings)
+    config = config if config is not None else load_config(model)
+    budget_bytes, tiling = parse_budget(budget), None
+    if settings.tiled_mlp is None:  # slimrl's default (slimrl.planning.tiling)
+        tiled, tiling = tiled_default(settings, lambda st: plan(config, st, search=False).peak_bytes)
+        settings = replace(settings, tiled_mlp=tiled)
     utilization, chunk_rows, load_in_4bit = settings.gpu_memory_utilization, settings.chunk_rows, settings.load_in_4bit
     settings = {"model": name, **{f.name: getattr(settings, f.name) for f in fields(settings)
                                   if f.name not in ("gpu_memory_utilization", "chunk_rows")}}
-    config = config if config is not None else load_config(model)
     settings["shared_prefix"] = shared_prefix_applies(config, settings)
-    try:
-        budget_bytes = None if budget is None else parse_bytes(budget)
-    except ValueError as err:
-        raise PlanInputError(str(err)) from None
-    if budget_bytes is not None:
-        check_budget(budget_bytes, budget)
     result = _predict(config, settings, utilization, chunk_rows)
+    result.notes += [tiling] if tiling else []
     if budget_bytes is None:
         return result
     result.budget_bytes = budget_bytes

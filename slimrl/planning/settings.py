@@ -49,7 +49,7 @@ class Settings:
     gpu_memory_utilization: float = 0.5
     chunk_rows: int | None = None  # rows per head chunk (None: as the op chooses)
     shared_prefix: bool = True  # slimrl_shared_prefix: each prompt once per group where the layout applies
-    tiled_mlp: bool = False  # unsloth_tiled_mlp=True: the MLPs run a tile of hidden_size tokens at a time
+    tiled_mlp: bool | None = None  # unsloth_tiled_mlp: tiles of hidden_size tokens; None: slimrl's default (tiling)
     gpu: str | None = None  # a GPU of slimrl's table (its key): the dtype the model loads in there
 
 
@@ -74,7 +74,7 @@ def _check(s: Settings) -> None:
         raise PlanInputError(f"--beta {s.beta!r}: the KL coefficient is a number >= 0 (0: no reference model)")
     if not isinstance(s.shared_prefix, bool):
         raise PlanInputError(f"--shared_prefix {s.shared_prefix!r}: write true or false")
-    if not isinstance(s.tiled_mlp, bool):
-        raise PlanInputError(f"--tiled_mlp {s.tiled_mlp!r}: write true or false")
+    if s.tiled_mlp is not None and not isinstance(s.tiled_mlp, bool):
+        raise PlanInputError(f"--tiled_mlp {s.tiled_mlp!r}: write true, false or auto")
     if not isinstance(s.lora_r, int) or s.lora_r < 0:
         raise PlanInputError(f"--lora_r {s.lora_r!r}: must be 0 (full fine-tuning) or a positive rank")

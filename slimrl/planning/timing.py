@@ -165,6 +165,8 @@ def step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completio
     split["policy_forward"] = fwd / tp.flops_per_s
     recompute = (1.0 / every) if every else 0.0
     split["backward"] = (1.0 + recompute) * fwd / tp.flops_per_s
+    if s.get("tiled_mlp") and tokens > max(256, hidden):  # each tile's MLP forward once more (a gated MLP: 3 H I)
+        split["backward"] += tokens * 2 * 3 * hidden * shape["intermediate"] * layers / tp.flops_per_s
     return split
 
 

@@ -75,6 +75,8 @@ def meta_model(config: Any, dtype: torch.dtype, lora_r: int, checkpoint_every: i
 
         model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_r,
                                                  target_modules=default_target_modules(model)))
+        if dtype.itemsize == 2:
+            _lora_under_autocast(model, dtype)
     if checkpoint_every:
         from slimrl.models.checkpointing import turn_on
 
@@ -85,6 +87,25 @@ def meta_model(config: Any, dtype: torch.dtype, lora_r: int, checkpoint_every: i
         tile_mlp(model)
     model.train()
     return model
+
+
+def _lora_under_autocast(model: Any, dtype: torch.dtype) -> None:
+    """A 16-bit run's LoRA layers as autocast runs them (accelerate's mixed precision wraps the forward; slimrl's
+    routes call the backbone inside ``accelerator.autocast()``): PEFT casts each adapted input to the fp32 adapter's
+    dtype (a copy, freed at once), autocast casts it back for the matmul and ``lora_A`` saves that 16-bit copy
+    (2 bytes per element, not the 4 of an fp32 copy), and the adapter's products are 16-bit. Emulated on the meta
+    device, where autocast does not run: 16-bit adapter weights, and an input cast that makes the fp32 copy and then
+    the saved 16-bit one."""
+    import types
+
+    def cast(self: Any, x: Any, _dtype: torch.dtype) -> Any:
+        return None if x is None else x.to(torch.float32).to(dtype)
+
+    for module in model.modules():
+        if hasattr(module, "lora_A") and hasattr(module, "_cast_input_dtype"):
+            module._cast_input_dtype = types.MethodType(cast, module)
+            for p in (*module.lora_A.parameters(), *module.lora_B.parameters()):
+                p.data = p.data.to(dtype)
 
 
 class _FlashLikeAttention(torch.autograd.Function):
