@@ -80,8 +80,8 @@ class FastLanguageModel:
             raise ValueError(f"max_lora_rank must be a positive int, got {max_lora_rank!r}")
         del use_exact_model_name, unsloth_vllm_standby, disable_log_stats  # honoured as they are (unsloth_keywords)
         kwargs = unsloth_keywords.take("from_pretrained", kwargs)
-        tiled = kwargs.pop("unsloth_tiled_mlp", False)
-        if not isinstance(tiled, bool | int) or tiled < 0:
+        tiled = kwargs.pop("unsloth_tiled_mlp", None)  # None: slimrl's default (patching/online/lean_default.py)
+        if tiled is not None and (not isinstance(tiled, bool | int) or tiled < 0):
             raise ValueError(f"unsloth_tiled_mlp={tiled!r}: True (tiles of hidden_size tokens), False, or the tokens "
                              "of one tile (an int)")
         if full_finetuning and (load_in_4bit or load_in_8bit):
@@ -150,7 +150,7 @@ class FastLanguageModel:
             model.resize_token_embeddings(int(resize_model_vocab))
         model.slimrl_config = {"fast_inference": bool(fast_inference), "max_lora_rank": max_lora_rank,
                                "gpu_memory_utilization": gpu_memory_utilization, "model_path": str(path),
-                               "full_finetuning": bool(full_finetuning), "vision": vision}
+                               "full_finetuning": bool(full_finetuning), "vision": vision, "tiled_mlp": tiled}
         if use_gradient_checkpointing is not None:
             model.slimrl_config["gradient_checkpointing_default"] = use_gradient_checkpointing
         kv_dtype = engine_setup.kv_cache_dtype(bool(float8_kv_cache), engine)

@@ -68,7 +68,8 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("load_in_fp8", F, "ignored", "no fp8 weights in slimrl; the model loads in `dtype`"),
     Keyword("qat_scheme", F, "ignored", "no quantization-aware training in slimrl"),
     Keyword("unsloth_tiled_mlp", F, "honoured", "each decoder MLP runs a tile of tokens at a time, checkpointed "
-                                                "per tile (True: tiles of hidden_size tokens; an int: that many)"),
+                                                "per tile (True: tiles of hidden_size tokens; an int: that many; not "
+                                                "given: slimrl's default, tiles on CUDA where the plan says they pay)"),
     Keyword("r", P, "honoured", "LoRA rank (at most `max_lora_rank`)"),
     Keyword("target_modules", P, "honoured", "None: every attention and MLP projection"),
     Keyword("lora_alpha", P, "passed", "PEFT's"),

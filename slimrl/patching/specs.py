@@ -218,9 +218,12 @@ def _init_factory(spec: TrainerSpec) -> Callable:
 
 
 def auto_fit_hook(bound: dict[str, Any], algorithm: str, workload: Workload) -> None:
-    """:func:`slimrl.patching.online.autofit.apply_auto_fit` (imported when a trainer is built)."""
+    """slimrl's tiled-MLP default, then :func:`slimrl.patching.online.autofit.apply_auto_fit` (which plans the model
+    as tiled), both imported when a trainer is built."""
     from slimrl.patching.online.autofit import apply_auto_fit
+    from slimrl.patching.online.lean_default import apply_lean_default
 
+    apply_lean_default(bound, algorithm, workload)
     apply_auto_fit(bound, algorithm, workload)
 
 
