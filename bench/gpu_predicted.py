@@ -3,9 +3,13 @@ meta device (``python bench/gpu_predict.py predict``). Every figure is a predict
 TRL's published GPU measurements is in ``python bench/gpu_predict.py validate``.
 
 Each row: GRPO (or the validation's trainers), bf16 on CUDA, TRL's default gradient checkpointing on TRL's sides and
-slimrl's default (offloaded) on slimrl's — and slimrl again with ``unsloth_tiled_mlp=True`` ("slimrl tiled_mlp") —,
-the step's scoring and backward (generation: the same HF-generate KV cache
-on every side, included), ``per_device_train_batch_size = num_generations`` (one prompt's group per step).
+slimrl's defaults on slimrl's (offloaded checkpointing; the MLPs tiled where the plan says it pays,
+``slimrl.planning.tiling``) — and slimrl again with ``unsloth_tiled_mlp=False`` ("slimrl untiled") —, the step's
+scoring and backward (generation: the same HF-generate KV cache on every side, included),
+``per_device_train_batch_size = num_generations`` (one prompt's group per step). Every peak is of allocated bytes
+(``max_memory_allocated``: the CUDA context not included). "floor": what any exact run must hold at once — the
+weights, the adapter with its gradients and AdamW state, and the KV cache of the sequences it samples. The longest
+completions in a budget are those whose verdict is "fits" (``slimrl.planning.verdict``) on every side.
 """
 
 from __future__ import annotations
@@ -62,13 +66,15 @@ def sides(config, s) -> dict[str, dict]:
     from slimrl.planning.plan import plan
 
     ours = plan(config, s, search=False)
-    tiled = plan(config, replace(s, tiled_mlp=True), search=False)  # from_pretrained(unsloth_tiled_mlp=True)
+    whole = plan(config, replace(s, tiled_mlp=False), search=False)  # from_pretrained(unsloth_tiled_mlp=False)
     generation = ours.phases.get("generation", 0)
     trl_s = replace(s, gradient_checkpointing="true")
     out = {"slimrl": {"peak_bytes": ours.peak_bytes, "phases": ours.phases},
-           "slimrl tiled_mlp": {"peak_bytes": tiled.peak_bytes, "phases": tiled.phases}}
+           "slimrl untiled": {"peak_bytes": whole.peak_bytes, "phases": whole.phases}}
     for name, family in (("trl 1.16", "fused_head"), ("trl + liger", "liger")):
         out[name] = trl_side(config, trl_s, family, generation)
+    floor = sum(ours.phases.get(k, 0) for k in ("weights", "adapter_and_optimizer", "generation"))
+    out["floor"] = {"peak_bytes": floor, "phases": {}}
     return out
 
 
@@ -77,13 +83,15 @@ def longest(config, s, budget: int, step: int = 256) -> dict[str, int | None]:
     model's context up to :data:`MAX_SEARCH_TOKENS` (the published lengths compared with are capacities too)."""
     from slimrl.planning.compare import MAX_SEARCH_TOKENS, _longest, trl_side
     from slimrl.planning.plan import plan
+    from slimrl.planning.verdict import fitting_bytes
 
     ours = plan(config, s, search=False)
     tokens = s.max_prompt_length + s.max_completion_length
     gen_per_token = ours.phases.get("generation", 0) / tokens
+    budget = fitting_bytes(budget, "cuda")  # the longest whose verdict is "fits"
     out = {name: _longest(lambda c, t=t: plan(config, replace(s, max_completion_length=c, tiled_mlp=t),
                                               search=False).peak_bytes, budget, step, MAX_SEARCH_TOKENS)
-           for name, t in (("slimrl", False), ("slimrl tiled_mlp", True))}
+           for name, t in (("slimrl", None), ("slimrl untiled", False))}
     trl_s = replace(s, gradient_checkpointing="true")
     for name, family in (("trl 1.16", "fused_head"), ("trl + liger", "liger")):
         out[name] = _longest(lambda c, family=family: trl_side(
@@ -94,17 +102,20 @@ def longest(config, s, budget: int, step: int = 256) -> dict[str, int | None]:
 
 def gemma_rows(trainers: tuple[str, ...] | None = None) -> list[dict]:
     """The validation table's gemma-3-1b configurations (full fine-tuning, bf16, batch size 1, KTO 2) for slimrl: its
-    plan at 8,192 tokens and its longest length within 79 GiB, beside TRL 1.16 alone's simulation (``trainers``: a
+    plan at 8,192 tokens and its longest length (under the validation's likely share of the 79 GiB less the CUDA
+    context), beside TRL 1.16 alone's simulation (``trainers``: a
     subset of the table's, all by default). The reference model as the validation assumes it (TRL's defaults: DPO,
     KTO, RLOO's ``beta=0.05``)."""
     from gpu_predict import CAPACITY, PUBLISHED, gemma3_1b, longest
 
+    from slimrl.compat.gpus import CUDA_CONTEXT_BYTES
     from slimrl.patching.specs import PLANNED
     from slimrl.planning.baseline import REFERENCE, simulate
     from slimrl.planning.plan import plan
     from slimrl.planning.settings import Settings
+    from slimrl.planning.verdict import LIKELY
 
-    config, rows = gemma3_1b(), []
+    config, rows, likely = gemma3_1b(), [], int(LIKELY * (CAPACITY - CUDA_CONTEXT_BYTES))
     for trainer, (batch, _) in PUBLISHED.items():
         if trainers and trainer not in trainers:
             continue
@@ -120,7 +131,7 @@ def gemma_rows(trainers: tuple[str, ...] | None = None) -> list[dict]:
 
         row = {"row": f"gemma-3-1b {trainer} (full fine-tuning{', batch 2' if batch == 2 else ''})",
                "slimrl_8192": round(ours(8192) / GIB, 2), "trl 1.16_8192": round(theirs(8192) / GIB, 2),
-               "slimrl_longest": longest(ours, CAPACITY), "trl 1.16_longest": longest(theirs, CAPACITY)}
+               "slimrl_longest": longest(ours, likely), "trl 1.16_longest": longest(theirs, likely)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows

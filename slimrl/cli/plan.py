@@ -45,8 +45,9 @@ def parser() -> argparse.ArgumentParser:
                    "meaning: its weights included), or auto")
     p.add_argument("--max_seq_length", type=int, default=None, help="the engine's longest sequence (default: "
                    "prompt + completion)")
-    p.add_argument("--budget", default=None, help="memory budget, e.g. 20GB: adds fits, recommended settings and the "
-                                                  "longest completion that fits")
+    p.add_argument("--budget", default=None, help="memory budget, e.g. 20GB (with --gpu: the card's memory by "
+                   "default): adds the verdict (fits / uncertain - measure with slimrl compare / does not fit), the "
+                   "fastest settings and the longest completion that fit")
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0 adds the reference pass)")
     p.add_argument("--shared_prefix", type=_bool, default=True, help="slimrl_shared_prefix: each prompt once per "
                    "group in the log-prob passes where the layout applies (GRPO; default true)")
@@ -89,9 +90,10 @@ def format_plan(data: dict[str, Any]) -> str:
     for name, nbytes in data["phases"].items():
         secs = data["step_split"].get(name)
         lines.append(f"  {name:24} {nbytes / 2**30:8.2f} GB {'' if secs is None else f'{secs:7.1f} s'}")
-    lines.append(f"  {'predicted peak':24} {data['peak_bytes'] / 2**30:8.2f} GB {data['step_seconds']:7.1f} s/step")
+    label = "max_memory_allocated" if s["device"] == "cuda" else "predicted peak"  # CUDA: the context is outside
+    lines.append(f"  {label:24} {data['peak_bytes'] / 2**30:8.2f} GB {data['step_seconds']:7.1f} s/step")
     if "fits" in data:
-        lines.append(f"\n  budget {data['budget_bytes'] / 2**30:.2f} GB: {'fits' if data['fits'] else 'does NOT fit'}; "
+        lines.append(f"\n  budget {data['budget_bytes'] / 2**30:.2f} GB: {data['verdict']}; "
                      f"fastest settings that fit: {data.get('recommended')}; longest completion that fits: "
                      f"{data.get('max_completion_length_that_fits')}")
     lines += [f"  {note}" for note in data.get("notes", [])]

@@ -6,7 +6,8 @@ the head of the installed TRL release (and, where ``liger_kernel`` is installed,
 tokens: a generation batch's rows of prompt + completion tokens (DPO: that many pairs). Generation is taken to cost
 TRL what it costs slimrl's HF-generate path (the same KV cache; slimrl's shared prefill only lowers its prefill), so
 the sides differ in the passes that score and train. For each side: its peak, its phases, and with a budget the
-longest completion that fits (multiples of ``step`` tokens).
+longest completion that fits (multiples of ``step`` tokens; on CUDA, whose verdict is "fits":
+:mod:`slimrl.planning.verdict`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from slimrl.planning.baseline import family_of, simulate
 from slimrl.planning.search import MAX_SEARCH_TOKENS, context_room
 from slimrl.planning.settings import Settings
+from slimrl.planning.verdict import fitting_bytes
 
 BASELINE_TRAINERS = {"grpo": "grpo", "rloo": "rloo", "dpo": "dpo", "kto": "kto", "sft": "sft"}
 
@@ -58,7 +60,8 @@ def compare(config: Any, s: Settings, budget: int | None = None, step: int = 64)
     if s.algorithm not in BASELINE_TRAINERS:
         raise ValueError(f"--compare: TRL alone is simulated for {', '.join(BASELINE_TRAINERS)}; not {s.algorithm!r}")
     ours = plan(config, s, search=False)
-    generation, runtime = ours.phases.get("generation", 0), ours.phases.get("runtime", 0)
+    generation = ours.phases.get("generation", 0)
+    runtime = ours.phases.get("runtime", 0) if s.device == "cpu" else 0  # CUDA: peaks of allocated bytes, no context
     families = {"trl": family_of(_trl_version())}
     if liger_installed():
         families["trl + liger"] = "liger"
@@ -66,6 +69,7 @@ def compare(config: Any, s: Settings, budget: int | None = None, step: int = 64)
     for name, family in families.items():
         sides[name] = trl_side(config, s, family, generation, runtime)
     if budget is not None:
+        budget = fitting_bytes(budget, s.device)  # the longest completion whose verdict is "fits"
         room = context_room(config, s.max_prompt_length)
         top = MAX_SEARCH_TOKENS if room is None else min(room, MAX_SEARCH_TOKENS)
         sides["slimrl"]["longest_completion"] = _longest(

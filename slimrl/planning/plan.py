@@ -3,8 +3,9 @@
 Memory (bytes) = runtime + weights + adapter state + the largest phase, where
 
 * **runtime**: on CPU the resident size of a fresh process that has imported what a training process imports
-  (measured once with the calibration, :mod:`slimrl.planning.timing`); on CUDA 0 (``max_memory_allocated``
-  does not count the CUDA context);
+  (measured once with the calibration, :mod:`slimrl.planning.timing`); on CUDA the CUDA context
+  (:data:`slimrl.compat.gpus.CUDA_CONTEXT_BYTES`), shown as a phase but left out of ``peak_bytes``, which on CUDA is
+  the predicted ``max_memory_allocated`` (the context is outside it; the verdict counts it against the budget);
 * **weights**: every parameter of the model built from its config on the meta device, in the load dtype (fp32 on
   CPU, bf16 on CUDA) or NF4 (0.516 bytes per parameter of the decoder's linear layers, the rest 16-bit);
 * **adapter**: LoRA parameters (fp32) + their gradients + AdamW's two moments = 16 bytes per LoRA parameter; full
@@ -30,8 +31,9 @@ workload declares it, a model it applies to: :func:`shared_prefix_applies`): a l
 groups of ``G`` runs ``ceil(n / G)`` packed rows of ``P + min(n, G) * C`` tokens; traced as such, plus the one
 layer's gathered prompt keys and values the attention of :mod:`slimrl.ops.prefix_attention` holds while it runs.
 
-No allocator factor: on CUDA the prediction is of allocated bytes (``max_memory_allocated``, the caching allocator's
-reserve not included); on CPU slimrl returns freed blocks to the OS during the gradient passes
+No allocator factor in the prediction: on CUDA it is of allocated bytes (``max_memory_allocated``, the caching
+allocator's reserve not included), and whether that fits a card is :mod:`slimrl.planning.verdict`'s three-way answer,
+which the searches and auto-fit use too; on CPU slimrl returns freed blocks to the OS during the gradient passes
 (:mod:`slimrl.compat.malloc`): resident size tracked live bytes within ``bench/plan_accuracy.py``'s error. Time:
 :mod:`slimrl.planning.timing`.
 """
@@ -43,17 +45,19 @@ from typing import Any
 
 import torch
 
-from slimrl.compat.gpus import find_gpu
+from slimrl.compat.gpus import CUDA_CONTEXT_BYTES, find_gpu
 from slimrl.compat.quant import NF4_BYTES
 from slimrl.planning.bounds import parse_budget
 from slimrl.planning.config import PlanInputError, load_config
 from slimrl.planning.gpu import cuda_total
 from slimrl.planning.host import pinned_host_bytes
+from slimrl.planning.prefix import prefix_gather_bytes, shared_prefix_applies
 from slimrl.planning.reference import reference_bytes
 from slimrl.planning.search import PERSISTENT, fastest_fitting, largest_phase, longest_fitting
 from slimrl.planning.settings import CHECKPOINTING, Settings, Workload, _check  # noqa: F401 - re-exported
 from slimrl.planning.tiling import tiled_default
 from slimrl.planning.timing import calibrate, no_grad_passes, packed, step_split
+from slimrl.planning.verdict import fitting_bytes, verdict
 
 
 @dataclass
@@ -65,7 +69,8 @@ class Plan:
     phases: dict[str, int]
     step_seconds: float
     step_split: dict[str, float]
-    fits: bool | None = None
+    fits: bool | None = None  # the verdict is "fits" (slimrl.planning.verdict)
+    verdict: str | None = None  # "fits", "uncertain — measure with slimrl compare" or "does not fit"
     budget_bytes: int | None = None
     recommended: dict[str, Any] | None = None
     max_completion_length_that_fits: int | None = None
@@ -75,7 +80,7 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         if self.budget_bytes is None:  # the budget's answers only when a budget was given (then also when None)
-            for key in ("fits", "budget_bytes", "recommended", "max_completion_length_that_fits"):
+            for key in ("fits", "verdict", "budget_bytes", "recommended", "max_completion_length_that_fits"):
                 data.pop(key)
         return data
 
@@ -125,6 +130,8 @@ def plan(model: Any = "SmolLM2-135M-Instruct", settings: Settings | None = None,
     _check(settings)
     config = config if config is not None else load_config(model)
     budget_bytes, tiling = parse_budget(budget), None
+    if budget_bytes is None and settings.gpu:  # a named card: its memory is the budget
+        budget_bytes = find_gpu(settings.gpu).total_bytes
     if settings.tiled_mlp is None:  # slimrl's default (slimrl.planning.tiling)
         tiled, tiling = tiled_default(settings, lambda st: plan(config, st, search=False).peak_bytes)
         settings = replace(settings, tiled_mlp=tiled)
@@ -136,54 +143,33 @@ def plan(model: Any = "SmolLM2-135M-Instruct", settings: Settings | None = None,
     result.notes += [tiling] if tiling else []
     if budget_bytes is None:
         return result
-    result.budget_bytes = budget_bytes
-    result.fits = result.peak_bytes <= budget_bytes
-    if result.phases["weights"] + result.phases["runtime"] > budget_bytes:
-        need = (result.phases["weights"] + result.phases["runtime"]) / 2**30
-        raise PlanInputError(f"--budget {budget}: below the weights and runtime alone ({need:.2f} GiB); raise the "
-                             f"budget{'' if load_in_4bit else ' or pass --load_in_4bit true'}")
-    if search:
-        result.recommended = _fastest_fitting(config, settings, budget_bytes, utilization, chunk_rows)
-        result.max_completion_length_that_fits = _longest_fitting(config, settings, budget_bytes, utilization,
-                                                                  chunk_rows)
+    result.budget_bytes, device = budget_bytes, settings["device"]
+    judged = verdict(result.peak_bytes, budget_bytes, device)
+    result.fits, result.verdict = judged.fits, judged.word
+    result.notes.insert(0, judged.line())
+    floor = result.phases["weights"] + result.phases["runtime"]
+    if floor > budget_bytes and budget is not None:  # a card too small for the weights is its verdict, not an error
+        raise PlanInputError(f"--budget {budget}: below the weights and runtime alone ({floor / 2**30:.2f} GiB); "
+                             f"raise the budget{'' if load_in_4bit else ' or pass --load_in_4bit true'}")
+    if search and floor <= budget_bytes:
+        aim = fitting_bytes(budget_bytes, device)  # the largest peak whose verdict is "fits"
+        result.recommended = _fastest_fitting(config, settings, aim, utilization, chunk_rows)
+        result.max_completion_length_that_fits = _longest_fitting(config, settings, aim, utilization, chunk_rows)
         if not result.fits:
-            over = (result.peak_bytes - budget_bytes) / 2**30
             fix = (f"use {result.recommended}" if result.recommended else
                    f"max_completion_length <= {result.max_completion_length_that_fits}"
                    if result.max_completion_length_that_fits else "a smaller batch or a 4-bit base")
-            result.notes.append(f"does not fit: {over:.2f} GiB over the budget; {fix}")
+            result.notes.append(f"to fit: {(result.peak_bytes - aim) / 2**30:.2f} GiB less; {fix}")
     return result
-
-
-def shared_prefix_applies(config: Any, s: dict[str, Any]) -> bool:
-    """Whether the run's log-prob passes take the shared-prefix layout: asked for, declared by the trainer's
-    workload, more than one completion per prompt, and a model the layout runs on
-    (:func:`slimrl.ops.prefix_attention.model_reason`: family, soft-capping, a sliding window shorter than prompt +
-    completion; the attention implementation is taken to be ``sdpa``, the default)."""
-    from slimrl.ops.prefix_attention import model_reason
-
-    work = s["workload"]
-    if not (s["shared_prefix"] and work.generates and work.shared_prefix and s["num_generations"] > 1):
-        return False
-    return model_reason(config, s["max_prompt_length"] + s["max_completion_length"]) is None
-
-
-def _prefix_gather_bytes(config: Any, rows: int, prompt: int, completion: int, dtype: torch.dtype) -> int:
-    """The shared-prefix attention's own bytes: one layer's segment keys and values, the prompt's gathered, repeated
-    to every head (``2 x S x heads x (P + C) x head_dim``), and the pass's bias (``S x C x ceil16(P + C)``)."""
-    text = getattr(config, "text_config", None) or config
-    heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    bias = rows * completion * (-(-(prompt + completion) // 16) * 16)
-    return (2 * rows * heads * (prompt + completion) * head_dim + bias) * dtype.itemsize
 
 
 _MODELS: dict[tuple, Any] = {}
 _TRACES: dict[tuple, Any] = {}
+_CONFIGS: dict[int, Any] = {}  # the configs the keys name by id, held so that no other object takes their id
 
 
 def _memo(store: dict, key: tuple, make: Any) -> Any:
-    """One meta model / trace per distinct input within a search (the config object is part of the key)."""
+    """One meta model / trace per distinct input within a search (``key[0]``: the config's id)."""
     if key not in store:
         if len(store) > 64:
             store.clear()
@@ -197,6 +183,10 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     from slimrl.planning import trace
 
     dev = s["device"]
+    if len(_CONFIGS) > 16 and id(config) not in _CONFIGS:
+        for held in (_MODELS, _TRACES, _CONFIGS):
+            held.clear()
+    _CONFIGS[id(config)] = config
     dtype = find_gpu(s["gpu"]).dtype if s.get("gpu") else torch.bfloat16 if dev == "cuda" else torch.float32
     shape = _shape(config)
     every = _checkpoint_every(s)
@@ -209,7 +199,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     rows = s["per_device_train_batch_size"] * (2 if work.paired else 1)
     mini = min(s["unsloth_grpo_mini_batch"] or rows, rows)
     chunk = chunk_rows or auto_chunk_rows(rows * completion, shape["vocab"], torch.device("cpu"))
-    phases = {"runtime": tp.runtime_bytes if dev == "cpu" else 0, "weights": weight_bytes,
+    phases = {"runtime": tp.runtime_bytes if dev == "cpu" else CUDA_CONTEXT_BYTES, "weights": weight_bytes,
               "adapter_and_optimizer": 16 * lora if s["lora_r"] else 2 * weight_bytes}
     if not s["lora_r"] and work.keeps_reference(s["beta"]):
         phases["reference"] = reference_bytes(weight_bytes, dtype, load_in_4bit=s["load_in_4bit"])
@@ -247,7 +237,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
         _, peak = layered(f"no grad {seqs} {prompt} {c} {chunk}",
                           lambda m: trace.trace_logprob_pass(m, seqs, prompt, c, grad=False, entropy=False,
                                                              chunk_rows=chunk, device=dev))
-        extra = _prefix_gather_bytes(config, mini, prompt, completion, dtype) if shared else 0
+        extra = prefix_gather_bytes(config, mini, prompt, completion, dtype) if shared else 0
         phases["logprobs_no_grad"] = peak + extra
     entropy = work.entropy
     seqs, c = packed(rows, groups, completion, shared)
@@ -259,8 +249,9 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
         kept, peak = kept - offloaded, peak - offloaded
         host = pinned_host_bytes(offloaded, shape["layers"] - 2, notes)
     phases["policy_forward"] = kept
-    phases["backward"] = peak + (_prefix_gather_bytes(config, rows, prompt, completion, dtype) if shared else 0)
-    peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[largest_phase(phases)]
+    phases["backward"] = peak + (prefix_gather_bytes(config, rows, prompt, completion, dtype) if shared else 0)
+    outside = phases["runtime"] if dev == "cuda" else 0  # the context: not in max_memory_allocated
+    peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[largest_phase(phases)] - outside
     split = step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
     return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases, step_seconds=sum(split.values()),
                 step_split=split, notes=notes, host_pinned_bytes=host)

@@ -94,7 +94,8 @@ def test_plan_phases_budget_and_search(tmp_path):
     assert p.step_seconds > 0 and set(p.step_split) <= set(p.phases)
     tight = plan(str(tmp_path), Settings(**kwargs), budget=p.peak_bytes - 1)
     assert tight.fits is False and tight.max_completion_length_that_fits < 256
-    assert "over the budget" in tight.notes[0]
+    assert tight.verdict == "does not fit" and tight.notes[0].startswith("does not fit: predicted peak")
+    assert any(n.startswith("to fit: ") for n in tight.notes)
     from slimrl.planning.plan import _fastest_fitting, _longest_fitting, load_config
 
     config, settings = load_config(str(tmp_path)), dict(tight.settings)
@@ -215,7 +216,7 @@ def test_shared_prefix_is_planned_only_where_it_runs():
     from transformers import GPT2Config, MistralConfig
 
     from slimrl.patching.specs import PLANNED
-    from slimrl.planning.plan import shared_prefix_applies
+    from slimrl.planning.prefix import shared_prefix_applies
 
     base = dict(Settings().__dict__, max_prompt_length=64, max_completion_length=64)
     config = _config()

@@ -11,8 +11,10 @@ the training set -- and applies its ``recommended`` settings, the fastest that f
 
 What it changed is listed in the changed-defaults table printed when the trainer starts. The budget is
 ``slimrl_memory_budget`` (``"12GB"``), else the memory free now plus what this process already holds (its weights
-are in the plan), minus a margin of 10 % of the device's total. A run that fits with no setting raises a
-``ValueError`` before training, saying by how much it is over and which completion length would fit.
+are in the plan): on CUDA the settings chosen are those whose verdict is "fits" (:mod:`slimrl.planning.verdict`, the
+same rule as ``slimrl plan --budget``), on CPU a margin of 10 % of the machine's memory is kept free. A run that
+fits with no setting raises a ``ValueError`` before training, saying by how much it is over and which completion
+length would fit.
 
 Left to their automatic values: ``unsloth_num_chunks`` (already sized from free memory at each pass) and the
 engine's KV share (sized when the engine was built, ``gpu_memory_utilization``).
@@ -28,14 +30,18 @@ import torch
 from slimrl.patching.state import config_state
 from slimrl.planning.settings import Settings, Workload
 
-MARGIN = 0.10  # of the device's total memory, kept free
+MARGIN = 0.10  # of the machine's total memory kept free on CPU (on CUDA: slimrl.planning.verdict's margin)
 
 
 def default_budget(device: str) -> int:
-    """Bytes the run may use: free memory now + what this process holds already, minus :data:`MARGIN`."""
+    """Bytes the run may use: on CUDA the card as the plan's verdict takes it (free memory now + what this process
+    holds already + the CUDA context; the verdict keeps the allocator's margin); on CPU free memory now + what this
+    process holds, minus :data:`MARGIN`."""
     if device == "cuda":
-        free, total = torch.cuda.mem_get_info()
-        return int(free + torch.cuda.memory_allocated() - MARGIN * total)
+        from slimrl.compat.gpus import CUDA_CONTEXT_BYTES
+
+        free, _total = torch.cuda.mem_get_info()
+        return int(free + torch.cuda.memory_allocated() + CUDA_CONTEXT_BYTES)
     import psutil
 
     mem = psutil.virtual_memory()
@@ -105,7 +111,7 @@ def apply_auto_fit(bound: dict[str, Any], algorithm: str, workload: Workload) ->
     choice = result.recommended
     if choice is None:
         raise ValueError(f"slimrl_auto_fit: nothing fits the {budget / 2**30:.2f} GiB memory budget "
-                         f"({'slimrl_memory_budget' if budget_text else 'free memory minus 10 %'}): "
+                         f"({'slimrl_memory_budget' if budget_text else 'free memory'}): "
                          f"{'; '.join(result.notes)}")
     mode, every = choice["gradient_checkpointing"], choice.get("checkpoint_every_n_layers")
     chosen = plan(model.config, replace(settings, gradient_checkpointing=mode, checkpoint_every_n_layers=every,
