@@ -23,7 +23,9 @@ Step-time features, one row each in the same run: a slimrl mode may end in ``/no
 pass kept: ``slimrl_reuse_old_logps=False``), ``/nogroups`` (TRL's fixed row batches at the full padded width:
 ``slimrl_length_groups=False``), ``/nolevers`` (both), ``/noshared`` (TRL's row layout in the log-prob passes,
 each prompt repeated in its group's rows: ``slimrl_shared_prefix=False``), ``/autofit`` (``slimrl_auto_fit`` at
-``--budget``, default 12GB: the plan's fastest settings that fit) or ``/thp`` (malloc's mmap-ed blocks on
+``--budget``, default 12GB: the plan's fastest settings that fit), ``/tiled`` (``unsloth_tiled_mlp=True``: the MLPs a
+tile of hidden-size tokens at a time, what slimrl's default picks on CUDA where the plan says it pays; without the
+flag ``unsloth_tiled_mlp=False``, the CPU default) or ``/thp`` (malloc's mmap-ed blocks on
 transparent huge pages, see ``run_worker``), e.g. ``--modes trl,engine/nolevers,engine/noreuse,engine``.
 
 ``--mixed``: completion lengths drawn uniformly from 16..``--length`` per completion (seeded, the same on every
@@ -357,6 +359,9 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
 
     torch.manual_seed(0)
+    import slimrl.compat.memory  # noqa: F401 - imported whole before the sampler thread starts: two threads
+    import slimrl.models  # noqa: F401 - importing slimrl's packages at once can meet a half-initialised module
+
     prof = PhaseProfiler()
     prof.start()
     from datasets import Dataset
@@ -396,7 +401,8 @@ def worker(args: argparse.Namespace) -> dict:
 
         longest = max(2048, args.prompt_tokens + args.length + 64)  # the chat prompt plus the completion
         model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=longest,
-                                                       fast_inference=base == "engine", max_lora_rank=16)
+                                                       fast_inference=base == "engine", max_lora_rank=16,
+                                                       unsloth_tiled_mlp="tiled" in flags)
         model = FastLanguageModel.get_peft_model(model, **lora)
         extra["unsloth_num_chunks"] = args.num_chunks
         if {"noreuse", "nolevers"} & set(flags):
