@@ -49,6 +49,9 @@ class Patch:
     member: str | None = None
     later: tuple[tuple[str, Any], ...] = ()
     entry: bool = False
+    # a wrap that hands every argument to TRL's original as it came (push_to_hub, training_step, prediction_step):
+    # it re-implements nothing, so no contract; a changed signature of its target (TRL's or transformers') is TRL's own
+    passthrough: bool = False
 
     def resolve(self) -> Any:
         """The live object named by ``target``; :class:`PatchTargetMissingError` naming the TRL release when the
@@ -95,8 +98,8 @@ class Patch:
     @property
     def guarded(self) -> bool:
         """Whether calls reach the replacement through its contract: every callable replacement but an entry
-        point's (a constructor, a replaced class without a ``member``)."""
-        return not (self.entry or self.attribute == "__init__" or self.attribute.startswith("__")
+        point's (a constructor, a replaced class without a ``member``) and a pass-through wrap's."""
+        return not (self.entry or self.passthrough or self.attribute == "__init__" or self.attribute.startswith("__")
                     or (isinstance(self.replacement, type) and self.member is None and not self.wrap))
 
 

@@ -183,9 +183,10 @@ def spec_patches(spec: TrainerSpec) -> list[Patch]:
     """Every patch of one trainer: the shared ones (``__init__``, ``training_step``, config fields and
     ``__init__``) and its own; all limited to the TRL releases that have it."""
     out = [Patch(spec.name, spec.trainer, "__init__", _init_factory(spec), wrap=True),
-           Patch(spec.name, spec.trainer, "push_to_hub", push_to_hub_factory, wrap=True)]
+           Patch(spec.name, spec.trainer, "push_to_hub", push_to_hub_factory, wrap=True,
+                 passthrough=True)]
     if spec.training_step is not None:
-        out.append(Patch(spec.name, spec.trainer, "training_step", spec.training_step, wrap=True))
+        out.append(Patch(spec.name, spec.trainer, "training_step", spec.training_step, wrap=True, passthrough=True))
     if spec.config:
         out += _config_layer(spec.name, spec.config, spec)
     out += spec.patches

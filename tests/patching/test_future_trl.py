@@ -386,3 +386,44 @@ def test_the_tested_code_runs_no_check_and_the_cache_follows_the_code(self_check
     before = self_check_on.version_set()
     _edited_logps(monkeypatch)
     assert self_check_on.version_set() != before  # a verdict cached on other code is never this code's
+
+
+def test_a_changed_pass_through_signature_runs_no_self_check(self_check_on, monkeypatch):
+    """transformers gives ``Trainer.push_to_hub`` a new keyword: slimrl's wrap of it hands every argument to the
+    original as it came (a pass-through, no contract), so it is no reason for the self-check, and the new keyword
+    reaches transformers' method."""
+    from transformers import Trainer
+    from trl import GRPOTrainer
+
+    from slimrl.patching.registry import patches
+
+    seen = []
+
+    def push_to_hub(self, commit_message="End of training", blocking=True, token=None, revision=None,
+                    new_option=None, **kwargs):
+        seen.append(new_option)
+
+    monkeypatch.setattr(Trainer, "push_to_hub", push_to_hub)
+    assert self_check_on.why_check(["grpo"], patches) is None
+    runs = []
+    monkeypatch.setattr(self_check_on, "run_rows", lambda names: runs.append(names) or {})
+    PatchFastRL("grpo")
+    assert runs == []
+    import types
+
+    trainer = types.SimpleNamespace(args=types.SimpleNamespace())
+    GRPOTrainer.push_to_hub(trainer, new_option="kept")
+    assert seen == ["kept"]
+
+
+def test_contracts_guard_only_the_replacements_that_compute():
+    """Every wrap that only forwards its arguments is a pass-through: contracts.json records the methods slimrl
+    re-implements (log-prob methods, the kernel, the losses, generation) and nothing else."""
+    from slimrl.patching.contracts import recorded
+    from slimrl.patching.registry import patches
+
+    keys = set(recorded())
+    assert len(keys) <= 25
+    for p in patches():
+        if p.passthrough:
+            assert not p.guarded and f"{p.target}.{p.attribute}" not in keys, p

@@ -88,4 +88,5 @@ def kernel_patches(algorithms: tuple[str, ...]) -> list[Patch]:
 def prediction_step_patch(algorithm: str, trainer: str) -> Patch:
     """A fused-head trainer's evaluation runs inside :func:`slimrl.patching.steps.running` too (its
     ``training_step`` wrapper already does), so the kernel reads the config's chunking there as well."""
-    return Patch(algorithm, trainer, "prediction_step", prediction_step_factory, wrap=True, versions=FUSED_HEAD)
+    return Patch(algorithm, trainer, "prediction_step", prediction_step_factory, wrap=True, versions=FUSED_HEAD,
+                 passthrough=True)

@@ -105,7 +105,8 @@ def scenario(kit, loss_type: str):
 
 PATCHES = [
     Patch("grpo", TRAINER, "_get_per_token_logps_and_entropies", slimrl_get_per_token_logps_and_entropies),
-    Patch("grpo", MODULE, "unwrap_model_for_generation", slimrl_unwrap_for_generation_factory, wrap=True),
+    Patch("grpo", MODULE, "unwrap_model_for_generation", slimrl_unwrap_for_generation_factory, wrap=True,
+          passthrough=True),
     Patch("grpo", MODULE, "VLLMGeneration", slimrl_vllm_generation_factory, wrap=True, optional=True),
     Patch("grpo", TRAINER, "_generate_and_score_completions", grpo_generate_and_score_factory, wrap=True),
     Patch("grpo", TRAINER, "_generate_single_turn", generate_single_turn_factory, wrap=True),
