@@ -6,10 +6,10 @@ batch shape in well under a second and allocates nothing. :class:`LiveBytes` (a 
 storage bytes of every tensor an op creates and subtracts them when that storage dies; its peak is the peak of live
 activations, saved tensors, gradients and temporaries of the pass, exactly as the code path creates them (what
 checkpointing keeps, what the chunked head allocates per block). Weights and optimizer state exist before the pass
-and are counted separately (:mod:`slimrl.planning.memory`).
+and are counted separately (:mod:`slimrl.planning.plan`).
 
-Two things are not op outputs and so are not seen: the allocator's slack (caching on CUDA, fragmentation on CPU;
-a measured factor in :mod:`slimrl.planning.memory`) and kernels' internal workspaces (small).
+Two things are not op outputs and so are not seen: the allocator's slack (caching on CUDA, fragmentation on CPU:
+the verdict's band, :mod:`slimrl.planning.verdict`) and kernels' internal workspaces (small).
 
 transformers checks some masks with ``.all()``/``.item()``, which a meta tensor cannot answer; during the trace its
 ``masking_utils.is_tracing`` answers yes, so it takes the branch it takes under ``torch.compile`` (the plain causal

@@ -1,4 +1,4 @@
-"""The sandbox's never-raise contract and its limits (this round's adversarial findings): a forged answer is a typed
+"""The sandbox's never-raise contract and its limits: a forged answer is a typed
 failure, never an exception in the trainer; a limit that cannot run is one line naming it before anything starts."""
 
 from __future__ import annotations

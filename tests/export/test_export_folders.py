@@ -1,4 +1,4 @@
-"""This round's export findings, each with the folder checked afterwards: an edited file of an earlier export, a
+"""Export folders under hostile conditions, each checked afterwards: an edited file of an earlier export, a
 symbolic link where an export folder goes, the adapter as its own output, a LoRA save followed by a merged one, a
 re-export failing midway, a user's folder named like a temporary, a full disk."""
 

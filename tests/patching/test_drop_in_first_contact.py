@@ -1,4 +1,4 @@
-"""The small things a new user met in the third drop-in round: a warning TRL's constructor issues names the user's
+"""The small things a new user meets at first contact: a warning TRL's constructor issues names the user's
 line (not slimrl's wrapper around the constructor), the image-only processor fallback says why, a patched base
 constructor stands aside when a patched TRL subclass already did slimrl's work, and the legacy keywords, Unsloth's
 config keywords and the offline push reach a first-contact trainer."""

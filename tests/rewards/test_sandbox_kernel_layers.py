@@ -1,4 +1,4 @@
-"""This round's adversarial findings against the kernel-isolated sandbox, each contained (run without the audit
+"""Adversarial cases against the kernel-isolated sandbox, each contained (run without the audit
 hook: the kernel layers are what holds). Skipped where this machine gives no kernel isolation."""
 
 from __future__ import annotations

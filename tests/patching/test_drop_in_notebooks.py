@@ -1,4 +1,4 @@
-"""The second drop-in round: what Unsloth-era notebooks and TRL's VLM and agent scripts do that stopped them.
+"""Drop-in: what Unsloth-era notebooks and TRL's VLM and agent scripts do that stopped them.
 
 * ``push_to_hub=True`` where the Hub cannot take a push (offline, a refused connection, a refused token, no token):
   TRL alone stops at trainer creation; patched, training runs and saves locally, the change said once in the
