@@ -19,6 +19,7 @@ import warnings
 from dataclasses import replace
 
 GIB = 2**30
+TOP = 262144  # the longest completion the length searches try (tokens)
 SHAPES = {
     "qwen2.5-1.5b": dict(model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                          num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
@@ -80,8 +81,9 @@ def sides(config, s) -> dict[str, dict]:
 
 def longest(config, s, budget: int, step: int = 256) -> dict[str, int | None]:
     """Each side's longest completion within ``budget`` (multiples of ``step``): memory capacity, searched past the
-    model's context up to :data:`MAX_SEARCH_TOKENS` (the published lengths compared with are capacities too)."""
-    from slimrl.planning.compare import MAX_SEARCH_TOKENS, _longest, trl_side
+    model's context up to :data:`TOP` tokens (the published lengths compared with are capacities too; a trace at a
+    million tokens runs the head's chunk loop tens of thousands of times)."""
+    from slimrl.planning.compare import _longest, trl_side
     from slimrl.planning.plan import plan
     from slimrl.planning.verdict import fitting_bytes
 
@@ -90,13 +92,13 @@ def longest(config, s, budget: int, step: int = 256) -> dict[str, int | None]:
     gen_per_token = ours.phases.get("generation", 0) / tokens
     budget = fitting_bytes(budget, "cuda")  # the longest whose verdict is "fits"
     out = {name: _longest(lambda c, t=t: plan(config, replace(s, max_completion_length=c, tiled_mlp=t),
-                                              search=False).peak_bytes, budget, step, MAX_SEARCH_TOKENS)
+                                              search=False).peak_bytes, budget, step, TOP)
            for name, t in (("slimrl", None), ("slimrl untiled", False))}
     trl_s = replace(s, gradient_checkpointing="true")
     for name, family in (("trl 1.16", "fused_head"), ("trl + liger", "liger")):
         out[name] = _longest(lambda c, family=family: trl_side(
             config, replace(trl_s, max_completion_length=c), family,
-            int(gen_per_token * (s.max_prompt_length + c)))["peak_bytes"], budget, step, MAX_SEARCH_TOKENS)
+            int(gen_per_token * (s.max_prompt_length + c)))["peak_bytes"], budget, step, TOP)
     return out
 
 
