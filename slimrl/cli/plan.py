@@ -22,22 +22,27 @@ def _bool_or_auto(text: str) -> bool | None:
     return None if text.lower() == "auto" else _bool(text)
 
 
+_PARSE = {"int": int, "float": float, "str": str, "bool": _bool, "bool | None": _bool_or_auto}
+
+
+def _settings_options(p: argparse.ArgumentParser) -> None:
+    """One ``--<field>`` per :class:`slimrl.planning.Settings` field declared as an option: its default, its type
+    (a bool as true/false, an optional bool also as auto) and its help come from the field."""
+    from dataclasses import fields
+
+    from slimrl.planning.settings import Settings
+
+    for f in fields(Settings):
+        if "option" in f.metadata:
+            p.add_argument(f"--{f.name}", type=_PARSE[str(f.type)], default=f.default, help=f.metadata["option"])
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="slimrl plan", description="Predict a run's peak memory per phase and its step "
                                 "time before any weight loads (the model's config.json only).")
     p.add_argument("--model", default="SmolLM2-135M-Instruct",
                    help="local directory, .gguf file, hub id in the local cache, or the built-in alias")
-    p.add_argument("--algorithm", default="grpo", help="grpo (default), or another trainer slimrl plans: "
-                   "rloo, dpo, kto, orpo, cpo, sft")
-    p.add_argument("--per_device_train_batch_size", type=int, default=8)
-    p.add_argument("--num_generations", type=int, default=8)
-    p.add_argument("--max_prompt_length", type=int, default=64)
-    p.add_argument("--max_completion_length", type=int, default=256)
-    p.add_argument("--lora_r", type=int, default=16, help="LoRA rank; 0 = full fine-tuning")
-    p.add_argument("--load_in_4bit", type=_bool, default=False)
-    p.add_argument("--gradient_checkpointing", default="slimrl", help="true, false, slimrl (default) or selective")
-    p.add_argument("--fast_inference", type=_bool, default=False)
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    _settings_options(p)
     p.add_argument("--gpu", default=None, help="plan for this GPU of slimrl's table (t4, v100, l4, a10g, rtx4090, "
                    "a100-40gb, a100-80gb, h100, h200): its dtype and memory, and with --fast_inference vLLM's "
                    "start-up check (implies --device cuda)")
@@ -48,12 +53,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", default=None, help="memory budget, e.g. 20GB (with --gpu: the card's memory by "
                    "default): adds the verdict (fits / uncertain - measure with slimrl compare / does not fit), the "
                    "fastest settings and the longest completion that fit")
-    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (> 0 adds the reference pass)")
-    p.add_argument("--shared_prefix", type=_bool, default=True, help="slimrl_shared_prefix: each prompt once per "
-                   "group in the log-prob passes where the layout applies (GRPO; default true)")
-    p.add_argument("--tiled_mlp", type=_bool_or_auto, default=None, help="unsloth_tiled_mlp: the MLPs run a tile "
-                   "of hidden_size tokens at a time, checkpointed per tile; auto (default): slimrl's default, tiles "
-                   "on CUDA where they save >= 10 %% of the peak")
     p.add_argument("--compare", action="store_true", help="also TRL alone's prediction (the installed release's head) "
                    "and TRL + Liger's where liger-kernel is installed, for the same settings: peak per phase and, "
                    "with --budget, the longest completion that fits")

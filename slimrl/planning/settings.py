@@ -28,28 +28,37 @@ class Workload:
         return self.reference == "always" or (self.reference == "beta" and beta > 0)
 
 
+def _option(default: object, text: str) -> object:
+    """A field that is also a ``slimrl plan`` option (``--<name>``, help ``text``; the CLI is generated from these)."""
+    return field(default=default, metadata={"option": text})
+
+
 @dataclass(frozen=True)
 class Settings:
-    """One run as :func:`plan` sees it (``slimrl plan``'s options; auto-fit fills it from the trainer's config)."""
+    """One run as :func:`plan` sees it (``slimrl plan``'s options are the fields declared with :func:`_option`;
+    auto-fit fills it from the trainer's config)."""
 
-    algorithm: str = "grpo"  # the trainer's name, shown in the plan
+    algorithm: str = _option("grpo", "the trainer: grpo (default), rloo, dpo, kto, orpo, cpo, sft")
     workload: Workload = field(default_factory=Workload)
-    per_device_train_batch_size: int = 8
-    num_generations: int = 8
-    max_prompt_length: int = 64
-    max_completion_length: int = 256
-    lora_r: int = 16  # 0: full fine-tuning
-    load_in_4bit: bool = False
-    gradient_checkpointing: str = "slimrl"  # "true", "false", "slimrl" or "selective"
+    per_device_train_batch_size: int = _option(8, "rows per device and step")
+    num_generations: int = _option(8, "completions per prompt (generating trainers)")
+    max_prompt_length: int = _option(64, "prompt tokens")
+    max_completion_length: int = _option(256, "completion tokens")
+    lora_r: int = _option(16, "LoRA rank; 0 = full fine-tuning")
+    load_in_4bit: bool = _option(False, "NF4 base weights (QLoRA)")
+    gradient_checkpointing: str = _option("slimrl", "true, false, slimrl (default) or selective")
     checkpoint_every_n_layers: int | None = None  # selective: the period (default 2)
-    fast_inference: bool = False
-    device: str = "cpu"
-    beta: float = 0.0
+    fast_inference: bool = _option(False, "generation through slimrl's colocated vLLM engine")
+    device: str = _option("cpu", "cpu (default) or cuda")
+    beta: float = _option(0.0, "KL coefficient (> 0 adds the reference pass)")
     unsloth_grpo_mini_batch: int | None = None
     gpu_memory_utilization: float = 0.5
     chunk_rows: int | None = None  # rows per head chunk (None: as the op chooses)
-    shared_prefix: bool = True  # slimrl_shared_prefix: each prompt once per group where the layout applies
-    tiled_mlp: bool | None = None  # unsloth_tiled_mlp: tiles of hidden_size tokens; None: slimrl's default (tiling)
+    shared_prefix: bool = _option(True, "slimrl_shared_prefix: each prompt once per group in the log-prob passes "
+                                  "where the layout applies (GRPO; default true)")
+    tiled_mlp: bool | None = _option(None, "unsloth_tiled_mlp: the MLPs run a tile of hidden_size tokens at a time, "
+                                     "checkpointed per tile; auto (default): slimrl's default, tiles on CUDA where "
+                                     "they save >= 10 %% of the peak")
     gpu: str | None = None  # a GPU of slimrl's table (its key): the dtype the model loads in there
 
 
