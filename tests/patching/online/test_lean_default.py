@@ -104,3 +104,14 @@ def test_from_pretrained_records_the_users_word(tiny_model_dir):
     for given, expected in (({}, None), ({"unsloth_tiled_mlp": False}, False), ({"unsloth_tiled_mlp": 512}, 512)):
         model, _ = FastLanguageModel.from_pretrained(str(tiny_model_dir), max_seq_length=64, **given)
         assert model.slimrl_config["tiled_mlp"] == expected and is_tiled(model) is bool(expected)
+
+
+def test_auto_fit_on_a_gpu_takes_the_card_and_leaves_the_margin_to_the_verdict(fake_gpu):
+    """Auto-fit's CUDA budget is the card as ``slimrl plan --gpu`` takes it (what this process holds counted as
+    available, the context included): the verdict keeps the allocator's margin, not a second 10 %."""
+    from slimrl.compat.gpus import find_gpu
+    from slimrl.patching.online.autofit import default_budget
+
+    gpu = fake_gpu("l4")
+    gpu.place(3 * 2**30)  # this process's model
+    assert default_budget("cuda") == find_gpu("l4").total_bytes
