@@ -156,12 +156,6 @@ def _versions(side: str) -> dict[str, str | None]:
     return out
 
 
-def _is_oom(exc: BaseException) -> bool:
-    import torch
-
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
-
-
 def run_side(args, path: str) -> dict:
     """One side in this process (module docstring); its figures."""
     side = args.worker
@@ -194,7 +188,9 @@ def run_side(args, path: str) -> dict:
     try:
         model, tok, extra = _load(args, path, dtype)
     except Exception as exc:  # noqa: BLE001 - an out-of-memory load is a figure; anything else is reported
-        if _is_oom(exc):
+        from slimrl.compat.allocation_errors import ran_out_of_memory  # here: an Unsloth side imports it first
+
+        if ran_out_of_memory(exc):
             return {"side": side, "fits": False, "oom": str(exc).splitlines()[0], "lengths": args.lengths}
         raise
     unit = " a" if len(tok(" a" * 4).input_ids) == 4 else "a"  # one token each: BPE's " a", the char tokenizer's "a"
@@ -235,7 +231,9 @@ def run_side(args, path: str) -> dict:
     try:
         trainer.train()
     except Exception as exc:  # noqa: BLE001
-        if not _is_oom(exc):
+        from slimrl.compat.allocation_errors import ran_out_of_memory
+
+        if not ran_out_of_memory(exc):
             raise
         return {"side": side, "fits": False, "oom": str(exc).splitlines()[0], "lengths": args.lengths,
                 "steps": steps}

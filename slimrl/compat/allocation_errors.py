@@ -21,6 +21,15 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and device_failure(error) is None and any(m in text for m in _MARKERS)
 
 
+def ran_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says memory ran out, wherever it was found: :func:`is_out_of_memory`'s (recoverable) or one
+    the device reported (``CUDA error: out of memory``, ``CUBLAS_STATUS_ALLOC_FAILED``). What ``slimrl compare``
+    records as "did not fit"; only the first kind is ever retried."""
+    text = str(error).lower()
+    return is_out_of_memory(error) or (device_failure(error) is not None and ("out of memory" in text or
+                                                                              "alloc_failed" in text))
+
+
 def device_failure(error: BaseException) -> str | None:
     """The one line to print for an error CUDA reported from the device (asynchronously), else None: slimrl does
     not retry those (the CUDA context may be corrupted)."""

@@ -155,3 +155,19 @@ def test_rloo_backward_out_of_memory_equals_trl(tmp_path, monkeypatch):
     assert trainer_state(trainer).grad_rows == 2
     assert trainer_state(trainer).shared_prefix_forwards > 0
     assert [h["memory/oom_splits"] for h in trainer.state.log_history if "memory/oom_splits" in h][-1] == 1.0
+
+
+@pytest.mark.parametrize(("error", "ran_out"), [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"), True),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+    (RuntimeError("shape mismatch"), False),
+])
+def test_slimrl_compare_records_every_out_of_memory_and_retries_only_the_allocators(error, ran_out):
+    """One detector (slimrl/compat/allocation_errors.py) for the trainers' recovery and ``slimrl compare``: a side
+    that ran out of memory, wherever it was found, is recorded as not fitting; only the allocator's own is retried."""
+    from slimrl.compat.allocation_errors import ran_out_of_memory
+
+    assert ran_out_of_memory(error) is ran_out
+    assert oom.is_out_of_memory(error) is isinstance(error, torch.OutOfMemoryError)
