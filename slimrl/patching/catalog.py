@@ -16,6 +16,7 @@ import pkgutil
 import re
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -91,12 +92,15 @@ def shipped() -> tuple[Shipped, ...]:
     return _shipped(str(trl_version()))
 
 
-def resolve(target: str) -> type:
-    """The class named by ``"module:Class"``."""
+def resolve(target: str, quiet: bool = True) -> Any:
+    """The object named by ``"module:Qualified.Name"`` (or ``"module"``: the module itself): the one way slimrl reads
+    its targets (the registry's patches, the trainer table's classes, this catalog). ``quiet``: the module's import
+    warnings hidden (TRL's deprecation notes while slimrl lists trainers); ImportError / AttributeError as raised."""
     module, _, name = target.partition(":")
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        if quiet:
+            warnings.simplefilter("ignore")
         obj = importlib.import_module(module)
-    for part in name.split("."):
+    for part in filter(None, name.split(".")):
         obj = getattr(obj, part)
     return obj

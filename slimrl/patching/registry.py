@@ -11,7 +11,6 @@ goes to TRL's original unchanged, with one line.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,14 +55,12 @@ class Patch:
     def resolve(self) -> Any:
         """The live object named by ``target``; :class:`PatchTargetMissingError` naming the TRL release when the
         module or class is not there."""
-        module_name, _, qualname = self.target.partition(":")
+        from slimrl.patching.catalog import resolve
+
         try:
-            obj = importlib.import_module(module_name)
-            for part in filter(None, qualname.split(".")):
-                obj = getattr(obj, part)
+            return resolve(self.target, quiet=False)
         except (ImportError, AttributeError) as err:
             raise PatchTargetMissingError(self._missing(f"{self.target} does not exist ({err})")) from None
-        return obj
 
     def target_exists(self) -> bool:
         """Whether ``target`` and its ``attribute`` exist in the installed TRL."""

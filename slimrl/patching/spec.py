@@ -89,13 +89,9 @@ class TrainerSpec:
 
     def classes(self) -> tuple[type, type | None]:
         """(trainer class, config class) of the installed TRL."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = []
-            for target in (self.trainer, self.config):
-                module, _, name = (target or "").partition(":")
-                out.append(getattr(importlib.import_module(module), name) if module else None)
-        return out[0], out[1]
+        from slimrl.patching.catalog import resolve
+
+        return resolve(self.trainer), resolve(self.config) if self.config else None
 
     def dataset_layouts(self, args: Any = None) -> Layouts:
         return self.layouts(args) if callable(self.layouts) else self.layouts
