@@ -16,27 +16,24 @@ With the position ids of TRL's row (the completion restarts where the prompt end
 TRL's hidden states; the gradient that reaches the prompt is the sum of what its ``G`` copies receive, i.e. the same
 parameter gradient. Work: ``P + sum L_i`` tokens per group through every linear layer instead of ``G * P + sum L_i``.
 
-No ``[T, T]`` mask is built: the prompt queries run as one causal attention over the first ``P`` positions, the
-completions as one batched attention of ``S`` segments x ``L`` queries over ``P + L`` keys (the prompt's keys gathered
-once per segment, each segment's own keys causal), so memory grows with ``P + G * C`` per group.
-
-**On CUDA** that batched attention must run in SDPA's memory-efficient kernel (flash attention takes no mask): in
-the math kernel one layer's scores ``[S, h, L, P + L]`` in fp32 would be ~7 GB at 8 x 4,096 tokens. The kernel takes
-an additive bias in the query's dtype whose rows start on 16-element boundaries, broadcast over heads, and inputs of
-equal head counts with a contiguous last dimension; a boolean mask is converted (and padded to that alignment) by SDPA
-at every call, forward and backward, in every layer. :meth:`PackedLayout.bias` builds that bias once per layout and
-dtype (``[S, 1, L, P + L]``, ``-inf`` where a key is not seen, rows padded to a multiple of 16: ``S * L *
-ceil16(P + L)`` elements, which ``slimrl plan`` counts), and the keys' heads are repeated for grouped-query models
-(tested at real head sizes: tests/ops/test_prefix_attention.py states the constraints, tests/gpu asks PyTorch's own
-dispatch check on a GPU).
+No mask is built: the prompt queries run as one causal attention over the first ``P`` positions; the completions as
+batched attention of ``S`` segments x ``L`` queries over ``p + L`` keys (the prompt's ``p`` real keys gathered once
+per segment, then the segment's own keys), which is causal aligned to the bottom right: query ``u`` sees every prompt
+key and its own keys ``<= u``. PyTorch states that pattern without a tensor (``causal_lower_right`` of
+``torch.nn.attention.bias``) and runs it in flash attention where the GPU has it (capability >= 8.0, 16-bit), else in
+the memory-efficient kernel with its built-in lower-right mask, on a CPU through an explicit boolean mask. Segments are
+batched by their row's prompt length (one batch when every row's prompt is equally long, as in GRPO's usual batch of
+one prompt's completions), so memory grows with ``P + G * C`` per group and the kernel skips the keys a query does not
+see: the work of TRL's own causal rows, less the repeated prompts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 # Model families whose decoder takes explicit position ids and runs attention through transformers' interface,
@@ -75,20 +72,10 @@ class PackedLayout:
     prefix_width: int  # P: the longest prompt
     seg_width: int  # L: the longest segment
     seg_index: torch.Tensor  # [S, L] long: positions of each segment's tokens (clamped past its end)
-    seg_mask: torch.Tensor  # [S, 1, L, P + L] bool: prompt keys of the segment's row + its own causal keys
     source: torch.Tensor  # [R, T] long: index of each position's output in cat(prompt outputs, segment outputs)
-    _biases: dict = field(default_factory=dict, compare=False, repr=False)
-
-    def bias(self, dtype: torch.dtype) -> torch.Tensor:
-        """``seg_mask`` as SDPA's memory-efficient kernel takes it (the module docstring): ``[S, 1, L, P + L]`` in
-        ``dtype``, 0 where a key is seen and ``-inf`` elsewhere, each row starting on a 16-element boundary."""
-        if dtype not in self._biases:
-            s, _, lw, keys = self.seg_mask.shape
-            padded = torch.full((s, 1, lw, -(-keys // 16) * 16), float("-inf"), dtype=dtype,
-                                device=self.seg_mask.device)  # [S, 1, L, ceil16(P + L)]
-            padded[..., :keys].masked_fill_(self.seg_mask, 0.0)
-            self._biases[dtype] = padded[..., :keys]
-        return self._biases[dtype]
+    # one batch per distinct prompt length p: (p, its segments [s] or None when every segment's row has p)
+    by_prefix: tuple[tuple[int, torch.Tensor | None], ...]
+    seg_unsort: torch.Tensor | None  # [S] long: the batches' outputs back in segment order (None: one batch)
 
     @classmethod
     def build(cls, prefix_lens: list[int], segments: list[list[int]], device: torch.device) -> PackedLayout:
@@ -112,10 +99,9 @@ class PackedLayout:
         row_t, start_t, len_t = (torch.tensor(x, **long) for x in (seg_row, seg_start, seg_len))  # [S]
         offs = torch.arange(lw)  # [L]
         seg_index = torch.minimum(start_t[:, None] + offs, (start_t + len_t - 1)[:, None])  # [S, L]
-        keys = torch.arange(pw)  # [P]
-        prompt_ok = keys[None, None, :] < prefix[row_t][:, None, None]  # [S, 1, P]
-        own_ok = offs[None, :, None] >= offs[None, None, :]  # [1, L, L]: causal within the segment
-        seg_mask = torch.cat([prompt_ok.expand(n_seg, lw, pw), own_ok.expand(n_seg, lw, lw)], dim=-1)  # [S, L, P+L]
+        seg_prefix = [prefix_lens[r] for r in seg_row]
+        distinct = sorted(set(seg_prefix))
+        members = [[s for s in range(n_seg) if seg_prefix[s] == p] for p in distinct]
         # outputs: prompt positions read the prompt pass ([R * P] first), segment positions the segment pass
         # ([S * L] after), padding reads its row's first prompt output (finite, never read by a real query)
         source = (torch.arange(rows)[:, None] * pw).expand(rows, width).clone()  # [R, T]
@@ -125,13 +111,23 @@ class PackedLayout:
             a = seg_start[s]
             source[seg_row[s], a:a + seg_len[s]] = rows * pw + s * lw + torch.arange(seg_len[s])
         move = {"device": device}
+        one = len(distinct) == 1
+        by_prefix = tuple((p, None if one else torch.tensor(m, **long).to(**move)) for p, m in zip(distinct, members))
+        order = [s for m in members for s in m]  # the batches' segments, concatenated
+        unsort = None if one else torch.empty(n_seg, **long).scatter_(0, torch.tensor(order, **long),
+                                                                         torch.arange(n_seg)).to(**move)
         return cls(prefix.to(**move), row_t.to(**move), start_t.to(**move), len_t.to(**move), width, pw, lw,
-                   seg_index.to(**move), seg_mask[:, None].to(**move), source.to(**move))
+                   seg_index.to(**move), source.to(**move), by_prefix, unsort)
 
 
 def _repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
     """``[B, kv, T, d] -> [B, kv * groups, T, d]`` (grouped-query attention's key/value heads shared)."""
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def _pick(x: torch.Tensor, sel: torch.Tensor | None) -> torch.Tensor:
+    """The segments ``sel`` of ``x [S, ...]`` (all of them for None)."""
+    return x if sel is None else x.index_select(0, sel)
 
 
 def shared_prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
@@ -151,11 +147,15 @@ def shared_prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     def segment(x: torch.Tensor) -> torch.Tensor:  # [R, n, T, d] -> [S, n, L, d]
         return x.transpose(1, 2)[rows_idx, layout.seg_index].transpose(1, 2)
 
-    seg_keys = torch.cat([key[:, :, :pw].index_select(0, layout.seg_row), segment(key)], dim=2)  # [S, kv, P+L, d]
-    seg_vals = torch.cat([value[:, :, :pw].index_select(0, layout.seg_row), segment(value)], dim=2)  # [S, kv, P+L, d]
-    own = sdpa(
-        segment(query), _repeat_heads(seg_keys, groups), _repeat_heads(seg_vals, groups),
-        attn_mask=layout.bias(query.dtype), dropout_p=dropout, scale=scaling)  # [S, h, L, d]
+    q_seg, k_own, v_own = segment(query), segment(key), segment(value)  # [S, h | kv, L, d]
+    outs = []
+    for p, sel in layout.by_prefix:
+        rows_of = _pick(layout.seg_row, sel)  # [s]
+        keys = torch.cat([key[:, :, :p].index_select(0, rows_of), _pick(k_own, sel)], dim=2)  # [s, kv, p + L, d]
+        vals = torch.cat([value[:, :, :p].index_select(0, rows_of), _pick(v_own, sel)], dim=2)  # [s, kv, p + L, d]
+        outs.append(sdpa(_pick(q_seg, sel), _repeat_heads(keys, groups), _repeat_heads(vals, groups),
+                         attn_mask=causal_lower_right(lw, p + lw), dropout_p=dropout, scale=scaling))  # [s, h, L, d]
+    own = outs[0] if layout.seg_unsort is None else torch.cat(outs).index_select(0, layout.seg_unsort)  # [S, h, L, d]
     flat = torch.cat([prompt.transpose(1, 2).reshape(rows * pw, heads, dim),
                       own.transpose(1, 2).reshape(n_seg * lw, heads, dim)])  # [R*P + S*L, h, d]
     return flat[layout.source]  # [R, T, h, d]

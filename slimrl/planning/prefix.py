@@ -23,9 +23,8 @@ def shared_prefix_applies(config: Any, s: dict[str, Any]) -> bool:
 
 def prefix_gather_bytes(config: Any, rows: int, prompt: int, completion: int, dtype: torch.dtype) -> int:
     """The shared-prefix attention's own bytes: one layer's segment keys and values, the prompt's gathered, repeated
-    to every head (``2 x S x heads x (P + C) x head_dim``), and the pass's bias (``S x C x ceil16(P + C)``)."""
+    to every head (``2 x S x heads x (P + C) x head_dim``); its causal mask is PyTorch's lower-right bias, no tensor."""
     text = getattr(config, "text_config", None) or config
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    bias = rows * completion * (-(-(prompt + completion) // 16) * 16)
-    return (2 * rows * heads * (prompt + completion) * head_dim + bias) * dtype.itemsize
+    return 2 * rows * heads * (prompt + completion) * head_dim * dtype.itemsize

@@ -61,20 +61,29 @@ def test_each_completion_sees_what_its_own_unpacked_row_sees():
 def test_layout_rejects_nothing_it_cannot_index():
     layout = PackedLayout.build([2], [[1, 1]], torch.device("cpu"))
     assert layout.width == 4 and layout.seg_index.tolist() == [[2], [3]]
-    assert layout.seg_mask.shape == (2, 1, 1, 3)
-    assert layout.seg_mask[:, 0, 0].tolist() == [[True, True, True], [True, True, True]]
+    assert [(p, sel) for p, sel in layout.by_prefix] == [(2, None)] and layout.seg_unsort is None
 
 
-def efficient_kernel_problems(query: torch.Tensor, key: torch.Tensor, bias: torch.Tensor) -> list[str]:
-    """What keeps the segments' attention (``query [S, h, L, d]``, ``key [S, h, P + L, d]``, ``bias``) out of SDPA's
-    memory-efficient CUDA kernel (PyTorch's dispatch rules for it); empty when nothing does."""
+def test_segments_are_batched_by_their_prompt_length():
+    """Rows with prompts of 6, 3 and 6 tokens: two batches (3: the second row's segment; 6: the others), put back in
+    segment order."""
+    layout = PackedLayout.build([6, 3, 6], [[2, 5], [1], [3, 3, 1]], torch.device("cpu"))
+    assert [(p, sel.tolist()) for p, sel in layout.by_prefix] == [(3, [2]), (6, [0, 1, 3, 4, 5])]
+    assert torch.cat([sel for _, sel in layout.by_prefix])[layout.seg_unsort].tolist() == list(range(6))
+
+
+def causal_kernel_problems(query: torch.Tensor, key: torch.Tensor, mask) -> list[str]:
+    """What keeps the segments' attention (``query [s, h, L, d]``, ``key [s, h, p + L, d]``) out of SDPA's fused CUDA
+    kernels (flash, memory-efficient): a mask other than PyTorch's lower-right causal bias of those lengths (the one
+    the kernels apply without a tensor), unequal head counts, a head dim or a last-dimension stride they do not take;
+    empty when nothing does."""
+    from torch.nn.attention.bias import CausalBias, CausalVariant
+
     problems = []
-    if bias.dtype != query.dtype:
-        problems.append(f"bias dtype {bias.dtype} is not the query's {query.dtype} (SDPA would convert it each call)")
-    if bias.dim() != 4 or bias.shape[1] != 1 or bias.shape[-2:] != (query.shape[-2], key.shape[-2]):
-        problems.append(f"bias shape {tuple(bias.shape)} is not [S, 1, L, P + L]")
-    if bias.stride(-1) != 1 or bias.stride(-2) % 16:
-        problems.append(f"bias rows are not 16-aligned (strides {bias.stride()}): SDPA would pad a copy each call")
+    if not isinstance(mask, CausalBias) or mask.variant != CausalVariant.LOWER_RIGHT:
+        problems.append(f"mask {type(mask).__name__} is not causal_lower_right (a tensor mask rules out flash)")
+    elif (mask.seq_len_q, mask.seq_len_kv) != (query.shape[-2], key.shape[-2]):
+        problems.append(f"mask lengths {(mask.seq_len_q, mask.seq_len_kv)} are not the query's and the keys'")
     if query.size(1) != key.size(1):
         problems.append("grouped-query heads not repeated (the kernel takes equal head counts)")
     if query.size(-1) % (4 if query.dtype == torch.float32 else 8):
@@ -89,28 +98,26 @@ SHAPES = {"qwen2.5-1.5b": (12, 2, 128), "llama-3.1-8b": (32, 8, 128), "gemma-3-1
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("model", list(SHAPES))
-def test_segments_attention_meets_the_efficient_kernel(monkeypatch, model, dtype):
-    """At real head sizes the segments' attention reaches SDPA as its memory-efficient CUDA kernel takes it (no
-    per-call conversion or padding copy, no reason to fall back to the math kernel); the bias is built once per
-    layout and dtype and is exactly the boolean mask."""
+def test_segments_attention_meets_the_causal_kernels(monkeypatch, model, dtype):
+    """At real head sizes the segments' attention reaches SDPA as its fused CUDA kernels take it: PyTorch's
+    lower-right causal bias (no mask tensor, keys a query does not see skipped), one call per distinct prompt length
+    after the prompt's own causal call."""
     from slimrl.ops import prefix_attention as pa
 
     heads, kv, dim = SHAPES[model]
-    layout = pa.PackedLayout.build([40, 33], [[37, 50, 12], [64]], torch.device("cpu"))
     calls = []
 
-    def spy(q, k, v, attn_mask=None, **kwargs):
-        if attn_mask is not None:
-            calls.append(efficient_kernel_problems(q, k, attn_mask))
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kwargs)
+    def spy(q, k, v, attn_mask=None, is_causal=False, **kwargs):
+        calls.append("causal" if is_causal and attn_mask is None else causal_kernel_problems(q, k, attn_mask))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                                **kwargs)
 
     monkeypatch.setattr(pa, "sdpa", spy)
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, heads, layout.width, dim, generator=g).to(dtype)
-    k, v = (torch.randn(2, kv, layout.width, dim, generator=g).to(dtype) for _ in range(2))
-    pa.shared_prefix_attention(q, k, v, layout)
-    pa.shared_prefix_attention(q, k, v, layout)
-    assert calls == [[], []]
-    bias = layout.bias(dtype)
-    assert layout.bias(dtype) is bias  # once per layout and dtype
-    assert torch.equal(bias == 0, layout.seg_mask) and torch.isinf(bias[~layout.seg_mask]).all()
+    for prefix_lens, batches in (([40, 40], 1), ([40, 33], 2)):
+        layout = pa.PackedLayout.build(prefix_lens, [[37, 50, 12], [64]], torch.device("cpu"))
+        q = torch.randn(2, heads, layout.width, dim, generator=g).to(dtype)
+        k, v = (torch.randn(2, kv, layout.width, dim, generator=g).to(dtype) for _ in range(2))
+        calls.clear()
+        pa.shared_prefix_attention(q, k, v, layout)
+        assert calls == ["causal"] + [[]] * batches
