@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "colocated vLLM engine (the generator check: sampled tokens' log-probs vs the training model's)")
     p.add_argument("--vllm_server_base_url", help="also GRPO/RLOO rows generating through this running vLLM server "
                    "(needs --model: the local directory the server serves)")
+    p.add_argument("--unsloth_num_chunks", type=int, help="slimrl's LM-head chunking on every row's config (on a GPU "
+                   "where TRL's Triton kernel serves the fused-head trainers, this makes slimrl's op serve them)")
     p.add_argument("--quiet", action="store_true", help="only the table")
     p.add_argument("--list", action="store_true", help="every trainer of the installed TRL: what slimrl gives it "
                    "(memory paths, checks and guards, first contact) and whether verify runs it; nothing is trained")
@@ -84,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rows = verify(algorithms, args.loss_type, args.model, args.full, args.device, progress=progress,
                           load_in_4bit=args.load_in_4bit, load_in_8bit=args.load_in_8bit,
-                          fast_inference=args.fast_inference, vllm_server_base_url=args.vllm_server_base_url)
+                          fast_inference=args.fast_inference, vllm_server_base_url=args.vllm_server_base_url,
+                          unsloth_num_chunks=args.unsloth_num_chunks)
         except VerifyError as err:
             return _fail(str(err))
     import trl

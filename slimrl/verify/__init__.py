@@ -50,13 +50,14 @@ from slimrl.verify.table import format_table
 
 def verify(algorithms: list[str] | None = None, loss_type: str | None = None, model: str | None = None,
            full: bool = False, device: str = "cpu", progress=None, load_in_4bit: bool = False,
-           load_in_8bit: bool = False, fast_inference: bool = False, vllm_server_base_url: str | None = None
-           ) -> list[Row]:
+           load_in_8bit: bool = False, fast_inference: bool = False, vllm_server_base_url: str | None = None,
+           unsloth_num_chunks: int | None = None) -> list[Row]:
     """Rows for every (trainer, loss type) asked for (default: every trainer the installed TRL has). ``model``: a
     model directory, .gguf or hub id whose config the tiny model copies (``full=True``: the model itself);
     ``device``: "cpu" (fp32) or "cuda" (bf16); ``load_in_4bit`` / ``load_in_8bit``: a bitsandbytes-quantized base
     (the LoRA scenarios only); ``fast_inference`` / ``vllm_server_base_url``: also the generator rows of GRPO and
-    RLOO (see the module docstring). ``progress(row)`` is called after each row."""
+    RLOO (see the module docstring); ``unsloth_num_chunks``: set on every scenario's config (slimrl's own op then
+    projects where TRL's Triton kernel would). ``progress(row)`` is called after each row."""
     import datasets
 
     from slimrl.patching import _normalise, trainer_and_config, trainer_available
@@ -66,6 +67,9 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
     if load_in_4bit and load_in_8bit:
         raise VerifyError("--load_in_4bit and --load_in_8bit: pass one of them")
     quantized = "4bit" if load_in_4bit else "8bit" if load_in_8bit else None
+    if unsloth_num_chunks is not None and unsloth_num_chunks < 1 and unsloth_num_chunks != -1:
+        raise VerifyError(f"--unsloth_num_chunks {unsloth_num_chunks}: pass a positive number of chunks (or -1, the "
+                          "default: automatic)")
     trainers = every_trainer()  # the table and the installed TRL's other trainers (those inheriting a route verify)
     names = [n for n in trainers if trainer_available(n) and trainers[n].about.scenario] if not algorithms else \
         [_checked_name(a, _normalise, trainer_available, trainers) for a in algorithms]
@@ -84,6 +88,8 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
         if vllm_status() is not None:
             raise VerifyError(f"--fast_inference: {vllm_status()}")
     setup = make_setup(model, full, device, quantized)
+    if unsloth_num_chunks is not None:
+        setup.slimrl_fields["unsloth_num_chunks"] = unsloth_num_chunks
     rows = []
     for name in names:
         types = loss_types(name, trainer_and_config(name)[1])

@@ -193,7 +193,7 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
     from slimrl.patching.specs import every_trainer
 
     uses_ops = bool(every_trainer()[name].routes)
-    if not problem and uses_ops and not ours["used"] and _route_applies(name):
+    if not problem and uses_ops and not ours["used"] and _route_applies(name, setup):
         problem = "slimrl's log-prob path did not run"
     if not problem and name in PROBED and loss_type not in AGENTIC and math.isnan(ours["gen_err"]):
         problem = "no generated token was checked against the training model"
@@ -256,8 +256,17 @@ def several_chunks(parts: int = 3):
         method_capture.rows_per_forward = logps.rows_per_forward = real_rows
 
 
-def _route_applies(name: str) -> bool:
-    """Whether a log-prob route serves ``name`` on the installed TRL (DPO/KTO/SFT before 1.15 have none)."""
+def _route_applies(name: str, setup: Setup) -> bool:
+    """Whether a log-prob route of slimrl's serves ``name`` here. A trainer whose one route is the fused head has
+    none before TRL 1.15 (no fused head), and hands every projection to TRL's Triton kernel where that kernel runs
+    and the config chose no chunking of slimrl's (:mod:`slimrl.patching.routes.head`): there TRL's kernel is the
+    path under test."""
     from slimrl.compat.trl_info import has_fused_head
+    from slimrl.patching.routes.head import trl_kernel_is_best
+    from slimrl.patching.specs import every_trainer
 
-    return not (name in ("dpo", "kto", "sft") and not has_fused_head())
+    if every_trainer()[name].routes != ("fused head",):
+        return True
+    chosen = setup.slimrl_fields.get("unsloth_num_chunks", -1) != -1 or \
+        setup.slimrl_fields.get("unsloth_logit_chunk_multiplier") is not None
+    return has_fused_head() and (chosen or not trl_kernel_is_best(torch.device(setup.device)))

@@ -38,6 +38,7 @@ class Setup:
     weights: str | None = None  # engine/server: the model directory the trained model (and the generator) load
     server_url: str | None = None  # server: the vLLM server's base URL
     overrides: dict = field(default_factory=dict)  # config values set over every scenario's own
+    slimrl_fields: dict = field(default_factory=dict)  # slimrl's config fields, set where the config has them (patched)
 
 
 def digits_reward(completions, **kwargs) -> list[float]:
@@ -104,8 +105,11 @@ class Kit:
         self.digits_reward = digits_reward
 
     def config(self, **kwargs):
-        """The config class with the shared settings (module docstring), ``kwargs`` and the setup's overrides."""
-        return self.config_cls(**{**_common(self.out_dir, self.setup), **kwargs, **self.setup.overrides})
+        """The config class with the shared settings (module docstring), ``kwargs`` and the setup's overrides (its
+        ``slimrl_fields`` only on a patched run's config, the one that declares them)."""
+        declared = getattr(self.config_cls, "__dataclass_fields__", {})
+        ours = {k: v for k, v in self.setup.slimrl_fields.items() if k in declared}
+        return self.config_cls(**{**_common(self.out_dir, self.setup), **kwargs, **self.setup.overrides, **ours})
 
     def config_is_list(self, field: str) -> bool:
         """Whether the installed config declares ``field`` as a list (DPO's ``loss_type`` from TRL 1.13)."""

@@ -82,6 +82,7 @@ def test_tiny_copy_of_the_users_model_config(tmp_path):
     (["--device", "cuda"], "--device cuda: no CUDA device is visible here"),
     (["--model", "/no/such/model"], "no such file or directory"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--algorithm", "dpo", "--unsloth_num_chunks", "0"], "--unsloth_num_chunks 0: pass a positive number"),
 ])
 def test_bad_input_is_one_line(capsys, argv, message):
     if argv[:2] == ["--device", "cuda"] and torch.cuda.is_available():
@@ -212,3 +213,24 @@ def test_the_update_tolerance_of_16_bit_weights_is_what_rounding_can_do_and_no_m
     assert tol / 30 < err <= tol, (err, tol)
     wrong = step(exact * 1.3)
     assert float((wrong - ref).norm() / ref.norm()) > tol
+
+
+def test_where_trls_triton_kernel_serves_the_fused_head_that_is_the_path_verify_expects(monkeypatch):
+    """On a GPU with TRL's Triton kernel, DPO/KTO/SFT (the fused head their one route) hand every projection to it
+    unless a chunking is chosen, so their rows do not ask for slimrl's op there; GRPO's capture route always runs;
+    with ``unsloth_num_chunks`` set slimrl's op is expected again (seen on an H200: the DPO row failed on this)."""
+    from slimrl.compat import trl_info
+    from slimrl.patching.routes import head
+    from slimrl.verify import rows
+    from slimrl.verify.scenarios import Setup
+
+    monkeypatch.setattr(trl_info, "has_fused_head", lambda: True)
+    setup = Setup(config=None, tokenizer=None, device="cuda", dtype=torch.bfloat16)
+    for best in (True, False):
+        monkeypatch.setattr(head, "trl_kernel_is_best", lambda device, best=best: best)
+        assert rows._route_applies("dpo", setup) is not best and rows._route_applies("grpo", setup)
+    monkeypatch.setattr(head, "trl_kernel_is_best", lambda device: True)
+    setup.slimrl_fields["unsloth_num_chunks"] = 4
+    assert rows._route_applies("dpo", setup) and rows._route_applies("sft", setup)
+    monkeypatch.setattr(trl_info, "has_fused_head", lambda: False)
+    assert not rows._route_applies("kto", setup)
