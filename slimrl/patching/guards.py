@@ -47,6 +47,14 @@ def scaler_enabled(trainer: Any) -> bool:
     return scaler is not None and bool(getattr(scaler, "is_enabled", lambda: True)())
 
 
+def _scale(scaler: Any) -> float | None:
+    """The scaler's current loss scale (one host sync), None where it has none to report."""
+    try:
+        return float(scaler.get_scale())
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+
+
 def all_finite(tensors: list[torch.Tensor]) -> bool:
     """Whether every element of ``tensors`` is finite: one ``_foreach_norm`` (inf-norm: NaN and inf propagate) per
     device and dtype, the norms summed in fp32, one host sync."""
@@ -100,15 +108,22 @@ def check_finite_step(trainer: Any, model: torch.nn.Module, loss: torch.Tensor) 
 def count_skipped_scaler_step(trainer: Any) -> None:
     """With a gradient scaler, count the optimizer steps it skipped (non-finite scaled gradients) into the
     trainer's metrics as ``fp16/skipped_steps`` (a running total). Called at the start of each training step: the
-    previous optimizer step, if one ran since the last call, is the one inspected."""
+    previous optimizer step, if one ran since the last call, is the one inspected. A skipped step is one whose
+    ``scaler.update()`` lowered the scale (it only lowers it after non-finite gradients), or one accelerate flags:
+    with a fused optimizer (transformers' default ``adamw_torch_fused``) the scaler hands the inf check to the
+    optimizer's own step, which accelerate then counts as taken (seen on an H200: ``optimizer_step_was_skipped``
+    False after an inf step)."""
     if not scaler_enabled(trainer):
         return
     step, state = trainer.state.global_step, trainer_state(trainer)
     stepped = state.seen_step is not None and state.seen_step != step  # an optimizer step ran since the last call
+    scale = _scale(trainer.accelerator.scaler)
+    lowered = stepped and scale is not None and state.seen_scale is not None and scale < state.seen_scale
     state.seen_step = step
+    state.seen_scale = scale if state.seen_scale is None or stepped else state.seen_scale
     if not stepped:
         return
-    if trainer.accelerator.optimizer_step_was_skipped:
+    if lowered or trainer.accelerator.optimizer_step_was_skipped:
         state.skipped_steps += 1
     metrics = getattr(trainer, "_metrics", None)
     if isinstance(metrics, dict) and isinstance(metrics.get("train"), dict):

@@ -32,6 +32,7 @@ class TrainerState:
     is_inputs: Any = None  # GRPO old-log-prob reuse: the micro-batch whose policy forward fills the IS ratio
     seen_step: int | None = None  # fp16: the optimizer step seen at the last training_step
     skipped_steps: int = 0  # fp16: optimizer steps the gradient scaler skipped (metric fp16/skipped_steps)
+    seen_scale: float | None = None  # fp16: the loss scale at the start of the last optimizer step seen
     fp16_warned: bool = False  # fp16 weights without a scaler: the overflow warning was given
     building: bool = False  # slimrl's constructor wrapper is running (a patched base's wrapper then stands aside)
     algorithm: str = ""  # PatchFastRL's name of the trainer

@@ -150,3 +150,44 @@ def test_finite_check_is_exact_on_every_dtype():
             t[3] = bad
             assert not all_finite([big, t]), (dtype, bad)
     assert all_finite([])
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_skipped_step_is_counted_with_a_fused_optimizer_too(fused):
+    """An inf step under a real GradScaler: with a fused AdamW (transformers' default ``adamw_torch_fused``) the
+    scaler hands the inf check to the optimizer's step, so accelerate's ``step_was_skipped`` says False; the halved
+    scale says it was skipped, and slimrl counts it (seen on an H200: 0 skipped steps after an inf step)."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.state import AcceleratorState
+
+    from slimrl.patching.guards import count_skipped_scaler_step
+
+    Accelerator(cpu=True)
+    try:
+        p = torch.nn.Parameter(torch.ones(4))
+        scaler = torch.amp.GradScaler("cpu")
+        optimizer = AcceleratedOptimizer(torch.optim.AdamW([p], lr=0.1, fused=fused), device_placement=False,
+                                         scaler=scaler)
+        trainer = _fake_trainer(scaler=scaler)
+
+        class Acc(SimpleNamespace):  # accelerate's property: any of its optimizers flags a skipped step
+            optimizer_step_was_skipped = property(lambda self: self.optimizer.step_was_skipped)
+
+        trainer.accelerator = Acc(scaler=scaler, optimizer=optimizer)
+        count_skipped_scaler_step(trainer)  # step 1 starts
+        scaler.scale((p * float("inf")).sum()).backward()
+        optimizer.step()  # skipped: inf gradients
+        assert torch.equal(p.detach(), torch.ones(4)) and optimizer.step_was_skipped is not fused
+        trainer.state.global_step = 1
+        count_skipped_scaler_step(trainer)  # step 2 starts: step 1 is inspected
+        optimizer.zero_grad()
+        scaler.scale(p.sum()).backward()
+        optimizer.step()  # taken
+        trainer.state.global_step = 2
+        count_skipped_scaler_step(trainer)
+        assert trainer._metrics["train"]["fp16/skipped_steps"] == [1.0, 1.0]
+    finally:
+        AcceleratorState._reset_state(True)
