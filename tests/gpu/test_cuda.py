@@ -1,7 +1,9 @@
 """CUDA tests (``make test-gpu``; skipped where there is no CUDA device).
 
-* the op against fp64 on CUDA: fp32 inputs at rtol/atol 1e-5 (no TF32: torch's default fp32 matmul precision is
-  "highest"), bf16 at 3e-2 (8 mantissa bits; softmax in fp32), the tolerances of the CPU op tests;
+* the op against fp64 on CUDA: fp32 inputs at rtol/atol 1e-5 elementwise (no TF32: torch's default fp32 matmul
+  precision is "highest"); bf16 as a norm-wise relative error of 2e-2, about five bf16 epsilons (8 mantissa bits,
+  softmax in fp32): elementwise, a gradient element that cancels to near zero carries the rounding of its O(1)
+  summands (seen on an H200: 0.052 absolute against 3e-2, the same element and value as on a CPU; norm-wise 8.4e-3);
 * GRPO patched vs unpatched on CUDA (fp32, relative 1e-4 on the LoRA updates, as on CPU);
 * a QLoRA (NF4) GRPO step; 4-bit LoRA gradients after for_inference -> generate -> for_training equal a fresh
   copy's (fp32 compute, 1e-5 relative: same weights and batch on both sides; tests/models/test_quantized.py on CPU);
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 CUDA = torch.device("cuda")
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_op_against_fp64_on_cuda(dtype, tol):
     from slimrl.ops import chunked_logprobs
     from tests.ops.test_chunked_logprob import make, reference
@@ -36,12 +38,21 @@ def test_op_against_fp64_on_cuda(dtype, tol):
     h64 = hidden.detach().double().requires_grad_()
     w64 = weight.detach().double().requires_grad_()
     rl, re = reference(h64, w64, targets, temperature=0.8)
-    torch.testing.assert_close(logps.double().cpu(), rl, rtol=tol, atol=tol)
-    torch.testing.assert_close(ent.double().cpu(), re, rtol=tol, atol=tol)
+
+    def close(got: torch.Tensor, ref: torch.Tensor) -> None:
+        got = got.detach().double().cpu()
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, ref.detach(), rtol=tol, atol=tol)
+        else:
+            err = float((got - ref.detach()).norm() / ref.detach().norm())
+            assert err <= tol, err
+
+    close(logps, rl)
+    close(ent, re)
     (logps.sum() + 0.5 * ent.sum()).backward()
     (rl.sum() + 0.5 * re.sum()).backward()
-    torch.testing.assert_close(h.grad.double().cpu(), h64.grad, rtol=tol, atol=tol)
-    torch.testing.assert_close(w.grad.double().cpu(), w64.grad, rtol=tol, atol=tol)
+    close(h.grad, h64.grad)
+    close(w.grad, w64.grad)
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])

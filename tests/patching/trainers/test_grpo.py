@@ -63,7 +63,7 @@ def run_grpo(tmp_path, loss_type: str, beta: float, tiled_rows: int | None = Non
     trainer = GRPOTrainer(model=model, args=GRPOConfig(**kwargs), reward_funcs=[reward_digits],
                           train_dataset=ds, processing_class=tok)
     trainer.train()
-    deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
+    deltas = {n: p.detach().cpu() - before[n] for n, p in model.named_parameters() if p.requires_grad}  # [*p.shape]
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return seen, deltas, losses, trainer
 
