@@ -73,11 +73,19 @@ class CudaCopies(HostCopies):
     def __init__(self, device: torch.device) -> None:
         self.stream = torch.cuda.Stream(device)
         self.device = device
+        self.lock_error: int | None = None  # cudaHostRegister's error, once it failed: no more tries
 
     def new_buffer(self, nbytes: int, pin: bool) -> tuple[torch.Tensor, bool]:
         buf = torch.empty(nbytes, dtype=torch.uint8)
-        if pin and int(torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)) == 0:
+        if not pin or self.lock_error is not None:
+            return buf, False
+        error = int(torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0))
+        if error == 0:
             return buf, True
+        self.lock_error = error  # a VM or a locked-memory limit can refuse it: said once, not retried per buffer
+        warn(f"offloaded checkpointing: page-locking host memory failed (cudaHostRegister error {error}); layer "
+             f"inputs are copied through pageable memory, which is slower and waits for each copy. "
+             f"use_gradient_checkpointing=True keeps them on the GPU instead")
         return buf, False
 
     def free_buffer(self, buf: torch.Tensor, pinned: bool) -> None:

@@ -114,3 +114,27 @@ def test_pinned_memory_is_bounded(monkeypatch):
     assert offloader.pool.created > 2  # the rest went to pageable memory
     offloader.pool.clear()
     assert offloader.pool.pinned_bytes == 0 and not offloader.pool.free
+
+
+def test_a_refused_page_lock_is_said_once_and_not_retried(monkeypatch, caplog):
+    """``cudaHostRegister`` refused (a VM, a locked-memory limit): one line names it and the fix, the buffer is used
+    unpinned, and later buffers do not ask again (each refusal is a driver call)."""
+    import warnings
+    from types import SimpleNamespace
+
+    calls = []
+
+    def register(ptr, nbytes, flags):
+        calls.append(nbytes)
+        return 1  # cudaErrorInvalidValue
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: SimpleNamespace(cudaHostRegister=register))
+    copies = offload.CudaCopies.__new__(offload.CudaCopies)  # no stream needed to make buffers
+    copies.lock_error = None
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first = copies.new_buffer(1 << 20, pin=True)
+        second = copies.new_buffer(1 << 20, pin=True)
+    said = [str(w.message) for w in seen] + [r.getMessage() for r in caplog.records]
+    assert first[1] is False and second[1] is False and calls == [1 << 20]
+    assert sum("cudaHostRegister error 1" in m and "use_gradient_checkpointing=True" in m for m in said) == 1, said
