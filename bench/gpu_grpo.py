@@ -50,7 +50,7 @@ from grpo_step import RESULT_TAG  # noqa: E402
 
 from slimrl.cli.compare_worker import UNSLOTH_SITE, run_side, unsloth_env, unsloth_python  # noqa: E402
 
-SIDES = ("trl", "trl-liger", "slimrl", "slimrl/resident", "slimrl/noshared", "unsloth")
+SIDES = ("trl", "trl-liger", "slimrl", "slimrl/resident", "slimrl/noshared", "slimrl/untiled", "unsloth")
 
 
 def _worker_cmd(args: argparse.Namespace, side: str, lengths: list[int], steps: int | None = None) -> list[str]:

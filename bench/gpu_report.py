@@ -17,7 +17,8 @@ from pathlib import Path
 
 HEADER = ("| device | step | side | peak GB alloc / reserved | s/step | longest fit | vs TRL alone | vs Unsloth | "
           "slimrl plan | command |\n|---|---|---|---|---|---|---|---|---|---|")
-CHECKS = ("doctor", "parity-grpo", "parity-dpo", "parity-4bit", "prefix-attention", "unsloth-setup")
+CHECKS = ("doctor", "parity-grpo", "parity-dpo", "parity-dpo-chunked", "parity-4bit", "prefix-attention",
+          "unsloth-setup")
 
 
 def _versions(v: dict) -> str:
@@ -27,7 +28,8 @@ def _versions(v: dict) -> str:
 def _key(result: dict) -> tuple:
     c = result.get("config", {})
     what = ("fit", c.get("cap_gb")) if c.get("length") is None else ("step", c.get("length"))
-    return (c.get("shape"), c.get("quant"), c.get("prompt_length"), c.get("generations"), *what)
+    # gpu_compare.py's config names no quantization: it runs the bf16 base, as gpu_grpo.py's "bf16"
+    return (c.get("shape"), c.get("quant") or "bf16", c.get("prompt_length"), c.get("generations"), *what)
 
 
 def collect(reports: list[dict]) -> dict[tuple, dict[str, dict]]:

@@ -6,11 +6,16 @@ On the GPU machine (a copy of this repository with ``.gpu-wheels/`` from ``make 
                               #   then the headline:
                               #   Qwen2.5-1.5B shape, bf16 LoRA r=64, 8 x 4,096: TRL alone, TRL + Liger, slimrl
     bash bench/gpu_run.sh B   # <= 300 s: Unsloth's wheels into their own folder, Unsloth on the headline config,
-                              #   the longest completion under 24 GB per side, Qwen3-8B QLoRA 8 x 8,192
+                              #   slimrl with each default off in turn (where its step time goes), the longest
+                              #   completion under 24 GB per side
 
 Ordered by value: A's correctness checks come first (a wrong number is worse than none), then the headline; B's
-Unsloth headline first, then the 24 GB fit, then the 8B QLoRA row. Here (``make test``) both are rehearsed with
-tiny shapes on the CPU, Unsloth imported from its carry set through a view of the GPU machine's packages:
+Unsloth headline first, then the attribution, then the 24 GB fit. The first lease (an H200, docs/BENCHMARKS.md
+"GPU") showed the Qwen3-8B QLoRA 8 x 8,192 row cannot share it: creating and saving the 16 GB random-init copy
+printed nothing in 125 s, so that row runs alone (``python3 bench/gpu_grpo.py --shape qwen3-8b --quant qlora
+--length 8192 --prompt-length 256 --generations 8 --steps 1 --sides trl,slimrl,unsloth``). Here (``make test``) both
+are rehearsed with tiny shapes on the CPU, Unsloth imported from its carry set through a view of the GPU machine's
+packages:
 
     python bench/gpu_run.py all --device cpu --tiny --out /tmp/rehearsal
 
@@ -74,32 +79,34 @@ def steps(stage: str, tiny: bool) -> list[Step]:
     fit = (*small, "--cap-gb", "64", "--fit-lengths", "8,16", "--fit-step", "8", "--fit-max", "32") if tiny else \
         ("--shape", "qwen2.5-1.5b", "--prompt-length", "256", "--generations", "8", "--cap-gb", "24",
          "--fit-lengths", "1024,2048", "--fit-step", "256")
-    big = (*small, "--length", "12") if tiny else \
-        ("--shape", "qwen3-8b", "--length", "8192", "--prompt-length", "256", "--generations", "8")
     table = {
         "A": [
             Step("doctor", ("{py}", "-m", "slimrl", "doctor"), 25, 10),
             # bf16 on CUDA (fp32 in the rehearsal): loss, every LoRA gradient and the update vs TRL alone
             Step("parity-grpo", _verify("--algorithm", "grpo", "--loss_type", "dapo"), 40, 15),
-            Step("parity-dpo", _verify("--algorithm", "dpo", "--loss_type", "sigmoid"), 35, 15),
-            Step("parity-4bit", _verify("--algorithm", "grpo", "--loss_type", "dapo", "--load_in_4bit"), 45, 20,
+            # DPO on a GPU: TRL's Triton kernel serves its head by design; with a chunking chosen, slimrl's op does
+            Step("parity-dpo", _verify("--algorithm", "dpo", "--loss_type", "sigmoid"), 30, 15),
+            Step("parity-dpo-chunked", _verify("--algorithm", "dpo", "--loss_type", "sigmoid",
+                                               "--unsloth_num_chunks", "4"), 30, 15),
+            Step("parity-4bit", _verify("--algorithm", "grpo", "--loss_type", "dapo", "--load_in_4bit"), 35, 20,
                  needs_4bit=True),
             # every CUDA test: offloaded checkpointing's exactness, the shared-prefix kernels, PyTorch's dispatch
-            Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"), 60, 20),
+            Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"), 70, 20),
             # the Unsloth notebooks' engine arguments on this card's real free memory (vLLM's check where installed)
             Step("engine-args", ("{py}", "bench/gpu_engine_args.py", *(("--device", "cpu", "--gpu", "t4") if tiny
-                                                                        else ())), 15, 5),
+                                                                        else ())), 30, 5),
             # slimrl compare (each side its own process, the plan's prediction beside), on the shape's copy
             Step("headline", ("{py}", "bench/gpu_compare.py", *headline, "--sides", "trl,trl-liger,slimrl",
-                              "--steps", "2"), 200, 120),
+                              "--steps", "2"), 160, 120),
         ],
         "B": [
             Step("unsloth-setup", ("{py}", "bench/gpu_unsloth.py", "--wheels", ".gpu-wheels/unsloth", "--target",
-                                   *(("{tmp}/unsloth-py312", "--python", "3.12") if tiny else ("{site}",))), 40, 10),
-            Step("unsloth-headline", _grpo(*headline, "--sides", "unsloth", "--steps", "2"), 100, 60),
-            Step("fit-24gb", _grpo(*fit, "--fit", "--sides", "trl,trl-liger,slimrl,unsloth"), 80, 50),
-            Step("8b-qlora", _grpo(*big, "--quant", "qlora", "--steps", "1", "--sides", "trl,slimrl,unsloth"),
-                 80, 50, needs_4bit=True),
+                                   *(("{tmp}/unsloth-py312", "--python", "3.12") if tiny else ("{site}",))), 15, 5),
+            Step("unsloth-headline", _grpo(*headline, "--sides", "unsloth", "--steps", "2"), 95, 60),
+            # where slimrl's step time goes: each of its defaults turned off in turn, same config
+            Step("attribution", _grpo(*headline, "--sides", "slimrl/noshared,slimrl/resident,slimrl/untiled",
+                                      "--steps", "2"), 115, 60),
+            Step("fit-24gb", _grpo(*fit, "--fit", "--sides", "trl,trl-liger,slimrl,unsloth"), 75, 50),
         ],
     }
     return table[stage]

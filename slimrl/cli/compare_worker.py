@@ -4,7 +4,8 @@ the side's own way, build its GRPOTrainer, run the steps, print the figures as o
 
 Sides: ``trl`` (``AutoModelForCausalLM`` + ``GRPOTrainer(peft_config=...)``), ``trl-liger`` (the same with
 ``use_liger_kernel=True``), ``slimrl`` (``PatchFastRL`` + ``FastLanguageModel``), ``slimrl/resident`` (GPU-resident
-checkpointing instead of slimrl's offloaded one), ``slimrl/noshared`` (TRL's row layout in the log-prob passes) and
+checkpointing instead of slimrl's offloaded one), ``slimrl/noshared`` (TRL's row layout in the log-prob passes),
+``slimrl/untiled`` (whole MLPs, whatever the lean default would choose) and
 ``unsloth`` (Unsloth as its notebooks use it: ``from unsloth import FastLanguageModel, PatchFastRL`` first,
 ``PatchFastRL("GRPO", FastLanguageModel)``, ``FastLanguageModel.from_pretrained(..., fast_inference=False)`` and
 ``get_peft_model(..., use_gradient_checkpointing="unsloth")``, on its own TRL 1.15 from the folder
@@ -123,7 +124,9 @@ def _load(args, path: str, dtype):
     if side.startswith("slimrl"):
         from slimrl import FastLanguageModel
 
-        model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=seq, dtype=dtype, load_in_4bit=qlora)
+        tiles = {"unsloth_tiled_mlp": False} if side == "slimrl/untiled" else {}
+        model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=seq, dtype=dtype, load_in_4bit=qlora,
+                                                       **tiles)
         ckpt = True if side == "slimrl/resident" else {"true": True, "false": False}.get(args.ckpt, args.ckpt)
         return FastLanguageModel.get_peft_model(model, **lora, use_gradient_checkpointing=ckpt), tok, {}
     import torch
@@ -286,4 +289,10 @@ def worker_parser() -> argparse.ArgumentParser:
 if __name__ == "__main__":
     arguments = worker_parser().parse_args()
     arguments.lengths = [int(x) for x in arguments.lengths.split(",")]
-    print(RESULT_TAG + json.dumps(run_side(arguments, arguments.model)), flush=True)
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:  # the side's warnings go in its record (a GPU run's clues)
+        warnings.simplefilter("default")
+        figures = run_side(arguments, arguments.model)
+    figures["warnings"] = sorted({str(w.message)[:300] for w in caught})[:20]
+    print(RESULT_TAG + json.dumps(figures), flush=True)

@@ -63,7 +63,8 @@ def test_both_commands_rehearsed_fit_what_comes_back(tmp_path, capsys, monkeypat
     for side in ("trl", "slimrl"):  # two measured lengths, a fitted one, its probe
         assert set(fit[side]["points_gb"]) == {"8", "16"} and fit[side]["confirmed"], fit[side]
         assert fit[side]["longest_fit"] == fit[side]["predicted"] == 32
-    assert all("CUDA" in r["skipped"] for k, r in b["8b-qlora"].items() if k in ("trl", "slimrl"))
+    for side in ("slimrl/noshared", "slimrl/resident", "slimrl/untiled"):  # the attribution: each default off
+        assert math.isfinite(b["attribution"][side]["loss"]), b["attribution"][side]
     capsys.readouterr()
     assert gpu_report.main([str(out)]) == 0
     table = capsys.readouterr().out.splitlines()
