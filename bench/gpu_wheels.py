@@ -33,7 +33,8 @@ SLIMRL_SET = ("trl==1.16.0", "datasets==5.2.0", "dill==0.4.1", "multiprocess==0.
               "liger-kernel==0.8.5", "bitsandbytes==0.50.2")
 UNSLOTH_SET = ("unsloth==2026.10.9", "unsloth_zoo==2026.10.9", "trl==1.15.0", "datasets==4.8.5",
                "fsspec==2026.2.0", "torchao==0.18.0", "cut_cross_entropy==25.1.1", "tyro==1.0.17",
-               "docstring-parser==0.18.0", "typeguard==4.6.1", "msgspec==0.22.0")
+               "docstring-parser==0.18.0", "typeguard==4.6.1", "msgspec==0.22.0",
+               "certifi==2026.10.19.post1")  # the H200's was 2026.7.22, older than Unsloth's floor
 # the machine's own releases of what Unsloth checks at import (KINDS.md's pip list): the rehearsal's stand-ins
 MACHINE_STANDINS = ("transformers==5.17.0", "huggingface_hub==1.33.0", "tokenizers==0.23.2", "accelerate==1.15.0",
                     "httpx", "httpcore", "h11", "anyio")
