@@ -67,6 +67,7 @@ def validate() -> list[dict]:
     import functools
 
     from slimrl.compat.gpus import CUDA_CONTEXT_BYTES
+    from slimrl.patching.specs import PLANNED
     from slimrl.planning.baseline import family_of, simulate
     from slimrl.planning.reference import REFERENCE_DTYPE
     from slimrl.planning.verdict import LIKELY
@@ -79,7 +80,7 @@ def validate() -> list[dict]:
 
             @functools.cache
             def peak_at(tokens: int, trainer=trainer, batch=batch, family=family) -> int:
-                return simulate(config, trainer, tokens, family, rows=batch,
+                return simulate(config, PLANNED[trainer].trl, tokens, family, rows=batch,
                                 reference_dtype=REFERENCE_DTYPES.get(trainer, REFERENCE_DTYPE)).peak_bytes
 
             sim_peak = peak_at(8192) / GIB

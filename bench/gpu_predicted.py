@@ -55,9 +55,11 @@ def config_of(shape: str):
 
 
 def settings_of(extra: dict):
+    from slimrl.patching.specs import PLANNED
     from slimrl.planning.settings import Settings
 
-    base = dict(per_device_train_batch_size=8, num_generations=8, device="cuda", gradient_checkpointing="slimrl")
+    base = dict(workload=PLANNED["grpo"], per_device_train_batch_size=8, num_generations=8, device="cuda",
+                gradient_checkpointing="slimrl")
     return Settings(**{**base, **extra})
 
 
@@ -112,7 +114,7 @@ def gemma_rows(trainers: tuple[str, ...] | None = None) -> list[dict]:
 
     from slimrl.compat.gpus import CUDA_CONTEXT_BYTES
     from slimrl.patching.specs import PLANNED
-    from slimrl.planning.baseline import REFERENCE, simulate
+    from slimrl.planning.baseline import simulate
     from slimrl.planning.plan import plan
     from slimrl.planning.settings import Settings
     from slimrl.planning.verdict import LIKELY
@@ -125,11 +127,12 @@ def gemma_rows(trainers: tuple[str, ...] | None = None) -> list[dict]:
         def ours(tokens: int, trainer=trainer, batch=batch) -> int:
             s = Settings(algorithm=trainer, workload=PLANNED[trainer], per_device_train_batch_size=batch,
                          num_generations=1, max_prompt_length=1, max_completion_length=tokens - 1, lora_r=0,
-                         device="cuda", gradient_checkpointing="slimrl", beta=0.05 if REFERENCE[trainer] else 0.0)
+                         device="cuda", gradient_checkpointing="slimrl",
+                         beta=0.05 if PLANNED[trainer].trl.default_reference else 0.0)
             return plan(config, s, search=False).peak_bytes
 
         def theirs(tokens: int, trainer=trainer, batch=batch) -> int:
-            return simulate(config, trainer, tokens, "fused_head", rows=batch).peak_bytes
+            return simulate(config, PLANNED[trainer].trl, tokens, "fused_head", rows=batch).peak_bytes
 
         row = {"row": f"gemma-3-1b {trainer} (full fine-tuning{', batch 2' if batch == 2 else ''})",
                "slimrl_8192": round(ours(8192) / GIB, 2), "trl 1.16_8192": round(theirs(8192) / GIB, 2),

@@ -174,3 +174,35 @@ def test_patching_has_no_per_trainer_module_at_the_top():
     top = {p.stem for p in (SRC / "patching").glob("*.py")}
     assert not top & set(TRAINERS), top & set(TRAINERS)
     assert {p.stem for p in (SRC / "patching" / "trainers").glob("*.py")} - {"__init__"} == set(TRAINERS)
+
+
+# Where trainers are described: their own modules, the table of them, and the table's half read from TRL (the
+# trainers without a module: why each has no memory path, which inherit a verified route).
+TABLE = ("slimrl.patching.trainers", "slimrl.patching.specs", "slimrl.patching.derived")
+
+
+def _trainer_name_lists(path: Path, names: set[str]) -> list[tuple[int, list[str]]]:
+    """(line, names) of each tuple, list, set or dict-keys literal in ``path`` holding two or more of ``names``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else \
+            node.keys if isinstance(node, ast.Dict) else None
+        found = sorted({e.value for e in elts or () if isinstance(e, ast.Constant) and e.value in names})
+        if len(found) >= 2:
+            out.append((node.lineno, found))
+    return out
+
+
+def test_only_the_trainer_table_spells_lists_of_trainer_names(tmp_path):
+    """Knowledge about a trainer lives with it (its module, its row): every other list of trainers (verify's
+    generation check and loss types, the planner's TRL baseline, PatchDPOTrainer's set, the fused head's entry
+    methods) is derived from the table, so adding a trainer touches no module outside it."""
+    from slimrl.patching.specs import every_trainer
+
+    names = set(every_trainer())
+    spelled = {name: found for name, path in MODULES.items() if _outside({name}, *TABLE)
+               for found in [_trainer_name_lists(path, names)] if found}
+    assert not spelled, spelled
+    planted = tmp_path / "planted.py"  # the check sees such a list where there is one
+    planted.write_text('PROBED = ("grpo", "rloo")\nif name in ["dpo", "kto"]:\n    pass\nX = {"sft": 1, "cpo": 2}\n')
+    assert sorted(line for line, _ in _trainer_name_lists(planted, names)) == [1, 2, 4]

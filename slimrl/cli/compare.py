@@ -119,10 +119,12 @@ def prediction(args: argparse.Namespace, path: str) -> dict[str, Any]:
     import warnings
 
     try:
+        from slimrl.patching.specs import PLANNED
         from slimrl.planning import Settings, plan
         from slimrl.planning.compare import compare
 
-        s = Settings(per_device_train_batch_size=args.num_generations, num_generations=args.num_generations,
+        s = Settings(workload=PLANNED["grpo"], per_device_train_batch_size=args.num_generations,
+                     num_generations=args.num_generations,
                      max_prompt_length=args.max_prompt_length, max_completion_length=args.max_completion_length,
                      lora_r=args.lora_r, load_in_4bit=args.load_in_4bit, device=args.device,
                      gradient_checkpointing=args.gradient_checkpointing)

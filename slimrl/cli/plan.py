@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.algorithm not in PLANNED:
         return fail("slimrl plan", f"--algorithm {args.algorithm!r}: unknown; choose one of {', '.join(PLANNED)}")
+    if args.compare and PLANNED[args.algorithm].trl is None:
+        simulated = ", ".join(name for name, work in PLANNED.items() if work.trl is not None)
+        return fail("slimrl plan", f"--compare: TRL alone is simulated for {simulated}; not {args.algorithm!r}")
     if PLANNED[args.algorithm].generates and args.per_device_train_batch_size % max(args.num_generations, 1):
         return fail("slimrl plan", f"--per_device_train_batch_size {args.per_device_train_batch_size}: the plan is of "
                                    f"one generation batch of these rows, which TRL needs to be a multiple of "

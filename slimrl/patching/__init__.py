@@ -193,13 +193,12 @@ def unpatch(algorithm: str | None = None) -> None:
         moved_names.uninstall()
 
 
-PREFERENCE = ("dpo", "orpo", "kto", "cpo", "bco")  # what Unsloth's PatchDPOTrainer covers, where TRL has them
-
-
 def PatchDPOTrainer() -> None:  # noqa: N802 (Unsloth's name)
     """Unsloth's ``PatchDPOTrainer()``: patch the preference trainers the installed TRL has (DPO, ORPO, KTO, CPO,
-    BCO) in place, as ``PatchFastRL(name)`` does for each."""
-    for name in PREFERENCE:
+    BCO: the table's ``preference`` rows) in place, as ``PatchFastRL(name)`` does for each."""
+    from slimrl.patching.specs import TRAINERS
+
+    for name in (n for n, spec in TRAINERS.items() if spec.preference):
         if trainer_available(name):
             PatchFastRL(name)
 

@@ -20,7 +20,7 @@ Each trainer TRL publishes gets one of three treatments, decided from TRL's clas
 
 A trainer counts as keeping its base's route when it overrides none of the methods that enter it: the methods the
 base's own patches replace outright, and for the fused-head trainers the TRL method that calls the fused head
-(:data:`FUSED_HEAD_CALLERS`).
+(``TrainerSpec.fused_head_callers``).
 """
 
 from __future__ import annotations
@@ -34,10 +34,6 @@ from slimrl.patching.catalog import Shipped, resolve
 from slimrl.patching.registry import Patch
 from slimrl.patching.spec import FIRST_CONTACT, About, TrainerSpec, row
 
-# the TRL method that calls the fused LM head, per table trainer whose route is the fused head
-FUSED_HEAD_CALLERS = {"sft": ("compute_loss",), "dpo": ("_compute_loss", "compute_ref_log_probs"),
-                      "kto": ("_compute_loss", "_compute_kl_logps", "compute_ref_log_probs"),
-                      "rloo": ("_get_per_token_logps_and_entropies",)}
 # why a first-contact trainer has no memory path (docs/compatibility.md); the default says it in general terms
 WHY_NOT = {
     "distillation": "its loss is a divergence over the whole vocabulary, already chunked by TRL's "
@@ -89,7 +85,7 @@ def _overrides(cls: type, base: type) -> set[str]:
 def _entries(spec: TrainerSpec, own: list[Patch]) -> set[str]:
     """The methods through which ``spec``'s log-probs reach slimrl (module docstring)."""
     replaced = {p.attribute for p in own if not p.wrap and p.target == spec.trainer}
-    return replaced | set(FUSED_HEAD_CALLERS.get(spec.name, ()))
+    return replaced | set(spec.fused_head_callers)
 
 
 def _wrap_copies(spec_patches: list[Patch], base: TrainerSpec, name: str, target: str, overridden: set[str]) -> list:

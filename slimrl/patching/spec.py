@@ -36,13 +36,17 @@ class About:
     scenario: Callable | None = None  # slimrl verify's run: scenario(kit, loss_type) -> trainer, in its module
     not_verified: str = ""  # why it has no scenario (said under slimrl verify's table)
     layer: str = MEMORY_PATHS  # MEMORY_PATHS | CHECKS_ONLY | FIRST_CONTACT
+    # slimrl verify's rows: "default" (one), "config" (each loss_type its config offers), "grpo" (GRPO's and the
+    # agentic rows)
+    loss_types: str = "default"
+    generation_check: bool = False  # slimrl verify checks its sampled tokens' log-probs against the training model
 
 
 def row(name: str, trainer: str, config: str | None, *, note: str = "", parity_test: str = "—",
         cli: str | None = None, scenario: Callable | None = None, not_verified: str = "", layer: str = MEMORY_PATHS,
-        **patching: Any) -> TrainerSpec:
+        loss_types: str = "default", generation_check: bool = False, **patching: Any) -> TrainerSpec:
     """One trainer: what the patches need, and :class:`About` it."""
-    about = About(note, parity_test, cli, scenario, not_verified, layer)
+    about = About(note, parity_test, cli, scenario, not_verified, layer, loss_types, generation_check)
     return TrainerSpec(name, trainer, config, about=about, **patching)
 
 
@@ -68,6 +72,8 @@ class TrainerSpec:
     base: str | None = None  # the trainer whose route it inherits as TRL's subclass of it (slimrl.patching.derived)
     patches: tuple[Patch, ...] = field(default=())  # its own, from trainers/<name>.py
     workload: Workload | None = None  # what one step does: auto-fit's and `slimrl plan`'s (None: not planned)
+    fused_head_callers: tuple[str, ...] = ()  # the TRL methods that call the fused LM head (its "fused head" route)
+    preference: bool = False  # one of the preference trainers Unsloth's PatchDPOTrainer() patches
     about: About = field(default_factory=lambda: About())  # what the docs, the CLI and verify read
 
     @property

@@ -37,10 +37,10 @@ from typing import Any
 import torch
 
 from slimrl.planning.reference import REFERENCE_DTYPE, reference_bytes
+from slimrl.planning.settings import TrlStep
 from slimrl.planning.trace import LiveBytes, _base, _state, cuda_attention
 
 FAMILIES = ("full_logits", "fused_head", "liger")
-TRAINERS = ("grpo", "rloo", "dpo", "kto", "sft")
 TOKEN_CHUNK, VOCAB_CHUNK = 4096, 32768  # TRL's chunked head: tokens and vocabulary columns per tile
 
 
@@ -142,23 +142,21 @@ def liger_chunk(rows: int, vocab: int, hidden: int) -> int:
     return 2 ** math.ceil(math.log2(max(1, math.ceil(rows / math.ceil(vocab / hidden)))))
 
 
-# trainers whose default run keeps a frozen reference model (RLOO's beta defaults to 0.05, GRPO's to 0)
-REFERENCE = {"rloo": True, "dpo": True, "kto": True, "grpo": False, "sft": False}
-
-
-def simulate(config: Any, trainer: str, tokens: int, family: str, *, rows: int = 1, lora_r: int = 0,
+def simulate(config: Any, trl: TrlStep, tokens: int, family: str, *, rows: int = 1, lora_r: int = 0,
              checkpointing: bool = True, reference: bool | None = None, device: str = "cuda",
              load_in_4bit: bool = False, reference_dtype: torch.dtype = REFERENCE_DTYPE) -> Step:
-    """One step of ``trainer`` on ``rows`` sequences of ``tokens`` tokens (DPO: that many chosen and as many
-    rejected; KTO: as many mismatched KL sequences besides), TRL's head of ``family``; ``reference`` overrides the
-    trainer's default (:data:`REFERENCE`), ``reference_dtype`` the dtype TRL builds that copy in
+    """One step of the trainer whose TRL step is ``trl`` (its workload's, declared with its patches) on ``rows``
+    sequences of ``tokens`` tokens (DPO: that many chosen and as many rejected; KTO: as many mismatched KL sequences
+    besides), TRL's head of ``family``; ``reference`` overrides the trainer's default (``trl.default_reference``),
+    ``reference_dtype`` the dtype TRL builds that copy in
     (:data:`REFERENCE_DTYPE`). ``device="cuda"``: bf16 and CUDA's attention (module docstring); ``"cpu"``: fp32,
     attention keeping only its output and log-sum-exp (what slimrl's planner assumes there). ``load_in_4bit``: the
     decoder's linear weights in NF4, as slimrl's planner counts them (QLoRA)."""
     from slimrl.planning import trace
 
-    if trainer not in TRAINERS or family not in FAMILIES:
-        raise ValueError(f"trainer {trainer!r} / family {family!r}: choose from {TRAINERS} / {FAMILIES}")
+    if not isinstance(trl, TrlStep) or family not in FAMILIES:
+        raise ValueError(f"trl {trl!r} / family {family!r}: pass a trainer's TrlStep (its Workload's trl) / choose "
+                         f"from {FAMILIES}")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = trace.meta_model(config, dtype, lora_r, checkpoint_every=1 if checkpointing else 0)
     if load_in_4bit:
@@ -171,12 +169,12 @@ def simulate(config: Any, trainer: str, tokens: int, family: str, *, rows: int =
     persistent = {"weights": weights,
                   "optimizer": 16 * sum(p.numel() for _, p in trained) if lora_r else
                   2 * sum(p.numel() * p.element_size() for _, p in trained)}
-    keep_ref = REFERENCE[trainer] if reference is None else reference
+    keep_ref = trl.default_reference if reference is None else reference
     if keep_ref and not lora_r:  # LoRA: TRL scores the reference with the adapter disabled, no copy
         persistent["reference"] = reference_bytes(weights, dtype, reference_dtype, load_in_4bit)
     with cuda_attention(model, device), LiveBytes(_state(model)) as live:
-        _step(model, trainer, tokens, family, rows, keep_ref)
-    return Step(trainer, family, tokens, persistent, live.peak)
+        _step(model, trl, tokens, family, rows, keep_ref)
+    return Step(trl.name, family, tokens, persistent, live.peak)
 
 
 def _unique(model: Any) -> list[tuple[str, torch.Tensor]]:
@@ -189,35 +187,35 @@ def _unique(model: Any) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def _step(model: Any, trainer: str, tokens: int, family: str, rows: int, reference: bool) -> None:
+def _step(model: Any, trl: TrlStep, tokens: int, family: str, rows: int, reference: bool) -> None:
     """The step's passes (module docstring) and the backward of the policy's. What the trainer keeps referenced until
     its loss function returns stays live in the trace: the reference pass's outputs (DPO, KTO: ``ref_outputs``) and,
     with full logits, the copies its logit metrics make of the policy's logits."""
-    policy = 2 * rows if trainer == "dpo" else rows
-    if trainer == "kto":  # the KL pass: the policy on mismatched pairs, no gradient (its logits freed after)
+    policy = trl.policy_rows * rows
+    if trl.kl_pass:  # the KL pass: the policy on mismatched pairs, no gradient (its logits freed after)
         with torch.no_grad():
             _pass(model, rows, tokens, family, grad=False)
     held: list[torch.Tensor] = []  # [policy logits, reference logits] where the head materialises them
-    loss = _pass(model, policy, tokens, family, grad=True, nll=trainer == "sft", keep=held)
+    loss = _pass(model, policy, tokens, family, grad=True, nll=trl.nll, keep=held)
     if reference:
         with torch.no_grad():
-            if trainer == "kto":  # the reference's KL pass, then its pass over the batch
+            if trl.kl_pass:  # the reference's KL pass, then its pass over the batch
                 _pass(model, rows, tokens, family, grad=False)
-            _pass(model, policy, tokens, family, grad=False, keep=held if trainer in ("dpo", "kto") else None)
-    if held and trainer in ("dpo", "kto"):
-        _logit_metrics(held[0], trainer)
+            _pass(model, policy, tokens, family, grad=False, keep=held if trl.holds_reference_outputs else None)
+    if held and trl.holds_reference_outputs:
+        _logit_metrics(held[0], trl.metric_copies)
     del held
     loss.backward()
 
 
-def _logit_metrics(logits: torch.Tensor, trainer: str) -> None:
+def _logit_metrics(logits: torch.Tensor, copies: bool) -> None:
     """TRL <= 1.14's ``logits/chosen`` and ``logits/rejected`` over the policy's ``[B, T, V]`` logits: DPO splits
     the batch into views and copies each half's completion positions by a boolean mask; KTO first copies the chosen
     and the rejected rows (``index_select``, both held) and then masks each. Every completion position is taken to
-    be scored (the mask keeps all of them)."""
+    be scored (the mask keeps all of them). ``copies``: KTO's way."""
     with torch.no_grad():
         shifted = logits[:, :-1].detach()  # [B, T-1, V]
-        if trainer == "dpo":
+        if not copies:
             halves = shifted.chunk(2, dim=0)  # views
         else:
             half = shifted.shape[0] // 2 or 1

@@ -21,8 +21,6 @@ from slimrl.planning.search import MAX_SEARCH_TOKENS, context_room
 from slimrl.planning.settings import Settings
 from slimrl.planning.verdict import fitting_bytes
 
-BASELINE_TRAINERS = {"grpo": "grpo", "rloo": "rloo", "dpo": "dpo", "kto": "kto", "sft": "sft"}
-
 
 def liger_installed() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
@@ -40,12 +38,10 @@ def _trl_version() -> str:
 def trl_side(config: Any, s: Settings, family: str, generation: int = 0, runtime: int = 0) -> dict[str, Any]:
     """TRL alone (or with Liger) for settings ``s``: ``{"peak_bytes", "phases"}``; ``generation`` and ``runtime``
     (the CPU process's own size) as slimrl's plan has them."""
-    trainer = BASELINE_TRAINERS[s.algorithm]
     rows = s.per_device_train_batch_size
-    step = simulate(config, trainer, s.max_prompt_length + s.max_completion_length, family, rows=rows,
+    step = simulate(config, s.workload.trl, s.max_prompt_length + s.max_completion_length, family, rows=rows,
                     lora_r=s.lora_r, checkpointing=s.gradient_checkpointing != "false",
-                    reference=(s.beta > 0) if trainer in ("grpo", "rloo") else None, device=s.device,
-                    load_in_4bit=s.load_in_4bit)
+                    reference=s.workload.keeps_reference(s.beta), device=s.device, load_in_4bit=s.load_in_4bit)
     phases = {"runtime": runtime, **step.persistent, "step": step.pass_peak}
     if s.workload.generates:
         phases["generation"] = generation
@@ -57,8 +53,9 @@ def compare(config: Any, s: Settings, budget: int | None = None, step: int = 64)
     """The sides for ``s`` (module docstring); ``budget`` (bytes) adds each side's longest completion that fits."""
     from slimrl.planning.plan import plan
 
-    if s.algorithm not in BASELINE_TRAINERS:
-        raise ValueError(f"--compare: TRL alone is simulated for {', '.join(BASELINE_TRAINERS)}; not {s.algorithm!r}")
+    if s.workload.trl is None:
+        raise ValueError(f"--compare: TRL alone is not simulated for {s.algorithm!r} (its workload declares no TRL "
+                         f"step)")
     ours = plan(config, s, search=False)
     generation = ours.phases.get("generation", 0)
     runtime = ours.phases.get("runtime", 0) if s.device == "cpu" else 0  # CUDA: peaks of allocated bytes, no context

@@ -13,6 +13,20 @@ CHECKPOINTING = ("true", "false", "slimrl", "selective")
 
 
 @dataclass(frozen=True)
+class TrlStep:
+    """One step of a trainer as TRL alone runs it, what :mod:`slimrl.planning.baseline` simulates (the other side of
+    ``slimrl plan --compare``); each trainer declares its own in its :class:`Workload` (``trl``)."""
+
+    name: str  # the trainer, for labels
+    policy_rows: int = 1  # policy rows in the forward per batch row (DPO: chosen and rejected)
+    kl_pass: bool = False  # a no-grad pass over mismatched pairs before the policy's, the reference's too (KTO)
+    holds_reference_outputs: bool = False  # the reference's outputs and the logit metrics live until the loss returns
+    metric_copies: bool = False  # those metrics copy the chosen and rejected rows first (KTO's index_select)
+    nll: bool = False  # the loss is transformers' own cross entropy (SFT's nll)
+    default_reference: bool = False  # TRL's defaults keep a frozen reference model (RLOO's beta 0.05, DPO, KTO)
+
+
+@dataclass(frozen=True)
 class Workload:
     """What one step of a trainer does, as far as memory and time go. Each trainer declares its own next to its
     patches (``TrainerSpec.workload`` in :mod:`slimrl.patching.specs`); the default is GRPO's."""
@@ -22,6 +36,7 @@ class Workload:
     reference: str = "beta"  # a frozen reference's no-grad pass: "always", "beta" (when beta > 0) or "never"
     entropy: bool = True  # the policy's log-prob pass also computes entropies
     shared_prefix: bool = True  # generating, its log-prob passes pack each prompt once per group (slimrl_shared_prefix)
+    trl: TrlStep | None = None  # TRL alone's step, for --compare (None: not simulated)
 
     def keeps_reference(self, beta: float) -> bool:
         """Whether a step scores a frozen reference model at this KL coefficient."""

@@ -34,13 +34,13 @@ from slimrl.verify.rows import (  # noqa: F401 - the public names of slimrl.veri
     GEN_REASON_VLLM,
     GEN_TOLERANCE,
     GEN_TOLERANCE_VLLM,
-    PROBED,
     REASON,
     TOLERANCE,
     Row,
     VerifyError,
     compare,
     generation_row,
+    probed,
     rounding_exposure,
 )
 from slimrl.verify.scenarios import Setup, UnquantizableError, loss_types
@@ -108,7 +108,7 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
             rows.append(row)
             if progress is not None:
                 progress(row)
-    for row in _generator_rows([n for n in names if n in PROBED], loss_type, setup, fast_inference,
+    for row in _generator_rows([n for n in names if n in probed()], loss_type, setup, fast_inference,
                                vllm_server_base_url, model):
         rows.append(row)
         if progress is not None:

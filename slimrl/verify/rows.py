@@ -21,7 +21,13 @@ from slimrl.verify.reference import trl_kernel_where_missing
 from slimrl.verify.replay import record_or_replay, replays
 from slimrl.verify.scenarios import Kit, Setup, UnquantizableError
 
-PROBED = ("grpo", "rloo")  # trainers whose generation is checked against the training model
+
+def probed() -> tuple[str, ...]:
+    """The trainers whose generation is checked against the training model (the table's ``generation_check``)."""
+    from slimrl.patching.specs import every_trainer
+
+    return tuple(n for n, spec in every_trainer().items() if spec.about.generation_check)
+
 
 # Tolerances (relative error) by training dtype, and why.
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
@@ -114,7 +120,7 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str,
             if not grads:
                 grads.update({n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None})
 
-    probe = GenerationProbe(trainer) if patched and name in PROBED and loss_type not in AGENTIC else None
+    probe = GenerationProbe(trainer) if patched and name in probed() and loss_type not in AGENTIC else None
     if completions is not None:
         record_or_replay(trainer, completions, replay=patched)
     trainer.add_callback(FirstGradients())
@@ -166,7 +172,7 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
 
     tol = TOLERANCE[setup.dtype]
     t0 = time.perf_counter()
-    completions = [] if replays(setup.dtype, setup.device) and name in PROBED else None
+    completions = [] if replays(setup.dtype, setup.device) and name in probed() else None
     with tempfile.TemporaryDirectory(prefix="slimrl-verify-") as tmp:
         with trl_kernel_where_missing():  # TRL 1.15 without Triton has no fused-head kernel: a plain one stands in
             ref, ref_error = _attempt(name, loss_type, setup, False, str(Path(tmp) / "trl"), completions)
@@ -195,7 +201,7 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
     uses_ops = bool(every_trainer()[name].routes)
     if not problem and uses_ops and not ours["used"] and _route_applies(name, setup):
         problem = "slimrl's log-prob path did not run"
-    if not problem and name in PROBED and loss_type not in AGENTIC and math.isnan(ours["gen_err"]):
+    if not problem and name in probed() and loss_type not in AGENTIC and math.isnan(ours["gen_err"]):
         problem = "no generated token was checked against the training model"
     # the generator computes in the trained parameters' precision too (a QLoRA adapter's bf16 branch): on a CPU with
     # native bf16 dot products (AVX512-BF16) one decoding row and the scored batch round differently at that level

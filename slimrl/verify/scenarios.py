@@ -151,11 +151,13 @@ def loss_types(name: str, config_cls: type) -> list[str]:
     """The loss types the installed config offers for ``name`` (``["default"]`` where it has one loss).
     ``chunked_nll`` (SFT) is TRL's own non-fused path, left out."""
     from slimrl.compat.trl_info import config_choices, grpo_loss_types
+    from slimrl.patching.specs import every_trainer
 
-    if name == "grpo":  # and the agentic rows the installed TRL can run (slimrl.verify.agentic)
+    kind = every_trainer()[name].about.loss_types  # the trainer's row in the table says which
+    if kind == "grpo":  # and the agentic rows the installed TRL can run (slimrl.verify.agentic)
         from slimrl.verify.agentic import available
 
         return grpo_loss_types() + available()
-    if name in ("dpo", "kto", "sft", "cpo", "online_dpo") and "loss_type" in config_cls.__dataclass_fields__:
+    if kind == "config" and "loss_type" in config_cls.__dataclass_fields__:
         return list(dict.fromkeys(t for t in config_choices(config_cls) if t != "chunked_nll")) or ["default"]
     return ["default"]

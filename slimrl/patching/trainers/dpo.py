@@ -12,12 +12,13 @@ legacy keywords added. Use TRL >= 1.15 for the memory savings.
 from __future__ import annotations
 
 from slimrl.patching.routes.fused_head import prediction_step_patch
-from slimrl.planning.settings import Workload
+from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.dpo_trainer:DPOTrainer"
 CONFIG = "trl.trainer.dpo_config:DPOConfig"
 # what one step does, for `slimrl plan`
-WORKLOAD = Workload(generates=False, paired=True, reference="always", entropy=False)
+WORKLOAD = Workload(generates=False, paired=True, reference="always", entropy=False,
+                    trl=TrlStep("dpo", policy_rows=2, holds_reference_outputs=True, default_reference=True))
 
 # the log-probs come from TRL's fused head (TRL >= 1.15), whose kernel routes/fused_head.py swaps for every
 # trainer on it; evaluation reads the config's chunking too

@@ -26,12 +26,12 @@ from slimrl.patching.online.old_logps import compute_loss_factory, fill_importan
 from slimrl.patching.online.prefill import generate_single_turn_factory
 from slimrl.patching.online.step import online_training_step_factory
 from slimrl.patching.registry import Patch
-from slimrl.planning.settings import Workload
+from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
 CONFIG = "trl.trainer.grpo_config:GRPOConfig"
 # what one step does, for `slimrl plan`
-WORKLOAD = Workload(generates=True, reference="beta", entropy=True, shared_prefix=True)
+WORKLOAD = Workload(generates=True, reference="beta", entropy=True, shared_prefix=True, trl=TrlStep("grpo"))
 MODULE = "trl.trainer.grpo_trainer"
 
 

@@ -9,12 +9,14 @@ metrics in one method), which slimrl leaves as TRL's.
 from __future__ import annotations
 
 from slimrl.patching.routes.fused_head import prediction_step_patch
-from slimrl.planning.settings import Workload
+from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.kto_trainer:KTOTrainer"
 CONFIG = "trl.trainer.kto_config:KTOConfig"
 # what one step does, for `slimrl plan`
-WORKLOAD = Workload(generates=False, reference="always", entropy=False)
+WORKLOAD = Workload(generates=False, reference="always", entropy=False,
+                    trl=TrlStep("kto", kl_pass=True, holds_reference_outputs=True, metric_copies=True,
+                                default_reference=True))
 
 # the log-probs come from TRL's fused head (TRL >= 1.15), whose kernel routes/fused_head.py swaps for every
 # trainer on it; evaluation reads the config's chunking too

@@ -21,12 +21,13 @@ from slimrl.patching.online.prefill import generate_single_turn_factory
 from slimrl.patching.online.step import online_training_step_factory
 from slimrl.patching.registry import Patch
 from slimrl.patching.routes.fused_head import prediction_step_patch
-from slimrl.planning.settings import Workload
+from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.rloo_trainer:RLOOTrainer"
 CONFIG = "trl.trainer.rloo_config:RLOOConfig"
 # what one step does, for `slimrl plan`
-WORKLOAD = Workload(generates=True, reference="beta", entropy=False)
+WORKLOAD = Workload(generates=True, reference="beta", entropy=False,
+                    trl=TrlStep("rloo", default_reference=True))  # TRL's beta defaults to 0.05
 MODULE = "trl.trainer.rloo_trainer"
 
 

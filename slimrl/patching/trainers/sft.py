@@ -8,12 +8,12 @@ TRL 1.16's ``chunked_nll`` is TRL's own chunked path and is left alone; on TRL 1
 from __future__ import annotations
 
 from slimrl.patching.routes.fused_head import prediction_step_patch
-from slimrl.planning.settings import Workload
+from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.sft_trainer:SFTTrainer"
 CONFIG = "trl.trainer.sft_config:SFTConfig"
 # what one step does, for `slimrl plan`
-WORKLOAD = Workload(generates=False, reference="never", entropy=False)
+WORKLOAD = Workload(generates=False, reference="never", entropy=False, trl=TrlStep("sft", nll=True))
 
 # the log-probs come from TRL's fused head (TRL >= 1.15), whose kernel routes/fused_head.py swaps for every
 # trainer on it; evaluation reads the config's chunking too
