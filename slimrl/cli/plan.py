@@ -117,8 +117,6 @@ def main(argv: list[str] | None = None) -> int:
         return fail("slimrl plan", f"--per_device_train_batch_size {args.per_device_train_batch_size}: the plan is of "
                                    f"one generation batch of these rows, which TRL needs to be a multiple of "
                                    f"--num_generations {args.num_generations}")
-    if not 0 <= args.lora_r <= 65536:  # beyond any model's width: the planner would describe absurd tensors
-        return fail("slimrl plan", f"--lora_r {args.lora_r}: a LoRA rank in [1, 65536], or 0 for full fine-tuning")
     gpu, utilization = None, args.gpu_memory_utilization
     if args.gpu is not None:
         from slimrl.compat.gpus import find_gpu

@@ -46,9 +46,12 @@ TOKEN_CHUNK, VOCAB_CHUNK = 4096, 32768  # TRL's chunked head: tokens and vocabul
 
 def family_of(trl_version: str, liger: bool = False) -> str:
     """The head TRL ``trl_version`` runs (``liger``: with ``use_liger_kernel=True``)."""
-    from packaging.version import Version
+    from packaging.specifiers import SpecifierSet
 
-    return "liger" if liger else "fused_head" if Version(str(trl_version)) >= Version("1.15") else "full_logits"
+    from slimrl.compat.trl_info import FUSED_HEAD  # the one place the fused head's releases are named
+
+    fused = SpecifierSet(FUSED_HEAD).contains(str(trl_version), prereleases=True)
+    return "liger" if liger else "fused_head" if fused else "full_logits"
 
 
 @dataclass

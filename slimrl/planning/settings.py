@@ -78,6 +78,7 @@ class Settings:
 
 
 MAX_SIZE = 2**24  # rows or tokens: beyond any run, and below the integer overflow of a [rows, tokens] tensor
+MAX_LORA_RANK = 65536  # beyond any model's width
 
 
 def _check(s: Settings) -> None:
@@ -100,5 +101,6 @@ def _check(s: Settings) -> None:
         raise PlanInputError(f"--shared_prefix {s.shared_prefix!r}: write true or false")
     if s.tiled_mlp is not None and not isinstance(s.tiled_mlp, bool):
         raise PlanInputError(f"--tiled_mlp {s.tiled_mlp!r}: write true, false or auto")
-    if not isinstance(s.lora_r, int) or s.lora_r < 0:
-        raise PlanInputError(f"--lora_r {s.lora_r!r}: must be 0 (full fine-tuning) or a positive rank")
+    if not isinstance(s.lora_r, int) or isinstance(s.lora_r, bool) or not 0 <= s.lora_r <= MAX_LORA_RANK:
+        # beyond any model's width the planner would describe absurd tensors
+        raise PlanInputError(f"--lora_r {s.lora_r!r}: a LoRA rank in [1, {MAX_LORA_RANK}], or 0 for full fine-tuning")
