@@ -67,7 +67,7 @@ def validate() -> list[dict]:
     import functools
 
     from slimrl.compat.gpus import CUDA_CONTEXT_BYTES
-    from slimrl.patching.specs import PLANNED
+    from slimrl.patching.table import PLANNED
     from slimrl.planning.baseline import family_of, simulate
     from slimrl.planning.reference import REFERENCE_DTYPE
     from slimrl.planning.verdict import LIKELY

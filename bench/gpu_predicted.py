@@ -55,7 +55,7 @@ def config_of(shape: str):
 
 
 def settings_of(extra: dict):
-    from slimrl.patching.specs import PLANNED
+    from slimrl.patching.table import PLANNED
     from slimrl.planning.settings import Settings
 
     base = dict(workload=PLANNED["grpo"], per_device_train_batch_size=8, num_generations=8, device="cuda",
@@ -113,7 +113,7 @@ def gemma_rows(trainers: tuple[str, ...] | None = None) -> list[dict]:
     from gpu_predict import CAPACITY, PUBLISHED, gemma3_1b, longest
 
     from slimrl.compat.gpus import CUDA_CONTEXT_BYTES
-    from slimrl.patching.specs import PLANNED
+    from slimrl.patching.table import PLANNED
     from slimrl.planning.baseline import simulate
     from slimrl.planning.plan import plan
     from slimrl.planning.settings import Settings

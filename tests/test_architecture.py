@@ -108,8 +108,8 @@ def test_no_file_over_300_lines():
 
 def test_patching_layers():
     """The machinery every trainer uses (the modules directly in ``patching/``) < ``routes`` < ``online`` <
-    ``trainers`` < the table (``specs``) and ``PatchFastRL``: no layer imports one above it."""
-    top = {"slimrl.patching", "slimrl.patching.specs", "slimrl.patching.__main__"}
+    ``trainers`` < the table (``table``) and ``PatchFastRL``: no layer imports one above it."""
+    top = {"slimrl.patching", "slimrl.patching.table", "slimrl.patching.__main__"}
     layers = {"routes": ("slimrl.patching.online", "slimrl.patching.trainers"),
               "online": ("slimrl.patching.trainers",), "trainers": ()}
     for path, imported in _modules("patching").items():
@@ -169,7 +169,7 @@ def test_no_import_cycles():
 
 def test_patching_has_no_per_trainer_module_at_the_top():
     """Shared machinery, routes, the online sub-package and trainers live in their own places."""
-    from slimrl.patching.specs import TRAINERS
+    from slimrl.patching.table import TRAINERS
 
     top = {p.stem for p in (SRC / "patching").glob("*.py")}
     assert not top & set(TRAINERS), top & set(TRAINERS)
@@ -178,7 +178,7 @@ def test_patching_has_no_per_trainer_module_at_the_top():
 
 # Where trainers are described: their own modules, the table of them, and the table's half read from TRL (the
 # trainers without a module: why each has no memory path, which inherit a verified route).
-TABLE = ("slimrl.patching.trainers", "slimrl.patching.specs", "slimrl.patching.derived")
+TABLE = ("slimrl.patching.trainers", "slimrl.patching.table", "slimrl.patching.derived")
 
 
 def _trainer_name_lists(path: Path, names: set[str]) -> list[tuple[int, list[str]]]:
@@ -197,7 +197,7 @@ def test_only_the_trainer_table_spells_lists_of_trainer_names(tmp_path):
     """Knowledge about a trainer lives with it (its module, its row): every other list of trainers (verify's
     generation check and loss types, the planner's TRL baseline, PatchDPOTrainer's set, the fused head's entry
     methods) is derived from the table, so adding a trainer touches no module outside it."""
-    from slimrl.patching.specs import every_trainer
+    from slimrl.patching.table import every_trainer
 
     names = set(every_trainer())
     spelled = {name: found for name, path in MODULES.items() if _outside({name}, *TABLE)

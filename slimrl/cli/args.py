@@ -14,7 +14,7 @@ from typing import Any
 
 from slimrl.cli.config_file import _option_map, check_yaml_values, read_yaml
 from slimrl.cli.errors import UsageError
-from slimrl.patching.specs import CLI_KINDS  # the trainers table says which trainers the CLI runs
+from slimrl.patching.table import CLI_KINDS  # the trainers table says which trainers the CLI runs
 
 ALGORITHMS = tuple(CLI_KINDS)
 ONLINE = tuple(n for n, kind in CLI_KINDS.items() if kind == "online")  # learn from reward functions

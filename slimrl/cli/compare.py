@@ -119,7 +119,7 @@ def prediction(args: argparse.Namespace, path: str) -> dict[str, Any]:
     import warnings
 
     try:
-        from slimrl.patching.specs import PLANNED
+        from slimrl.patching.table import PLANNED
         from slimrl.planning import Settings, plan
         from slimrl.planning.compare import compare
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from slimrl.cli.args import ONLINE, TrainArguments, UsageError
-from slimrl.patching.specs import CLI_KINDS
+from slimrl.patching.table import CLI_KINDS
 
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
@@ -81,7 +81,7 @@ def load_dataset_arg(targs: TrainArguments, seed: int, trainer_cls: type, cfg: A
     A user dataset must have rows and a column layout the trainer accepts."""
     from slimrl.cli.tasks import make_datasets
     from slimrl.data import make_preference_dataset
-    from slimrl.patching.specs import trainer_layouts
+    from slimrl.patching.table import trainer_layouts
     from slimrl.patching.validation import check_layout
 
     algorithm = targs.algorithm

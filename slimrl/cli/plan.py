@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         return args
     import warnings
 
-    from slimrl.patching.specs import PLANNED
+    from slimrl.patching.table import PLANNED
     from slimrl.planning import PlanInputError, Settings, plan
 
     if args.algorithm not in PLANNED:

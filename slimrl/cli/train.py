@@ -263,7 +263,7 @@ def _on_sigterm(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from slimrl.patching.guards import NonFiniteStepError
+    from slimrl.patching.nonfinite import NonFiniteStepError
     from slimrl.patching.reward_guard import RewardFunctionError, RewardOutputError
 
     cfg = None

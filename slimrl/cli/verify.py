@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def listing() -> str:
     """``--list``: one line per trainer of the installed TRL (slimrl's table and the rest, read from TRL)."""
-    from slimrl.patching.specs import ALIASES, every_trainer
+    from slimrl.patching.table import ALIASES, every_trainer
 
     rows = [(name, spec.trainer_class_name, spec.about.layer, "verified" if spec.about.scenario else
              spec.about.not_verified or "not verified") for name, spec in every_trainer().items() if spec.available()]

@@ -14,7 +14,7 @@ from slimrl.compat.trl_info import check_trl_supported
 from slimrl.patching import moved_names, self_check
 from slimrl.patching.defaults import set_strict
 from slimrl.patching.registry import describe, install, on_first_use, patches, uninstall
-from slimrl.patching.specs import TRAINERS, TrainerSpec, every_trainer, register_all
+from slimrl.patching.table import TRAINERS, TrainerSpec, every_trainer, register_all
 
 
 def _load_patches() -> None:
@@ -196,7 +196,7 @@ def unpatch(algorithm: str | None = None) -> None:
 def PatchDPOTrainer() -> None:  # noqa: N802 (Unsloth's name)
     """Unsloth's ``PatchDPOTrainer()``: patch the preference trainers the installed TRL has (DPO, ORPO, KTO, CPO,
     BCO: the table's ``preference`` rows) in place, as ``PatchFastRL(name)`` does for each."""
-    from slimrl.patching.specs import TRAINERS
+    from slimrl.patching.table import TRAINERS
 
     for name in (n for n, spec in TRAINERS.items() if spec.preference):
         if trainer_available(name):

@@ -1,5 +1,5 @@
 """What slimrl does for every trainer the installed TRL ships beyond its own table (:mod:`slimrl.patching.catalog`
-reads them from TRL's modules; :data:`slimrl.patching.specs.TRAINERS` is the table).
+reads them from TRL's modules; :data:`slimrl.patching.table.TRAINERS` is the table).
 
 Each trainer TRL publishes gets one of three treatments, decided from TRL's classes when the patches load:
 

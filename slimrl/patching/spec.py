@@ -1,6 +1,6 @@
 """One trainer slimrl patches, as a record (:class:`TrainerSpec`, with :class:`About` it): what its patches need and
 what the documentation, ``slimrl train`` and ``slimrl verify`` say about it. The rows themselves are
-:data:`slimrl.patching.specs.TRAINERS` (trainers with a module of their own) and the trainers read from the installed
+:data:`slimrl.patching.table.TRAINERS` (trainers with a module of their own) and the trainers read from the installed
 TRL (:mod:`slimrl.patching.derived`)."""
 
 from __future__ import annotations

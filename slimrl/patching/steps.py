@@ -4,8 +4,8 @@
   without the trainer (the fused LM head's kernel, :mod:`slimrl.patching.routes.fused_head`) reads slimrl's fields
   (``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``) from its config and counts its work in its state.
 * :func:`training_step_factory`: the step inside :func:`running`, then the NaN/inf stop
-  (:func:`slimrl.patching.guards.check_finite_step`); with fp16 loss scaling, the scaler's skipped steps are
-  counted instead (:func:`slimrl.patching.guards.count_skipped_scaler_step`).
+  (:func:`slimrl.patching.nonfinite.check_finite_step`); with fp16 loss scaling, the scaler's skipped steps are
+  counted instead (:func:`slimrl.patching.nonfinite.count_skipped_scaler_step`).
 * :func:`prediction_step_factory`: evaluation inside :func:`running`.
 """
 
@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from slimrl.models.modes import trainer_step
-from slimrl.patching.guards import check_finite_step, count_skipped_scaler_step
+from slimrl.patching.nonfinite import check_finite_step, count_skipped_scaler_step
 
 _CURRENT: ContextVar[Any] = ContextVar("slimrl_current_trainer", default=None)
 

@@ -1,5 +1,5 @@
 """The ``__init__`` every patched trainer gets (one wrapper, registered for each trainer by
-:mod:`slimrl.patching.specs`), in this order, all before TRL builds anything:
+:mod:`slimrl.patching.table`), in this order, all before TRL builds anything:
 
 1. legacy keywords translated (``tokenizer=`` and friends, :mod:`slimrl.patching.keywords`);
 2. the inputs checked (:func:`check_trainer_inputs`): dataset rows and column layout, precision the user wrote;

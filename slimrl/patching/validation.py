@@ -189,7 +189,7 @@ def sft_layouts(args: Any) -> tuple[tuple[str, ...], ...]:
 def check_layout(dataset: Any, trainer: str | None, layouts: tuple[tuple[str, ...], ...], args: Any = None,
                  formatting_func: Any = None, argument: str = "train_dataset") -> None:
     """``dataset`` holds every column of one of the ``layouts`` the TRL trainer named ``trainer`` accepts
-    (:func:`slimrl.patching.specs.trainer_layouts`). Not checked where TRL itself takes any columns: SFT with a
+    (:func:`slimrl.patching.table.trainer_layouts`). Not checked where TRL itself takes any columns: SFT with a
     ``formatting_func`` or ``dataset_kwargs={"skip_prepare_dataset": True}``, and datasets without column names
     (iterable ones)."""
     columns = getattr(dataset, "column_names", None)

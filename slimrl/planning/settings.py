@@ -29,7 +29,7 @@ class TrlStep:
 @dataclass(frozen=True)
 class Workload:
     """What one step of a trainer does, as far as memory and time go. Each trainer declares its own next to its
-    patches (``TrainerSpec.workload`` in :mod:`slimrl.patching.specs`); the default is GRPO's."""
+    patches (``TrainerSpec.workload`` in :mod:`slimrl.patching.table`); the default is GRPO's."""
 
     generates: bool = True  # samples its completions (a generation phase, num_generations rows per prompt)
     paired: bool = False  # chosen and rejected rows in one forward (twice the rows)

@@ -61,7 +61,7 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
     import datasets
 
     from slimrl.patching import _normalise, trainer_and_config, trainer_available
-    from slimrl.patching.specs import every_trainer
+    from slimrl.patching.table import every_trainer
 
     datasets.disable_progress_bars()
     if load_in_4bit and load_in_8bit:

@@ -16,15 +16,15 @@ import torch
 
 from slimrl.verify.agentic import KINDS as AGENTIC
 from slimrl.verify.agentic import scenario as agentic_scenario
-from slimrl.verify.compare import joint_error, loss_error, worst_parameter_error
 from slimrl.verify.reference import trl_kernel_where_missing
+from slimrl.verify.relative_error import joint_error, loss_error, worst_parameter_error
 from slimrl.verify.replay import record_or_replay, replays
 from slimrl.verify.scenarios import Kit, Setup, UnquantizableError
 
 
 def probed() -> tuple[str, ...]:
     """The trainers whose generation is checked against the training model (the table's ``generation_check``)."""
-    from slimrl.patching.specs import every_trainer
+    from slimrl.patching.table import every_trainer
 
     return tuple(n for n, spec in every_trainer().items() if spec.about.generation_check)
 
@@ -106,7 +106,7 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str,
             PatchFastRL(name)
     trainer_cls, config_cls = trainer_and_config(name)
     torch.manual_seed(0)
-    from slimrl.patching.specs import every_trainer
+    from slimrl.patching.table import every_trainer
 
     scenario = agentic_scenario if loss_type in AGENTIC else every_trainer()[name].about.scenario
     trainer = scenario(Kit(trainer_cls, config_cls, out_dir, setup), loss_type)
@@ -196,7 +196,7 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
         problem = "no update in TRL's run (the comparison would be vacuous)"
     elif ours["grads"].keys() != ref["grads"].keys():
         problem = "different parameters got gradients"
-    from slimrl.patching.specs import every_trainer
+    from slimrl.patching.table import every_trainer
 
     uses_ops = bool(every_trainer()[name].routes)
     if not problem and uses_ops and not ours["used"] and _route_applies(name, setup):
@@ -269,7 +269,7 @@ def _route_applies(name: str, setup: Setup) -> bool:
     path under test."""
     from slimrl.compat.trl_info import has_fused_head
     from slimrl.patching.routes.head import trl_kernel_is_best
-    from slimrl.patching.specs import every_trainer
+    from slimrl.patching.table import every_trainer
 
     if every_trainer()[name].routes != ("fused head",):
         return True

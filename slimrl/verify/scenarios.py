@@ -151,7 +151,7 @@ def loss_types(name: str, config_cls: type) -> list[str]:
     """The loss types the installed config offers for ``name`` (``["default"]`` where it has one loss).
     ``chunked_nll`` (SFT) is TRL's own non-fused path, left out."""
     from slimrl.compat.trl_info import config_choices, grpo_loss_types
-    from slimrl.patching.specs import every_trainer
+    from slimrl.patching.table import every_trainer
 
     kind = every_trainer()[name].about.loss_types  # the trainer's row in the table says which
     if kind == "grpo":  # and the agentic rows the installed TRL can run (slimrl.verify.agentic)

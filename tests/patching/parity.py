@@ -22,7 +22,7 @@ import torch
 from slimrl import PatchFastRL, unpatch
 from slimrl.patching.routes import served
 from slimrl.patching.steps import running
-from slimrl.verify.compare import joint_error, relative_error, worst_parameter_error
+from slimrl.verify.relative_error import joint_error, relative_error, worst_parameter_error
 from slimrl.verify.scenarios import PAIRS  # noqa: F401  (the parity tests' pairs are verify's)
 
 CUMULATIVE = {"num_tokens"}  # running totals over the trainer's life, not per-batch values
@@ -54,7 +54,7 @@ def tiny_model(lora: bool, targets: tuple[str, ...] = ("q_proj", "v_proj")):
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """slimrl verify's relative error (:func:`slimrl.verify.compare.relative_error`)."""
+    """slimrl verify's relative error (:func:`slimrl.verify.relative_error.relative_error`)."""
     return relative_error(a, b)
 
 

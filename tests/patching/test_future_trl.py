@@ -257,7 +257,7 @@ def test_doctor_shows_the_cached_verdicts(trl_119, monkeypatch):
 def test_a_trainer_trl_removed_is_one_line_naming_the_release(monkeypatch):
     from slimrl.patching import TrainerNotAvailableError
     from slimrl.patching.registry import is_installed, patches
-    from slimrl.patching.specs import TrainerSpec
+    from slimrl.patching.table import TrainerSpec
 
     real = TrainerSpec.available
     monkeypatch.setattr(TrainerSpec, "available", lambda self: self.name != "orpo" and real(self))
@@ -314,7 +314,7 @@ def test_the_truncation_fix_stands_aside_where_trl_carries_the_kept_set(monkeypa
     import torch
 
     from slimrl.patching import contracts
-    from slimrl.patching.online.support import apply_support_fix
+    from slimrl.patching.online.truncated_sampling import apply_support_fix
 
     monkeypatch.setattr(contracts, "LATER_SEEN", {"support_ids"})
     trainer = SimpleNamespace(args=SimpleNamespace(slimrl_truncated_sampling_fix=True, top_p=0.8))

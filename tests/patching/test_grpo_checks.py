@@ -206,7 +206,7 @@ def test_nan_loss_stops_the_step_and_keeps_the_checkpoint(tmp_path):
     """A NaN in the forward at step 3 stops training before the update; checkpoint-2 is untouched."""
     from safetensors.torch import load_file
 
-    from slimrl.patching.guards import NonFiniteStepError
+    from slimrl.patching.nonfinite import NonFiniteStepError
 
     model = tiny_llama()
     def poison(module, args, output):  # NaN hidden states in the gradient forwards of the third step on

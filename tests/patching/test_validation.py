@@ -43,7 +43,7 @@ def test_layouts_accept_every_form_trl_accepts():
     from datasets import Dataset
 
     from slimrl.patching import TRAINERS, trainer_and_config, trainer_available
-    from slimrl.patching.specs import trainer_layouts
+    from slimrl.patching.table import trainer_layouts
     from slimrl.patching.validation import check_layout
 
     for name in TRAINERS:
@@ -64,7 +64,7 @@ def test_sft_layout_follows_its_config():
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from slimrl.patching.specs import trainer_layouts
+    from slimrl.patching.table import trainer_layouts
     from slimrl.patching.validation import check_layout
 
     def check(dataset, args, **kwargs):

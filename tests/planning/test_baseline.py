@@ -16,7 +16,7 @@ GIB = 2**30
 
 def _trl(name: str):
     """TRL alone's step as the trainer's module declares it (its workload, in the trainer table)."""
-    from slimrl.patching.specs import PLANNED
+    from slimrl.patching.table import PLANNED
 
     return PLANNED[name].trl
 
@@ -133,7 +133,7 @@ def test_compare_puts_slimrl_beside_trl_alone(tmp_path):
     from slimrl.planning.settings import Settings
 
     config = _config(vocab=32768, hidden=128)
-    from slimrl.patching.specs import PLANNED
+    from slimrl.patching.table import PLANNED
 
     s = Settings(workload=PLANNED["grpo"], per_device_train_batch_size=2, num_generations=2, max_prompt_length=32,
                  max_completion_length=512, lora_r=8, device="cuda", gradient_checkpointing="true")
@@ -167,7 +167,7 @@ def test_plan_cli_compare(capsys, tmp_path):
 def test_slimrl_plan_counts_the_reference_trl_builds():
     """slimrl leaves the reference to TRL: its plan of a full fine-tuning DPO run on CUDA counts the float32 copy,
     on CPU (fp32 weights) the weights' own size."""
-    from slimrl.patching.specs import PLANNED
+    from slimrl.patching.table import PLANNED
     from slimrl.planning import Settings, plan
 
     s = Settings(algorithm="dpo", workload=PLANNED["dpo"], lora_r=0, per_device_train_batch_size=1,

@@ -87,7 +87,7 @@ def test_compare_search_is_exact_under_a_tight_budget():
     from slimrl.planning.settings import Settings
 
     config = _config(vocab=32768, hidden=128)
-    from slimrl.patching.specs import PLANNED
+    from slimrl.patching.table import PLANNED
 
     s = Settings(workload=PLANNED["grpo"], per_device_train_batch_size=2, num_generations=2, max_prompt_length=32,
                  max_completion_length=512, lora_r=8, device="cuda", gradient_checkpointing="true")

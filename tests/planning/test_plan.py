@@ -215,7 +215,7 @@ def test_shared_prefix_is_planned_only_where_it_runs():
     the layout is not tested on, a sliding window shorter than the row."""
     from transformers import GPT2Config, MistralConfig
 
-    from slimrl.patching.specs import PLANNED
+    from slimrl.patching.table import PLANNED
     from slimrl.planning.prefix import shared_prefix_applies
 
     base = dict(Settings().__dict__, max_prompt_length=64, max_completion_length=64)

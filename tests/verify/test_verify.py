@@ -144,7 +144,7 @@ def test_quantized_rows_are_the_lora_scenarios():
 def test_every_trainer_has_a_scenario_or_says_why_not():
     """A trainer is its module plus its row in the table: its verify scenario lives in the module, and one without
     a scenario states why (slimrl verify prints it)."""
-    from slimrl.patching.specs import TRAINERS
+    from slimrl.patching.table import TRAINERS
 
     for name, spec in TRAINERS.items():
         about = spec.about

@@ -24,7 +24,7 @@ generation batch, so ``pi_old`` equals the with-grad forward's log-probs, detach
    values TRL computes over the whole batch).
 
 Both ways, the generation batch also gets the sampler-trainer statistics (:mod:`slimrl.patching.online.mismatch`)
-and, when asked, TRL 1.17's handling of truncated sampling (:mod:`slimrl.patching.online.support`).
+and, when asked, TRL 1.17's handling of truncated sampling (:mod:`slimrl.patching.online.truncated_sampling`).
 
 Anywhere the condition does not hold (eval, misaligned generation, ``num_iterations`` with an early optimizer
 step, dropout active, Liger's loss, ``slimrl_reuse_old_logps=False``), TRL's pass runs unchanged.
@@ -46,7 +46,7 @@ from slimrl.patching.online.mismatch import (
     mismatch_sums,
     sequence_level,
 )
-from slimrl.patching.online.support import apply_support_fix
+from slimrl.patching.online.truncated_sampling import apply_support_fix
 from slimrl.patching.state import trainer_state
 
 

@@ -1,5 +1,5 @@
 """The fused-head route: one kernel swap for every TRL >= 1.15 trainer built on TRL's fused LM head (DPO, KTO, SFT,
-RLOO; the trainers whose spec lists this route in :mod:`slimrl.patching.specs`).
+RLOO; the trainers whose spec lists this route in :mod:`slimrl.patching.table`).
 
 These trainers call ``add_fused_lm_head`` on the policy (and reference) model and then ``model(...,
 fused_lm_head=True)``; the patched forward (``trl.trainer.utils.add_fused_lm_head._fused_forward``) looks up two

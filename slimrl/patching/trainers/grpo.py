@@ -4,7 +4,7 @@ optional KL to the reference. The loss itself stays TRL's ``_compute_loss`` (eve
 release: grpo, bnpo, dr_grpo, dapo, cispo, luspo, sapo, vespo in 1.16), fed with log-probs from the method-capture
 route (:mod:`slimrl.patching.routes.method_capture`).
 
-What only GRPO gets (the shared patches come from :mod:`slimrl.patching.specs`): the log-prob method, the step
+What only GRPO gets (the shared patches come from :mod:`slimrl.patching.table`): the log-prob method, the step
 metrics (``memory/peak_mb``, ``tokens_per_s``), the model switched to inference mode for generation, and the
 fast_inference engine in place of TRL's ``VLLMGeneration``, and the vLLM importance-sampling correction without
 TRL's extra no-grad pass where it equals the policy forward (:mod:`slimrl.patching.online.old_logps`).

@@ -14,4 +14,4 @@ from __future__ import annotations
 TRAINER = "trl.experimental.ppo.ppo_trainer:PPOTrainer"
 CONFIG = "trl.experimental.ppo.ppo_config:PPOConfig"
 
-PATCHES: list = []  # only the shared patches (slimrl.patching.specs)
+PATCHES: list = []  # only the shared patches (slimrl.patching.table)

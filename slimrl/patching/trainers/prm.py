@@ -11,4 +11,4 @@ from __future__ import annotations
 TRAINER = "trl.experimental.prm.prm_trainer:PRMTrainer"
 CONFIG = "trl.experimental.prm.prm_config:PRMConfig"
 
-PATCHES: list = []  # only the shared patches (slimrl.patching.specs)
+PATCHES: list = []  # only the shared patches (slimrl.patching.table)

@@ -11,7 +11,7 @@ from __future__ import annotations
 TRAINER = "trl.trainer.reward_trainer:RewardTrainer"
 CONFIG = "trl.trainer.reward_config:RewardConfig"
 
-PATCHES: list = []  # only the shared patches (slimrl.patching.specs)
+PATCHES: list = []  # only the shared patches (slimrl.patching.table)
 
 
 def scenario(kit, loss_type: str):

@@ -11,8 +11,8 @@ import pytest
 
 from slimrl.models.tiled_mlp import is_tiled
 from slimrl.patching.online.lean_default import apply_lean_default
-from slimrl.patching.specs import PLANNED
 from slimrl.patching.state import config_state
+from slimrl.patching.table import PLANNED
 from tests.tiny import tiny_llama
 
 # A long-completion run where the MLP's intermediates are most of the backward's recompute.

@@ -159,7 +159,7 @@ def test_layout_with_slimrl_loading_equals_trl_layout(tmp_path, setting):
     quantized base, is put back in fp32 on both sides, so that bf16 storage rounding (one ulp of a weight is ~10 % of
     an update here) does not hide the layout's own error."""
     from slimrl import PatchFastRL, unpatch
-    from slimrl.verify.compare import worst_parameter_error
+    from slimrl.verify.relative_error import worst_parameter_error
 
     path = tmp_path / "tiny"
     _model("llama", hidden_size=64, intermediate_size=128).save_pretrained(path)  # 4-bit packs rows in blocks of 32

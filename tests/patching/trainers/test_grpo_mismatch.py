@@ -1,5 +1,5 @@
 """The sampler-trainer mismatch: measured every generation batch, warned about with its cause, and corrected for
-truncated sampling when asked (:mod:`slimrl.patching.online.mismatch`, :mod:`slimrl.patching.online.support`,
+truncated sampling when asked (:mod:`slimrl.patching.online.mismatch`, :mod:`slimrl.patching.online.truncated_sampling`,
 :mod:`slimrl.health.sampler`).
 
 No vLLM in this venv: TRL's ``VLLMGeneration`` is replaced by :class:`ScriptedSampler`, which samples from the
