@@ -148,13 +148,19 @@ def shared_prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch
         return x.transpose(1, 2)[rows_idx, layout.seg_index].transpose(1, 2)
 
     q_seg, k_own, v_own = segment(query), segment(key), segment(value)  # [S, h | kv, L, d]
+    # PyTorch's causal bias checks its inputs' dtypes before autocast would cast them, as SDPA's autocast does
+    kind = query.device.type
+    cast = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
     outs = []
     for p, sel in layout.by_prefix:
         rows_of = _pick(layout.seg_row, sel)  # [s]
         keys = torch.cat([key[:, :, :p].index_select(0, rows_of), _pick(k_own, sel)], dim=2)  # [s, kv, p + L, d]
         vals = torch.cat([value[:, :, :p].index_select(0, rows_of), _pick(v_own, sel)], dim=2)  # [s, kv, p + L, d]
-        outs.append(sdpa(_pick(q_seg, sel), _repeat_heads(keys, groups), _repeat_heads(vals, groups),
-                         attn_mask=causal_lower_right(lw, p + lw), dropout_p=dropout, scale=scaling))  # [s, h, L, d]
+        q, k, v = _pick(q_seg, sel), _repeat_heads(keys, groups), _repeat_heads(vals, groups)
+        if cast is not None:
+            q, k, v = q.to(cast), k.to(cast), v.to(cast)
+        outs.append(sdpa(q, k, v, attn_mask=causal_lower_right(lw, p + lw), dropout_p=dropout,
+                         scale=scaling))  # [s, h, L, d]
     own = outs[0] if layout.seg_unsort is None else torch.cat(outs).index_select(0, layout.seg_unsort)  # [S, h, L, d]
     flat = torch.cat([prompt.transpose(1, 2).reshape(rows * pw, heads, dim),
                       own.transpose(1, 2).reshape(n_seg * lw, heads, dim)])  # [R*P + S*L, h, d]

@@ -121,3 +121,21 @@ def test_segments_attention_meets_the_causal_kernels(monkeypatch, model, dtype):
         calls.clear()
         pa.shared_prefix_attention(q, k, v, layout)
         assert calls == ["causal"] + [[]] * batches
+
+
+def test_under_autocast_mixed_input_dtypes_are_cast_as_sdpa_casts_them():
+    """Under autocast SDPA casts its inputs to the autocast dtype; PyTorch's causal bias checks the dtypes first, so
+    the op casts them itself (seen in a CPU bf16-autocast GRPO run: fp32 queries and keys, bf16 values). Same values
+    as the unpacked rows' SDPA under the same autocast (bf16: 3e-2)."""
+    prefix_lens, segments = CASES[1]
+    layout, q, k, v = _inputs(prefix_lens, segments, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        packed = shared_prefix_attention(q, k, v.to(torch.bfloat16), layout)  # [R, T, h, d]
+        groups = q.size(1) // k.size(1)
+        for s in range(layout.seg_len.numel()):
+            r, a, n = int(layout.seg_row[s]), int(layout.seg_start[s]), int(layout.seg_len[s])
+            cols = list(range(prefix_lens[r])) + list(range(a, a + n))
+            row = [t[r:r + 1, :, cols] for t in (q, k, v.to(torch.bfloat16))]
+            alone = sdpa(row[0], row[1].repeat_interleave(groups, 1), row[2].repeat_interleave(groups, 1),
+                         is_causal=True).transpose(1, 2)[0]  # [p + n, h, d]
+            torch.testing.assert_close(packed[r, a:a + n].float(), alone[prefix_lens[r]:].float(), atol=3e-2, rtol=0)
