@@ -117,12 +117,14 @@ def count_skipped_scaler_step(trainer: Any) -> None:
         return
     step, state = trainer.state.global_step, trainer_state(trainer)
     stepped = state.seen_step is not None and state.seen_step != step  # an optimizer step ran since the last call
-    scale = _scale(trainer.accelerator.scaler)
-    lowered = stepped and scale is not None and state.seen_scale is not None and scale < state.seen_scale
     state.seen_step = step
-    state.seen_scale = scale if state.seen_scale is None or stepped else state.seen_scale
+    if not stepped and state.seen_scale is not None:
+        return  # another micro-batch of the same optimizer step: its scale is the one already seen
+    scale, before = _scale(trainer.accelerator.scaler), state.seen_scale  # the scale: one host sync per step
+    state.seen_scale = scale
     if not stepped:
         return
+    lowered = scale is not None and before is not None and scale < before
     if lowered or trainer.accelerator.optimizer_step_was_skipped:
         state.skipped_steps += 1
     metrics = getattr(trainer, "_metrics", None)

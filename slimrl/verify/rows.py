@@ -267,12 +267,13 @@ def _route_applies(name: str, setup: Setup) -> bool:
     none before TRL 1.15 (no fused head), and hands every projection to TRL's Triton kernel where that kernel runs
     and the config chose no chunking of slimrl's (:mod:`slimrl.patching.routes.head`): there TRL's kernel is the
     path under test."""
+    from types import SimpleNamespace
+
     from slimrl.compat.trl_info import has_fused_head
-    from slimrl.patching.routes.head import trl_kernel_is_best
+    from slimrl.patching.routes import head
     from slimrl.patching.table import every_trainer
 
     if every_trainer()[name].routes != ("fused head",):
         return True
-    chosen = setup.slimrl_fields.get("unsloth_num_chunks", -1) != -1 or \
-        setup.slimrl_fields.get("unsloth_logit_chunk_multiplier") is not None
-    return has_fused_head() and (chosen or not trl_kernel_is_best(torch.device(setup.device)))
+    chosen = head.chunking_chosen(SimpleNamespace(**setup.slimrl_fields))
+    return has_fused_head() and (chosen or not head.trl_kernel_is_best(torch.device(setup.device)))

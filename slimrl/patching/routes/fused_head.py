@@ -33,7 +33,7 @@ import torch
 
 from slimrl.compat.trl_info import FUSED_HEAD
 from slimrl.patching.registry import Patch, original
-from slimrl.patching.routes.head import UTILS, Head, chunking_of
+from slimrl.patching.routes.head import UTILS, Head, chunking_chosen, chunking_of
 from slimrl.patching.routes.head import trl_kernel_is_best as _trl_kernel_is_best
 from slimrl.patching.state import trainer_state
 from slimrl.patching.steps import current_args, current_trainer, prediction_step_factory
@@ -54,15 +54,14 @@ class SlimrlChunkedLogProbFunction:
     @staticmethod
     def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
               logit_scale=1.0, outputs=("log_probs",)):
-        num_chunks, multiplier = chunking_of(current_args())
-        chosen = num_chunks != -1 or multiplier is not None  # the user set slimrl's chunking for this trainer
-        if not chosen and _trl_kernel_is_best(hidden.device):
+        args = current_args()
+        if not chunking_chosen(args) and _trl_kernel_is_best(hidden.device):
             return original(UTILS, "_ChunkedLogProbFunction").apply(
                 hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs)
         trainer = current_trainer()
         if trainer is not None:
             trainer_state(trainer).served_calls += 1
-        head = Head(weight, bias, float(logit_scale), final_logit_softcapping, num_chunks, multiplier)
+        head = Head(weight, bias, float(logit_scale), final_logit_softcapping, *chunking_of(args))
         return head.outputs(hidden, targets, float(temperature), tuple(outputs), in_head_dtype=False)
 
 

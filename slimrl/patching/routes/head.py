@@ -77,6 +77,12 @@ def chunking_of(args: Any) -> tuple[int, int | None]:
     return (-1 if num_chunks is None else num_chunks), getattr(args, "unsloth_logit_chunk_multiplier", None)
 
 
+def chunking_chosen(args: Any) -> bool:
+    """Whether a config sets slimrl's chunking: slimrl's op then projects even where TRL's kernel would."""
+    num_chunks, multiplier = chunking_of(args)
+    return num_chunks != -1 or multiplier is not None
+
+
 def full_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
     """An FSDP2 DTensor gathered to the full tensor (differentiably); any other tensor as it is."""
     return t.full_tensor() if t is not None and hasattr(t, "full_tensor") else t
