@@ -80,7 +80,7 @@ def validate() -> list[dict]:
 
             @functools.cache
             def peak_at(tokens: int, trainer=trainer, batch=batch, family=family) -> int:
-                return simulate(config, PLANNED[trainer].trl, tokens, family, rows=batch,
+                return simulate(config, PLANNED[trainer], tokens, family, rows=batch,
                                 reference_dtype=REFERENCE_DTYPES.get(trainer, REFERENCE_DTYPE)).peak_bytes
 
             sim_peak = peak_at(8192) / GIB

@@ -132,7 +132,7 @@ def gemma_rows(trainers: tuple[str, ...] | None = None) -> list[dict]:
             return plan(config, s, search=False).peak_bytes
 
         def theirs(tokens: int, trainer=trainer, batch=batch) -> int:
-            return simulate(config, PLANNED[trainer].trl, tokens, "fused_head", rows=batch).peak_bytes
+            return simulate(config, PLANNED[trainer], tokens, "fused_head", rows=batch).peak_bytes
 
         row = {"row": f"gemma-3-1b {trainer} (full fine-tuning{', batch 2' if batch == 2 else ''})",
                "slimrl_8192": round(ours(8192) / GIB, 2), "trl 1.16_8192": round(theirs(8192) / GIB, 2),

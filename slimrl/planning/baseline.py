@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from slimrl.planning.reference import REFERENCE_DTYPE, reference_bytes
-from slimrl.planning.settings import TrlStep
+from slimrl.planning.settings import Workload
 from slimrl.planning.trace import LiveBytes, _base, _state, cuda_attention
 
 FAMILIES = ("full_logits", "fused_head", "liger")
@@ -145,21 +145,21 @@ def liger_chunk(rows: int, vocab: int, hidden: int) -> int:
     return 2 ** math.ceil(math.log2(max(1, math.ceil(rows / math.ceil(vocab / hidden)))))
 
 
-def simulate(config: Any, trl: TrlStep, tokens: int, family: str, *, rows: int = 1, lora_r: int = 0,
+def simulate(config: Any, work: Workload, tokens: int, family: str, *, rows: int = 1, lora_r: int = 0,
              checkpointing: bool = True, reference: bool | None = None, device: str = "cuda",
              load_in_4bit: bool = False, reference_dtype: torch.dtype = REFERENCE_DTYPE) -> Step:
-    """One step of the trainer whose TRL step is ``trl`` (its workload's, declared with its patches) on ``rows``
+    """One step of the trainer of workload ``work`` (declared with its patches; ``work.trl``: TRL's step) on ``rows``
     sequences of ``tokens`` tokens (DPO: that many chosen and as many rejected; KTO: as many mismatched KL sequences
-    besides), TRL's head of ``family``; ``reference`` overrides the trainer's default (``trl.default_reference``),
+    besides), TRL's head of ``family``; ``reference`` overrides the trainer's default (``work.trl.default_reference``),
     ``reference_dtype`` the dtype TRL builds that copy in
     (:data:`REFERENCE_DTYPE`). ``device="cuda"``: bf16 and CUDA's attention (module docstring); ``"cpu"``: fp32,
     attention keeping only its output and log-sum-exp (what slimrl's planner assumes there). ``load_in_4bit``: the
     decoder's linear weights in NF4, as slimrl's planner counts them (QLoRA)."""
     from slimrl.planning import trace
 
-    if not isinstance(trl, TrlStep) or family not in FAMILIES:
-        raise ValueError(f"trl {trl!r} / family {family!r}: pass a trainer's TrlStep (its Workload's trl) / choose "
-                         f"from {FAMILIES}")
+    if not isinstance(work, Workload) or work.trl is None or family not in FAMILIES:
+        raise ValueError(f"work {work!r} / family {family!r}: pass a trainer's Workload with its TRL step (trl) / "
+                         f"choose from {FAMILIES}")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = trace.meta_model(config, dtype, lora_r, checkpoint_every=1 if checkpointing else 0)
     if load_in_4bit:
@@ -172,12 +172,12 @@ def simulate(config: Any, trl: TrlStep, tokens: int, family: str, *, rows: int =
     persistent = {"weights": weights,
                   "optimizer": 16 * sum(p.numel() for _, p in trained) if lora_r else
                   2 * sum(p.numel() * p.element_size() for _, p in trained)}
-    keep_ref = trl.default_reference if reference is None else reference
+    keep_ref = work.trl.default_reference if reference is None else reference
     if keep_ref and not lora_r:  # LoRA: TRL scores the reference with the adapter disabled, no copy
         persistent["reference"] = reference_bytes(weights, dtype, reference_dtype, load_in_4bit)
     with cuda_attention(model, device), LiveBytes(_state(model)) as live:
-        _step(model, trl, tokens, family, rows, keep_ref)
-    return Step(trl.name, family, tokens, persistent, live.peak)
+        _step(model, work, tokens, family, rows, keep_ref)
+    return Step(work.trl.name, family, tokens, persistent, live.peak)
 
 
 def _unique(model: Any) -> list[tuple[str, torch.Tensor]]:
@@ -190,11 +190,12 @@ def _unique(model: Any) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def _step(model: Any, trl: TrlStep, tokens: int, family: str, rows: int, reference: bool) -> None:
+def _step(model: Any, work: Workload, tokens: int, family: str, rows: int, reference: bool) -> None:
     """The step's passes (module docstring) and the backward of the policy's. What the trainer keeps referenced until
     its loss function returns stays live in the trace: the reference pass's outputs (DPO, KTO: ``ref_outputs``) and,
     with full logits, the copies its logit metrics make of the policy's logits."""
-    policy = trl.policy_rows * rows
+    trl = work.trl
+    policy = 2 * rows if work.paired else rows  # chosen and rejected rows in one forward
     if trl.kl_pass:  # the KL pass: the policy on mismatched pairs, no gradient (its logits freed after)
         with torch.no_grad():
             _pass(model, rows, tokens, family, grad=False)

@@ -39,7 +39,7 @@ def trl_side(config: Any, s: Settings, family: str, generation: int = 0, runtime
     """TRL alone (or with Liger) for settings ``s``: ``{"peak_bytes", "phases"}``; ``generation`` and ``runtime``
     (the CPU process's own size) as slimrl's plan has them."""
     rows = s.per_device_train_batch_size
-    step = simulate(config, s.workload.trl, s.max_prompt_length + s.max_completion_length, family, rows=rows,
+    step = simulate(config, s.workload, s.max_prompt_length + s.max_completion_length, family, rows=rows,
                     lora_r=s.lora_r, checkpointing=s.gradient_checkpointing != "false",
                     reference=s.workload.keeps_reference(s.beta), device=s.device, load_in_4bit=s.load_in_4bit)
     phases = {"runtime": runtime, **step.persistent, "step": step.pass_peak}

@@ -17,8 +17,7 @@ class TrlStep:
     """One step of a trainer as TRL alone runs it, what :mod:`slimrl.planning.baseline` simulates (the other side of
     ``slimrl plan --compare``); each trainer declares its own in its :class:`Workload` (``trl``)."""
 
-    name: str  # the trainer, for labels
-    policy_rows: int = 1  # policy rows in the forward per batch row (DPO: chosen and rejected)
+    name: str  # the trainer, for labels (its chosen and rejected rows: the Workload's ``paired``)
     kl_pass: bool = False  # a no-grad pass over mismatched pairs before the policy's, the reference's too (KTO)
     holds_reference_outputs: bool = False  # the reference's outputs and the logit metrics live until the loss returns
     metric_copies: bool = False  # those metrics copy the chosen and rejected rows first (KTO's index_select)

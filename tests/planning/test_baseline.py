@@ -14,11 +14,11 @@ from slimrl.planning.baseline import family_of, liger_chunk, simulate
 GIB = 2**30
 
 
-def _trl(name: str):
-    """TRL alone's step as the trainer's module declares it (its workload, in the trainer table)."""
+def _work(name: str):
+    """The trainer's workload as its module declares it (with TRL alone's step), from the trainer table."""
     from slimrl.patching.table import PLANNED
 
-    return PLANNED[name].trl
+    return PLANNED[name]
 
 
 def _config(vocab: int = 4096, hidden: int = 64, layers: int = 2, **more):
@@ -41,8 +41,8 @@ def test_full_logits_hold_logit_sized_tensors_the_fused_head_does_not():
     of them (its tile is [4096, 32768] whatever the length)."""
     config, tokens = _config(vocab=32768), 16384
     logits = tokens * 32768 * 4  # fp32 [T, V]
-    full = simulate(config, _trl("grpo"), tokens, "full_logits")
-    fused = simulate(config, _trl("grpo"), tokens, "fused_head")
+    full = simulate(config, _work("grpo"), tokens, "full_logits")
+    fused = simulate(config, _work("grpo"), tokens, "fused_head")
     assert full.pass_peak >= 2 * logits
     assert fused.pass_peak < logits / 4
     assert full.persistent == fused.persistent  # the head changes the step, not what is held across steps
@@ -52,7 +52,7 @@ def test_sft_nll_before_1_15_also_upcasts_the_logits():
     """transformers' own loss (SFT's nll before 1.15) upcasts the logits to fp32: bf16 + fp32 copies at least."""
     config, tokens = _config(vocab=32768), 2048
     logits = tokens * 32768 * 2
-    assert simulate(config, _trl("sft"), tokens, "full_logits").pass_peak >= 3 * logits
+    assert simulate(config, _work("sft"), tokens, "full_logits").pass_peak >= 3 * logits
 
 
 def test_the_reference_outputs_and_the_logit_metrics_stay_live_until_the_loss_returns():
@@ -62,11 +62,11 @@ def test_the_reference_outputs_and_the_logit_metrics_stay_live_until_the_loss_re
     once (the backward holds 2.5). DPO's metrics split by views and mask one half at a time."""
     config, tokens = _config(vocab=32768), 4096
     logits = 2 * tokens * 32768 * 4  # fp32 [2, T, V]
-    kto = simulate(config, _trl("kto"), tokens, "full_logits", rows=2)
+    kto = simulate(config, _work("kto"), tokens, "full_logits", rows=2)
     assert kto.pass_peak >= 3.5 * logits
-    dpo = simulate(config, _trl("dpo"), tokens, "full_logits")  # policy and reference [2, T, V] each, one masked half
+    dpo = simulate(config, _work("dpo"), tokens, "full_logits")  # policy and reference [2, T, V] each, one masked half
     assert dpo.pass_peak >= 2.5 * logits
-    no_reference = simulate(config, _trl("kto"), tokens, "full_logits", rows=2, reference=False)
+    no_reference = simulate(config, _work("kto"), tokens, "full_logits", rows=2, reference=False)
     assert kto.pass_peak - no_reference.pass_peak >= logits  # the reference's logits held, not freed at once
 
 
@@ -74,8 +74,8 @@ def test_fused_head_backward_holds_an_fp32_weight_gradient_when_the_head_trains(
     """Full fine-tuning trains the (tied) head: the fused head's backward holds an fp32 [V, H] gradient; with LoRA
     the head is frozen and that gradient is never allocated."""
     config = _config(vocab=65536, hidden=256)
-    full = simulate(config, _trl("sft"), 256, "fused_head")
-    lora = simulate(config, _trl("sft"), 256, "fused_head", lora_r=8)
+    full = simulate(config, _work("sft"), 256, "fused_head")
+    lora = simulate(config, _work("sft"), 256, "fused_head", lora_r=8)
     assert full.pass_peak - lora.pass_peak >= 65536 * 256 * 4
 
 
@@ -83,22 +83,22 @@ def test_optimizer_state_reference_and_lora():
     import torch
 
     config = _config()
-    full = simulate(config, _trl("rloo"), 256, "fused_head")
+    full = simulate(config, _work("rloo"), 256, "fused_head")
     weights = full.persistent["weights"]
     assert full.persistent["optimizer"] == 2 * weights  # AdamW's two moments in the weights' dtype (bf16)
     # RLOO's default beta keeps a frozen copy, built by create_model_from_path in its default float32
     assert full.persistent["reference"] == 2 * weights
-    bf16 = simulate(config, _trl("rloo"), 256, "fused_head", reference_dtype=torch.bfloat16)
+    bf16 = simulate(config, _work("rloo"), 256, "fused_head", reference_dtype=torch.bfloat16)
     assert bf16.persistent["reference"] == weights  # model_init_kwargs={"dtype": "bfloat16"}
-    four_bit = simulate(config, _trl("rloo"), 256, "fused_head", load_in_4bit=True)
+    four_bit = simulate(config, _work("rloo"), 256, "fused_head", load_in_4bit=True)
     assert four_bit.persistent["reference"] == four_bit.persistent["weights"]  # rebuilt 4-bit
-    lora = simulate(config, _trl("rloo"), 256, "fused_head", lora_r=8)
+    lora = simulate(config, _work("rloo"), 256, "fused_head", lora_r=8)
     assert "reference" not in lora.persistent  # the adapter disabled is the reference
     from slimrl.planning.trace import meta_model
 
     adapter = sum(p.numel() for n, p in meta_model(config, torch.bfloat16, 8).named_parameters() if "lora_" in n)
     assert lora.persistent["optimizer"] == 16 * adapter  # fp32 adapter weights, gradients and two moments
-    assert "reference" not in simulate(config, _trl("grpo"), 256, "fused_head").persistent  # beta 0 by default
+    assert "reference" not in simulate(config, _work("grpo"), 256, "fused_head").persistent  # beta 0 by default
 
 
 def test_sliding_window_masks_are_quadratic_on_cuda():
@@ -113,7 +113,7 @@ def test_sliding_window_masks_are_quadratic_on_cuda():
     t = 2048
 
     def growth(device: str) -> int:  # what doubling the length adds beyond twice the memory: the T^2 terms x 2
-        one, two = (simulate(config, _trl("grpo"), n, "fused_head", device=device).pass_peak for n in (t, 2 * t))
+        one, two = (simulate(config, _work("grpo"), n, "fused_head", device=device).pass_peak for n in (t, 2 * t))
         return two - 2 * one
 
     assert growth("cuda") >= 5 * t * t  # (1 + 2) T^2 bytes: the bool mask and the bf16 bias, x (4 - 2)
@@ -122,10 +122,10 @@ def test_sliding_window_masks_are_quadratic_on_cuda():
 
 def test_liger_chunk_and_bad_input():
     assert liger_chunk(8192, 262144, 1152) == 64  # 8192 / ceil(262144 / 1152) = 35.9 -> 64
-    with pytest.raises(ValueError, match="pass a trainer's TrlStep"):
+    with pytest.raises(ValueError, match="pass a trainer's Workload with its TRL step"):
         simulate(_config(), "ppo", 64, "fused_head")  # a name: the step is the trainer's own declaration
     with pytest.raises(ValueError, match="choose from"):
-        simulate(_config(), _trl("grpo"), 64, "tiles")
+        simulate(_config(), _work("grpo"), 64, "tiles")
 
 
 def test_compare_puts_slimrl_beside_trl_alone(tmp_path):

@@ -18,7 +18,7 @@ TRAINER = "trl.trainer.dpo_trainer:DPOTrainer"
 CONFIG = "trl.trainer.dpo_config:DPOConfig"
 # what one step does, for `slimrl plan`
 WORKLOAD = Workload(generates=False, paired=True, reference="always", entropy=False,
-                    trl=TrlStep("dpo", policy_rows=2, holds_reference_outputs=True, default_reference=True))
+                    trl=TrlStep("dpo", holds_reference_outputs=True, default_reference=True))
 
 # the log-probs come from TRL's fused head (TRL >= 1.15), whose kernel routes/fused_head.py swaps for every
 # trainer on it; evaluation reads the config's chunking too
