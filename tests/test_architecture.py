@@ -49,6 +49,16 @@ def test_compat_imports_nothing_else_of_slimrl():
         assert not _outside(imported, "slimrl.compat"), path
 
 
+def test_the_input_error_type_is_below_every_layer():
+    """``slimrl.errors`` imports nothing of slimrl, so every layer may raise the one input-error type; no other module
+    declares its own (a class named ``*InputError``, ``UsageError`` or ``VerifyError``)."""
+    assert not _imports(SRC / "errors.py")
+    for path in SRC.rglob("*.py"):
+        classes = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)}
+        own = {c for c in classes if c.endswith("InputError") or c in ("UsageError", "VerifyError")}
+        assert not own or path == SRC / "errors.py", (path, own)
+
+
 def test_export_reads_models_it_is_given():
     """Exporting works on the model object it is handed: it never reaches into patching, the CLI or the engine."""
     for path, imported in _modules("export").items():
@@ -73,7 +83,7 @@ def test_health_only_reads_logs():
 def test_planning_is_a_pure_predictor():
     """The planner reads configs and traces slimrl's ops and models; it never reaches into the trainers."""
     for path, imported in _modules("planning").items():
-        bad = _outside(imported, "slimrl.planning", "slimrl.ops", "slimrl.compat", "slimrl.models")
+        bad = _outside(imported, "slimrl.planning", "slimrl.ops", "slimrl.compat", "slimrl.models", "slimrl.errors")
         assert not bad, (path, bad)
 
 

@@ -1,6 +1,6 @@
 """``slimrl train``'s options: slimrl's own (:class:`TrainArguments`) and every field of the algorithm's TRL config,
 parsed through the *patched* config class (so the checks, the automatic fixes and slimrl's fields are the Python
-API's), from flags and a ``--config`` YAML file. Any mistake is one :class:`UsageError` line naming the flag or the
+API's), from flags and a ``--config`` YAML file. Any mistake is one :class:`InputError` line naming the flag or the
 YAML file and key.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slimrl.cli.config_file import _option_map, check_yaml_values, read_yaml
-from slimrl.cli.errors import UsageError
+from slimrl.errors import InputError
 from slimrl.patching.table import CLI_KINDS  # the trainers table says which trainers the CLI runs
 
 ALGORITHMS = tuple(CLI_KINDS)
@@ -113,7 +113,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], str | None]:
         arg = argv[i]
         if arg == "--config":
             if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-                raise UsageError("--config: pass the path of a YAML file")
+                raise InputError("--config: pass the path of a YAML file")
             config, i = argv[i + 1], i + 2
             continue
         if arg.startswith("--config="):
@@ -128,7 +128,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], str | None]:
 
 def _peek(argv: list[str], yaml_data: dict[str, Any], option: str, default: str, choices: tuple[str, ...],
           what: str) -> str:
-    """``--<option>`` from the command line, else the YAML, else ``default``; one of ``choices`` (a UsageError with
+    """``--<option>`` from the command line, else the YAML, else ``default``; one of ``choices`` (a InputError with
     the closest one and ``what`` lists them, otherwise)."""
     value = yaml_data.get(option)
     for i, arg in enumerate(argv):
@@ -141,7 +141,7 @@ def _peek(argv: list[str], yaml_data: dict[str, Any], option: str, default: str,
     if name not in choices:
         close = difflib.get_close_matches(name, choices, n=1)
         hint = f"did you mean {close[0]}? " if close else ""
-        raise UsageError(f"--{option} {value}: {hint}{what} {', '.join(choices)}")
+        raise InputError(f"--{option} {value}: {hint}{what} {', '.join(choices)}")
     return name
 
 
@@ -159,7 +159,7 @@ def peek_task(argv: list[str], yaml_data: dict[str, Any]) -> str:
 
 def build_parser(algorithm: str, task: str = "arithmetic"):
     """TRL's ``TrlParser`` over (slimrl's options, [``--max_seq_length``], the *patched* config class): slimrl's
-    options first in ``--help``, every parse error a :class:`UsageError` (never argparse's usage dump)."""
+    options first in ``--help``, every parse error a :class:`InputError` (never argparse's usage dump)."""
     from trl import TrlParser
 
     from slimrl import FastLanguageModel, PatchFastRL
@@ -176,7 +176,7 @@ def build_parser(algorithm: str, task: str = "arithmetic"):
     def error(message: str):
         import re
 
-        raise UsageError(re.sub(r"argument (--\w+)(/--[\w-]+)?:", r"\1:", message))
+        raise InputError(re.sub(r"argument (--\w+)(/--[\w-]+)?:", r"\1:", message))
 
     parser.error = error
     # --config is read before parsing (split_argv); listed first in --help
@@ -203,7 +203,7 @@ def build_parser(algorithm: str, task: str = "arithmetic"):
 
 def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
     """Parse flags and the ``--config`` YAML into (TrainArguments, the algorithm's patched config); raises
-    :class:`UsageError`. ``targs.max_seq_length`` is the model's load length (the config's own field where it has
+    :class:`InputError`. ``targs.max_seq_length`` is the model's load length (the config's own field where it has
     one)."""
     argv, config_path = split_argv(list(argv))
     data = read_yaml(config_path) if config_path else {}
@@ -221,12 +221,12 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
         *parsed, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
         parsed = [p for p in parsed if not isinstance(p, argparse.Namespace)]  # the --config placeholder
     except ValueError as err:  # the config's own checks (TRL's, transformers', slimrl's)
-        raise UsageError(str(err).splitlines()[0]) from None
+        raise InputError(str(err).splitlines()[0]) from None
     if rest:
         bad = next((r for r in rest if r.startswith("--")), rest[0])
         close = difflib.get_close_matches(bad.split("=")[0], list(_option_strings(parser)), n=1)
         hint = f"did you mean {close[0]}? " if close else ""
-        raise UsageError(f"unknown option {bad}: {hint}see `slimrl train --help` for the options")
+        raise InputError(f"unknown option {bad}: {hint}see `slimrl train --help` for the options")
     targs, cfg = parsed[0], parsed[-1]
     targs.algorithm = algorithm
     if targs.export:
@@ -244,11 +244,11 @@ def check_export(text: str) -> None:
     try:
         _, types = parse_formats(text, "--export")
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise InputError(str(err)) from None
     if types and not gguf.converter_available():
-        raise UsageError(f"--export {text}: GGUF needs llama.cpp's converter: {gguf.INSTALL}")
+        raise InputError(f"--export {text}: GGUF needs llama.cpp's converter: {gguf.INSTALL}")
     if any(t not in gguf.NATIVE for t in types) and not gguf.quantizer_available():
-        raise UsageError(f"--export {text}: {', '.join(t for t in types if t not in gguf.NATIVE)} needs llama.cpp's "
+        raise InputError(f"--export {text}: {', '.join(t for t in types if t not in gguf.NATIVE)} needs llama.cpp's "
                          f"quantizer: {gguf.INSTALL}; without it: {', '.join(gguf.NATIVE)}")
 
 

@@ -7,35 +7,35 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-from slimrl.cli.errors import UsageError
+from slimrl.errors import InputError
 
 
 def read_yaml(path: str) -> dict[str, Any]:
-    """The ``--config`` file as a mapping; UsageError naming the file for a missing, unreadable or non-mapping one."""
+    """The ``--config`` file as a mapping; InputError naming the file for a missing, unreadable or non-mapping one."""
     import yaml
 
     p = Path(path).expanduser()
     if not p.is_file():  # a FIFO or a device would block the read: a regular file only
-        raise UsageError(f"--config {path}: file not found; pass an existing YAML file")
+        raise InputError(f"--config {path}: file not found; pass an existing YAML file")
     if p.stat().st_size > MAX_CONFIG_BYTES:
-        raise UsageError(f"--config {path}: {p.stat().st_size} bytes; an options file is a few kB (at most "
+        raise InputError(f"--config {path}: {p.stat().st_size} bytes; an options file is a few kB (at most "
                          f"{MAX_CONFIG_BYTES // 2**20} MB)")
     try:
         text = p.read_text()
         if "*" in text and _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader)) > MAX_VALUES:
-            raise UsageError(f"--config {path}: its aliases expand to more than {MAX_VALUES} values; an options "
+            raise InputError(f"--config {path}: its aliases expand to more than {MAX_VALUES} values; an options "
                              f"file holds a few dozen (write them out)")
         data = yaml.safe_load(text)
     except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"--config {path}: cannot read it ({err})") from None
+        raise InputError(f"--config {path}: cannot read it ({err})") from None
     except yaml.YAMLError as err:
-        raise UsageError(f"--config {path}: not valid YAML ({str(err).splitlines()[0][:200]})") from None
+        raise InputError(f"--config {path}: not valid YAML ({str(err).splitlines()[0][:200]})") from None
     except RecursionError:
-        raise UsageError(f"--config {path}: nested too deeply to be an options file") from None
+        raise InputError(f"--config {path}: nested too deeply to be an options file") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise UsageError(f"--config {path}: must be a YAML mapping of option: value, got {type(data).__name__}")
+        raise InputError(f"--config {path}: must be a YAML mapping of option: value, got {type(data).__name__}")
     return data
 
 
@@ -72,19 +72,19 @@ def check_yaml_values(parser, data: dict[str, Any], path: str) -> None:
     options = _option_map(parser)
     for key, value in data.items():
         if not isinstance(key, str):
-            raise UsageError(f"--config {path}: key {shown(key)} is not an option name (keys are names such as "
+            raise InputError(f"--config {path}: key {shown(key)} is not an option name (keys are names such as "
                              "learning_rate)")
         action = options.get(key)
         if action is None:
             close = difflib.get_close_matches(key, list(options), n=1)
             hint = f"did you mean {close[0]}? " if close else ""
-            raise UsageError(f"--config {path}: unknown key {key!r}: {hint}remove it or see `slimrl train --help` "
+            raise InputError(f"--config {path}: unknown key {key!r}: {hint}remove it or see `slimrl train --help` "
                              f"for the keys")
         convert = action.type
         if isinstance(value, dict | list) and not (isinstance(value, list) and action.nargs in ("+", "*")) \
                 and convert in (str, None):
             if not _takes_mappings(action):
-                raise UsageError(f"--config {path}: key {key}: {shown(value)} is a {type(value).__name__}; this "
+                raise InputError(f"--config {path}: key {key}: {shown(value)} is a {type(value).__name__}; this "
                                  f"option takes one value")
         if value is None or convert is None or not callable(convert):
             continue
@@ -92,7 +92,7 @@ def check_yaml_values(parser, data: dict[str, Any], path: str) -> None:
         for v in values:
             if getattr(convert, "__name__", "") == "str" and isinstance(v, bool | int | float):
                 kind = "a boolean" if isinstance(v, bool) else "a number"
-                raise UsageError(f"--config {path}: key {key}: YAML read {shown(v)} as {kind}; this option takes "
+                raise InputError(f"--config {path}: key {key}: YAML read {shown(v)} as {kind}; this option takes "
                                  f"a string (quote it: '{v}')")
             try:
                 converted = convert(v) if isinstance(v, str) else v
@@ -102,11 +102,11 @@ def check_yaml_values(parser, data: dict[str, Any], path: str) -> None:
                     raise ValueError
             except (ValueError, TypeError, argparse.ArgumentTypeError):
                 kind = getattr(convert, "__name__", "value")
-                raise UsageError(f"--config {path}: key {key}: {shown(v)} is not a valid {kind}") from None
+                raise InputError(f"--config {path}: key {key}: {shown(v)} is not a valid {kind}") from None
             if isinstance(v, dict | list) and convert is not None and getattr(convert, "__name__", "") == "str":
-                raise UsageError(f"--config {path}: key {key}: {shown(v)} is a {type(v).__name__}; pass a string")
+                raise InputError(f"--config {path}: key {key}: {shown(v)} is a {type(v).__name__}; pass a string")
             if action.choices and converted not in action.choices:
-                raise UsageError(f"--config {path}: key {key}: {shown(v)} is not one of "
+                raise InputError(f"--config {path}: key {key}: {shown(v)} is not one of "
                                  f"{', '.join(map(str, action.choices))}")
 
 

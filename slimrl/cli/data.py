@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slimrl.cli.args import ONLINE, TrainArguments, UsageError
+from slimrl.cli.args import ONLINE, TrainArguments
+from slimrl.errors import InputError
 from slimrl.patching.table import CLI_KINDS
 
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -28,18 +29,18 @@ def load_rewards(specs: list[str] | None, task: str = "arithmetic") -> list[Call
     for spec in [s for item in specs for s in item.split(",") if s]:
         module_name, _, attr = spec.partition(":")
         if not module_name or not attr:
-            raise UsageError(f"--reward {spec!r}: write it as module:function (e.g. my_rewards:score)")
+            raise InputError(f"--reward {spec!r}: write it as module:function (e.g. my_rewards:score)")
         try:
             sys.path.insert(0, os.getcwd())
             module = importlib.import_module(module_name)
         except Exception as err:  # noqa: BLE001  (any import failure is the user's module)
-            raise UsageError(f"--reward {spec!r}: cannot import module {module_name!r} ({err}); check the name "
+            raise InputError(f"--reward {spec!r}: cannot import module {module_name!r} ({err}); check the name "
                              f"and that it is on PYTHONPATH") from None
         finally:
             sys.path.pop(0)
         fn = getattr(module, attr, None)
         if not callable(fn):
-            raise UsageError(f"--reward {spec!r}: {module_name}.{attr} is missing or not callable; pass a function "
+            raise InputError(f"--reward {spec!r}: {module_name}.{attr} is missing or not callable; pass a function "
                              f"f(prompts, completions, **kwargs) -> list[float]")
         funcs.append(fn)
     return funcs
@@ -54,10 +55,10 @@ def _check_json_lines(path: Path, name: str) -> None:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise UsageError(f"--dataset {name}: line {number} is not valid JSON ({err.msg}); fix or remove "
+                raise InputError(f"--dataset {name}: line {number} is not valid JSON ({err.msg}); fix or remove "
                                  f"that line") from None
             if not isinstance(row, dict):
-                raise UsageError(f"--dataset {name}: line {number} is not a JSON object ({{\"prompt\": ...}})")
+                raise InputError(f"--dataset {name}: line {number} is not a JSON object ({{\"prompt\": ...}})")
 
 
 def _read_file(path: Path, name: str):
@@ -70,9 +71,9 @@ def _read_file(path: Path, name: str):
         return datasets.load_dataset(DATA_SUFFIXES[suffix], data_files=str(path), split="train")
     except Exception as err:  # noqa: BLE001  (a malformed file: name it in one line)
         if "corresponds to no data" in str(err):  # datasets' words for a file without rows ([], a CSV header)
-            raise UsageError(f"--dataset {name}: the file has no rows; it needs at least one") from None
+            raise InputError(f"--dataset {name}: the file has no rows; it needs at least one") from None
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UsageError(f"--dataset {name}: cannot read it as {DATA_SUFFIXES[suffix]} ({first[:200]})") from None
+        raise InputError(f"--dataset {name}: cannot read it as {DATA_SUFFIXES[suffix]} ({first[:200]})") from None
 
 
 def load_dataset_arg(targs: TrainArguments, seed: int, trainer_cls: type, cfg: Any):
@@ -96,24 +97,24 @@ def load_dataset_arg(targs: TrainArguments, seed: int, trainer_cls: type, cfg: A
     path = Path(targs.dataset).expanduser()
     if path.suffix.lower() in DATA_SUFFIXES:
         if not path.is_file():
-            raise UsageError(f"--dataset {targs.dataset}: file not found; pass an existing "
+            raise InputError(f"--dataset {targs.dataset}: file not found; pass an existing "
                              f"{'/'.join(sorted(set(DATA_SUFFIXES)))} file")
         if path.stat().st_size == 0:
-            raise UsageError(f"--dataset {targs.dataset}: the file is empty; it needs at least one row")
+            raise InputError(f"--dataset {targs.dataset}: the file is empty; it needs at least one row")
         ds = _read_file(path, targs.dataset)
     else:
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
         try:
             ds = datasets.load_dataset(targs.dataset, split="train")
         except Exception as err:  # noqa: BLE001
-            raise UsageError(f"--dataset {targs.dataset}: not a JSON/JSONL/CSV/parquet file nor a dataset in the "
+            raise InputError(f"--dataset {targs.dataset}: not a JSON/JSONL/CSV/parquet file nor a dataset in the "
                              f"local cache ({type(err).__name__}); pass a file path") from None
     if len(ds) == 0:
-        raise UsageError(f"--dataset {targs.dataset}: the dataset has no rows; it needs at least one")
+        raise InputError(f"--dataset {targs.dataset}: the dataset has no rows; it needs at least one")
     try:
         check_layout(ds, *trainer_layouts(trainer_cls, cfg), cfg, argument=f"--dataset {targs.dataset}")
     except ValueError as err:
-        raise UsageError(f"{err} (--algorithm {algorithm})") from None
+        raise InputError(f"{err} (--algorithm {algorithm})") from None
     if algorithm not in ONLINE:
         return ds, None  # a held-out greedy eval needs reward functions for the user's task: none given
     n_eval = min(targs.eval_size, len(ds) // 4)
@@ -163,16 +164,16 @@ def fit_prompts(ds, tokenizer, targs: TrainArguments, completion: int, name: str
             f"tokens, row {worst})")
     if targs.drop_long_prompts:
         if len(long_rows) == len(ds):
-            raise UsageError(f"--dataset {name}: every prompt is too long ({what}); raise --max_seq_length")
+            raise InputError(f"--dataset {name}: every prompt is too long ({what}); raise --max_seq_length")
         print(f"slimrl train: dropped {what.split(' are ')[0]} that are too long", flush=True)
         keep = sorted(set(range(len(ds))) - set(long_rows))
         return ds.select(keep)
     if targs.truncate_prompts:
         short = {i: _shorten(tokenizer, ds[i]["prompt"], budget) for i in long_rows}
         if any(p is None for p in short.values()):
-            raise UsageError(f"--dataset {name}: {what}; a conversation's last message alone is over the budget: "
+            raise InputError(f"--dataset {name}: {what}; a conversation's last message alone is over the budget: "
                              f"use --drop_long_prompts true or raise --max_seq_length")
         print(f"slimrl train: truncated {len(long_rows)} prompts to {budget} tokens", flush=True)
         return ds.map(lambda row, i: {"prompt": short.get(i, row["prompt"])}, with_indices=True)
-    raise UsageError(f"--dataset {name}: {what}; pass --truncate_prompts true, --drop_long_prompts true, or raise "
+    raise InputError(f"--dataset {name}: {what}; pass --truncate_prompts true, --drop_long_prompts true, or raise "
                      f"--max_seq_length")

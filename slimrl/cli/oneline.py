@@ -1,5 +1,5 @@
-"""One-line errors for the small ``slimrl`` commands (``plan``, ``verify``, ``doctor``): a bad option is one line
-``<prog>: error: ...`` on stderr and exit status 2, never argparse's usage block."""
+"""How every ``slimrl`` command says bad input: one line ``<prog>: error: ...`` on stderr and exit status 2, never
+argparse's usage block (the error itself is :class:`slimrl.errors.InputError`)."""
 
 from __future__ import annotations
 

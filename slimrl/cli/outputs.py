@@ -26,9 +26,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from slimrl.cli.args import UsageError
 from slimrl.compat.callsite import warn
 from slimrl.compat.processes import pid_alive
+from slimrl.errors import InputError
 
 LOCK = ".slimrl.lock"
 RUN_FILE = "slimrl_run.json"  # written into every checkpoint: what a resume must match
@@ -36,14 +36,14 @@ RUN_OUTPUTS = ("adapter", "metrics.jsonl", "metrics.csv", "metrics.png", "slimrl
 
 
 def check_output_dir(path: str) -> Path:
-    """``path`` can hold the run's files: UsageError naming the problem otherwise."""
+    """``path`` can hold the run's files: InputError naming the problem otherwise."""
     out = Path(path).expanduser()
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--output_dir {path}: is a file; pass a directory (it is created if missing)")
+        raise InputError(f"--output_dir {path}: is a file; pass a directory (it is created if missing)")
     for parent in out.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise UsageError(f"--output_dir {path}: {parent} is a file, so nothing can be created under it; "
+                raise InputError(f"--output_dir {path}: {parent} is a file, so nothing can be created under it; "
                                  f"pass another directory")
             break
     try:
@@ -52,7 +52,7 @@ def check_output_dir(path: str) -> Path:
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
-        raise UsageError(f"--output_dir {path}: cannot write there ({err.strerror or err}); pass a writable "
+        raise InputError(f"--output_dir {path}: cannot write there ({err.strerror or err}); pass a writable "
                          f"directory") from None
     return out
 
@@ -77,7 +77,7 @@ def run_lock(out: Path) -> Iterator[None]:
                 lock.unlink(missing_ok=True)
                 continue
             who = f"pid {pid} on {host}" if pid else "another process"
-            raise UsageError(f"--output_dir {out}: another slimrl train ({who}, started {held.get('started', '?')})"
+            raise InputError(f"--output_dir {out}: another slimrl train ({who}, started {held.get('started', '?')})"
                              f" is writing there; wait for it, pick another --output_dir, or delete {lock} if that "
                              f"run is gone") from None
         with os.fdopen(fd, "w") as f:
@@ -115,7 +115,7 @@ def refuse_earlier_run(out: Path, resume: bool, overwrite: bool) -> None:
                 target.unlink()
         return
     shown = ", ".join(sorted(earlier)[:3]) + (" ..." if len(earlier) > 3 else "")
-    raise UsageError(f"--output_dir {out} already holds an earlier run ({shown}): continue it with --resume, or "
+    raise InputError(f"--output_dir {out} already holds an earlier run ({shown}): continue it with --resume, or "
                      f"pass --overwrite_output_dir true to replace it")
 
 
@@ -244,10 +244,10 @@ def pick_checkpoint(resume: str, out: Path) -> Path:
     if resume != "latest":
         ckpt = Path(resume).expanduser()
         if not ckpt.is_dir():
-            raise UsageError(f"--resume {resume}: no such checkpoint directory")
+            raise InputError(f"--resume {resume}: no such checkpoint directory")
         bad = damaged_file(ckpt)
         if bad:
-            raise UsageError(f"--resume {resume}: {bad} is damaged; pass an intact checkpoint or --resume latest")
+            raise InputError(f"--resume {resume}: {bad} is damaged; pass an intact checkpoint or --resume latest")
         return ckpt
     for ckpt in checkpoints(out):
         bad = damaged_file(ckpt)
@@ -255,7 +255,7 @@ def pick_checkpoint(resume: str, out: Path) -> Path:
             return ckpt
         warn(f"--resume: {ckpt.name} is damaged ({bad} does not load); trying an older checkpoint",
                       UserWarning)
-    raise UsageError(f"--resume: no intact checkpoint in {out}; run without --resume to start over")
+    raise InputError(f"--resume: no intact checkpoint in {out}; run without --resume to start over")
 
 
 def run_record(algorithm: str, lora_r: int, model: str) -> dict[str, Any]:
@@ -280,7 +280,7 @@ def check_resume_matches(ckpt: Path, record: dict[str, Any], target_modules: lis
         mismatches.append(f"LoRA target modules {sorted(adapter['target_modules'])} there, {sorted(target_modules)} "
                           f"now")
     if mismatches:
-        raise UsageError(f"--resume {ckpt}: the checkpoint is from a different run ({'; '.join(mismatches)}); "
+        raise InputError(f"--resume {ckpt}: the checkpoint is from a different run ({'; '.join(mismatches)}); "
                          f"resume with the same options, or start over with --overwrite_output_dir true")
 
 

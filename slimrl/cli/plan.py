@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         return args
     import warnings
 
+    from slimrl.errors import InputError
     from slimrl.patching.table import PLANNED
-    from slimrl.planning import PlanInputError, Settings, plan
+    from slimrl.planning import Settings, plan
 
     if args.algorithm not in PLANNED:
         return fail("slimrl plan", f"--algorithm {args.algorithm!r}: unknown; choose one of {', '.join(PLANNED)}")
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             result = plan(args.model, settings, budget=args.budget)
-    except (PlanInputError, FileNotFoundError) as exc:
+    except (InputError, FileNotFoundError) as exc:
         return fail("slimrl plan", str(exc))
     except (RuntimeError, OverflowError, MemoryError) as exc:  # sizes whose tensors cannot even be described
         return fail("slimrl plan", f"the sizes asked for are beyond what can be planned ({type(exc).__name__}: "
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         try:
             sides = _compare(args, settings, result)
-        except (PlanInputError, ValueError) as exc:
+        except ValueError as exc:  # an InputError among them
             return fail("slimrl plan", str(exc))
         data["compare"] = sides
     text = format_plan(data) + ("\n" + format_section(data) if gpu is not None else "")

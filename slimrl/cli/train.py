@@ -25,9 +25,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from slimrl.cli.args import ALGORITHMS, ONLINE, TrainArguments, UsageError, parse
+from slimrl.cli.args import ALGORITHMS, ONLINE, TrainArguments, parse
 from slimrl.cli.data import fit_prompts, load_dataset_arg, load_rewards
 from slimrl.cli.evaluate import held_out_eval
+from slimrl.cli.oneline import fail
 from slimrl.cli.outputs import (
     RunRecordCallback,
     check_output_dir,
@@ -39,8 +40,9 @@ from slimrl.cli.outputs import (
     run_record,
 )
 from slimrl.cli.tasks import WARM_START_STEPS, task_of, warm_start
+from slimrl.errors import InputError
 
-__all__ = ["main", "parse", "run", "UsageError", "TrainArguments", "ALGORITHMS"]
+__all__ = ["main", "parse", "run", "TrainArguments", "ALGORITHMS"]
 ERROR_LOG = "slimrl-error.log"
 
 
@@ -53,7 +55,7 @@ def memory_fraction(value: str) -> float | str:
     except ValueError:
         fraction = -1.0
     if not 0 < fraction < 1:
-        raise UsageError(f"--gpu_memory_utilization {value}: pass a fraction between 0 and 1, or auto")
+        raise InputError(f"--gpu_memory_utilization {value}: pass a fraction between 0 and 1, or auto")
     return fraction
 
 
@@ -66,45 +68,45 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
     check_task(targs.task, TASKS)  # first: the checks below look it up
     algorithm = targs.algorithm
     if targs.use_gradient_checkpointing.lower() not in ("slimrl", "unsloth", "selective", "true", "false"):
-        raise UsageError(f"--use_gradient_checkpointing {targs.use_gradient_checkpointing}: use slimrl, selective, "
+        raise InputError(f"--use_gradient_checkpointing {targs.use_gradient_checkpointing}: use slimrl, selective, "
                          f"true or false")
     if targs.reward and algorithm not in ONLINE:
-        raise UsageError(f"--reward: --algorithm {algorithm} learns from its dataset, not from reward functions; "
+        raise InputError(f"--reward: --algorithm {algorithm} learns from its dataset, not from reward functions; "
                          f"drop --reward or use --algorithm {' / '.join(ONLINE)}")
     task = task_of(targs.task)
     if targs.task != "arithmetic" and targs.dataset is not None:
-        raise UsageError(f"--task {targs.task} and --dataset: the built-in task brings its own problems; pass one "
+        raise InputError(f"--task {targs.task} and --dataset: the built-in task brings its own problems; pass one "
                          f"of them")
     if task.algorithms and algorithm not in task.algorithms:
-        raise UsageError(f"--task {targs.task}: runs with --algorithm {' / '.join(task.algorithms)} (TRL's tool "
+        raise InputError(f"--task {targs.task}: runs with --algorithm {' / '.join(task.algorithms)} (TRL's tool "
                          f"loop is GRPO's), not {algorithm}")
     if targs.warm_start_steps is not None and (targs.task != "calculator" or targs.warm_start_steps < 0):
-        raise UsageError(f"--warm_start_steps {targs.warm_start_steps}: a count >= 0, for --task calculator only")
+        raise InputError(f"--warm_start_steps {targs.warm_start_steps}: a count >= 0, for --task calculator only")
     if targs.dataset is None and targs.train_size < 1:
-        raise UsageError(f"--train_size {targs.train_size}: the built-in task needs at least 1 training problem")
+        raise InputError(f"--train_size {targs.train_size}: the built-in task needs at least 1 training problem")
     if targs.eval_size < 0:
-        raise UsageError(f"--eval_size {targs.eval_size}: must be >= 0 (0: no held-out evaluation)")
+        raise InputError(f"--eval_size {targs.eval_size}: must be >= 0 (0: no held-out evaluation)")
     if targs.eval_max_new_tokens < 1:
-        raise UsageError(f"--eval_max_new_tokens {targs.eval_max_new_tokens}: must be >= 1 (--eval_size 0 skips the "
+        raise InputError(f"--eval_max_new_tokens {targs.eval_max_new_tokens}: must be >= 1 (--eval_size 0 skips the "
                          f"evaluation)")
     iterations = getattr(cfg, "max_tool_calling_iterations", None)
     if iterations is not None and iterations < 0:
-        raise UsageError(f"--max_tool_calling_iterations {iterations}: must be >= 0 (a negative count would turn "
+        raise InputError(f"--max_tool_calling_iterations {iterations}: must be >= 0 (a negative count would turn "
                          f"the tool loop off)")
     if targs.lora_r < 1:
-        raise UsageError(f"--lora_r {targs.lora_r}: the LoRA rank must be >= 1")
+        raise InputError(f"--lora_r {targs.lora_r}: the LoRA rank must be >= 1")
     if targs.threads is not None and targs.threads < 1:
-        raise UsageError(f"--threads {targs.threads}: must be >= 1")
+        raise InputError(f"--threads {targs.threads}: must be >= 1")
     if cfg.learning_rate <= 0:  # the library warns about 0 (refuses < 0): `slimrl train` refuses both
-        raise UsageError(f"--learning_rate {cfg.learning_rate}: must be > 0 (e.g. 2e-4 for LoRA)")
+        raise InputError(f"--learning_rate {cfg.learning_rate}: must be > 0 (e.g. 2e-4 for LoRA)")
     if targs.truncate_prompts and targs.drop_long_prompts:
-        raise UsageError("--truncate_prompts and --drop_long_prompts: pass one of them")
+        raise InputError("--truncate_prompts and --drop_long_prompts: pass one of them")
     if algorithm in ONLINE and cfg.max_completion_length >= targs.max_seq_length:
-        raise UsageError(f"--max_completion_length {cfg.max_completion_length} leaves no room for the prompt in "
+        raise InputError(f"--max_completion_length {cfg.max_completion_length} leaves no room for the prompt in "
                          f"--max_seq_length {targs.max_seq_length}; lower the first or raise the second")
     max_length = getattr(cfg, "max_length", None)
     if algorithm not in ONLINE and max_length is not None and max_length > targs.max_seq_length:
-        raise UsageError(f"--max_length {max_length} is over --max_seq_length {targs.max_seq_length}; lower the "
+        raise InputError(f"--max_length {max_length} is over --max_seq_length {targs.max_seq_length}; lower the "
                          f"first or raise the second")
     memory_fraction(targs.gpu_memory_utilization)
     check_options(targs)
@@ -117,14 +119,14 @@ def built_in_tools(targs: TrainArguments) -> list | None:
 
 
 def tool_template(tokenizer, targs: TrainArguments) -> str | None:
-    """:func:`slimrl.data.calculator.use_tool_template` on ``tokenizer``; its refusal as a UsageError naming
+    """:func:`slimrl.data.calculator.use_tool_template` on ``tokenizer``; its refusal as a InputError naming
     ``--model``."""
     from slimrl.data.calculator import use_tool_template
 
     try:
         return use_tool_template(tokenizer)
     except ValueError as err:
-        raise UsageError(f"--model {targs.model}: {err}") from None
+        raise InputError(f"--model {targs.model}: {err}") from None
 
 
 def resolve_model(targs: TrainArguments) -> Path:
@@ -136,7 +138,7 @@ def resolve_model(targs: TrainArguments) -> Path:
         return resolve_model_path(targs.model)
     except (FileNotFoundError, ValueError) as err:
         message = str(err).replace(f"model_name={targs.model!r}", "").lstrip(" :")
-        raise UsageError(f"--model {targs.model}: {message}") from None
+        raise InputError(f"--model {targs.model}: {message}") from None
 
 
 # ---------------------------------------------------------------- the run
@@ -221,7 +223,7 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
         trainer = trainer_cls(model=model, args=cfg, train_dataset=train_ds, processing_class=tokenizer,
                               callbacks=[MetricsFileCallback(out), RunRecordCallback(record)], **online)
         if len(trainer.train_dataset) == 0:  # TRL dropped every row (e.g. all longer than max_length)
-            raise UsageError(f"--dataset {targs.dataset or 'built-in task'}: no row is left after TRL's "
+            raise InputError(f"--dataset {targs.dataset or 'built-in task'}: no row is left after TRL's "
                              f"preprocessing (every row is longer than --max_length {getattr(cfg, 'max_length', '?')}"
                              f"?); raise --max_length")
         use_step_lines(trainer)
@@ -272,9 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings(record=True) as held:
             targs, cfg = parse(argv)
         run(targs, cfg, deferred=held)
-    except UsageError as err:
-        print(f"slimrl train: error: {err}", file=sys.stderr)
-        return 2
+    except InputError as err:
+        return fail("slimrl train", str(err))
     except KeyboardInterrupt:
         print(_interrupted_message(cfg), file=sys.stderr)
         return 130

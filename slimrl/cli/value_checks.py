@@ -1,5 +1,5 @@
 """``slimrl train``'s range checks, run before the model loads: values that cannot run (they stop the run after
-minutes of loading, or hang, or train nonsense without a word) are one :class:`UsageError` line naming the flag,
+minutes of loading, or hang, or train nonsense without a word) are one :class:`InputError` line naming the flag,
 the value and why. These are the command line's checks only: the Python API refuses nothing TRL accepts.
 
 What counts as "cannot run", per option: a count below 1 (a batch of -1 rows, -1 accumulation steps, -1 saves
@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any
 
-from slimrl.cli.errors import UsageError
+from slimrl.errors import InputError
 
 # what one machine can hold: the built-in task makes every problem up front; ranks and lengths past these are
 # beyond any model's width or context
@@ -35,9 +35,9 @@ def _count(flag: str, value: Any, upper: int | None = None, why: str = "") -> No
     if value is None:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise UsageError(f"--{flag} {value}: a count >= 1{why}")
+        raise InputError(f"--{flag} {value}: a count >= 1{why}")
     if upper is not None and value > upper:
-        raise UsageError(f"--{flag} {value}: over {upper}, beyond what one machine can hold{why}")
+        raise InputError(f"--{flag} {value}: over {upper}, beyond what one machine can hold{why}")
 
 
 def _number(flag: str, value: Any, low: float, high: float, low_open: bool = False, what: str = "") -> None:
@@ -47,12 +47,12 @@ def _number(flag: str, value: Any, low: float, high: float, low_open: bool = Fal
         and value <= high
     if not ok:
         bound = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-        raise UsageError(f"--{flag} {value}: {what or 'a number'} in {bound}")
+        raise InputError(f"--{flag} {value}: {what or 'a number'} in {bound}")
 
 
 def check_task(task: str, tasks: tuple[str, ...]) -> None:
     if task not in tasks:
-        raise UsageError(f"--task {task!r}: the built-in tasks are {', '.join(tasks)}")
+        raise InputError(f"--task {task!r}: the built-in tasks are {', '.join(tasks)}")
 
 
 def check_options(targs: Any) -> None:
@@ -62,7 +62,7 @@ def check_options(targs: Any) -> None:
             what="the LoRA scale's numerator (alpha / r; <= 0 reverses or erases the adapter's update), a number")
     _number("lora_dropout", targs.lora_dropout, 0, 1, what="a dropout probability (1 drops everything: < 1),")
     if targs.lora_dropout == 1:
-        raise UsageError("--lora_dropout 1.0: every adapter input would be dropped; a probability below 1")
+        raise InputError("--lora_dropout 1.0: every adapter input would be dropped; a probability below 1")
     _count("max_seq_length", targs.max_seq_length, MAX_TOKENS, " (tokens)")
     _count("threads", targs.threads, MAX_THREADS)
     if targs.dataset is None:
@@ -76,13 +76,13 @@ def check_config(cfg: Any, config_cls: type) -> None:
     from slimrl.compat.trl_info import config_choices
 
     if not str(cfg.output_dir or "").strip():
-        raise UsageError("--output_dir '': an empty path; pass the folder to write the run to")
+        raise InputError("--output_dir '': an empty path; pass the folder to write the run to")
     from slimrl.patching.validation import unsloth_refusals
 
     refused = unsloth_refusals({name: getattr(cfg, name, None) for name in
                                 ("learning_rate", "temperature", "max_completion_length")})
     if refused:  # the library accepts what TRL accepts; the command runs only what makes sense
-        raise UsageError(refused[0])
+        raise InputError(refused[0])
     for name in COUNTS:
         if hasattr(cfg, name) and not (name == "max_steps" and cfg.max_steps == -1):
             _count(name, getattr(cfg, name), MAX_GENERATIONS if name == "num_generations" else None)
@@ -97,13 +97,13 @@ def check_config(cfg: Any, config_cls: type) -> None:
         if getattr(cfg, name, None) is not None:
             _number(name, getattr(cfg, name), low, high, low_open)
     if getattr(cfg, "top_k", None) is not None and cfg.top_k < -1:
-        raise UsageError(f"--top_k {cfg.top_k}: a count of tokens >= 0 (0 or -1: no top-k)")
+        raise InputError(f"--top_k {cfg.top_k}: a count of tokens >= 0 (0 or -1: no top-k)")
     for name in ("loss_type", "scale_rewards", "importance_sampling_level"):
         value = getattr(cfg, name, None)
         choices = (config_choices(config_cls, name) or list(RUNTIME_CHOICES.get(name, ()))) \
             if name in config_cls.__dataclass_fields__ else []
         if isinstance(value, str) and choices and value not in choices:
-            raise UsageError(f"--{name} {value}: {config_cls.__name__} takes {', '.join(choices)}")
+            raise InputError(f"--{name} {value}: {config_cls.__name__} takes {', '.join(choices)}")
     kwargs = getattr(cfg, "generation_kwargs", None)
     if isinstance(kwargs, str):
         try:
@@ -111,7 +111,7 @@ def check_config(cfg: Any, config_cls: type) -> None:
         except ValueError:
             parsed = None
         if not isinstance(parsed, dict):
-            raise UsageError(f"--generation_kwargs {kwargs}: a JSON object, e.g. '{{\"top_k\": 50}}'")
+            raise InputError(f"--generation_kwargs {kwargs}: a JSON object, e.g. '{{\"top_k\": 50}}'")
 
 
 def raw_options(argv: list[str]) -> list[tuple[str, str]]:
@@ -142,7 +142,7 @@ def check_raw_counts(argv: list[str], yaml_data: dict[str, Any]) -> None:
         except ValueError:
             continue
         if number < 1 and not (name == "max_steps" and number == -1):
-            raise UsageError(f"--{name} {number}: a count >= 1")
+            raise InputError(f"--{name} {number}: a count >= 1")
 
 
 FILE_OPTIONS = ("accelerator_config", "deepspeed", "fsdp_config")  # JSON files transformers opens while parsing
@@ -162,19 +162,19 @@ def check_raw_paths(argv: list[str], yaml_data: dict[str, Any]) -> None:
         if isinstance(value, dict) or value is None:
             continue
         if not isinstance(value, str) or not value.strip():
-            raise UsageError(f"--{name} {value!r}: pass a JSON file or a JSON object")
+            raise InputError(f"--{name} {value!r}: pass a JSON file or a JSON object")
         if value.lstrip().startswith(("{", "[")):
             try:
                 parsed = json.loads(value)
             except ValueError as err:
-                raise UsageError(f"--{name} {value}: not valid JSON ({err})") from None
+                raise InputError(f"--{name} {value}: not valid JSON ({err})") from None
             if not isinstance(parsed, dict):
-                raise UsageError(f"--{name} {value}: a JSON object ({{...}}), not a {type(parsed).__name__}")
+                raise InputError(f"--{name} {value}: a JSON object ({{...}}), not a {type(parsed).__name__}")
             continue
         try:
             mode = os.stat(os.path.expanduser(value)).st_mode
         except OSError as err:
-            raise UsageError(f"--{name} {value}: {err.strerror.lower()}; pass a JSON file or a JSON object") from None
+            raise InputError(f"--{name} {value}: {err.strerror.lower()}; pass a JSON file or a JSON object") from None
         if not stat.S_ISREG(mode):
-            raise UsageError(f"--{name} {value}: not a regular file (a pipe or a device would block the run); pass "
+            raise InputError(f"--{name} {value}: not a regular file (a pipe or a device would block the run); pass "
                              f"a JSON file")

@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print(listing())
         return 0
-    from slimrl.verify import VerifyError, format_table, verify
+    from slimrl.errors import InputError
+    from slimrl.verify import format_table, verify
 
     algorithms = [a for a in (args.algorithm or "").split(",") if a.strip()] or None
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                           load_in_4bit=args.load_in_4bit, load_in_8bit=args.load_in_8bit,
                           fast_inference=args.fast_inference, vllm_server_base_url=args.vllm_server_base_url,
                           unsloth_num_chunks=args.unsloth_num_chunks)
-        except VerifyError as err:
+        except InputError as err:
             return _fail(str(err))
     import trl
 

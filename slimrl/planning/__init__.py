@@ -1,6 +1,5 @@
 """Memory and time model of a training run, before any weight loads (``slimrl plan``)."""
 
-from slimrl.planning.config import PlanInputError
 from slimrl.planning.plan import Plan, Settings, Workload, plan
 
-__all__ = ["Plan", "PlanInputError", "Settings", "Workload", "plan"]
+__all__ = ["Plan", "Settings", "Workload", "plan"]

@@ -8,7 +8,7 @@ from typing import Any
 
 from slimrl.compat.gpus import GPUS
 from slimrl.compat.quant import NF4_BYTES
-from slimrl.planning.config import PlanInputError
+from slimrl.errors import InputError
 
 # the deepest released decoder LLMs have ~126 layers (Llama 3.1 405B); four times that is still traced in seconds
 MAX_LAYERS = 512
@@ -28,16 +28,16 @@ def weights_lower_bound(config: Any) -> int:
 
 
 def check_plannable(config: Any, model: str, load_in_4bit: bool) -> None:
-    """Raises :class:`PlanInputError` (one line naming ``--model``) for a config the planner refuses to trace."""
+    """Raises :class:`InputError` (one line naming ``--model``) for a config the planner refuses to trace."""
     text = getattr(config, "text_config", None) or config
     if text.num_hidden_layers > MAX_LAYERS:
-        raise PlanInputError(f"--model {model}: {text.num_hidden_layers} layers is deeper than slimrl plans (at most "
+        raise InputError(f"--model {model}: {text.num_hidden_layers} layers is deeper than slimrl plans (at most "
                              f"{MAX_LAYERS}; released decoders have under 130); check num_hidden_layers")
     largest = max(GPUS, key=lambda g: g.total_bytes)
     per_param = NF4_BYTES if load_in_4bit else 2.0  # the smallest a GPU run can hold them in
     need = weights_lower_bound(config) * per_param
     if need > largest.total_bytes:
-        raise PlanInputError(f"--model {model}: its weights alone need at least {need / 2**30:,.0f} GiB "
+        raise InputError(f"--model {model}: its weights alone need at least {need / 2**30:,.0f} GiB "
                              f"({'NF4' if load_in_4bit else '16-bit'}), more than the largest GPU slimrl knows holds "
                              f"({largest.key}: {largest.total_bytes / 2**30:.0f} GiB); check the config"
                              f"{'' if load_in_4bit else ' or pass --load_in_4bit true'}")
@@ -52,8 +52,8 @@ def parse_budget(given: str | int | None) -> int | None:
     try:
         budget_bytes = parse_bytes(given)
     except ValueError as err:
-        raise PlanInputError(str(err)) from None
+        raise InputError(str(err)) from None
     if budget_bytes > MAX_BUDGET_BYTES:
-        raise PlanInputError(f"--budget {given}: beyond any single machine's memory (at most 1 PiB); pass the memory "
+        raise InputError(f"--budget {given}: beyond any single machine's memory (at most 1 PiB); pass the memory "
                              f"of the GPU or machine the run is for, e.g. 80GB")
     return budget_bytes

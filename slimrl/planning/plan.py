@@ -47,8 +47,9 @@ import torch
 
 from slimrl.compat.gpus import CUDA_CONTEXT_BYTES, find_gpu
 from slimrl.compat.quant import NF4_BYTES
+from slimrl.errors import InputError
 from slimrl.planning.bounds import parse_budget
-from slimrl.planning.config import PlanInputError, load_config
+from slimrl.planning.config import load_config
 from slimrl.planning.gpu import cuda_total
 from slimrl.planning.host import pinned_host_bytes
 from slimrl.planning.prefix import prefix_gather_bytes, shared_prefix_applies
@@ -149,7 +150,7 @@ def plan(model: Any = "SmolLM2-135M-Instruct", settings: Settings | None = None,
     result.notes.insert(0, judged.line())
     floor = result.phases["weights"] + result.phases["runtime"]
     if floor > budget_bytes and budget is not None:  # a card too small for the weights is its verdict, not an error
-        raise PlanInputError(f"--budget {budget}: below the weights and runtime alone ({floor / 2**30:.2f} GiB); "
+        raise InputError(f"--budget {budget}: below the weights and runtime alone ({floor / 2**30:.2f} GiB); "
                              f"raise the budget{'' if load_in_4bit else ' or pass --load_in_4bit true'}")
     if search and floor <= budget_bytes:
         aim = fitting_bytes(budget_bytes, device)  # the largest peak whose verdict is "fits"

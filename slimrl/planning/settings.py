@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from slimrl.planning.config import PlanInputError
+from slimrl.errors import InputError
 
 CHECKPOINTING = ("true", "false", "slimrl", "selective")
 
@@ -82,24 +82,24 @@ MAX_LORA_RANK = 65536  # beyond any model's width
 
 def _check(s: Settings) -> None:
     if not isinstance(s.workload, Workload) or s.workload.reference not in ("always", "beta", "never"):
-        raise PlanInputError(f"workload {s.workload!r}: pass a Workload (reference 'always', 'beta' or 'never')")
+        raise InputError(f"workload {s.workload!r}: pass a Workload (reference 'always', 'beta' or 'never')")
     if s.gradient_checkpointing not in CHECKPOINTING:
-        raise PlanInputError(f"--gradient_checkpointing {s.gradient_checkpointing!r}: choose one of "
+        raise InputError(f"--gradient_checkpointing {s.gradient_checkpointing!r}: choose one of "
                              f"{', '.join(CHECKPOINTING)}")
     if s.device not in ("cpu", "cuda"):
-        raise PlanInputError(f"--device {s.device!r}: choose cpu or cuda")
+        raise InputError(f"--device {s.device!r}: choose cpu or cuda")
     for name in ("per_device_train_batch_size", "num_generations", "max_prompt_length", "max_completion_length"):
         value = getattr(s, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise PlanInputError(f"--{name} {value!r}: must be a positive integer")
+            raise InputError(f"--{name} {value!r}: must be a positive integer")
         if value > MAX_SIZE:
-            raise PlanInputError(f"--{name} {value}: larger than any run ({MAX_SIZE:,} at most)")
+            raise InputError(f"--{name} {value}: larger than any run ({MAX_SIZE:,} at most)")
     if not isinstance(s.beta, int | float) or not math.isfinite(s.beta) or s.beta < 0:
-        raise PlanInputError(f"--beta {s.beta!r}: the KL coefficient is a number >= 0 (0: no reference model)")
+        raise InputError(f"--beta {s.beta!r}: the KL coefficient is a number >= 0 (0: no reference model)")
     if not isinstance(s.shared_prefix, bool):
-        raise PlanInputError(f"--shared_prefix {s.shared_prefix!r}: write true or false")
+        raise InputError(f"--shared_prefix {s.shared_prefix!r}: write true or false")
     if s.tiled_mlp is not None and not isinstance(s.tiled_mlp, bool):
-        raise PlanInputError(f"--tiled_mlp {s.tiled_mlp!r}: write true, false or auto")
+        raise InputError(f"--tiled_mlp {s.tiled_mlp!r}: write true, false or auto")
     if not isinstance(s.lora_r, int) or isinstance(s.lora_r, bool) or not 0 <= s.lora_r <= MAX_LORA_RANK:
         # beyond any model's width the planner would describe absurd tensors
-        raise PlanInputError(f"--lora_r {s.lora_r!r}: a LoRA rank in [1, {MAX_LORA_RANK}], or 0 for full fine-tuning")
+        raise InputError(f"--lora_r {s.lora_r!r}: a LoRA rank in [1, {MAX_LORA_RANK}], or 0 for full fine-tuning")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from slimrl.errors import InputError
 from slimrl.verify.rows import (  # noqa: F401 - the public names of slimrl.verify
     GEN_REASON,
     GEN_REASON_VLLM,
@@ -37,7 +38,6 @@ from slimrl.verify.rows import (  # noqa: F401 - the public names of slimrl.veri
     REASON,
     TOLERANCE,
     Row,
-    VerifyError,
     compare,
     generation_row,
     probed,
@@ -65,28 +65,28 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
 
     datasets.disable_progress_bars()
     if load_in_4bit and load_in_8bit:
-        raise VerifyError("--load_in_4bit and --load_in_8bit: pass one of them")
+        raise InputError("--load_in_4bit and --load_in_8bit: pass one of them")
     quantized = "4bit" if load_in_4bit else "8bit" if load_in_8bit else None
     if unsloth_num_chunks is not None and unsloth_num_chunks < 1 and unsloth_num_chunks != -1:
-        raise VerifyError(f"--unsloth_num_chunks {unsloth_num_chunks}: pass a positive number of chunks (or -1, the "
+        raise InputError(f"--unsloth_num_chunks {unsloth_num_chunks}: pass a positive number of chunks (or -1, the "
                           "default: automatic)")
     trainers = every_trainer()  # the table and the installed TRL's other trainers (those inheriting a route verify)
     names = [n for n in trainers if trainer_available(n) and trainers[n].about.scenario] if not algorithms else \
         [_checked_name(a, _normalise, trainer_available, trainers) for a in algorithms]
     if vllm_server_base_url is not None and (model is None or not Path(model).is_dir()):
-        raise VerifyError("--vllm_server_base_url: pass --model DIR, the local model directory the server serves "
+        raise InputError("--vllm_server_base_url: pass --model DIR, the local model directory the server serves "
                           "(the trained model must hold the server's weights)")
     if vllm_server_base_url is not None:
         from slimrl.verify.server_check import server_problem
 
         problem = server_problem(vllm_server_base_url)
         if problem:
-            raise VerifyError(f"--vllm_server_base_url: {problem}")
+            raise InputError(f"--vllm_server_base_url: {problem}")
     if fast_inference:
         from slimrl.generation import vllm_status
 
         if vllm_status() is not None:
-            raise VerifyError(f"--fast_inference: {vllm_status()}")
+            raise InputError(f"--fast_inference: {vllm_status()}")
     setup = make_setup(model, full, device, quantized)
     if unsloth_num_chunks is not None:
         setup.slimrl_fields["unsloth_num_chunks"] = unsloth_num_chunks
@@ -95,14 +95,14 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
         types = loss_types(name, trainer_and_config(name)[1])
         if loss_type is not None:
             if loss_type not in types:
-                raise VerifyError(f"--loss_type {loss_type}: {name} has {', '.join(types)}")
+                raise InputError(f"--loss_type {loss_type}: {name} has {', '.join(types)}")
             types = [loss_type]
         for lt in types:
             try:
                 row = compare(name, lt, setup)
             except UnquantizableError as err:  # before any compute: the scenario's first model
                 if algorithms:
-                    raise VerifyError(f"--load_in_{quantized}: {name}: {err}; the LoRA trainers' rows run on a "
+                    raise InputError(f"--load_in_{quantized}: {name}: {err}; the LoRA trainers' rows run on a "
                                       f"quantized base") from None
                 break
             rows.append(row)
@@ -160,14 +160,14 @@ def _checked_name(algorithm: str, normalise, available, trainers: dict) -> str:
     try:
         name = normalise(algorithm)
     except ValueError as err:
-        raise VerifyError(f"--algorithm {algorithm}: {err}") from None
+        raise InputError(f"--algorithm {algorithm}: {err}") from None
     if trainers[name].about.scenario is None:
         verifiable = [n for n, spec in trainers.items() if spec.about.scenario]
-        raise VerifyError(f"--algorithm {algorithm}: not verified ({trainers[name].about.not_verified}); "
+        raise InputError(f"--algorithm {algorithm}: not verified ({trainers[name].about.not_verified}); "
                           f"verifiable: {', '.join(verifiable)}")
     if not available(name):
-        raise VerifyError(f"--algorithm {algorithm}: the installed TRL has no such trainer")
+        raise InputError(f"--algorithm {algorithm}: the installed TRL has no such trainer")
     return name
 
 
-__all__ = ["verify", "format_table", "compare", "make_setup", "Row", "VerifyError", "TOLERANCE", "GEN_TOLERANCE"]
+__all__ = ["verify", "format_table", "compare", "make_setup", "Row", "TOLERANCE", "GEN_TOLERANCE"]

@@ -59,11 +59,11 @@ def shared_prefix_note(model: str) -> tuple[str | None, str | None]:
     (``slimrl_shared_prefix``): the tested family, no soft-capping, attention through ``sdpa``; a sliding window is
     named, since it binds only when prompt + completion exceeds it."""
     from slimrl.ops.prefix_attention import model_reason
-    from slimrl.planning.config import PlanInputError, load_config
+    from slimrl.planning.config import load_config
 
     try:
         config = load_config(model)
-    except (PlanInputError, FileNotFoundError, OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # an InputError, a missing or unreadable config
         return None, f"--model {model}: {str(exc).splitlines()[0]}"
     text = getattr(config, "text_config", None) or config
     impl = getattr(text, "_attn_implementation", None) or "sdpa"  # transformers' default where torch has it

@@ -51,10 +51,6 @@ GEN_REASON = {
 }
 
 
-class VerifyError(ValueError):
-    """Bad input to ``slimrl verify`` (one line naming the option and the fix)."""
-
-
 @dataclass
 class Row:
     trainer: str

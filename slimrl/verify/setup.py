@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from slimrl.verify.rows import VerifyError
+from slimrl.errors import InputError
 from slimrl.verify.scenarios import Setup
 
 
@@ -14,9 +14,9 @@ def make_setup(model: str | None = None, full: bool = False, device: str = "cpu"
     from slimrl.verify.tiny import char_tokenizer, default_config, shrink
 
     if device not in ("cpu", "cuda"):
-        raise VerifyError(f"--device {device}: use cpu or cuda")
+        raise InputError(f"--device {device}: use cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
-        raise VerifyError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
+        raise InputError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
                           "use --device cpu")
     if quantized is not None:
         _check_bitsandbytes(quantized, device)
@@ -32,7 +32,7 @@ def make_setup(model: str | None = None, full: bool = False, device: str = "cpu"
         try:
             path = resolve_model_path(model)
         except (FileNotFoundError, ValueError) as err:
-            raise VerifyError(str(err).splitlines()[0]) from None
+            raise InputError(str(err).splitlines()[0]) from None
         try:
             if path.is_file():  # a .gguf: its metadata holds the config and the tokenizer
                 config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -42,7 +42,7 @@ def make_setup(model: str | None = None, full: bool = False, device: str = "cpu"
                 tokenizer = AutoTokenizer.from_pretrained(str(path))
         except Exception as err:  # noqa: BLE001 - transformers' and gguf's own errors, in one line
             first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-            raise VerifyError(f"--model {model}: its config or tokenizer cannot be read ({type(err).__name__}: "
+            raise InputError(f"--model {model}: its config or tokenizer cannot be read ({type(err).__name__}: "
                               f"{first[:200]}); pass a model directory with a valid config.json") from None
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -64,9 +64,9 @@ def _check_bitsandbytes(quantized: str, device: str) -> None:
     try:
         import bitsandbytes
     except ImportError:
-        raise VerifyError(f"{flag}: bitsandbytes is not installed; pip install 'slimrl[quant]'") from None
+        raise InputError(f"{flag}: bitsandbytes is not installed; pip install 'slimrl[quant]'") from None
     from packaging.version import Version
 
     if device == "cpu" and Version(bitsandbytes.__version__) < Version(BNB_CPU_MIN):
-        raise VerifyError(f"{flag}: bitsandbytes {bitsandbytes.__version__} has no CPU backend; pip install "
+        raise InputError(f"{flag}: bitsandbytes {bitsandbytes.__version__} has no CPU backend; pip install "
                           f"'bitsandbytes>={BNB_CPU_MIN}' or pass --device cuda")

@@ -14,8 +14,8 @@ import torch
 from slimrl.cli import plan as plan_cli
 from slimrl.cli import train
 from slimrl.cli import verify as verify_cli
-from slimrl.cli.args import UsageError
 from slimrl.cli.outputs import pick_checkpoint
+from slimrl.errors import InputError
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_a_resume_checkpoint_with_wrong_types_or_a_code_pickle_is_refused(tmp_pa
         (ckpt / "slimrl_run.json").write_text('{"algorithm": ["grpo"], "lora_r": 16, "model": "m"}')
     else:
         torch.save(_RunsCode(marker), ckpt / "optimizer.pt")
-    with pytest.raises(UsageError, match=r"--resume .*: .* is damaged; pass an intact checkpoint"):
+    with pytest.raises(InputError, match=r"--resume .*: .* is damaged; pass an intact checkpoint"):
         pick_checkpoint(str(ckpt), tmp_path / "out")
     assert not marker.exists()  # nothing of the pickle ran
 
@@ -160,7 +160,7 @@ def test_a_checkpoint_that_would_fail_inside_transformers_is_damaged(tmp_path, d
         torch.save({"last_epoch": 3, "base_lrs": ["fast"]}, ckpt / "scheduler.pt")
     elif damage == "rng-shape":
         torch.save({"python": (1, 2), "numpy": None, "cpu": torch.zeros(3)}, ckpt / "rng_state.pth")
-    with pytest.raises(UsageError, match=r"--resume .*: .* is damaged; pass an intact checkpoint"):
+    with pytest.raises(InputError, match=r"--resume .*: .* is damaged; pass an intact checkpoint"):
         pick_checkpoint(str(ckpt), out)
     with pytest.warns(UserWarning, match="checkpoint-4 is damaged"):
         assert pick_checkpoint("latest", out).name == "checkpoint-2"

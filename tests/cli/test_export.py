@@ -69,7 +69,8 @@ def test_gguf_without_the_converter_stops_before_writing(run_dir, capsys, monkey
 
 
 def test_train_export_option_is_checked_before_the_model_loads():
-    from slimrl.cli.args import UsageError, parse
+    from slimrl.cli.args import parse
+    from slimrl.errors import InputError
 
-    with pytest.raises(UsageError, match="--export 'tflite': use lora, merged_16bit"):
+    with pytest.raises(InputError, match="--export 'tflite': use lora, merged_16bit"):
         parse(["--export", "tflite"])

@@ -254,7 +254,7 @@ def test_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
         assert pick_checkpoint("latest", out).name == "checkpoint-2"
     opt = (out / "checkpoint-2" / "optimizer.pt")
     opt.write_bytes(opt.read_bytes()[:-40])
-    with pytest.warns(UserWarning), pytest.raises(train.UsageError, match="no intact checkpoint"):
+    with pytest.warns(UserWarning), pytest.raises(train.InputError, match="no intact checkpoint"):
         pick_checkpoint("latest", out)
 
 

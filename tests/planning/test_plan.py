@@ -9,7 +9,8 @@ import torch
 
 from slimrl.cli import plan as plan_cli
 from slimrl.compat.memory import parse_bytes
-from slimrl.planning import PlanInputError, Settings, plan, trace
+from slimrl.errors import InputError
+from slimrl.planning import Settings, plan, trace
 from slimrl.planning.plan import _with_layers
 
 
@@ -139,7 +140,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, message):
 
 def test_parse_bytes_and_direct_errors():
     assert parse_bytes("20GB") == 20 * 2**30 and parse_bytes("512 MiB") == 512 * 2**20 and parse_bytes("3") == 3
-    with pytest.raises(PlanInputError, match="--per_device_train_batch_size 0"):
+    with pytest.raises(InputError, match="--per_device_train_batch_size 0"):
         plan("SmolLM2-135M-Instruct", Settings(per_device_train_batch_size=0))
 
 
@@ -301,5 +302,5 @@ def test_tiled_mlp_plans_one_tile_of_mlp_intermediates(capsys):
     gate_up = 2 * 2 * 2048 * 2048 * torch.bfloat16.itemsize  # gate and up, [2 x 2,048 tokens, 2,048], bf16
     assert whole.phases["backward"] - tiled.phases["backward"] > gate_up, (whole.phases, tiled.phases)
     assert tiled.phases["policy_forward"] <= whole.phases["policy_forward"]
-    with pytest.raises(PlanInputError, match="--tiled_mlp"):
+    with pytest.raises(InputError, match="--tiled_mlp"):
         plan(config, Settings(tiled_mlp="yes", **common), search=False)

@@ -133,11 +133,11 @@ def test_quantized_rows_catch_a_4bit_layer_left_without_gradient(monkeypatch, av
 
 def test_quantized_rows_are_the_lora_scenarios():
     pytest.importorskip("bitsandbytes", minversion="0.50")
-    from slimrl.verify import VerifyError
+    from slimrl.errors import InputError
 
-    with pytest.raises(VerifyError, match="--load_in_4bit: dpo: it trains every weight, which a quantized base cannot"):
+    with pytest.raises(InputError, match="--load_in_4bit: dpo: it trains every weight, which a quantized base cannot"):
         verify(["dpo"], load_in_4bit=True)
-    with pytest.raises(VerifyError, match="--load_in_4bit and --load_in_8bit: pass one of them"):
+    with pytest.raises(InputError, match="--load_in_4bit and --load_in_8bit: pass one of them"):
         verify(["grpo"], load_in_4bit=True, load_in_8bit=True)
 
 

@@ -278,7 +278,8 @@ def test_verify_server_row(server, model_dir):
 
 
 def test_verify_server_row_needs_the_served_model_directory(server):
-    from slimrl.verify import VerifyError, verify
+    from slimrl.errors import InputError
+    from slimrl.verify import verify
 
-    with pytest.raises(VerifyError, match="--vllm_server_base_url: pass --model DIR"):
+    with pytest.raises(InputError, match="--vllm_server_base_url: pass --model DIR"):
         verify(["grpo"], vllm_server_base_url=server)

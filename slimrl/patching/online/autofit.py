@@ -96,7 +96,7 @@ def apply_auto_fit(bound: dict[str, Any], algorithm: str, workload: Workload) ->
     if args is None or not getattr(args, "slimrl_auto_fit", False) or isinstance(model, str) or model is None:
         return
     from slimrl.compat.memory import parse_bytes
-    from slimrl.planning.config import PlanInputError
+    from slimrl.errors import InputError
     from slimrl.planning.plan import plan
 
     settings = settings_of(model, args, prompt_length(bound.get("train_dataset"), bound.get("processing_class")),
@@ -105,7 +105,7 @@ def apply_auto_fit(bound: dict[str, Any], algorithm: str, workload: Workload) ->
     budget = parse_bytes(budget_text) if budget_text else default_budget(settings.device)
     try:
         result = plan(model.config, settings, budget=budget)
-    except PlanInputError as err:  # the budget is below the weights: name the config's field
+    except InputError as err:  # the budget is below the weights: name the config's field
         raise ValueError(f"slimrl_memory_budget={budget_text or f'{budget / 2**30:.2f}GB (free memory)'}: "
                          f"{str(err).split(': ', 1)[-1]}") from None
     choice = result.recommended
