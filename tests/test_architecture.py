@@ -216,3 +216,45 @@ def test_only_the_trainer_table_spells_lists_of_trainer_names(tmp_path):
     planted = tmp_path / "planted.py"  # the check sees such a list where there is one
     planted.write_text('PROBED = ("grpo", "rloo")\nif name in ["dpo", "kto"]:\n    pass\nX = {"sft": 1, "cpo": 2}\n')
     assert sorted(line for line, _ in _trainer_name_lists(planted, names)) == [1, 2, 4]
+
+
+def _module_names(tree: ast.AST) -> set[str]:
+    """Local names bound to modules: ``import a.b as m``, ``import a`` and ``from pkg import mod [as m]`` where
+    ``pkg.mod`` is one of slimrl's modules."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.asname or a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.update(a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in MODULES)
+    return names
+
+
+def _module_rebinds(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of each ``module.attr = ...`` and ``setattr(module, ...)`` on a name bound to a module."""
+    tree = ast.parse(path.read_text())
+    modules, out = _module_names(tree), []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        for t in targets:
+            for sub in ast.walk(t):
+                if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in modules:
+                    out.append((node.lineno, ast.unparse(sub)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
+                and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in modules:
+            out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_attributes_of_other_modules_are_swapped_one_way(tmp_path):
+    """Replacing a name in another module (TRL's, vLLM's, slimrl's own) and putting it back goes through
+    ``slimrl.compat.swaps`` (which the patch registry installs through), never a hand-kept original."""
+    allowed = {SRC / "compat" / "swaps.py"}
+    hooks = {"sys.excepthook", "warnings.showwarning"}  # Python's documented hooks, set by assignment
+    found = {str(p.relative_to(SRC)): hits for p in SRC.rglob("*.py") if p not in allowed
+             and (hits := [h for h in _module_rebinds(p) if h[1] not in hooks])}
+    assert not found, found
+    planted = tmp_path / "planted.py"
+    planted.write_text("from slimrl.ops import chunked_logprob as op\nimport trl\n"
+                       "op.auto_chunk_rows = None\nsetattr(trl, 'X', 1)\n")
+    assert [line for line, _ in _module_rebinds(planted)] == [3, 4]

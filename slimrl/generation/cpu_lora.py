@@ -13,7 +13,7 @@ are vLLM's own in every case; only the summation order of the GEMM differs (test
 :func:`fast_add_lora_linear` runs a packed layer's slices (q/k/v, gate/up) as two GEMMs: the A matrices stacked,
 the B matrices block-diagonal, both built once per adapter.
 :func:`install` swaps the three names in both modules that hold them and the wrapper's ``add_lora_linear``
-(reversibly, :func:`uninstall`).
+(reversibly, :func:`uninstall`; both through :mod:`slimrl.compat.swaps`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from typing import Any
 
 import torch
 
+from slimrl.compat.swaps import Swapped, restore, swap
+
 _MODULES = ("vllm.lora.ops.torch_ops.lora_ops", "vllm.lora.punica_wrapper.punica_cpu")
 _NAMES = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
-_ORIGINALS: dict[tuple, Any] = {}
+_SWAPS: dict[tuple, Swapped] = {}  # (module, name) / _WRAPPER -> what install replaced
 
 
 # [weak reference to the buffer of the last indices seen, (data_ptr, numel, version) of them, their uniform slot]
@@ -73,7 +75,7 @@ def fast_bgmv_shrink(inputs: torch.Tensor, lora_a_weights: torch.Tensor, output_
                      lora_indices_tensor: torch.Tensor, scaling: float = 1.0) -> None:
     w = _one_adapter(lora_a_weights, lora_indices_tensor)
     if w is None:
-        return _ORIGINALS[(_MODULES[0], "bgmv_shrink")](inputs, lora_a_weights, output_tensor, lora_indices_tensor,
+        return _SWAPS[(_MODULES[0], "bgmv_shrink")].seen(inputs, lora_a_weights, output_tensor, lora_indices_tensor,
                                                         scaling)
     dtype = output_tensor.dtype
     out = inputs.to(dtype) @ w.to(dtype).T  # [N, r]
@@ -84,7 +86,7 @@ def fast_bgmv_expand(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_
                      lora_indices_tensor: torch.Tensor, add_inputs: bool = True) -> None:
     w = _one_adapter(lora_b_weights, lora_indices_tensor)
     if w is None:
-        return _ORIGINALS[(_MODULES[0], "bgmv_expand")](inputs, lora_b_weights, output_tensor, lora_indices_tensor,
+        return _SWAPS[(_MODULES[0], "bgmv_expand")].seen(inputs, lora_b_weights, output_tensor, lora_indices_tensor,
                                                         add_inputs)
     dtype = output_tensor.dtype
     out = inputs.to(dtype) @ w.to(dtype).T  # [N, out]
@@ -101,7 +103,7 @@ def fast_bgmv_expand_slice(inputs: torch.Tensor, lora_b_weights: torch.Tensor, o
                            add_inputs: bool = True) -> None:
     w = _one_adapter(lora_b_weights, lora_indices_tensor)
     if w is None:
-        return _ORIGINALS[(_MODULES[0], "bgmv_expand_slice")](inputs, lora_b_weights, output_tensor,
+        return _SWAPS[(_MODULES[0], "bgmv_expand_slice")].seen(inputs, lora_b_weights, output_tensor,
                                                               lora_indices_tensor, slice_offset, slice_size,
                                                               add_inputs)
     dtype = output_tensor.dtype
@@ -132,7 +134,7 @@ def fast_add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor, lora_a_sta
     indices = self.token_lora_indices
     slot = _uniform_slot(indices) if indices.shape[0] == x2.shape[0] else None
     if slot is None or buffer is not None:
-        return _ORIGINALS[_WRAPPER](self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer,
+        return _SWAPS[_WRAPPER].seen(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer,
                                     **kwargs)
     a_t, b_block = _packed(lora_a_stacked, lora_b_stacked, slot, scale, tuple(output_slices), y.dtype)
     h = x2.to(torch.float32) @ a_t  # [N, S*r]
@@ -186,7 +188,7 @@ def _pack(lora_a_stacked: tuple, lora_b_stacked: tuple, i: int, scale: float, ou
 
 def install() -> bool:
     """Swap in the fast path (idempotent); False where this vLLM lacks the PyTorch LoRA ops."""
-    if _ORIGINALS:
+    if _SWAPS:
         return True
     try:
         modules = [importlib.import_module(m) for m in _MODULES]
@@ -196,19 +198,13 @@ def install() -> bool:
         return False
     for name, module in zip(_MODULES, modules):
         for attr in _NAMES:
-            _ORIGINALS[(name, attr)] = getattr(module, attr)
-            setattr(module, attr, _FAST[attr])
-    wrapper = getattr(modules[1], _WRAPPER[1])
-    _ORIGINALS[_WRAPPER] = wrapper.__dict__[_WRAPPER[2]]
-    setattr(wrapper, _WRAPPER[2], fast_add_lora_linear)
+            _SWAPS[(name, attr)] = swap(module, attr, _FAST[attr])
+    _SWAPS[_WRAPPER] = swap(getattr(modules[1], _WRAPPER[1]), _WRAPPER[2], fast_add_lora_linear)
     return True
 
 
 def uninstall() -> None:
     """Put vLLM's own ops back."""
-    for key, fn in _ORIGINALS.items():
-        if key == _WRAPPER:
-            setattr(getattr(importlib.import_module(key[0]), key[1]), key[2], fn)
-        else:
-            setattr(importlib.import_module(key[0]), key[1], fn)
-    _ORIGINALS.clear()
+    for done in _SWAPS.values():
+        restore(done)
+    _SWAPS.clear()

@@ -21,6 +21,8 @@ import importlib.util
 import sys
 import warnings
 
+from slimrl.compat.swaps import restore, swap
+
 # name -> its module under trl.experimental (TRL 1.12-1.16; PPO, BCO, XPO, Nash-MD, PRM only up to 1.12/1.13;
 # AsyncGRPO until TRL 1.18 made it stable)
 MOVED = {f"{prefix}{kind}": module for prefix, module in (
@@ -30,7 +32,7 @@ MOVED = {f"{prefix}{kind}": module for prefix, module in (
 # experimental module -> the names it had, which a later TRL exports from `trl` itself
 PROMOTED = {"trl.experimental.async_grpo": ("AsyncGRPOTrainer", "AsyncGRPOConfig")}
 
-_STATE: dict = {}  # "module": the trl module, "cls": its class before, "names": what was made importable
+_STATE: dict = {}  # "swapped": trl's class swap (slimrl.compat.swaps), "finder", "names": what was made importable
 _WARNED: set[str] = set()
 
 
@@ -120,8 +122,7 @@ def install() -> list[str]:
         def __dir__(self):
             return sorted(set(super().__dir__()) | set(names))
 
-    _STATE.update(module=trl, cls=base, names=names)
-    trl.__class__ = TrlWithMovedNames
+    _STATE.update(swapped=swap(trl, "__class__", TrlWithMovedNames), names=names)
     return sorted(names)
 
 
@@ -136,8 +137,8 @@ def uninstall() -> None:
             if loaded is not None and isinstance(getattr(loaded, "__spec__", None), importlib.machinery.ModuleSpec) \
                     and loaded.__spec__.loader is finder:
                 del sys.modules[module]
-    if "module" in _STATE:
-        _STATE["module"].__class__ = _STATE["cls"]
+    if "swapped" in _STATE:
+        restore(_STATE["swapped"])
     _STATE.clear()
 
 

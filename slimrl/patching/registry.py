@@ -2,11 +2,11 @@
 
 A :class:`Patch` names a target (a class or module, found by import path so the registry is declared without
 importing TRL), the attribute it replaces, and the replacement. ``install`` swaps the attribute on the live object
-(so ``from trl import GRPOTrainer`` done before or after gets the patched class) and keeps the original for
-delegation and for ``uninstall``, which puts back exactly what was there (including "nothing" for an attribute
-that the class only inherited). TRL's source text is never read or rewritten. A callable replacement is installed
-behind its contract (:mod:`slimrl.patching.contracts`): a call it was not written for (an argument a newer TRL added)
-goes to TRL's original unchanged, with one line.
+(:func:`slimrl.compat.swaps.swap`: ``from trl import GRPOTrainer`` done before or after gets the patched class) and
+keeps the original for delegation and for ``uninstall``, which puts back exactly what was there (including
+"nothing" for an attribute that the class only inherited). TRL's source text is never read or rewritten. A callable
+replacement is installed behind its contract (:mod:`slimrl.patching.contracts`): a call it was not written for (an
+argument a newer TRL added) goes to TRL's original unchanged, with one line.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from slimrl.compat.swaps import Swapped, restore, swap
 from slimrl.compat.trl_info import EVERY_RELEASE
 from slimrl.patching.contracts import guard
 
@@ -101,8 +102,7 @@ class Patch:
 
 
 _REGISTRY: list[Patch] = []
-# key -> (object patched, value in its own __dict__ before patching or _MISSING, value seen via getattr)
-_INSTALLED: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+_INSTALLED: dict[tuple[str, str], Swapped] = {}  # key -> what install replaced (slimrl.compat.swaps)
 _LOADERS: list = []  # what registers the declared patches, run at the registry's first use (not at import)
 
 
@@ -133,7 +133,7 @@ def patches(algorithm: str | None = None) -> list[Patch]:
 def original(target: str, attribute: str) -> Any:
     """The attribute as it was before slimrl patched it (what the replacement delegates to)."""
     try:
-        return _INSTALLED[(target, attribute)][2]
+        return _INSTALLED[(target, attribute)].seen
     except KeyError:
         raise RuntimeError(f"{target}.{attribute} is not patched; call PatchFastRL first") from None
 
@@ -156,25 +156,18 @@ def install(patch: Patch) -> bool:
         return False
     if seen is _MISSING:
         raise PatchTargetMissingError(patch._missing(f"{patch.attribute} is not an attribute of {patch.target}"))
-    own = obj.__dict__.get(patch.attribute, _MISSING) if hasattr(obj, "__dict__") else _MISSING
     new = patch.replacement(seen) if patch.wrap else patch.replacement
     if patch.guarded:  # calls it was not written for go to `seen` (slimrl.patching.contracts)
         new = guard(f"{patch.target}.{patch.attribute}", new, seen, patch.member, patch.later)
-    _INSTALLED[patch.key] = (obj, own, seen)
-    setattr(obj, patch.attribute, new)
+    _INSTALLED[patch.key] = swap(obj, patch.attribute, new)
     return True
 
 
 def uninstall(patch: Patch) -> None:
     """Put back exactly what was there before :func:`install`."""
-    entry = _INSTALLED.pop(patch.key, None)
-    if entry is None:
-        return
-    obj, own, _ = entry
-    if own is _MISSING:
-        delattr(obj, patch.attribute)
-    else:
-        setattr(obj, patch.attribute, own)
+    done = _INSTALLED.pop(patch.key, None)
+    if done is not None:
+        restore(done)
 
 
 def describe() -> list[dict[str, str]]:

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 
 import torch
 
+from slimrl.compat.swaps import swapped
+
 
 class ReferenceLogProbKernel:
     @staticmethod
@@ -50,14 +52,11 @@ def trl_kernel_where_missing() -> Iterator[bool]:
     """While active, TRL's empty fused-head kernel slot (TRL 1.15 without Triton) holds the reference kernel;
     yields whether it did."""
     utils = _empty_slot()
-    missing = utils is not None
-    if missing:
-        utils._ChunkedLogProbFunction = ReferenceLogProbKernel
-    try:
-        yield missing
-    finally:
-        if missing:
-            utils._ChunkedLogProbFunction = None
+    if utils is None:
+        yield False
+        return
+    with swapped(utils, "_ChunkedLogProbFunction", ReferenceLogProbKernel):
+        yield True
 
 
 def reference_note() -> str:

@@ -241,21 +241,24 @@ def several_chunks(parts: int = 3):
     trainers' log-prob passes in micro-batches of a quarter of their sequences: a tiny run's rows fit one chunk (341 at
     SmolLM2's vocabulary) and its batch one forward, so a bug past the first chunk or micro-batch would pass verify
     while the same op is wrong on a real run's thousands of rows. Both change only the order of independent blocks."""
+    from slimrl.compat.swaps import swapped
     from slimrl.ops import chunked_logprob as op
     from slimrl.patching.online import logps
     from slimrl.patching.routes import method_capture
 
     real_chunks, real_rows = op.auto_chunk_rows, method_capture.rows_per_forward
-    op.auto_chunk_rows = lambda n_rows, vocab_size, device: max(1, min(real_chunks(n_rows, vocab_size, device),
-                                                                      -(-n_rows // parts)))
-    split = lambda args, rows: max(1, min(real_rows(args, rows), -(-rows // 4)))  # noqa: E731  (a budget this small
-    # splits the shared-prefix layout too: each packed row holds one group's prompt and what fits of it)
-    method_capture.rows_per_forward = logps.rows_per_forward = split
-    try:
+
+    def chunks(n_rows, vocab_size, device):
+        return max(1, min(real_chunks(n_rows, vocab_size, device), -(-n_rows // parts)))
+
+    def split(args, rows):  # a budget this small splits the shared-prefix layout too: each packed row holds one
+        return max(1, min(real_rows(args, rows), -(-rows // 4)))  # group's prompt and what fits of it
+
+    with contextlib.ExitStack() as stack:
+        for owner, name, new in ((op, "auto_chunk_rows", chunks), (method_capture, "rows_per_forward", split),
+                                 (logps, "rows_per_forward", split)):
+            stack.enter_context(swapped(owner, name, new))
         yield
-    finally:
-        op.auto_chunk_rows = real_chunks
-        method_capture.rows_per_forward = logps.rows_per_forward = real_rows
 
 
 def _route_applies(name: str, setup: Setup) -> bool:

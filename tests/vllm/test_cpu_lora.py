@@ -20,7 +20,7 @@ def ops():
 
     from slimrl.generation import cpu_lora
 
-    was_installed = bool(cpu_lora._ORIGINALS)
+    was_installed = bool(cpu_lora._SWAPS)
     cpu_lora.uninstall()
     originals = {n: getattr(lora_ops, n) for n in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")}
     cpu_lora.install()
@@ -70,7 +70,7 @@ def test_install_swaps_both_modules_and_uninstall_restores():
 
     from slimrl.generation import cpu_lora
 
-    was_installed = bool(cpu_lora._ORIGINALS)  # an engine started earlier in this process installs it
+    was_installed = bool(cpu_lora._SWAPS)  # an engine started earlier in this process installs it
     cpu_lora.uninstall()
     before = (lora_ops.bgmv_shrink, punica_cpu.bgmv_expand_slice)
     assert before[0] is not cpu_lora.fast_bgmv_shrink
