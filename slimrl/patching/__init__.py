@@ -133,7 +133,6 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
         _STOOD_DOWN[name] = row
         warn(self_check.stand_down_line(name, row, [f"{p.target}.{p.attribute}" for p in patches(name)]))
     names = [n for n in names if n not in _STOOD_DOWN]
-    _warn_if_built_before([n for n in names if n not in _ACTIVE])
     for name in names:
         for p in patches(name):
             if not _STOOD_DOWN.keys() & set(p.algorithms):  # a shared patch stands down with any of its trainers
@@ -155,29 +154,6 @@ def _refusal(refused: dict[str, list[str]]) -> str:
     which = "; ".join(f"{every_trainer()[n].trainer_class_name}: {', '.join(gone)}" for n, gone in refused.items())
     return (f"slimrl cannot patch these trainers of trl {trl_version()}, whose methods it replaces are gone "
             f"({which}): they run as TRL alone, unpatched; install a tested TRL or report it")
-
-
-def _warn_if_built_before(names: list[str]) -> None:
-    """Trainers of ``names`` built before this patch skipped slimrl's construction-time work but will run its
-    methods: say so (one scan of the live objects, only for trainer classes whose TRL module is imported)."""
-    import gc
-    import sys
-
-    classes = {getattr(sys.modules[s.trainer_module], s.trainer_class_name): s.name
-               for s in (every_trainer()[n] for n in names)
-               if s.trainer_module in sys.modules and hasattr(sys.modules[s.trainer_module], s.trainer_class_name)}
-    if not classes:
-        return
-    gc.collect()  # unreachable trainers of earlier runs do not count
-    built: dict[type, int] = {}
-    for obj in gc.get_objects():
-        cls = next((c for c in type(obj).__mro__ if c in classes), None)  # type(): no lazy __class__ lookups
-        if cls is not None:
-            built[cls] = built.get(cls, 0) + 1
-    for cls, count in built.items():
-        warn(f"PatchFastRL({classes[cls]!r}) ran after {count} {cls.__name__} object(s) were built: they "
-                      f"missed slimrl's checks and hooks at construction but now run its patched methods (a mix of "
-                      f"both); build the trainer after PatchFastRL", UserWarning)
 
 
 def unpatch(algorithm: str | None = None) -> None:

@@ -35,6 +35,8 @@ class TrainerState:
     seen_scale: float | None = None  # fp16: the loss scale at the start of the last optimizer step seen
     fp16_warned: bool = False  # fp16 weights without a scaler: the overflow warning was given
     building: bool = False  # slimrl's constructor wrapper is running (a patched base's wrapper then stands aside)
+    constructed: bool = False  # slimrl's constructor wrapper built this trainer (else it was built before the patch)
+    built_before_said: bool = False  # the "built before PatchFastRL" line was given
     algorithm: str = ""  # PatchFastRL's name of the trainer
     workload: Any = None  # what one step does, for the planner (slimrl.planning.Workload; None: not planned)
 

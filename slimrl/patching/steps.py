@@ -1,6 +1,7 @@
 """The ``training_step`` / ``prediction_step`` wrappers every patched trainer shares.
 
-* :func:`running`: while a patched trainer's step runs, it is the *current* trainer, so code that TRL calls
+* :func:`running`: while a patched trainer's step runs, it is the *current* trainer (one built before the patch is
+  named once), so code that TRL calls
   without the trainer (the fused LM head's kernel, :mod:`slimrl.patching.routes.fused_head`) reads slimrl's fields
   (``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``) from its config and counts its work in its state.
 * :func:`training_step_factory`: the step inside :func:`running`, then the NaN/inf stop
@@ -17,21 +18,38 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from slimrl.compat.callsite import warn
 from slimrl.models.modes import trainer_step
 from slimrl.patching.nonfinite import check_finite_step, count_skipped_scaler_step
+from slimrl.patching.state import trainer_state
 
 _CURRENT: ContextVar[Any] = ContextVar("slimrl_current_trainer", default=None)
 
 
 @contextmanager
 def running(trainer: Any) -> Iterator[None]:
-    """Make ``trainer`` the current one for the duration of a step."""
+    """Make ``trainer`` the current one for the duration of a step (first saying, once, when it was built before
+    slimrl patched its class)."""
+    _say_if_built_before(trainer)
     token = _CURRENT.set(trainer)
     try:
         with trainer_step():
             yield
     finally:
         _CURRENT.reset(token)
+
+
+def _say_if_built_before(trainer: Any) -> None:
+    """A trainer built before ``PatchFastRL`` skipped slimrl's construction-time checks and hooks but now runs its
+    patched steps: one line at its first step (noticed here, where it shows, rather than by scanning every live
+    object when ``PatchFastRL`` runs)."""
+    state = trainer_state(trainer)
+    if state.constructed or state.built_before_said:
+        return
+    state.built_before_said = True
+    warn(f"this {type(trainer).__name__} was built before PatchFastRL patched its class: it missed slimrl's checks "
+         f"and hooks at construction but now runs its patched methods (a mix of both); build the trainer after "
+         f"PatchFastRL", UserWarning)
 
 
 def current_trainer() -> Any:

@@ -66,6 +66,7 @@ def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[
     @functools.wraps(orig_init)
     def slimrl_trainer_init(self, *args, **kwargs):
         state = trainer_state(self)
+        state.constructed = True
         if state.building:  # a patched subclass's constructor did slimrl's work: the base's TRL constructor only
             return orig_init(self, *args, **kwargs)
         state.building = True

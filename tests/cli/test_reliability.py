@@ -313,22 +313,45 @@ def test_one_cache_copy_per_gguf_content(tmp_path, monkeypatch):
     assert loader._gguf_cache_dir(a) == loader._gguf_cache_dir(b) != loader._gguf_cache_dir(c)
 
 
-def test_patching_after_a_trainer_was_built_warns(tmp_path):
+def test_a_trainer_built_before_the_patch_is_named_once_at_its_first_step(tmp_path, monkeypatch):
+    """PatchFastRL scans nothing (no heap walk, no gc.collect): the trainer built before it says so when it runs
+    slimrl's patched step, once; one built after it says nothing."""
+    import gc
+    import warnings
+
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
     from slimrl import PatchFastRL, unpatch
 
-    pairs = [{"prompt": "1+1=", "chosen": "2", "rejected": "3"}] * 2
-    trainer = DPOTrainer(model=tiny_llama(), ref_model=tiny_llama(), train_dataset=Dataset.from_list(pairs),
-                         processing_class=tiny_tokenizer(),
-                         args=DPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none"))
+    pairs = [{"prompt": "1+1=", "chosen": "2", "rejected": "3"}] * 4
+
+    def build(out):
+        return DPOTrainer(model=tiny_llama(), ref_model=tiny_llama(), train_dataset=Dataset.from_list(pairs),
+                          processing_class=tiny_tokenizer(),
+                          args=DPOConfig(output_dir=str(tmp_path / out), use_cpu=True, bf16=False, report_to="none",
+                                         max_steps=2, per_device_train_batch_size=2, save_strategy="no"))
+
+    early = build("early")
     try:
-        with pytest.warns(UserWarning, match=r"PatchFastRL\('dpo'\) ran after 1 DPOTrainer object\(s\) were built"):
+        walked = []
+        real = gc.get_objects
+        monkeypatch.setattr(gc, "get_objects", lambda *a, **k: walked.append(1) or real(*a, **k))
+        with warnings.catch_warnings(record=True) as at_patch:
+            warnings.simplefilter("always")
             PatchFastRL("dpo")
+        monkeypatch.undo()
+        assert not walked and not [w for w in at_patch if "built before" in str(w.message)]
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            early.train()
+            build("late").train()
+        said = [str(w.message) for w in seen if "built before" in str(w.message)]
+        assert said == ["this DPOTrainer was built before PatchFastRL patched its class: it missed slimrl's checks "
+                        "and hooks at construction but now runs its patched methods (a mix of both); build the "
+                        "trainer after PatchFastRL"], said
     finally:
         unpatch()
-    del trainer
 
 
 # ---------------------------------------------------------------- real signals and failures (subprocesses)
