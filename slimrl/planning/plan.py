@@ -92,10 +92,16 @@ def _shape(config: Any) -> dict[str, int]:
             "intermediate": getattr(text, "intermediate_size", None) or 4 * text.hidden_size}
 
 
-def _checkpoint_every(s: dict[str, Any]) -> int:
+def _checkpoint_every(s: Settings) -> int:
     """The checkpointing period of the settings: 0 off, 1 every layer, n every n-th (selective, default 2)."""
-    mode = s["gradient_checkpointing"]
-    return 0 if mode == "false" else (s["checkpoint_every_n_layers"] or 2) if mode == "selective" else 1
+    mode = s.gradient_checkpointing
+    return 0 if mode == "false" else (s.checkpoint_every_n_layers or 2) if mode == "selective" else 1
+
+
+def _as_json(s: Settings) -> dict[str, Any]:
+    """The settings as :class:`Plan` reports them (the engine's share and the head's chunk rows are inputs of the
+    prediction, not reported)."""
+    return {f.name: getattr(s, f.name) for f in fields(s) if f.name not in ("gpu_memory_utilization", "chunk_rows")}
 
 
 def _weights(model: Any, load_in_4bit: bool, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -136,26 +142,24 @@ def plan(model: Any = "SmolLM2-135M-Instruct", settings: Settings | None = None,
     if settings.tiled_mlp is None:  # slimrl's default (slimrl.planning.tiling)
         tiled, tiling = tiled_default(settings, lambda st: plan(config, st, search=False).peak_bytes)
         settings = replace(settings, tiled_mlp=tiled)
-    utilization, chunk_rows, load_in_4bit = settings.gpu_memory_utilization, settings.chunk_rows, settings.load_in_4bit
-    settings = {"model": name, **{f.name: getattr(settings, f.name) for f in fields(settings)
-                                  if f.name not in ("gpu_memory_utilization", "chunk_rows")}}
-    settings["shared_prefix"] = shared_prefix_applies(config, settings)
-    result = _predict(config, settings, utilization, chunk_rows)
+    settings = replace(settings, shared_prefix=shared_prefix_applies(config, settings))  # asked for -> runs
+    result = _predict(config, settings)
+    result.settings = {"model": name, **result.settings}
     result.notes += [tiling] if tiling else []
     if budget_bytes is None:
         return result
-    result.budget_bytes, device = budget_bytes, settings["device"]
+    result.budget_bytes, device = budget_bytes, settings.device
     judged = verdict(result.peak_bytes, budget_bytes, device)
     result.fits, result.verdict = judged.fits, judged.word
     result.notes.insert(0, judged.line())
     floor = result.phases["weights"] + result.phases["runtime"]
     if floor > budget_bytes and budget is not None:  # a card too small for the weights is its verdict, not an error
         raise InputError(f"--budget {budget}: below the weights and runtime alone ({floor / 2**30:.2f} GiB); "
-                             f"raise the budget{'' if load_in_4bit else ' or pass --load_in_4bit true'}")
+                             f"raise the budget{'' if settings.load_in_4bit else ' or pass --load_in_4bit true'}")
     if search and floor <= budget_bytes:
         aim = fitting_bytes(budget_bytes, device)  # the largest peak whose verdict is "fits"
-        result.recommended = _fastest_fitting(config, settings, aim, utilization, chunk_rows)
-        result.max_completion_length_that_fits = _longest_fitting(config, settings, aim, utilization, chunk_rows)
+        result.recommended = _fastest_fitting(config, settings, aim)
+        result.max_completion_length_that_fits = _longest_fitting(config, settings, aim)
         if not result.fits:
             fix = (f"use {result.recommended}" if result.recommended else
                    f"max_completion_length <= {result.max_completion_length_that_fits}"
@@ -178,53 +182,56 @@ def _memo(store: dict, key: tuple, make: Any) -> Any:
     return store[key]
 
 
-def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int | None) -> Plan:
+def _predict(config: Any, s: Settings) -> Plan:
+    """The prediction for settings ``s`` as :func:`plan` resolved them (checkpointing mode lower-case, the tiled-MLP
+    default chosen, ``shared_prefix``: whether the layout runs)."""
     from slimrl.compat.vllm_info import kv_bytes_per_token
     from slimrl.ops.chunked_logprob import auto_chunk_rows
     from slimrl.planning import trace
 
-    dev = s["device"]
+    dev = s.device
     if len(_CONFIGS) > 16 and id(config) not in _CONFIGS:
         for held in (_MODELS, _TRACES, _CONFIGS):
             held.clear()
     _CONFIGS[id(config)] = config
-    dtype = find_gpu(s["gpu"]).dtype if s.get("gpu") else torch.bfloat16 if dev == "cuda" else torch.float32
+    dtype = find_gpu(s.gpu).dtype if s.gpu else torch.bfloat16 if dev == "cuda" else torch.float32
     shape = _shape(config)
     every = _checkpoint_every(s)
     tp = calibrate(dev, dtype)
-    weight_bytes, params, lora = _memo(_MODELS, (id(config), "weights", dtype, s["lora_r"], s["load_in_4bit"]),
-                                       lambda: _weights(trace.meta_model(config, dtype, s["lora_r"], 0),
-                                                        s["load_in_4bit"], dtype))
-    prompt, completion = s["max_prompt_length"], s["max_completion_length"]
-    work: Workload = s["workload"]
-    rows = s["per_device_train_batch_size"] * (2 if work.paired else 1)
-    mini = min(s["unsloth_grpo_mini_batch"] or rows, rows)
-    chunk = chunk_rows or auto_chunk_rows(rows * completion, shape["vocab"], torch.device("cpu"))
+    weight_bytes, params, lora = _memo(_MODELS, (id(config), "weights", dtype, s.lora_r, s.load_in_4bit),
+                                       lambda: _weights(trace.meta_model(config, dtype, s.lora_r, 0),
+                                                        s.load_in_4bit, dtype))
+    prompt, completion = s.max_prompt_length, s.max_completion_length
+    work: Workload = s.workload
+    rows = s.per_device_train_batch_size * (2 if work.paired else 1)
+    mini = min(s.unsloth_grpo_mini_batch or rows, rows)
+    chunk = s.chunk_rows or auto_chunk_rows(rows * completion, shape["vocab"], torch.device("cpu"))
     phases = {"runtime": tp.runtime_bytes if dev == "cpu" else CUDA_CONTEXT_BYTES, "weights": weight_bytes,
-              "adapter_and_optimizer": 16 * lora if s["lora_r"] else 2 * weight_bytes}
-    if not s["lora_r"] and work.keeps_reference(s["beta"]):
-        phases["reference"] = reference_bytes(weight_bytes, dtype, load_in_4bit=s["load_in_4bit"])
+              "adapter_and_optimizer": 16 * lora if s.lora_r else 2 * weight_bytes}
+    if not s.lora_r and work.keeps_reference(s.beta):
+        phases["reference"] = reference_bytes(weight_bytes, dtype, load_in_4bit=s.load_in_4bit)
     kv_token = kv_bytes_per_token(config, dtype)
 
     def layered(name: str, run: Any) -> tuple[int, ...]:
         """``run(model)`` on models of 2n and 3n decoder layers (n: the checkpointing period), extrapolated to the
         full depth: past the first layer every figure is affine in the number of identical layers."""
         n = max(every, 1)
-        key = (id(config), dtype, s["lora_r"], every, s["tiled_mlp"])
+        key = (id(config), dtype, s.lora_r, every, s.tiled_mlp)
         small, double = (_memo(_TRACES, (*key, name, k),
                                lambda k=k: run(_memo(_MODELS, (*key, k), lambda k=k: trace.meta_model(
-                                   _with_layers(config, k), dtype, s["lora_r"], every, tiled=s["tiled_mlp"]))))
+                                   _with_layers(config, k), dtype, s.lora_r, every, tiled=s.tiled_mlp))))
                          for k in (2 * n, 3 * n))
         return tuple(int(a + (b - a) * (shape["layers"] - 2 * n) / n) for a, b in zip(small, double, strict=True))
 
     notes, host = [], 0  # host: host_pinned_bytes
     if work.generates:
-        if s["fast_inference"]:
-            wanted, total = kv_token * rows * (prompt + completion), cuda_total(s.get("gpu")) if dev == "cuda" else None
+        if s.fast_inference:
+            wanted, total = kv_token * rows * (prompt + completion), cuda_total(s.gpu) if dev == "cuda" else None
             # a float gpu_memory_utilization: the engine takes that share of the card, its (shared) weights included
-            phases["generation"] = max(int(total * utilization) - weight_bytes, wanted) if total else wanted
+            share = int(total * s.gpu_memory_utilization) - weight_bytes if total else 0
+            phases["generation"] = max(share, wanted) if total else wanted
             if dev == "cpu":
-                phases["engine"] = _engine_on_cpu(config, s["lora_r"], dtype, notes)
+                phases["engine"] = _engine_on_cpu(config, s.lora_r, dtype, notes)
         else:
             kv = kv_token * rows * (prompt + completion)
             regrow = kv // shape["layers"]  # HF's cache grows by concatenation, one layer at a time
@@ -232,7 +239,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
             (prefill,) = layered(f"prefill {rows} {prompt}", lambda m: (trace.trace_prefill(m, rows, prompt),))
             phases["generation"] = max(prefill, kv + regrow + decode)
     passes = no_grad_passes(s)
-    shared, groups = s["shared_prefix"], s["num_generations"]
+    shared, groups = s.shared_prefix, s.num_generations
     if passes:
         seqs, c = packed(mini, groups, completion, shared)
         _, peak = layered(f"no grad {seqs} {prompt} {c} {chunk}",
@@ -245,7 +252,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     kept, peak = layered(f"grad {seqs} {prompt} {c} {chunk} {entropy}",
                          lambda m: trace.trace_logprob_pass(m, seqs, prompt, c, grad=True, entropy=entropy,
                                                             chunk_rows=chunk, device=dev))
-    if dev == "cuda" and s["gradient_checkpointing"] == "slimrl":  # layer inputs in host memory, 2 on the GPU
+    if dev == "cuda" and s.gradient_checkpointing == "slimrl":  # layer inputs in host memory, 2 on the GPU
         offloaded = max(shape["layers"] - 2, 0) * seqs * (prompt + c) * shape["hidden"] * dtype.itemsize
         kept, peak = kept - offloaded, peak - offloaded
         host = pinned_host_bytes(offloaded, shape["layers"] - 2, notes)
@@ -254,7 +261,7 @@ def _predict(config: Any, s: dict[str, Any], utilization: float, chunk_rows: int
     outside = phases["runtime"] if dev == "cuda" else 0  # the context: not in max_memory_allocated
     peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[largest_phase(phases)] - outside
     split = step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
-    return Plan(settings=dict(s), peak_bytes=peak_bytes, phases=phases, step_seconds=sum(split.values()),
+    return Plan(settings=_as_json(s), peak_bytes=peak_bytes, phases=phases, step_seconds=sum(split.values()),
                 step_split=split, notes=notes, host_pinned_bytes=host)
 
 
@@ -280,11 +287,11 @@ def _with_layers(config: Any, layers: int) -> Any:
     return small
 
 
-def _fastest_fitting(config, s, budget, utilization, chunk_rows) -> dict[str, Any] | None:
+def _fastest_fitting(config: Any, s: Settings, budget: int) -> dict[str, Any] | None:
     """:func:`slimrl.planning.search.fastest_fitting` with this module's prediction."""
-    return fastest_fitting(lambda st: _predict(config, st, utilization, chunk_rows), s, budget)
+    return fastest_fitting(lambda st: _predict(config, st), s, budget)
 
 
-def _longest_fitting(config, s, budget, utilization, chunk_rows, step: int = 64) -> int | None:
+def _longest_fitting(config: Any, s: Settings, budget: int, step: int = 64) -> int | None:
     """:func:`slimrl.planning.search.longest_fitting` with this module's prediction."""
-    return longest_fitting(lambda st: _predict(config, st, utilization, chunk_rows), config, s, budget, step)
+    return longest_fitting(lambda st: _predict(config, st), config, s, budget, step)

@@ -7,18 +7,20 @@ from typing import Any
 
 import torch
 
+from slimrl.planning.settings import Settings
 
-def shared_prefix_applies(config: Any, s: dict[str, Any]) -> bool:
+
+def shared_prefix_applies(config: Any, s: Settings) -> bool:
     """Whether the run's log-prob passes take the shared-prefix layout: asked for, declared by the trainer's
     workload, more than one completion per prompt, and a model the layout runs on
     (:func:`slimrl.ops.prefix_attention.model_reason`: family, soft-capping, a sliding window shorter than prompt +
     completion; the attention implementation is taken to be ``sdpa``, the default)."""
     from slimrl.ops.prefix_attention import model_reason
 
-    work = s["workload"]
-    if not (s["shared_prefix"] and work.generates and work.shared_prefix and s["num_generations"] > 1):
+    work = s.workload
+    if not (s.shared_prefix and work.generates and work.shared_prefix and s.num_generations > 1):
         return False
-    return model_reason(config, s["max_prompt_length"] + s["max_completion_length"]) is None
+    return model_reason(config, s.max_prompt_length + s.max_completion_length) is None
 
 
 def prefix_gather_bytes(config: Any, rows: int, prompt: int, completion: int, dtype: torch.dtype) -> int:

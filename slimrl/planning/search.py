@@ -4,7 +4,10 @@ that fit a memory budget, and the longest completion that does."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
+
+from slimrl.planning.settings import Settings
 
 # held for the whole run; the rest are phases
 MAX_SEARCH_TOKENS = 1 << 20  # a config that states no context: no model reads more tokens than this
@@ -15,15 +18,15 @@ def largest_phase(phases: dict[str, int]) -> str:
     return max((k for k in phases if k not in PERSISTENT), key=phases.get)
 
 
-def fastest_fitting(predict: Callable[[dict], Any], s: dict[str, Any], budget: int) -> dict[str, Any] | None:
+def fastest_fitting(predict: Callable[[Settings], Any], s: Settings, budget: int) -> dict[str, Any] | None:
     """The fastest of: no checkpointing, every 2nd layer checkpointed, every layer (fewest recomputes first); in each,
     TRL's no-grad batch first, and halved ``unsloth_grpo_mini_batch`` only while the no-grad pass is the peak."""
-    rows = s["per_device_train_batch_size"]
+    rows = s.per_device_train_batch_size
     for mode, every in (("false", None), ("selective", 2), ("slimrl", None)):
         mini = None
         while True:
-            p = predict(dict(s, gradient_checkpointing=mode, checkpoint_every_n_layers=every,
-                             unsloth_grpo_mini_batch=mini))
+            p = predict(replace(s, gradient_checkpointing=mode, checkpoint_every_n_layers=every,
+                                unsloth_grpo_mini_batch=mini))
             if p.peak_bytes <= budget:
                 out = {"gradient_checkpointing": mode, "unsloth_grpo_mini_batch": mini}
                 return {**out, "checkpoint_every_n_layers": every} if every else out
@@ -41,7 +44,7 @@ def context_room(config: Any, prompt: int) -> int | None:
     return max(0, positions - prompt) if isinstance(positions, int) and positions > 0 else None
 
 
-def longest_fitting(predict: Callable[[dict], Any], config: Any, s: dict[str, Any], budget: int,
+def longest_fitting(predict: Callable[[Settings], Any], config: Any, s: Settings, budget: int,
                     step: int = 64) -> int | None:
     """Largest ``max_completion_length`` (multiple of ``step``) whose prediction fits, at most the model's
     ``max_position_embeddings`` minus the prompt (:data:`MAX_SEARCH_TOKENS` where the config states none). Memory
@@ -51,13 +54,13 @@ def longest_fitting(predict: Callable[[dict], Any], config: Any, s: dict[str, An
 
     def peak(k: int) -> int:  # k steps of completion
         if k not in peaks:
-            peaks[k] = predict(dict(s, max_completion_length=k * step)).peak_bytes
+            peaks[k] = predict(replace(s, max_completion_length=k * step)).peak_bytes
         return peaks[k]
 
     def fits(k: int) -> bool:
         return peak(k) <= budget
 
-    room = context_room(config, s["max_prompt_length"])
+    room = context_room(config, s.max_prompt_length)
     top = min(MAX_SEARCH_TOKENS if room is None else room, MAX_SEARCH_TOKENS) // step
     if top == 0 or not fits(1):
         return None

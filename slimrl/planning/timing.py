@@ -24,9 +24,10 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
+
+from slimrl.planning.settings import Settings
 
 # Eager PyTorch ops one decoder layer runs per decode step with a LoRA adapter on its 7 projections (HF generate):
 # 7 x (base matmul, A, B, scale, add) + norms, rotary, attention, cache update, residuals.
@@ -138,24 +139,25 @@ def decode_seconds(steps: int, rows: int, *, params: int, weight_bytes: int, kv_
     return steps * (max(read / tp.bytes_per_s, 2 * params * rows / tp.flops_per_s) + fixed)
 
 
-def no_grad_passes(s: dict[str, Any]) -> int:
+def no_grad_passes(s: Settings) -> int:
     """No-grad log-prob passes per step: the reference model's (always, or when beta > 0, as the workload says),
     none for the old policy (slimrl reuses the policy's log-probs when ``num_iterations`` is 1)."""
-    return 1 if s["workload"].keeps_reference(s["beta"]) else 0
+    return 1 if s.workload.keeps_reference(s.beta) else 0
 
 
-def step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp):
+def step_split(s: Settings, shape: dict[str, int], params: int, weight_bytes: int, kv_token: int, rows: int,
+               prompt: int, completion: int, passes: int, every: int, tp: Throughput) -> dict[str, float]:
     layers, hidden, vocab = shape["layers"], shape["hidden"], shape["vocab"]
     tokens, context = rows * (prompt + completion), prompt + completion
     pairs = None  # TRL's layout: causal over each row
-    if s["shared_prefix"]:  # the prompt once per group: causal over it, each completion over it and itself
-        seqs = packed(rows, s["num_generations"], completion, True)[0]
+    if s.shared_prefix:  # the prompt once per group: causal over it, each completion over it and itself
+        seqs = packed(rows, s.num_generations, completion, True)[0]
         tokens = seqs * prompt + rows * completion
         pairs = seqs * prompt * prompt / 2 + rows * completion * (prompt + completion / 2)
     fwd = forward_flops(tokens, context, rows * completion, params=params, layers=layers, hidden=hidden,
                         vocab=vocab, pairs=pairs)
     split: dict[str, float] = {}
-    if s["workload"].generates:
+    if s.workload.generates:
         prefill = forward_flops(rows * prompt, prompt, 0, params=params, layers=layers, hidden=hidden, vocab=vocab)
         split["generation"] = prefill / tp.flops_per_s + decode_seconds(
             completion, rows, params=params, weight_bytes=weight_bytes, kv_bytes_per_token=kv_token,
@@ -165,7 +167,7 @@ def step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completio
     split["policy_forward"] = fwd / tp.flops_per_s
     recompute = (1.0 / every) if every else 0.0
     split["backward"] = (1.0 + recompute) * fwd / tp.flops_per_s
-    if s.get("tiled_mlp") and tokens > max(256, hidden):  # each tile's MLP forward once more (a gated MLP: 3 H I)
+    if s.tiled_mlp and tokens > max(256, hidden):  # each tile's MLP forward once more (a gated MLP: 3 H I)
         split["backward"] += tokens * 2 * 3 * hidden * shape["intermediate"] * layers / tp.flops_per_s
     return split
 
