@@ -117,8 +117,12 @@ def test_no_file_over_300_lines():
 
 
 def test_patching_layers():
-    """The machinery every trainer uses (the modules directly in ``patching/``) < ``routes`` < ``online`` <
-    ``trainers`` < the table (``table``) and ``PatchFastRL``: no layer imports one above it."""
+    """``machinery`` (how a patch is installed and checked) < what every trainer gets (the modules directly in
+    ``patching/``) < ``routes`` < ``online`` < ``trainers`` < the table (``table``) and ``PatchFastRL``: no layer
+    imports one above it."""
+    for path, imported in _modules("patching/machinery").items():
+        bad = {m for m in imported if m.startswith("slimrl.patching") and not m.startswith("slimrl.patching.machinery")}
+        assert not bad, (path, bad)
     top = {"slimrl.patching", "slimrl.patching.table", "slimrl.patching.__main__"}
     layers = {"routes": ("slimrl.patching.online", "slimrl.patching.trainers"),
               "online": ("slimrl.patching.trainers",), "trainers": ()}

@@ -14,7 +14,7 @@ import sys, warnings
 import torch, transformers, trl, peft, accelerate, datasets  # their own filters are theirs: set before the snapshot
 hook, filters = sys.excepthook, list(warnings.filters)
 import slimrl, slimrl.patching, slimrl.verify, slimrl.rewards
-from slimrl.patching import registry
+from slimrl.patching.machinery import registry
 print("hook", sys.excepthook is hook, "filters", warnings.filters == filters, "registered", len(registry._REGISTRY))
 STEP
 print("after", sys.excepthook is not hook, len(registry._REGISTRY) > 0)

@@ -1,9 +1,9 @@
 """The one way slimrl replaces an attribute of someone else's class or module and puts it back.
 
-:func:`swap` sets ``obj.attribute`` and returns a :class:`Swapped` record of what was there: the value ``getattr``
-saw (what a replacement delegates to) and the value in ``obj``'s own ``__dict__``, or "nothing" where a class only
-inherited it (or a module's ``__getattr__`` served it), so :func:`restore` leaves ``obj`` exactly as it was (no copy
-of an inherited method left behind). The patch registry (:mod:`slimrl.patching.registry`) installs every TRL patch
+:func:`swap` sets ``obj.attribute`` and returns a :class:`Swapped` record of what was there: the value ``getattr`` saw
+(what a replacement delegates to) and the value in ``obj``'s own ``__dict__``, or "nothing" where a class only inherited
+it (or a module's ``__getattr__`` served it), so :func:`restore` leaves ``obj`` exactly as it was (no copy of an
+inherited method left behind). The patch registry (:mod:`slimrl.patching.machinery.registry`) installs every TRL patch
 through it; layers below the registry (``generation``'s CPU LoRA ops), ``moved_names``' class swap on ``trl`` and
 ``verify``'s temporary swaps use it directly.
 """

@@ -11,9 +11,10 @@ from slimrl.compat.callsite import install_one_line_errors, warn
 from slimrl.compat.env import env_flag
 from slimrl.compat.malloc import cpu_training, tune_malloc
 from slimrl.compat.trl_info import check_trl_supported
-from slimrl.patching import moved_names, self_check
+from slimrl.patching import moved_names
 from slimrl.patching.defaults import set_strict
-from slimrl.patching.registry import describe, install, on_first_use, patches, uninstall
+from slimrl.patching.machinery import self_check
+from slimrl.patching.machinery.registry import describe, install, on_first_use, patches, uninstall
 from slimrl.patching.table import TRAINERS, TrainerSpec, every_trainer, register_all
 
 
@@ -106,8 +107,8 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     the same line is a warning and the other trainers are patched). A trainer one of whose replaced TRL methods is
     gone (a TRL release newer than slimrl's tests renamed it) is left unpatched, never half patched, and named in
     one warning. On a TRL newer than slimrl's tests, each trainer's tiny parity row runs first and only trainers
-    whose row passes are patched (:mod:`slimrl.patching.self_check`); a call a replacement was not written for
-    goes to TRL's original (:mod:`slimrl.patching.contracts`). ``strict=True`` (or ``SLIMRL_STRICT=1``) keeps
+    whose row passes are patched (:mod:`slimrl.patching.machinery.self_check`); a call a replacement was not written for
+    goes to TRL's original (:mod:`slimrl.patching.machinery.contracts`). ``strict=True`` (or ``SLIMRL_STRICT=1``) keeps
     TRL's refusals of settings this machine cannot run
     instead of changing them to the nearest that runs (:mod:`slimrl.patching.defaults`). Without CUDA, glibc's
     malloc is also

@@ -1,6 +1,6 @@
 """``python -m slimrl.patching``: print every patch slimrl declares; ``--record-contracts``: add the installed TRL's
-signatures of the methods slimrl replaces to ``contracts.json`` (:mod:`slimrl.patching.contracts`) and the
-fingerprints of the ones it re-computes to ``fingerprints.json`` (:mod:`slimrl.patching.fingerprints`)."""
+signatures of the methods slimrl replaces to ``contracts.json`` (:mod:`slimrl.patching.machinery.contracts`) and the
+fingerprints of the ones it re-computes to ``fingerprints.json`` (:mod:`slimrl.patching.machinery.fingerprints`)."""
 
 import sys
 
@@ -9,9 +9,9 @@ from slimrl.patching import describe
 if __name__ == "__main__":
     if sys.argv[1:] == ["--record-contracts"]:
         from slimrl.compat.trl_info import trl_version
-        from slimrl.patching import fingerprints
-        from slimrl.patching.contracts import RECORD, record, write
-        from slimrl.patching.registry import patches
+        from slimrl.patching.machinery import fingerprints
+        from slimrl.patching.machinery.contracts import RECORD, record, write
+        from slimrl.patching.machinery.registry import patches
 
         data = record(patches(), str(trl_version()))
         write(data)

@@ -38,7 +38,7 @@ from slimrl.patching.extra_fields import (  # noqa: F401  (FIELDS and the scopes
     ONLINE_FIELDS,
 )
 from slimrl.patching.keywords import translate_config_kwargs
-from slimrl.patching.registry import Patch
+from slimrl.patching.machinery.registry import Patch
 from slimrl.patching.validation import check_learning_rate
 
 

@@ -1,5 +1,6 @@
-"""What slimrl does for every trainer the installed TRL ships beyond its own table (:mod:`slimrl.patching.catalog`
-reads them from TRL's modules; :data:`slimrl.patching.table.TRAINERS` is the table).
+"""What slimrl does for every trainer the installed TRL ships beyond its own table
+(:mod:`slimrl.patching.machinery.catalog` reads them from TRL's modules; :data:`slimrl.patching.table.TRAINERS` is the
+table).
 
 Each trainer TRL publishes gets one of three treatments, decided from TRL's classes when the patches load:
 
@@ -30,8 +31,8 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slimrl.patching.catalog import Shipped, resolve
-from slimrl.patching.registry import Patch
+from slimrl.patching.machinery.catalog import Shipped, resolve
+from slimrl.patching.machinery.registry import Patch
 from slimrl.patching.spec import FIRST_CONTACT, About, TrainerSpec, row
 
 # why a first-contact trainer has no memory path (docs/compatibility.md); the default says it in general terms

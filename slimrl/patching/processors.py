@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slimrl.patching.registry import Patch
+from slimrl.patching.machinery.registry import Patch
 
 TARGET = "transformers:AutoProcessor"
 

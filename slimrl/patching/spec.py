@@ -14,7 +14,7 @@ from typing import Any
 
 from slimrl.compat.trl_info import EVERY_RELEASE
 from slimrl.patching.config_fields import config_init_factory
-from slimrl.patching.registry import Patch
+from slimrl.patching.machinery.registry import Patch
 from slimrl.patching.steps import training_step_factory
 from slimrl.planning.settings import Workload
 
@@ -95,7 +95,7 @@ class TrainerSpec:
 
     def classes(self) -> tuple[type, type | None]:
         """(trainer class, config class) of the installed TRL."""
-        from slimrl.patching.catalog import resolve
+        from slimrl.patching.machinery.catalog import resolve
 
         return resolve(self.trainer), resolve(self.config) if self.config else None
 

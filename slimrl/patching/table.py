@@ -27,12 +27,12 @@ from typing import Any
 
 from slimrl.compat.trl_info import EVERY_RELEASE, TESTED_TRL, UNTIL_1_12, UNTIL_1_13, has_fused_head
 from slimrl.health import attach_health
-from slimrl.patching.catalog import shipped
 from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, ONLINE_FIELDS, config_patches
 from slimrl.patching.derived import derive
+from slimrl.patching.machinery.catalog import shipped
+from slimrl.patching.machinery.registry import Patch, patches, register
 from slimrl.patching.online.engine_hooks import apply_engine_defaults, vllm_or_transformers
 from slimrl.patching.processors import processor_patch
-from slimrl.patching.registry import Patch, patches, register
 from slimrl.patching.routes import fused_head, shared_prefix
 from slimrl.patching.spec import CHECKS_ONLY, Layouts, TrainerSpec, row
 from slimrl.patching.steps import push_to_hub_factory

@@ -41,7 +41,7 @@ def _device() -> dict[str, Any]:
 def _patches() -> dict[str, Any]:
     """Every registered patch: whether it applies to this TRL and whether its target exists."""
     from slimrl.patching import describe  # noqa: F401  (registers the table's patches)
-    from slimrl.patching.registry import patches
+    from slimrl.patching.machinery.registry import patches
 
     rows, missing = [], []
     for p in patches():
@@ -136,7 +136,7 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
         note, problem = shared_prefix_note(model)
         notes += [note] if note else []
         problems += [problem] if problem else []
-    from slimrl.patching.self_check import cached, version_set
+    from slimrl.patching.machinery.self_check import cached, version_set
 
     checked = cached().get(version_set(), {})  # the self-check's verdicts for these versions (untested TRL only)
     return {"versions": versions, "device": dev, "patches": {k: v for k, v in patch_info.items() if k != "rows"},

@@ -1,5 +1,5 @@
-"""The self-check's child process (:mod:`slimrl.patching.self_check`): one ``slimrl verify --tiny`` row per trainer
-(its first loss type), printed as one JSON line each."""
+"""The self-check's child process (:mod:`slimrl.patching.machinery.self_check`): one ``slimrl verify --tiny`` row
+per trainer (its first loss type), printed as one JSON line each."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from slimrl import FastLanguageModel, PatchFastRL, unpatch
-from slimrl.patching.registry import original
+from slimrl.patching.machinery.registry import original
 
 pytestmark = pytest.mark.e2e
 

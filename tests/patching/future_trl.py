@@ -30,7 +30,7 @@ def _targets(kind: str, only: tuple[str, ...] = ()):
     """(patch, owner, attribute, member) of every callable the installed TRL has that slimrl replaces (``only``:
     these attributes)."""
     from slimrl.patching import unpatch
-    from slimrl.patching.registry import patches
+    from slimrl.patching.machinery.registry import patches
 
     unpatch()
     seen = set()
@@ -52,7 +52,7 @@ def _targets(kind: str, only: tuple[str, ...] = ()):
 
 
 def _signature(fn, member: str | None) -> inspect.Signature:
-    from slimrl.patching.contracts import callable_of
+    from slimrl.patching.machinery.contracts import callable_of
 
     return inspect.signature(callable_of(fn, member) if member else fn)
 
@@ -120,7 +120,7 @@ def grown_calls(kind: str, monkeypatch, only: tuple[str, ...] = ()):
     more argument and whose callers pass it (module docstring); ``kind``: "positional" or "keyword". Yields the keys
     of the grown targets."""
     import slimrl.patching as patching
-    from slimrl.patching import contracts
+    from slimrl.patching.machinery import contracts
 
     grown = {}
     for p, owner, attribute, member in list(_targets(kind, only)):
@@ -214,7 +214,7 @@ def kernel_with_support(monkeypatch, k: int = 8):
         return done
 
     monkeypatch.setattr(patching, "install", install_then_pass_support)
-    from slimrl.patching import contracts
+    from slimrl.patching.machinery import contracts
 
     contracts._NOTED.clear()
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from slimrl import PatchFastRL, unpatch
 from slimrl.patching.config_fields import EXTRA_FIELDS, ONLINE_FIELDS
-from slimrl.patching.registry import patches
+from slimrl.patching.machinery.registry import patches
 
 CPU = dict(report_to="none", use_cpu=True, bf16=False)
 

@@ -1,6 +1,6 @@
 """``PatchFastRL()`` covers every trainer the installed TRL ships, stable and experimental, read from TRL's modules
-(:mod:`slimrl.patching.catalog`, :mod:`slimrl.patching.derived`): every config builds with its defaults on this
-CPU (TRL's bf16 default, which the CPU cannot run, becomes fp32 in the changed-settings table), every trainer has a
+(:mod:`slimrl.patching.machinery.catalog`, :mod:`slimrl.patching.derived`): every config builds with its defaults on
+this CPU (TRL's bf16 default, which the CPU cannot run, becomes fp32 in the changed-settings table), every trainer has a
 name ``PatchFastRL`` takes, and the first-contact trainers train one step of a tiny model under the patch."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from slimrl import PatchFastRL, unpatch
-from slimrl.patching.catalog import resolve, shipped, snake_name
+from slimrl.patching.machinery.catalog import resolve, shipped, snake_name
 from slimrl.patching.spec import FIRST_CONTACT
 from slimrl.patching.state import config_state, trainer_state
 from slimrl.patching.table import every_trainer

@@ -17,7 +17,7 @@ import warnings
 import pytest
 
 from slimrl.patching import TRAINERS, PatchFastRL, trainer_and_config, trainer_available, unpatch
-from slimrl.patching.contracts import HandedBackWarning
+from slimrl.patching.machinery.contracts import HandedBackWarning
 from tests.patching.future_trl import grown_calls, kernel_with_support
 
 SCENARIOS = [n for n, spec in TRAINERS.items() if spec.about.scenario is not None]
@@ -45,8 +45,8 @@ NOT_CALLED_IN_TRAINING = ("push_to_hub", "from_pretrained")
 def _fixed_contracts(name: str) -> list[str]:
     """The guarded targets of ``name`` whose contract names its parameters (no ``*args``): a grown call to one of
     them must be handed back. (Reward's only one, ``training_step``, takes ``*args, **kwargs``: served.)"""
-    from slimrl.patching.contracts import callable_of, shape_of
-    from slimrl.patching.registry import patches
+    from slimrl.patching.machinery.contracts import callable_of, shape_of
+    from slimrl.patching.machinery.registry import patches
 
     out = []
     for p in patches(name):
@@ -80,7 +80,7 @@ def test_every_call_grown_by_an_argument_trains_as_trl_alone(kind, name, monkeyp
 def test_without_the_hand_back_the_harness_fails(monkeypatch):
     """The harness can fail: with the registry's contract guard removed, a grown call reaches slimrl's
     replacement, which was not written for it."""
-    import slimrl.patching.registry as registry
+    import slimrl.patching.machinery.registry as registry
 
     monkeypatch.setattr(registry, "guard", lambda key, new, seen, member, later: new)
     with grown_calls("keyword", monkeypatch):
@@ -145,7 +145,7 @@ def test_handed_back_line_once_per_process_and_reason():
     import trl.trainer.utils as utils
 
     from slimrl.compat.trl_info import has_fused_head
-    from slimrl.patching import contracts
+    from slimrl.patching.machinery import contracts
 
     if not has_fused_head() or utils._ChunkedLogProbFunction is None:
         pytest.skip("TRL < 1.15 has no fused-head kernel")
@@ -167,9 +167,9 @@ def test_installed_trl_signatures_are_recorded():
     fingerprints.json the code of every one it re-computes: a new TRL release is added with
     ``python -m slimrl.patching --record-contracts`` in its environment."""
     from slimrl.compat.trl_info import TESTED_TRL, trl_version
-    from slimrl.patching.contracts import signature_changes
-    from slimrl.patching.fingerprints import code_changes, recorded
-    from slimrl.patching.registry import patches
+    from slimrl.patching.machinery.contracts import signature_changes
+    from slimrl.patching.machinery.fingerprints import code_changes, recorded
+    from slimrl.patching.machinery.registry import patches
 
     if str(trl_version()) not in TESTED_TRL:
         pytest.skip("not a tested release")
@@ -186,7 +186,7 @@ def trl_119(monkeypatch, tmp_path):
     from packaging.version import Version
 
     import slimrl.compat.trl_info as info
-    from slimrl.patching import self_check
+    from slimrl.patching.machinery import self_check
 
     monkeypatch.setattr(info, "trl_version", lambda: Version("1.19.0"))
     monkeypatch.setenv("SLIMRL_CACHE", str(tmp_path))
@@ -199,7 +199,7 @@ def trl_119(monkeypatch, tmp_path):
 def test_a_newer_trl_runs_the_self_check_once_and_caches_it(trl_119, monkeypatch, capfd):
     """The real check (a child process running the DPO row), once per version set: a second process reads the
     cache (simulated by forgetting this process's verdicts)."""
-    from slimrl.patching.registry import is_installed, patches
+    from slimrl.patching.machinery.registry import is_installed, patches
 
     runs = []
     real = trl_119.run_rows
@@ -217,7 +217,7 @@ def test_a_newer_trl_runs_the_self_check_once_and_caches_it(trl_119, monkeypatch
 
 
 def test_a_failing_row_stands_its_trainer_down(trl_119, monkeypatch):
-    from slimrl.patching.registry import is_installed, patches
+    from slimrl.patching.machinery.registry import is_installed, patches
 
     def rows(names):
         return {n: {"passed": n != "kto", "row": f"{n} default 3e-2 ... FAIL", "seconds": 1.0} for n in names}
@@ -256,7 +256,7 @@ def test_doctor_shows_the_cached_verdicts(trl_119, monkeypatch):
 
 def test_a_trainer_trl_removed_is_one_line_naming_the_release(monkeypatch):
     from slimrl.patching import TrainerNotAvailableError
-    from slimrl.patching.registry import is_installed, patches
+    from slimrl.patching.machinery.registry import is_installed, patches
     from slimrl.patching.table import TrainerSpec
 
     real = TrainerSpec.available
@@ -313,7 +313,7 @@ def test_the_truncation_fix_stands_aside_where_trl_carries_the_kept_set(monkeypa
 
     import torch
 
-    from slimrl.patching import contracts
+    from slimrl.patching.machinery import contracts
     from slimrl.patching.online.truncated_sampling import apply_support_fix
 
     monkeypatch.setattr(contracts, "LATER_SEEN", {"support_ids"})
@@ -328,7 +328,7 @@ def test_the_truncation_fix_stands_aside_where_trl_carries_the_kept_set(monkeypa
 @pytest.fixture
 def self_check_on(monkeypatch, tmp_path):
     """The self-check as a user has it (on, a cache of its own), on the installed (tested) TRL's version."""
-    from slimrl.patching import self_check
+    from slimrl.patching.machinery import self_check
 
     monkeypatch.setenv("SLIMRL_CACHE", str(tmp_path))
     monkeypatch.delenv("SLIMRL_SELF_CHECK", raising=False)
@@ -362,8 +362,8 @@ def test_a_changed_method_under_a_tested_version_runs_the_check_and_stays_trl(se
     from trl import GRPOTrainer
 
     from slimrl.compat.trl_info import trl_version
-    from slimrl.patching.fingerprints import recorded
-    from slimrl.patching.registry import is_installed, patches
+    from slimrl.patching.machinery.fingerprints import recorded
+    from slimrl.patching.machinery.registry import is_installed, patches
 
     assert str(trl_version()) in {r for entries in recorded().values() for e in entries for r in e["releases"]}
     edited = _edited_logps(monkeypatch)
@@ -380,7 +380,7 @@ def test_a_changed_method_under_a_tested_version_runs_the_check_and_stays_trl(se
 
 
 def test_the_tested_code_runs_no_check_and_the_cache_follows_the_code(self_check_on, monkeypatch):
-    from slimrl.patching.registry import patches
+    from slimrl.patching.machinery.registry import patches
 
     assert self_check_on.why_check(["grpo"], patches) is None  # the installed TRL is a tested one, code and all
     before = self_check_on.version_set()
@@ -395,7 +395,7 @@ def test_a_changed_pass_through_signature_runs_no_self_check(self_check_on, monk
     from transformers import Trainer
     from trl import GRPOTrainer
 
-    from slimrl.patching.registry import patches
+    from slimrl.patching.machinery.registry import patches
 
     seen = []
 
@@ -419,8 +419,8 @@ def test_a_changed_pass_through_signature_runs_no_self_check(self_check_on, monk
 def test_contracts_guard_only_the_replacements_that_compute():
     """Every wrap that only forwards its arguments is a pass-through: contracts.json records the methods slimrl
     re-implements (log-prob methods, the kernel, the losses, generation) and nothing else."""
-    from slimrl.patching.contracts import recorded
-    from slimrl.patching.registry import patches
+    from slimrl.patching.machinery.contracts import recorded
+    from slimrl.patching.machinery.registry import patches
 
     keys = set(recorded())
     assert len(keys) <= 25

@@ -9,7 +9,7 @@ import pytest
 
 from slimrl import PatchFastRL, unpatch
 from slimrl.patching import TRAINERS, TrainerNotAvailableError, describe, trainer_available
-from slimrl.patching.registry import is_installed, patches
+from slimrl.patching.machinery.registry import is_installed, patches
 
 CPU = {"output_dir": "/tmp/slimrl-test", "use_cpu": True, "bf16": False}
 
@@ -90,7 +90,7 @@ def test_every_applying_patch_has_its_target():
 
 def test_install_refuses_a_missing_target_naming_the_release():
     from slimrl.compat.trl_info import trl_version
-    from slimrl.patching.registry import Patch, PatchTargetMissingError, install
+    from slimrl.patching.machinery.registry import Patch, PatchTargetMissingError, install
 
     gone = Patch("grpo", "trl.trainer.grpo_trainer:GRPOTrainer", "_no_such_method_in_trl", lambda self: None)
     with pytest.raises(PatchTargetMissingError, match=rf"_no_such_method_in_trl is not an attribute .* installed "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 
 from slimrl import PatchFastRL, unpatch
-from slimrl.patching.registry import patches
+from slimrl.patching.machinery.registry import patches
 
 
 def _targets() -> dict[str, object]:

@@ -15,7 +15,7 @@ def _flip_one_sampled_token(monkeypatch):
     """The patched run's generator samples one token differently from TRL alone's (what bf16 rounding can do)."""
     from transformers import GenerationMixin
 
-    from slimrl.patching.registry import _INSTALLED
+    from slimrl.patching.machinery.registry import _INSTALLED
 
     real = GenerationMixin.generate
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
+from slimrl.patching.machinery.registry import original
 from slimrl.patching.online.oom import logps_with_recovery
-from slimrl.patching.registry import original
 from slimrl.patching.routes.method_capture import (
     logps_and_entropies_through_ops,
     logps_shared_prefix_only,

@@ -70,8 +70,8 @@ def batch_log_kept_mass(trainer: Any, output: dict, settings: dict[str, Any]) ->
 
 def trl_passes_kept_sets(output: dict) -> bool:
     """Whether this TRL already carries the sampler's kept set (TRL 1.17's ``support_ids``): seen in a kernel call
-    (:data:`slimrl.patching.contracts.LATER_SEEN`) or in the generation batch."""
-    from slimrl.patching.contracts import LATER_SEEN
+    (:data:`slimrl.patching.machinery.contracts.LATER_SEEN`) or in the generation batch."""
+    from slimrl.patching.machinery.contracts import LATER_SEEN
 
     return "support_ids" in LATER_SEEN or any("support" in key for key in output)
 

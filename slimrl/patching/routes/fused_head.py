@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from slimrl.compat.trl_info import FUSED_HEAD
-from slimrl.patching.registry import Patch, original
+from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.head import UTILS, Head, chunking_chosen, chunking_of
 from slimrl.patching.routes.head import trl_kernel_is_best as _trl_kernel_is_best
 from slimrl.patching.state import trainer_state
@@ -45,8 +45,8 @@ class SlimrlChunkedLogProbFunction:
     ``apply(hidden [N, H], weight [V, H], bias [V] | None, targets [N], temperature, chunk_size, softcap,
     logit_scale, outputs) -> (log_probs [N], entropy | None, log_sum_sq_probs | None, mean_logits | None,
     is_top1 | None)`` — TRL's contract (the registry hands any other call, such as TRL 1.17's with a kept set,
-    ``support_ids``, to TRL's kernel: :mod:`slimrl.patching.contracts`). ``chunk_size`` is TRL's vocabulary tile;
-    slimrl chunks rows instead:
+    ``support_ids``, to TRL's kernel: :mod:`slimrl.patching.machinery.contracts`). ``chunk_size`` is TRL's
+    vocabulary tile; slimrl chunks rows instead:
     ``unsloth_num_chunks`` / ``unsloth_logit_chunk_multiplier`` of the running trainer choose them
     (:func:`chunking_of`). The calls slimrl's kernel serves are counted in the running trainer's state.
     """
@@ -76,7 +76,7 @@ def kernel_patches(algorithms: tuple[str, ...]) -> list[Patch]:
     """The kernel swap, shared by ``algorithms`` (installed while any of them is patched)."""
     # TRL 1.17 passes the sampler's kept token set as a tenth argument (`support_ids`, unbiased importance sampling
     # under top-k/top-p/min-p): a call without one (None) is the call this kernel serves; one with a kept set goes
-    # to TRL's kernel, which renormalises over it (slimrl.patching.contracts)
+    # to TRL's kernel, which renormalises over it (slimrl.patching.machinery.contracts)
     return [Patch(algorithms, UTILS, "_ChunkedLogProbFunction", SlimrlChunkedLogProbFunction, versions=FUSED_HEAD,
                   member="apply", later=(("support_ids", None),)),
             # TRL 1.15 always gathers the valid positions (no `_use_triton` to answer there)

@@ -23,7 +23,7 @@ import torch
 
 from slimrl.compat.heads import capture_head_input, plain_linear_head
 from slimrl.compat.malloc import recycling_phase
-from slimrl.patching.registry import original
+from slimrl.patching.machinery.registry import original
 from slimrl.patching.routes import shared_prefix
 from slimrl.patching.routes.head import Head
 from slimrl.patching.state import trainer_state

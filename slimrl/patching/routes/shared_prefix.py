@@ -35,7 +35,7 @@ import torch
 
 from slimrl.compat.heads import capture_head_input
 from slimrl.ops.prefix_attention import PackedLayout, model_reason, shared_prefix_attention
-from slimrl.patching.registry import Patch
+from slimrl.patching.machinery.registry import Patch
 from slimrl.patching.routes.head import Head
 from slimrl.patching.state import trainer_state
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from slimrl.patching.registry import Patch, original
+from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.score_positions import score_positions, servable_head
 
 TRAINER = "trl.experimental.bco.bco_trainer:BCOTrainer"

@@ -19,13 +19,13 @@ import torch
 
 from slimrl.models.modes import for_inference, for_training
 from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
+from slimrl.patching.machinery.registry import Patch
 from slimrl.patching.online.engine_hooks import slimrl_vllm_generation_factory
 from slimrl.patching.online.logps import online_logps
 from slimrl.patching.online.longest_first import generate_longest_first_factory
 from slimrl.patching.online.old_logps import compute_loss_factory, fill_importance_ratio, generate_and_score_factory
 from slimrl.patching.online.prefill import generate_single_turn_factory
 from slimrl.patching.online.step import online_training_step_factory
-from slimrl.patching.registry import Patch
 from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"

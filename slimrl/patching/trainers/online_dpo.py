@@ -22,7 +22,7 @@ import functools
 import torch
 
 from slimrl.compat.malloc import recycling_phase
-from slimrl.patching.registry import Patch, original
+from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.score_positions import score_positions, servable_head
 
 TRAINER = "trl.experimental.online_dpo.online_dpo_trainer:OnlineDPOTrainer"

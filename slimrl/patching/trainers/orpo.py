@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from slimrl.patching.registry import Patch, original
+from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.score_positions import ConcatenatedSpec, concatenated_forward_through_ops
 from slimrl.planning.settings import Workload
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from slimrl.compat.trl_info import has_fused_head
 from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
+from slimrl.patching.machinery.registry import Patch
 from slimrl.patching.online.engine_hooks import slimrl_vllm_generation_factory
 from slimrl.patching.online.logps import online_logps
 from slimrl.patching.online.longest_first import generate_longest_first_factory
 from slimrl.patching.online.prefill import generate_single_turn_factory
 from slimrl.patching.online.step import online_training_step_factory
-from slimrl.patching.registry import Patch
 from slimrl.patching.routes.fused_head import prediction_step_patch
 from slimrl.planning.settings import TrlStep, Workload
 

@@ -1,15 +1,15 @@
 """What the TRL methods slimrl re-implements *are*, not what their release is called: a hash of their source.
 
 A version number does not say which code is installed: a patched fork, an editable install, a dev build or a patch
-release (1.16.1) can carry a changed ``_get_per_token_logps_and_entropies`` under a version slimrl's tests know, and
-an untested release (1.15.1) can carry exactly a tested one's. So each TRL method whose replacement computes what it
+release (1.16.1) can carry a changed ``_get_per_token_logps_and_entropies`` under a version slimrl's tests know, and an
+untested release (1.15.1) can carry exactly a tested one's. So each TRL method whose replacement computes what it
 computed — the log-prob methods, the fused-head kernel, ``concatenated_forward`` / ``forward``, ``_compute_loss``
-(:func:`computing`) — is fingerprinted: the SHA-256 of its source text (``inspect.getsource``, the same on every
-Python; a class is its whole source), recorded for every tested release in ``fingerprints.json`` by
-``python -m slimrl.patching --record-contracts``. :func:`code_changes` names the installed targets whose fingerprint
-is none of the recorded ones: the self-check runs for their trainers (:mod:`slimrl.patching.self_check`), and its
-verdicts are cached under the installed fingerprints (:func:`digest`), so a cached pass never outlives the code it
-was made on. A target whose source cannot be read (no ``.py`` files installed) counts as changed.
+(:func:`computing`) — is fingerprinted: the SHA-256 of its source text (``inspect.getsource``, the same on every Python;
+a class is its whole source), recorded for every tested release in ``fingerprints.json`` by ``python -m slimrl.patching
+--record-contracts``. :func:`code_changes` names the installed targets whose fingerprint is none of the recorded ones:
+the self-check runs for their trainers (:mod:`slimrl.patching.machinery.self_check`), and its verdicts are cached under
+the installed fingerprints (:func:`digest`), so a cached pass never outlives the code it was made on. A target whose
+source cannot be read (no ``.py`` files installed) counts as changed.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def fingerprint(obj: Any) -> str | None:
 
 def _live(patches) -> dict[str, str | None]:
     """``"target.attribute" -> fingerprint`` of the installed TRL's originals of the computing patches."""
-    from slimrl.patching.registry import is_installed, original
+    from slimrl.patching.machinery.registry import is_installed, original
 
     out: dict[str, str | None] = {}
     for p in patches:

@@ -1,16 +1,15 @@
 """The self-check on a TRL slimrl's tests never ran: each trainer's tiny parity row before its patches go in.
 
-When the installed TRL is newer than every release ``make test`` runs (:data:`slimrl.compat.trl_info.TESTED_TRL`),
-a method slimrl replaces has a signature none of those releases had (:func:`slimrl.patching.contracts.
-signature_changes`), or a method whose numbers slimrl's path re-computes has code none of them had (whatever the
-version says: a fork, an editable install, a patch release; :func:`slimrl.patching.fingerprints.code_changes`), the
-first ``PatchFastRL(algorithm)`` of a process runs that trainer's ``slimrl verify --tiny``
-row for its first loss type (TRL alone vs patched, two steps of a 2-layer random model on the CPU, in a child
-process) and installs only the patches of trainers whose row passes. A trainer whose row fails runs as TRL alone:
-one line names it, its patches and the row; a patch several trainers share stands down when any of them failed.
-The verdicts are cached per (TRL, transformers, slimrl) version set and the code's fingerprints in ``SLIMRL_CACHE``
-(default ``~/.cache/slimrl``), ``self-check.json``, so each trainer is checked once per set; ``slimrl doctor`` prints
-them.
+When the installed TRL is newer than every release ``make test`` runs (:data:`slimrl.compat.trl_info.TESTED_TRL`), a
+method slimrl replaces has a signature none of those releases had (:func:`slimrl.patching.machinery.contracts.
+signature_changes`), or a method whose numbers slimrl's path re-computes has code none of them had (whatever the version
+says: a fork, an editable install, a patch release; :func:`slimrl.patching.machinery.fingerprints.code_changes`), the
+first ``PatchFastRL(algorithm)`` of a process runs that trainer's ``slimrl verify --tiny`` row for its first loss type
+(TRL alone vs patched, two steps of a 2-layer random model on the CPU, in a child process) and installs only the patches
+of trainers whose row passes. A trainer whose row fails runs as TRL alone: one line names it, its patches and the row; a
+patch several trainers share stands down when any of them failed. The verdicts are cached per (TRL, transformers,
+slimrl) version set and the code's fingerprints in ``SLIMRL_CACHE`` (default ``~/.cache/slimrl``), ``self-check.json``,
+so each trainer is checked once per set; ``slimrl doctor`` prints them.
 ``SLIMRL_SELF_CHECK=0`` skips the check (every patch goes in unchecked; the line says so).
 """
 
@@ -42,8 +41,8 @@ def version_set() -> str:
     """The key verdicts are cached under: the versions and the fingerprint of the installed code slimrl
     re-computes (a cached verdict never outlives the code it was made on)."""
     from slimrl.compat.trl_info import trl_version
-    from slimrl.patching.fingerprints import digest
-    from slimrl.patching.registry import patches
+    from slimrl.patching.machinery.fingerprints import digest
+    from slimrl.patching.machinery.registry import patches
 
     return (f"trl {trl_version()}, transformers {version('transformers')}, slimrl {version('slimrl')}, code "
             f"{digest(patches())}")
@@ -53,8 +52,8 @@ def why_check(names: list[str], patches_of) -> str | None:
     """Why ``names`` need the self-check on the installed TRL (None: it is a tested one and every replaced method
     has a recorded signature)."""
     from slimrl.compat.trl_info import newest_tested, trl_version
-    from slimrl.patching.contracts import signature_changes
-    from slimrl.patching.registry import is_installed
+    from slimrl.patching.machinery.contracts import signature_changes
+    from slimrl.patching.machinery.registry import is_installed
 
     newest, installed = newest_tested(), trl_version()
     if installed > newest:
@@ -65,7 +64,7 @@ def why_check(names: list[str], patches_of) -> str | None:
         key = next(iter(changed))
         return f"{key} has a signature slimrl's tests never saw" + (f" (and {len(changed) - 1} more)"
                                                                       if len(changed) > 1 else "")
-    from slimrl.patching.fingerprints import code_changes
+    from slimrl.patching.machinery.fingerprints import code_changes
 
     edited = code_changes([p for n in names for p in patches_of(n)])
     if edited:

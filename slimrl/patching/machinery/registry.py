@@ -5,8 +5,8 @@ importing TRL), the attribute it replaces, and the replacement. ``install`` swap
 (:func:`slimrl.compat.swaps.swap`: ``from trl import GRPOTrainer`` done before or after gets the patched class) and
 keeps the original for delegation and for ``uninstall``, which puts back exactly what was there (including
 "nothing" for an attribute that the class only inherited). TRL's source text is never read or rewritten. A callable
-replacement is installed behind its contract (:mod:`slimrl.patching.contracts`): a call it was not written for (an
-argument a newer TRL added) goes to TRL's original unchanged, with one line.
+replacement is installed behind its contract (:mod:`slimrl.patching.machinery.contracts`): a call it was not written
+for (an argument a newer TRL added) goes to TRL's original unchanged, with one line.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from slimrl.compat.swaps import Swapped, restore, swap
 from slimrl.compat.trl_info import EVERY_RELEASE
-from slimrl.patching.contracts import guard
+from slimrl.patching.machinery.contracts import guard
 
 _MISSING = object()
 
@@ -43,8 +43,8 @@ class Patch:
     versions: str = EVERY_RELEASE
     wrap: bool = False
     optional: bool = field(default=False)  # skip when the attribute does not exist in this TRL (VLLMGeneration)
-    # the contract (slimrl.patching.contracts): the member calls reach on a class-valued replacement (the kernel's
-    # "apply"); parameters of later TRL releases served at one value ((name, value), ...); entry points
+    # the contract (slimrl.patching.machinery.contracts): the member calls reach on a class-valued replacement (the
+    # kernel's "apply"); parameters of later TRL releases served at one value ((name, value), ...); entry points
     # (constructors) pass every argument on to TRL's original themselves and have none
     member: str | None = None
     later: tuple[tuple[str, Any], ...] = ()
@@ -56,7 +56,7 @@ class Patch:
     def resolve(self) -> Any:
         """The live object named by ``target``; :class:`PatchTargetMissingError` naming the TRL release when the
         module or class is not there."""
-        from slimrl.patching.catalog import resolve
+        from slimrl.patching.machinery.catalog import resolve
 
         try:
             return resolve(self.target, quiet=False)
@@ -157,7 +157,7 @@ def install(patch: Patch) -> bool:
     if seen is _MISSING:
         raise PatchTargetMissingError(patch._missing(f"{patch.attribute} is not an attribute of {patch.target}"))
     new = patch.replacement(seen) if patch.wrap else patch.replacement
-    if patch.guarded:  # calls it was not written for go to `seen` (slimrl.patching.contracts)
+    if patch.guarded:  # calls it was not written for go to `seen` (slimrl.patching.machinery.contracts)
         new = guard(f"{patch.target}.{patch.attribute}", new, seen, patch.member, patch.later)
     _INSTALLED[patch.key] = swap(obj, patch.attribute, new)
     return True

@@ -2,7 +2,7 @@
 
 A replacement of a TRL method or kernel serves the calls whose arguments TRL's tested releases pass; a TRL release
 newer than slimrl's tests may pass more (TRL 1.17 gave its fused-head kernel a tenth argument, ``support_ids``).
-The registry (:func:`slimrl.patching.registry.install`) puts every callable replacement behind :func:`guard`:
+The registry (:func:`slimrl.patching.machinery.registry.install`) puts every callable replacement behind :func:`guard`:
 
 * the call is bound to the **recorded contract**: the signature of the original in the tested TRL release it
   matches (``contracts.json`` beside this module, written by ``python -m slimrl.patching --record-contracts`` in
@@ -19,7 +19,7 @@ their replacements translate the user's legacy keywords and pass every other arg
 contract gates them. Attributes that are not callables (dataclass field tables, attention registries) have none.
 
 :func:`signature_changes` lists the installed targets whose signature matches no recorded one: the self-check
-(:mod:`slimrl.patching.self_check`) runs for their trainers.
+(:mod:`slimrl.patching.machinery.self_check`) runs for their trainers.
 """
 
 from __future__ import annotations
