@@ -209,8 +209,8 @@ def _trainer_name_lists(path: Path, names: set[str]) -> list[tuple[int, list[str
 
 def test_only_the_trainer_table_spells_lists_of_trainer_names(tmp_path):
     """Knowledge about a trainer lives with it (its module, its row): every other list of trainers (verify's
-    generation check and loss types, the planner's TRL baseline, PatchDPOTrainer's set, the fused head's entry
-    methods) is derived from the table, so adding a trainer touches no module outside it."""
+    generation check and loss types, the planner's TRL baseline, PatchDPOTrainer's set, each route's users
+    and entry methods) is derived from the table, so adding a trainer touches no module outside it."""
     from slimrl.patching.table import every_trainer
 
     names = set(every_trainer())

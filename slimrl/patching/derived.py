@@ -21,7 +21,7 @@ Each trainer TRL publishes gets one of three treatments, decided from TRL's clas
 
 A trainer counts as keeping its base's route when it overrides none of the methods that enter it: the methods the
 base's own patches replace outright, and for the fused-head trainers the TRL method that calls the fused head
-(``TrainerSpec.fused_head_callers``).
+(its :class:`slimrl.patching.spec.RouteUse` entries).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _overrides(cls: type, base: type) -> set[str]:
 def _entries(spec: TrainerSpec, own: list[Patch]) -> set[str]:
     """The methods through which ``spec``'s log-probs reach slimrl (module docstring)."""
     replaced = {p.attribute for p in own if not p.wrap and p.target == spec.trainer}
-    return replaced | set(spec.fused_head_callers)
+    return replaced | spec.route_entries
 
 
 def _wrap_copies(spec_patches: list[Patch], base: TrainerSpec, name: str, target: str, overridden: set[str]) -> list:

@@ -26,6 +26,38 @@ FIRST_CONTACT = "first contact"  # precision default, offline push, Unsloth's an
 
 
 @dataclass(frozen=True)
+class Route:
+    """One way a trainer's log-probs reach slimrl's ops, declared once in its module under ``routes/`` (``ROUTE``):
+    what it does, the TRL releases on which it can serve, and the patches its users share (``shared(names)``: the
+    fused head's kernel swap, installed while any of them is patched). A trainer's row names the routes it takes
+    by calling one with its entry methods: ``fused_head.ROUTE("_compute_loss")``."""
+
+    name: str
+    summary: str  # docs/compatibility.md: what it does
+    releases: str = EVERY_RELEASE  # PEP 440: the TRL releases that have what it hooks (compat.trl_info)
+    shared: Callable[[tuple[str, ...]], list[Patch]] | None = None
+
+    def __call__(self, *entries: str) -> RouteUse:
+        return RouteUse(self, entries)
+
+    def serves(self) -> bool:
+        """Whether the installed TRL has what this route hooks."""
+        from slimrl.compat import trl_info
+
+        return trl_info.has(self.releases)
+
+
+@dataclass(frozen=True)
+class RouteUse:
+    """A trainer's use of a route: ``entries`` are its TRL methods through which its log-probs enter the route
+    beyond the ones its own patches replace (the fused head's callers). A TRL subclass that overrides any of them
+    (or a replaced method) does not inherit the route (:mod:`slimrl.patching.derived`)."""
+
+    route: Route
+    entries: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class About:
     """What the documentation, ``slimrl train`` and ``slimrl verify`` read about a trainer: nothing here changes what
     its patches do (those are :class:`TrainerSpec`'s fields)."""
@@ -61,7 +93,7 @@ class TrainerSpec:
     last_release: str | None = None  # named when a newer TRL lacks it
     instead: str = ""  # what to use where TRL removed it (the one line PatchFastRL says then)
     layouts: Layouts | Callable[[Any], Layouts] = ()  # dataset column layouts (raw, then pre-tokenized)
-    routes: tuple[str, ...] = ()  # keys of ROUTES, per TRL release range (see `About.note`)
+    routes: tuple[RouteUse, ...] = ()  # the log-prob routes it takes (each serves the TRL releases it declares)
     fields: tuple[str, ...] = ()  # slimrl config fields that act on it (the others are refused unless default)
     config_init: Callable = config_init_factory  # factory(orig_init, fields=) for its config's __init__
     init_hooks: tuple[Callable[[Any, Any], None], ...] = ()  # run as hook(model, args) before TRL's __init__
@@ -72,9 +104,16 @@ class TrainerSpec:
     base: str | None = None  # the trainer whose route it inherits as TRL's subclass of it (slimrl.patching.derived)
     patches: tuple[Patch, ...] = field(default=())  # its own, from trainers/<name>.py
     workload: Workload | None = None  # what one step does: auto-fit's and `slimrl plan`'s (None: not planned)
-    fused_head_callers: tuple[str, ...] = ()  # the TRL methods that call the fused LM head (its "fused head" route)
     preference: bool = False  # one of the preference trainers Unsloth's PatchDPOTrainer() patches
     about: About = field(default_factory=lambda: About())  # what the docs, the CLI and verify read
+
+    def uses(self, route: Route) -> bool:
+        return any(use.route is route for use in self.routes)
+
+    @property
+    def route_entries(self) -> set[str]:
+        """The methods its route uses name as entries (:class:`RouteUse`)."""
+        return {e for use in self.routes for e in use.entries}
 
     @property
     def trainer_module(self) -> str:

@@ -10,7 +10,7 @@ hooks its ``__init__`` runs, its ``training_step`` wrapper, the patches specific
 * ``PatchFastRL``'s names and availability checks (:mod:`slimrl.patching`);
 * the dataset layouts of :mod:`slimrl.patching.validation`;
 * ``slimrl train``'s algorithms (:data:`CLI_KINDS`);
-* the fused-head kernel swap's users (:func:`fused_head_users`);
+* each route's users (:func:`users_of`) and the patches they share (``Route.shared``);
 * docs/compatibility.md's trainer table (:func:`readme_table`; a test fails when that copy is stale) and
   ``python -m slimrl.patching``'s listing (through the registry).
 
@@ -25,7 +25,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from slimrl.compat.trl_info import EVERY_RELEASE, TESTED_TRL, UNTIL_1_12, UNTIL_1_13, has_fused_head
+from slimrl.compat.trl_info import EVERY_RELEASE, TESTED_TRL, UNTIL_1_12, UNTIL_1_13
 from slimrl.health import attach_health
 from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, ONLINE_FIELDS, config_patches
 from slimrl.patching.derived import derive
@@ -33,31 +33,26 @@ from slimrl.patching.machinery.catalog import shipped
 from slimrl.patching.machinery.registry import Patch, patches, register
 from slimrl.patching.online.engine_hooks import apply_engine_defaults, vllm_or_transformers
 from slimrl.patching.processors import processor_patch
-from slimrl.patching.routes import fused_head, shared_prefix
-from slimrl.patching.spec import CHECKS_ONLY, Layouts, TrainerSpec, row
+from slimrl.patching.routes import fused_head, method_capture, score_positions, shared_prefix
+from slimrl.patching.spec import CHECKS_ONLY, Layouts, Route, TrainerSpec, row
 from slimrl.patching.steps import push_to_hub_factory
 from slimrl.patching.trainer_init import trainer_init_factory
 from slimrl.patching.trainers import bco, cpo, dpo, grpo, kto, online_dpo, orpo, ppo, prm, reward, rloo, sft, xpo
 from slimrl.patching.validation import check_sequence_budget, sft_layouts
 from slimrl.planning.settings import Workload
 
-ROUTES = {
-    "method capture": "`_get_per_token_logps_and_entropies` through `slimrl.ops` (routes/method_capture.py)",
-    "score positions": "the LM head bypassed, only scored positions projected (routes/score_positions.py)",
-    "fused head": "TRL's fused LM head with slimrl's kernel: labelled positions only, small row blocks "
-                  "(routes/fused_head.py)",
-}
+CAPTURE, POSITIONS, FUSED = method_capture.ROUTE, score_positions.ROUTE, fused_head.ROUTE
 PAIRED: Layouts = (("chosen", "rejected"),)  # with or without an explicit "prompt" (TRL extracts the prefix)
 PROMPT: Layouts = (("prompt",),)
 
 
 TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
-    row("grpo", grpo.TRAINER, grpo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
+    row("grpo", grpo.TRAINER, grpo.CONFIG, layouts=PROMPT, routes=(CAPTURE(), FUSED()),
                 loss_types="grpo", generation_check=True,
                 scenario=grpo.scenario,
                 workload=grpo.WORKLOAD,
-                note=ROUTES["method capture"] + "; the calls it leaves to TRL (images, MoE aux loss, a LoRA head): "
-                     + ROUTES["fused head"] + " on TRL ≥ 1.15",
+                note=CAPTURE.summary + "; the calls it leaves to TRL (images, MoE aux loss, a LoRA head): "
+                     + FUSED.summary + " on TRL ≥ 1.15",
                 parity_test="all 8 loss types × beta, `tests/patching/trainers/test_grpo.py`; images: "
                             "`tests/patching/test_vision_parity.py`",
                 fields=ALL_FIELDS, config_init=grpo.grpo_config_init_factory,
@@ -65,58 +60,59 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                             functools.partial(vllm_or_transformers, trainer_module=grpo.MODULE)), auto_fit=True,
                 after_init=(attach_health,),
                 training_step=grpo.grpo_training_step_factory, patches=tuple(grpo.PATCHES), cli="online"),
-    row("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=("fused head",),
-                loss_types="config", preference=True, fused_head_callers=("_compute_loss", "compute_ref_log_probs"),
+    row("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=(FUSED("_compute_loss", "compute_ref_log_probs"),),
+                loss_types="config", preference=True,
                 scenario=dpo.scenario,
                 workload=dpo.WORKLOAD,
-                note=ROUTES["fused head"] + " on TRL ≥ 1.15; on 1.12 TRL's own `_compute_loss` (full logits)",
+                note=FUSED.summary + " on TRL ≥ 1.15; on 1.12 TRL's own `_compute_loss` (full logits)",
                 parity_test="every DPO loss type (15), LoRA, WPO, `tests/patching/routes/test_fused_head.py`",
-                fields=CHUNK_FIELDS if has_fused_head() else (), patches=tuple(dpo.PATCHES), cli="paired"),
+                fields=CHUNK_FIELDS if FUSED.serves() else (), patches=tuple(dpo.PATCHES), cli="paired"),
     row("kto", kto.TRAINER, kto.CONFIG, layouts=(("prompt", "completion", "label"), *PAIRED),
                 loss_types="config", preference=True,
-                fused_head_callers=("_compute_loss", "_compute_kl_logps", "compute_ref_log_probs"),
                 scenario=kto.scenario,
                 workload=kto.WORKLOAD,
-                routes=("fused head",), note=ROUTES["fused head"] + " on TRL ≥ 1.15; on 1.12 TRL's own",
+                routes=(FUSED("_compute_loss", "_compute_kl_logps", "compute_ref_log_probs"),),
+                note=FUSED.summary + " on TRL ≥ 1.15; on 1.12 TRL's own",
                 parity_test="both loss types, `tests/patching/routes/test_fused_head.py`",
-                fields=CHUNK_FIELDS if has_fused_head() else (), patches=tuple(kto.PATCHES),
+                fields=CHUNK_FIELDS if FUSED.serves() else (), patches=tuple(kto.PATCHES),
                 cli="unpaired"),
     row("orpo", orpo.TRAINER, orpo.CONFIG,
                 preference=True,
                 instead="DPOTrainer with loss_type=['sigmoid', 'sft'] (a preference loss plus the SFT term)",
-                layouts=PAIRED, routes=("score positions",),
+                layouts=PAIRED, routes=(POSITIONS(),),
                 scenario=orpo.scenario,
                 workload=orpo.WORKLOAD,
-                note="`concatenated_forward` without the `[2B, T, V]` logits: " + ROUTES["score positions"],
+                note="`concatenated_forward` without the `[2B, T, V]` logits: " + POSITIONS.summary,
                 parity_test="full and LoRA, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
                 patches=tuple(orpo.PATCHES), cli="paired"),
     row("cpo", cpo.TRAINER, cpo.CONFIG,
                 loss_types="config", preference=True,
                 instead="DPOTrainer without a reference model",
-                layouts=PAIRED, routes=("score positions",),
+                layouts=PAIRED, routes=(POSITIONS(),),
                 scenario=cpo.scenario,
                 workload=cpo.WORKLOAD,
-                note="`concatenated_forward` without the `[2B, T, V]` logits: " + ROUTES["score positions"],
+                note="`concatenated_forward` without the `[2B, T, V]` logits: " + POSITIONS.summary,
                 parity_test="every CPO loss type (5), `tests/patching/routes/test_score_positions.py`",
                 fields=CHUNK_FIELDS,
                 patches=tuple(cpo.PATCHES), cli="paired"),
-    row("sft", sft.TRAINER, sft.CONFIG, layouts=sft_layouts, routes=("fused head",),
-                loss_types="config", fused_head_callers=("compute_loss",),
+    row("sft", sft.TRAINER, sft.CONFIG, layouts=sft_layouts, routes=(FUSED("compute_loss"),),
+                loss_types="config",
                 scenario=sft.scenario,
                 workload=sft.WORKLOAD,
-                note=ROUTES["fused head"] + " on TRL ≥ 1.15; `chunked_nll` stays TRL's own",
+                note=FUSED.summary + " on TRL ≥ 1.15; `chunked_nll` stays TRL's own",
                 parity_test="nll and dft, completion-only or not, `tests/patching/routes/test_fused_head.py`",
-                fields=CHUNK_FIELDS if has_fused_head() else (), patches=tuple(sft.PATCHES), cli="sft"),
+                fields=CHUNK_FIELDS if FUSED.serves() else (), patches=tuple(sft.PATCHES), cli="sft"),
     row("reward", reward.TRAINER, reward.CONFIG,
                 scenario=reward.scenario,
                 layouts=(*PAIRED, ("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")),
                 note="none needed: a one-score head, no vocabulary-sized tensor; checks and guards only",
                 layer=CHECKS_ONLY),
-    row("rloo", rloo.TRAINER, rloo.CONFIG, layouts=PROMPT, routes=("method capture", "fused head"),
-                generation_check=True, fused_head_callers=("_get_per_token_logps_and_entropies",),
+    row("rloo", rloo.TRAINER, rloo.CONFIG, layouts=PROMPT,
+                routes=(CAPTURE(), FUSED("_get_per_token_logps_and_entropies")),
+                generation_check=True,
                 scenario=rloo.scenario,
                 workload=rloo.WORKLOAD,
-                note=ROUTES["fused head"] + " on TRL ≥ 1.15; " + ROUTES["method capture"] + " on 1.12",
+                note=FUSED.summary + " on TRL ≥ 1.15; " + CAPTURE.summary + " on 1.12",
                 parity_test="two steps with generation, old log-probs and KL, `tests/patching/trainers/test_rloo.py`",
                 fields=ONLINE_FIELDS, config_init=rloo.rloo_config_init_factory,
                 init_hooks=(check_sequence_budget, apply_engine_defaults,
@@ -126,9 +122,9 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
     row("online_dpo", online_dpo.TRAINER, online_dpo.CONFIG,
                 loss_types="config",
                 instead="GRPOTrainer or RLOOTrainer (online, reward-driven)",
-                layouts=PROMPT, routes=("score positions",),
+                layouts=PROMPT, routes=(POSITIONS(),),
                 scenario=online_dpo.scenario,
-                note="`_forward`: " + ROUTES["score positions"],
+                note="`_forward`: " + POSITIONS.summary,
                 parity_test="two training steps, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
                 patches=tuple(online_dpo.PATCHES)),
     row("ppo", ppo.TRAINER, ppo.CONFIG,
@@ -142,15 +138,15 @@ TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
                 instead="DPOTrainer(loss_type='bco_pair')",
                 releases=UNTIL_1_13, last_release="1.13.0",
                 scenario=bco.scenario,
-                layouts=(("prompt", "completion", "label"),), routes=("score positions",),
-                note="`forward`: " + ROUTES["score positions"],
+                layouts=(("prompt", "completion", "label"),), routes=(POSITIONS(),),
+                note="`forward`: " + POSITIONS.summary,
                 parity_test="`tests/patching/trainers/test_bco_and_xpo.py`",
                 fields=CHUNK_FIELDS, patches=tuple(bco.PATCHES)),
     row("xpo", xpo.TRAINER, xpo.CONFIG,
                 instead="OnlineDPOTrainer or GRPOTrainer",
                 releases=UNTIL_1_13, last_release="1.13.0", layouts=PROMPT,
                 scenario=xpo.scenario,
-                routes=("score positions",), note="`_compute_logprobs`: " + ROUTES["score positions"],
+                routes=(POSITIONS(),), note="`_compute_logprobs`: " + POSITIONS.summary,
                 parity_test="two steps, `tests/patching/trainers/test_bco_and_xpo.py`", fields=CHUNK_FIELDS,
                 patches=tuple(xpo.PATCHES)),
     row("prm", prm.TRAINER, prm.CONFIG,
@@ -184,9 +180,15 @@ CLI_KINDS = {name: spec.about.cli for name, spec in TRAINERS.items() if spec.abo
 PLANNED = {name: spec.workload for name, spec in TRAINERS.items() if spec.workload}  # slimrl plan's algorithms
 
 
-def fused_head_users() -> tuple[str, ...]:
-    """The trainers whose log-probs go through TRL's fused head on some supported release."""
-    return tuple(name for name, spec in TRAINERS.items() if "fused head" in spec.routes)
+def routes() -> tuple[Route, ...]:
+    """Every route the table's trainers take, in the order they first appear."""
+    return tuple(dict.fromkeys(use.route for spec in TRAINERS.values() for use in spec.routes))
+
+
+def users_of(route: Route) -> tuple[str, ...]:
+    """The table's trainers that take ``route`` (on the releases it serves)."""
+    return tuple(name for name, spec in TRAINERS.items() if spec.uses(route))
+
 
 
 def spec_patches(spec: TrainerSpec) -> list[Patch]:
@@ -254,9 +256,11 @@ def register_all() -> None:
             register(with_users(patch))
     for patch in found.patches:
         register(patch)
-    for patch in fused_head.kernel_patches(fused_head_users()):
-        register(with_users(patch))
-    register(with_users(shared_prefix.attention_patch(("grpo", "rloo"))))
+    for route in routes():
+        for patch in route.shared(users_of(route)) if route.shared else ():
+            register(with_users(patch))
+    packing = tuple(n for n, s in TRAINERS.items() if s.workload and s.workload.generates and s.workload.shared_prefix)
+    register(with_users(shared_prefix.attention_patch(packing)))  # the layout's attention, for those that pack
     register(processor_patch((*TRAINERS, *EXTRA)))  # TRL's vision scripts load processors themselves
 
 

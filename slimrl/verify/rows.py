@@ -268,11 +268,10 @@ def _route_applies(name: str, setup: Setup) -> bool:
     path under test."""
     from types import SimpleNamespace
 
-    from slimrl.compat.trl_info import has_fused_head
-    from slimrl.patching.routes import head
+    from slimrl.patching.routes import fused_head, head
     from slimrl.patching.table import every_trainer
 
-    if every_trainer()[name].routes != ("fused head",):
+    if [use.route for use in every_trainer()[name].routes] != [fused_head.ROUTE]:
         return True
     chosen = head.chunking_chosen(SimpleNamespace(**setup.slimrl_fields))
-    return has_fused_head() and (chosen or not head.trl_kernel_is_best(torch.device(setup.device)))
+    return fused_head.ROUTE.serves() and (chosen or not head.trl_kernel_is_best(torch.device(setup.device)))

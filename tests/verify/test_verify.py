@@ -219,12 +219,14 @@ def test_where_trls_triton_kernel_serves_the_fused_head_that_is_the_path_verify_
     """On a GPU with TRL's Triton kernel, DPO/KTO/SFT (the fused head their one route) hand every projection to it
     unless a chunking is chosen, so their rows do not ask for slimrl's op there; GRPO's capture route always runs;
     with ``unsloth_num_chunks`` set slimrl's op is expected again (seen on an H200: the DPO row failed on this)."""
+    from packaging.version import Version
+
     from slimrl.compat import trl_info
     from slimrl.patching.routes import head
     from slimrl.verify import rows
     from slimrl.verify.scenarios import Setup
 
-    monkeypatch.setattr(trl_info, "has_fused_head", lambda: True)
+    monkeypatch.setattr(trl_info, "trl_version", lambda: Version("1.16.0"))  # the fused head serves it
     setup = Setup(config=None, tokenizer=None, device="cuda", dtype=torch.bfloat16)
     for best in (True, False):
         monkeypatch.setattr(head, "trl_kernel_is_best", lambda device, best=best: best)
@@ -232,5 +234,5 @@ def test_where_trls_triton_kernel_serves_the_fused_head_that_is_the_path_verify_
     monkeypatch.setattr(head, "trl_kernel_is_best", lambda device: True)
     setup.slimrl_fields["unsloth_num_chunks"] = 4
     assert rows._route_applies("dpo", setup) and rows._route_applies("sft", setup)
-    monkeypatch.setattr(trl_info, "has_fused_head", lambda: False)
+    monkeypatch.setattr(trl_info, "trl_version", lambda: Version("1.12.0"))  # before TRL's fused head
     assert not rows._route_applies("kto", setup)

@@ -35,6 +35,7 @@ from slimrl.compat.trl_info import FUSED_HEAD
 from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.head import UTILS, Head, chunking_chosen, chunking_of
 from slimrl.patching.routes.head import trl_kernel_is_best as _trl_kernel_is_best
+from slimrl.patching.spec import Route
 from slimrl.patching.state import trainer_state
 from slimrl.patching.steps import current_args, current_trainer, prediction_step_factory
 
@@ -89,3 +90,7 @@ def prediction_step_patch(algorithm: str, trainer: str) -> Patch:
     ``training_step`` wrapper already does), so the kernel reads the config's chunking there as well."""
     return Patch(algorithm, trainer, "prediction_step", prediction_step_factory, wrap=True, versions=FUSED_HEAD,
                  passthrough=True)
+
+
+ROUTE = Route("fused head", "TRL's fused LM head with slimrl's kernel: labelled positions only, small row blocks "
+                            "(routes/fused_head.py)", releases=FUSED_HEAD, shared=kernel_patches)

@@ -26,8 +26,11 @@ from slimrl.compat.malloc import recycling_phase
 from slimrl.patching.machinery.registry import original
 from slimrl.patching.routes import shared_prefix
 from slimrl.patching.routes.head import Head
+from slimrl.patching.spec import Route
 from slimrl.patching.state import trainer_state
 from slimrl.patching.validation import check_batch_length
+
+ROUTE = Route("method capture", "`_get_per_token_logps_and_entropies` through `slimrl.ops` (routes/method_capture.py)")
 
 
 def _has_extra_inputs(kwargs: dict) -> bool:

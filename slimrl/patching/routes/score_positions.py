@@ -34,7 +34,10 @@ import torch
 
 from slimrl.compat.heads import capture_head_input, plain_linear_head
 from slimrl.patching.routes.head import Head
+from slimrl.patching.spec import Route
 from slimrl.patching.state import trainer_state
+
+ROUTE = Route("score positions", "the LM head bypassed, only scored positions projected (routes/score_positions.py)")
 
 
 def servable_head(trainer, model) -> torch.nn.Linear | None:
