@@ -123,7 +123,7 @@ def test_patching_layers():
     for path, imported in _modules("patching/machinery").items():
         bad = {m for m in imported if m.startswith("slimrl.patching") and not m.startswith("slimrl.patching.machinery")}
         assert not bad, (path, bad)
-    top = {"slimrl.patching", "slimrl.patching.table", "slimrl.patching.__main__"}
+    top = {"slimrl.patching", "slimrl.patching.table", "slimrl.patching.doc_tables", "slimrl.patching.__main__"}
     layers = {"routes": ("slimrl.patching.online", "slimrl.patching.trainers"),
               "online": ("slimrl.patching.trainers",), "trainers": ()}
     for path, imported in _modules("patching").items():

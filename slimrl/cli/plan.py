@@ -30,11 +30,14 @@ def _settings_options(p: argparse.ArgumentParser) -> None:
     (a bool as true/false, an optional bool also as auto) and its help come from the field."""
     from dataclasses import fields
 
+    from slimrl.patching.table import PLANNED
     from slimrl.planning.settings import Settings
 
     for f in fields(Settings):
         if "option" in f.metadata:
-            p.add_argument(f"--{f.name}", type=_PARSE[str(f.type)], default=f.default, help=f.metadata["option"])
+            text = f"the trainer: {', '.join(PLANNED)} (default {f.default})" if f.name == "algorithm" else \
+                f.metadata["option"]
+            p.add_argument(f"--{f.name}", type=_PARSE[str(f.type)], default=f.default, help=text)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -8,9 +8,10 @@ keys with help text, and ``dataclasses.replace`` keeps them. Three reversible pa
 keywords, validates them before TRL's ``__post_init__`` runs, then sets them). ``unpatch`` puts back TRL's own
 dict objects and ``__init__``.
 
-Each field is declared once (:data:`FIELDS`: type, default, help, check, the trainers it acts on, why it does
+Each field is declared once (:data:`FIELDS`: type, default, help, check, the capability it needs, why it does
 nothing elsewhere); the flags, help texts, checks, refusals and docs/train.md's field table (:func:`field_table`, a
-test fails when that copy is stale) all come from that declaration.
+test fails when that copy is stale) all come from that declaration, and the trainers it acts on from the rows of
+the trainer table that list it.
 
 A config gets only the fields that act on its trainer (each trainer module passes ``fields=``): a field that would
 do nothing there is never silently accepted. Passed with its default value (as Unsloth scripts do), it is dropped;
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from slimrl.compat.callsite import warnings_at_user_line
@@ -36,6 +38,7 @@ from slimrl.patching.extra_fields import (  # noqa: F401  (FIELDS and the scopes
     EXTRA_FIELDS,
     FIELDS,
     ONLINE_FIELDS,
+    ExtraField,
 )
 from slimrl.patching.keywords import translate_config_kwargs
 from slimrl.patching.machinery.registry import Patch
@@ -47,11 +50,14 @@ def validate_extra(name: str, value: Any) -> Any:
     return EXTRA_FIELDS[name].check(name, value)
 
 
-def field_table() -> str:
-    """docs/train.md's table of slimrl's config fields (from :data:`FIELDS`)."""
-    where = {"log-probs": "every trainer whose log-probs slimrl computes", "online": "GRPO, RLOO", "grpo": "GRPO"}
+def field_table(users: Callable[[str], tuple[str, ...]]) -> str:
+    """docs/train.md's table of slimrl's config fields (from :data:`FIELDS`); ``users(name)``: the trainers a field
+    acts on (:func:`slimrl.patching.table.field_users`), named unless it is every trainer with a log-prob route."""
+    def where(f: ExtraField) -> str:
+        return "every trainer whose log-probs slimrl computes" if f.acts_on == "log-probs" else ", ".join(users(f.name))
+
     rows = ["| field | default | acts on | meaning |", "|---|---|---|---|"]
-    rows += [f"| `{f.name}` | `{f.default!r}` | {where[f.acts_on]} | {f.doc or f.help} |" for f in FIELDS]
+    rows += [f"| `{f.name}` | `{f.default!r}` | {where(f)} | {f.doc or f.help} |" for f in FIELDS]
     return "\n".join(rows)
 
 
@@ -83,10 +89,11 @@ def _trl_field_names(config_cls: type) -> set[str]:
     return {n for n, f in own.items() if not f.metadata.get("help", "").startswith("slimrl:")}
 
 
-def pop_extra_fields(config_cls: type, kwargs: dict, names: tuple[str, ...] = ALL_FIELDS) -> tuple[dict, dict]:
+def pop_extra_fields(config_cls: type, kwargs: dict, names: tuple[str, ...] = ALL_FIELDS,
+                     users: Callable[[str], tuple[str, ...]] | None = None) -> tuple[dict, dict]:
     """Split ``kwargs`` into (TRL's keywords, slimrl's validated extra fields with defaults filled in). A name TRL
     already declares on ``config_cls`` stays TRL's. A field not in ``names`` (no effect on this trainer) is dropped
-    when passed at its default and refused otherwise."""
+    when passed at its default and refused otherwise, naming the trainers it acts on (``users(name)``)."""
     trl_names = _trl_field_names(config_cls)
     mine = {}
     for name, extra in EXTRA_FIELDS.items():
@@ -99,8 +106,11 @@ def pop_extra_fields(config_cls: type, kwargs: dict, names: tuple[str, ...] = AL
         elif value != default and not (name == "unsloth_num_chunks" and value is None):
             from slimrl.compat.trl_info import trl_version
 
+            # named where few trainers have it: a log-prob field acts on every trainer with a route
+            named = users is not None and extra.acts_on != "log-probs" and users(name)
+            acts = f" (it acts on {', '.join(users(name))})" if named else ""
             raise ValueError(f"{config_cls.__name__}({name}={value!r}) has no effect with trl {trl_version()}: "
-                             f"{extra.no_effect}; remove it")
+                             f"{extra.no_effect}{acts}; remove it")
     return kwargs, mine
 
 
@@ -120,20 +130,20 @@ def generation_config_checks(config_cls: type, kwargs: dict, extra_fields: dict)
 
 
 def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...] = (),
-                        fields: tuple[str, ...] = ALL_FIELDS):
+                        fields: tuple[str, ...] = ALL_FIELDS, users: Callable[[str], tuple[str, ...]] | None = None):
     """A TRL config's ``__init__`` that translates legacy keywords (:mod:`slimrl.patching.keywords`), accepts and
     validates slimrl's extra fields, fills slimrl's defaults (:mod:`slimrl.patching.defaults`), then runs TRL's.
 
     ``check(config_cls, kwargs, extra_fields) -> kwargs``: a trainer's own checks of the keywords, run before TRL's
     ``__post_init__``. ``extra_attributes``: keywords kept as plain attributes (objects that are not flags, e.g.
     GRPO's ``vllm_sampling_params``). ``fields``: the extra fields that act on this trainer (the others are refused
-    unless at their default, :func:`pop_extra_fields`).
+    unless at their default, :func:`pop_extra_fields`, naming the trainers ``users(name)`` it acts on).
     """
 
     @functools.wraps(orig_init)
     def slimrl_config_fields_init(self, *args, **kwargs):
         attributes = {name: kwargs.pop(name, None) for name in extra_attributes}
-        kwargs, mine = pop_extra_fields(type(self), translate_config_kwargs(type(self), dict(kwargs)), fields)
+        kwargs, mine = pop_extra_fields(type(self), translate_config_kwargs(type(self), dict(kwargs)), fields, users)
         check_learning_rate(kwargs, _field_defaults(type(self)))
         if check is not None:
             kwargs = check(type(self), kwargs, mine)
@@ -185,14 +195,16 @@ def config_post_init_factory(orig_post_init):
 
 
 def config_patches(algorithm: str, target: str, fields: tuple[str, ...] = ALL_FIELDS, versions: str = EVERY_RELEASE,
-                   init=config_init_factory) -> list[Patch]:
+                   init=config_init_factory, users: Callable[[str], tuple[str, ...]] | None = None) -> list[Patch]:
     """The patches that give ``target`` (a TRL config class) slimrl's ``fields`` and its ``__init__`` (legacy
     keywords, the fields, the bf16 default where TRL's cannot run). ``init``: a factory ``f(orig_init, fields=)``
-    (GRPO passes :func:`config_init_factory` with its own checks)."""
+    (GRPO passes :func:`config_init_factory` with its own checks); ``users(name)``: the trainers a field acts on,
+    for the refusal."""
     return [Patch(algorithm, target, "__dataclass_fields__", functools.partial(extended_fields_factory, names=fields),
                   wrap=True, versions=versions),
             Patch(algorithm, target, "__annotations__", functools.partial(extended_annotations_factory, names=fields),
                   wrap=True, versions=versions),
-            Patch(algorithm, target, "__init__", functools.partial(init, fields=fields), wrap=True, versions=versions),
+            Patch(algorithm, target, "__init__", functools.partial(init, fields=fields, users=users), wrap=True,
+                  versions=versions),
             Patch(algorithm, target, "__post_init__", config_post_init_factory, wrap=True, versions=versions,
                   optional=True)]

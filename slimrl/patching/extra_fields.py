@@ -77,8 +77,10 @@ class ExtraField:
     default: Any
     help: str  # the flag's help text (without the "slimrl: " prefix every field's help gets)
     check: Callable[[str, Any], Any]  # (name, value) -> the value, normalised; ValueError naming the fix
-    acts_on: str  # "log-probs" (every trainer whose log-probs slimrl computes), "online" (GRPO, RLOO), "grpo"
-    no_effect: str  # why it does nothing on a trainer it does not act on (the refusal says this)
+    # the capability it needs: "log-probs" (a log-prob pass slimrl computes), "online" (also generation and rewards),
+    # "grpo" (also vLLM's importance sampling); which trainers have it is their rows' `fields` (patching/table.py)
+    acts_on: str
+    no_effect: str  # why it does nothing on a trainer it does not act on (the refusal says this, naming its trainers)
     doc: str = ""  # the README table's "meaning" cell (default: the help text)
 
 
@@ -88,41 +90,41 @@ FIELDS: tuple[ExtraField, ...] = (
                _num_chunks, "log-probs", _CHUNKS),
     ExtraField("unsloth_logit_chunk_multiplier", int | None, None, "divide the automatic log-prob chunk size by this "
                "(more, smaller logits blocks).", _optional_positive_int, "log-probs", _CHUNKS),
-    ExtraField("unsloth_grpo_mini_batch", int | None, None, "rows per no-grad log-prob forward (GRPO/RLOO); at most "
+    ExtraField("unsloth_grpo_mini_batch", int | None, None, "rows per no-grad log-prob forward; at most "
                "the generation batch.", _optional_positive_int, "online",
-               "only GRPO and RLOO have the no-grad log-prob passes it splits"),
+               "this trainer has no no-grad log-prob passes for it to split"),
     ExtraField("max_seq_length", int | None, None, "longest prompt + completion; unset = the model's max_seq_length "
                "(FastLanguageModel), never above it.", _optional_positive_int, "online",
                "this trainer has no prompt + completion budget for it to bound"),
     ExtraField("slimrl_reuse_old_logps", bool, True, "with vLLM's importance-sampling correction, take the old "
-               "log-probs from the policy forward when the policy cannot have changed (skips a no-grad pass; GRPO).",
-               _flag, "grpo", "only GRPO has the vLLM importance-sampling pass it skips"),
+               "log-probs from the policy forward when the policy cannot have changed (skips a no-grad pass).",
+               _flag, "grpo", "this trainer has no vLLM importance-sampling pass for it to skip"),
     ExtraField("slimrl_length_groups", bool, True, "log-prob forwards over rows grouped by completion length, "
-               "trailing padding cut (GRPO).", _flag, "grpo", "only GRPO's log-prob forwards are grouped by length"),
+               "trailing padding cut.", _flag, "grpo", "this trainer's log-prob forwards are not grouped by length"),
     ExtraField("slimrl_shared_prefix", bool, True, "log-prob forwards with each prompt once per group: the rows "
                "of a prompt packed as [prompt, c1, ..., cG], same log-probs and gradients (sdpa attention); HF "
                "generate's prefill once per distinct prompt.", _flag, "online",
-               "only GRPO and RLOO repeat each prompt once per completion"),
+               "this trainer does not repeat each prompt once per completion"),
     ExtraField("slimrl_token_budget", int | None, None, "tokens per log-prob forward when grouping by length (None: "
                "the trainer's own rows x padded length).", _optional_positive_int, "grpo",
-               "only GRPO's log-prob forwards are grouped by length"),
+               "this trainer's log-prob forwards are not grouped by length"),
     ExtraField("slimrl_oom_recovery", bool, True, "a log-prob pass or policy backward that runs out of memory is "
                "split in halves and retried (same loss), the smaller size kept.", _flag, "online",
-               "only GRPO's and RLOO's log-prob passes are split on out-of-memory"),
+               "this trainer's log-prob passes are not split on out-of-memory"),
     ExtraField("slimrl_auto_fit", bool, False, "before training, apply the fastest plan that fits the memory budget "
                "(checkpointing, no-grad mini-batch); see `slimrl plan`.", _flag, "online",
-               "only GRPO and RLOO are fitted to a memory budget"),
+               "this trainer is not fitted to a memory budget"),
     ExtraField("slimrl_memory_budget", str | None, None, "memory budget for slimrl_auto_fit, e.g. 12GB (None: free "
-               "memory minus a margin).", _size, "online", "only GRPO and RLOO are fitted to a memory budget"),
+               "memory minus a margin).", _size, "online", "this trainer is not fitted to a memory budget"),
     ExtraField("slimrl_longest_first", bool, False, "the first step generates the longest completions the run "
                "allows, so a run that cannot fit fails at step 1.", _flag, "online",
-               "only GRPO and RLOO generate their completions"),
+               "this trainer does not generate its completions"),
 )
-_HEALTH = "only GRPO and RLOO log the rewards, groups and completions the run-health checks read"
+_HEALTH = "this trainer does not log the rewards, groups and completions the run-health checks read"
 FIELDS += (
     ExtraField("slimrl_health", bool, True, "run-health checks on what the trainer logs: one warning per problem "
                "found (no learning signal, truncation, entropy collapse, KL or clip runaway, NaN, rewards that "
-               "disagree) and a health/<check> metric each (GRPO, RLOO).", _flag, "online", _HEALTH),
+               "disagree) and a health/<check> metric each.", _flag, "online", _HEALTH),
     ExtraField("slimrl_health_window", int, 5, "logged steps each run-health check averages over.", _window, "online",
                _HEALTH),
     ExtraField("slimrl_health_zero_std", float, 0.9, "warn when this fraction of groups has no reward spread "
@@ -140,7 +142,7 @@ FIELDS += (
     ExtraField("slimrl_health_reward_z", float, 2.0, "standard errors by which one reward must rise and another "
                "fall for the reward-conflict warning.", _positive, "online", _HEALTH),
 )
-_SAMPLER = "only GRPO corrects a separate generator's samples with importance sampling"
+_SAMPLER = "this trainer does not correct a separate generator's samples with importance sampling"
 FIELDS += (
     ExtraField("slimrl_health_mismatch_kl", float, 0.005, "warn when the generator's KL to the trained model "
                "(k3, nats per token, sampling/kl_k3/mean) averages this or more.", _positive, "grpo", _SAMPLER),
@@ -157,5 +159,5 @@ FIELDS += (
 EXTRA_FIELDS: dict[str, ExtraField] = {f.name: f for f in FIELDS}
 _SCOPES = {"log-probs": ("log-probs",), "online": ("log-probs", "online"), "grpo": ("log-probs", "online", "grpo")}
 CHUNK_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["log-probs"])  # every log-prob route
-ONLINE_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["online"])  # RLOO
-ALL_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["grpo"])  # GRPO
+ONLINE_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["online"])  # generating, reward-driven
+ALL_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["grpo"])  # and with vLLM's IS correction

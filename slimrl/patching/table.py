@@ -11,8 +11,9 @@ hooks its ``__init__`` runs, its ``training_step`` wrapper, the patches specific
 * the dataset layouts of :mod:`slimrl.patching.validation`;
 * ``slimrl train``'s algorithms (:data:`CLI_KINDS`);
 * each route's users (:func:`users_of`) and the patches they share (``Route.shared``);
-* docs/compatibility.md's trainer table (:func:`readme_table`; a test fails when that copy is stale) and
-  ``python -m slimrl.patching``'s listing (through the registry).
+* the trainers each of slimrl's config fields acts on (:func:`field_users`, for the refusals and docs/train.md);
+* docs/compatibility.md's tables and docs/train.md's field table (:mod:`slimrl.patching.doc_tables`; a test fails
+  when a copy is stale) and ``python -m slimrl.patching``'s listing (through the registry).
 
 Adding a trainer: write ``trainers/<name>.py`` (its ``TRAINER``, ``CONFIG`` and specific ``PATCHES``), add its row
 here, add its parity test. See docs/ARCHITECTURE.md.
@@ -25,7 +26,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from slimrl.compat.trl_info import EVERY_RELEASE, TESTED_TRL, UNTIL_1_12, UNTIL_1_13
+from slimrl.compat.trl_info import EVERY_RELEASE, UNTIL_1_12, UNTIL_1_13
 from slimrl.health import attach_health
 from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, ONLINE_FIELDS, config_patches
 from slimrl.patching.derived import derive
@@ -209,7 +210,13 @@ def spec_patches(spec: TrainerSpec) -> list[Patch]:
 
 def _config_layer(name: str, config: str, spec: TrainerSpec) -> list[Patch]:
     """``config`` given ``spec``'s config layer (its fields and ``__init__``) under ``name``."""
-    return config_patches(name, config, fields=spec.fields, init=spec.config_init)
+    return config_patches(name, config, fields=spec.fields, init=spec.config_init, users=field_users)
+
+
+def field_users(name: str) -> tuple[str, ...]:
+    """The table's trainers slimrl's config field ``name`` acts on (their rows list it), by TRL's name for them
+    without "Trainer" (``GRPO``)."""
+    return tuple(s.trainer_class_name.removesuffix("Trainer") for s in TRAINERS.values() if name in s.fields)
 
 
 def _init_patch(name: str, trainer: str, spec: TrainerSpec) -> Patch:
@@ -262,33 +269,3 @@ def register_all() -> None:
     packing = tuple(n for n, s in TRAINERS.items() if s.workload and s.workload.generates and s.workload.shared_prefix)
     register(with_users(shared_prefix.attention_patch(packing)))  # the layout's attention, for those that pack
     register(processor_patch((*TRAINERS, *EXTRA)))  # TRL's vision scripts load processors themselves
-
-
-def readme_table() -> str:
-    """docs/compatibility.md's trainer table (Markdown), from :data:`TRAINERS`."""
-    rows = ["| trainer | TRL | what slimrl does | parity test (loss + gradients vs TRL alone, ≤ 1e-4) |",
-            "|---|---|---|---|"]
-    first, last = (".".join(TESTED_TRL[i].split(".")[:2]) for i in (0, -1))
-    for spec in TRAINERS.values():
-        releases = f"{first} – {spec.last_release.rsplit('.', 1)[0]} (removed after)" if spec.last_release else \
-            f"{first} – {last}"
-        rows.append(f"| {spec.trainer_class_name} | {releases} | {spec.about.note} | {spec.about.parity_test} |")
-    return "\n".join(rows)
-
-
-def every_trainer_table() -> str:
-    """docs/compatibility.md's table of the installed TRL's trainers beyond :data:`TRAINERS` (Markdown): what slimrl
-    gives each (:mod:`slimrl.patching.derived`) and the TRL classes patched under a table trainer's name."""
-    every_trainer()
-    rows = ["| trainer (`PatchFastRL` name) | defined in | what slimrl gives | parity test |", "|---|---|---|---|"]
-    for spec in EXTRA.values():
-        rows.append(f"| {spec.trainer_class_name} (`{spec.name}`) | `{spec.trainer_module}` | **{spec.about.layer}**: "
-                    f"{spec.about.note} | {spec.about.parity_test} |")
-    every = every_trainer()
-    for name, targets in ALIASES.items():
-        for target in targets:
-            module, _, cls = target.partition(":")
-            rows.append(f"| {cls} (`{name}`) | `{module}` | **alias**: TRL's subclass of "
-                        f"{every[name].trainer_class_name} under its name, patched with it: the same layer | as "
-                        f"{name} |")
-    return "\n".join(rows)

@@ -52,7 +52,7 @@ class Settings:
     """One run as :func:`plan` sees it (``slimrl plan``'s options are the fields declared with :func:`_option`;
     auto-fit fills it from the trainer's config)."""
 
-    algorithm: str = _option("grpo", "the trainer: grpo (default), rloo, dpo, kto, orpo, cpo, sft")
+    algorithm: str = _option("grpo", "the trainer (default grpo)")  # slimrl plan's help lists the planned ones
     workload: Workload = field(default_factory=Workload)
     per_device_train_batch_size: int = _option(8, "rows per device and step")
     num_generations: int = _option(8, "completions per prompt (generating trainers)")

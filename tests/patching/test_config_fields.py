@@ -104,7 +104,8 @@ def test_a_field_that_would_do_nothing_is_refused_unless_default(patched, tmp_pa
         reward_config(output_dir=str(tmp_path), unsloth_num_chunks=4, **CPU)
     from trl import DPOConfig
 
-    with pytest.raises(ValueError, match=r"DPOConfig\(unsloth_grpo_mini_batch=2\) has no effect .*only GRPO and RLOO"):
+    with pytest.raises(ValueError, match=r"DPOConfig\(unsloth_grpo_mini_batch=2\) has no effect .*no no-grad .*"
+                                         r"\(it acts on GRPO, RLOO\)"):
         DPOConfig(output_dir=str(tmp_path), unsloth_grpo_mini_batch=2, **CPU)
 
 
@@ -164,14 +165,14 @@ def test_max_seq_length_defaults_to_the_model_and_never_exceeds_it(patched, tmp_
 
 
 def test_readme_field_table_is_current():
-    """The README's table of fields is :func:`slimrl.patching.config_fields.field_table` (paste it from there)."""
+    """The README's table of fields is :func:`slimrl.patching.doc_tables.field_table` (paste it from there)."""
     from pathlib import Path
 
-    from slimrl.patching.config_fields import field_table
+    from slimrl.patching.doc_tables import field_table
 
     readme = (Path(__file__).resolve().parents[2] / "docs" / "train.md").read_text()
     assert field_table() in readme, \
-        "docs/train.md's field table is stale: paste slimrl.patching.config_fields.field_table()"
+        "docs/train.md's field table is stale: paste slimrl.patching.doc_tables.field_table()"
 
 
 def test_every_field_is_declared_once_with_its_check_and_reason():

@@ -185,17 +185,17 @@ def test_first_contact_trainer_trains_under_the_patch(tmp_path, name):
 
 
 def test_docs_table_is_generated_from_the_installed_trl():
-    """docs/compatibility.md's table of the other trainers is :func:`slimrl.patching.table.every_trainer_table` on
+    """docs/compatibility.md's table of the other trainers is :func:`slimrl.patching.doc_tables.every_trainer_table` on
     the TRL release it names (regenerate it from there)."""
     from pathlib import Path
 
     from slimrl.compat.trl_info import trl_version
-    from slimrl.patching.table import every_trainer_table
+    from slimrl.patching.doc_tables import every_trainer_table
 
     if str(trl_version()) != "1.16.0":
         pytest.skip("docs/compatibility.md shows TRL 1.16.0's trainers")
     docs = (Path(__file__).resolve().parents[2] / "docs" / "compatibility.md").read_text()
-    assert every_trainer_table() in docs, "stale: paste slimrl.patching.table.every_trainer_table() into the docs"
+    assert every_trainer_table() in docs, "stale: paste slimrl.patching.doc_tables.every_trainer_table() into the docs"
 
 
 def test_verify_list_names_what_each_trainer_gets(capsys):

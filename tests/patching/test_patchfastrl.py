@@ -130,12 +130,12 @@ def test_shared_patch_stays_until_last_user_is_unpatched():
 
 
 def test_readme_trainer_table_is_generated_from_the_specs():
-    """The README's trainer table is :func:`slimrl.patching.table.readme_table` (regenerate it from there)."""
-    from slimrl.patching.table import readme_table
+    """The README's trainer table is :func:`slimrl.patching.doc_tables.readme_table` (regenerate it from there)."""
+    from slimrl.patching.doc_tables import readme_table
 
     readme = (Path(__file__).resolve().parents[2] / "docs" / "compatibility.md").read_text()
     assert readme_table() in readme, \
-        "docs/compatibility.md's trainer table is stale: paste slimrl.patching.table.readme_table()"
+        "docs/compatibility.md's trainer table is stale: paste slimrl.patching.doc_tables.readme_table()"
 
 
 def test_every_spec_names_real_trl_objects():

@@ -35,11 +35,11 @@ WORKLOAD = Workload(generates=True, reference="beta", entropy=True, shared_prefi
 MODULE = "trl.trainer.grpo_trainer"
 
 
-def grpo_config_init_factory(orig_init, fields=ALL_FIELDS):
+def grpo_config_init_factory(orig_init, fields=ALL_FIELDS, users=None):
     """``GRPOConfig.__init__``: slimrl's fields, the generation checks (temperature, completion length, batch vs
     ``num_generations``, ``unsloth_grpo_mini_batch``) and ``vllm_sampling_params`` kept as an attribute."""
     return config_init_factory(orig_init, check=generation_config_checks, extra_attributes=("vllm_sampling_params",),
-                               fields=fields)
+                               fields=fields, users=users)
 
 
 def slimrl_get_per_token_logps_and_entropies(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -45,10 +45,10 @@ def rloo_training_step_factory(orig_training_step):
     return online_training_step_factory(orig_training_step)
 
 
-def rloo_config_init_factory(orig_init, fields=ALL_FIELDS):
+def rloo_config_init_factory(orig_init, fields=ALL_FIELDS, users=None):
     """``RLOOConfig.__init__`` with slimrl's fields and GRPO's generation checks (temperature, completion length,
     batch vs ``num_generations``, ``unsloth_grpo_mini_batch``)."""
-    return config_init_factory(orig_init, check=generation_config_checks, fields=fields)
+    return config_init_factory(orig_init, check=generation_config_checks, fields=fields, users=users)
 
 
 def scenario(kit, loss_type: str):
