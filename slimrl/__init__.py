@@ -5,7 +5,7 @@
 
 ``FastLanguageModel``, ``FastModel`` and ``FastVisionModel`` are loaded on first use
 (:func:`slimrl.patching.patch_on_first_use`). Importing slimrl changes nothing: the patches register, and slimrl's
-one-line error display (:mod:`slimrl.compat.callsite`) is installed, at the first use of ``PatchFastRL``,
+one-line error display (:mod:`slimrl.compat.runtime.callsite`) is installed, at the first use of ``PatchFastRL``,
 ``FastLanguageModel`` or the ``slimrl`` command.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import slimrl.compat.bnb_notice  # noqa: F401 - first: drops bitsandbytes' CPU-kernel notice before PEFT imports it
+import slimrl.compat.runtime.bnb_notice  # noqa: F401 - first: drops bitsandbytes' CPU-kernel notice before PEFT imports it
 from slimrl.compat.devices import is_bfloat16_supported
 from slimrl.compat.versions import Version
 from slimrl.environments import is_port_open, launch_openenv
@@ -34,7 +34,7 @@ _ON_FIRST_USE = {name: name for name in ("FastLanguageModel", "FastModel", "Fast
 def __getattr__(name: str) -> Any:
     if name in _ON_FIRST_USE:
         import slimrl.models as models
-        from slimrl.compat.callsite import install_one_line_errors
+        from slimrl.compat.runtime.callsite import install_one_line_errors
         from slimrl.patching import patch_on_first_use
 
         install_one_line_errors()  # from the first use of slimrl's entry point, its refusals print as one line

@@ -1,7 +1,7 @@
 """A quiet first contact: slimrl's own output comes first. bitsandbytes (imported by PEFT, which transformers'
 Trainer imports) logged a notice about an optional CPU kernel slimrl never runs on every ``import slimrl``,
-``slimrl --help`` and script, on CPUs that report AVX512-BF16 (slimrl/compat/bnb_notice.py drops that one record).
-Each check runs in a fresh process; the notice is also emitted by hand there, so the check holds on CPUs where
+``slimrl --help`` and script, on CPUs that report AVX512-BF16 (slimrl/compat/runtime/bnb_notice.py drops that one
+record). Each check runs in a fresh process; the notice is also emitted by hand there, so the check holds on CPUs where
 bitsandbytes does not reach it."""
 
 from __future__ import annotations

@@ -26,12 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if entry_point:  # the command, not a call from Python: slimrl's refusals as one line, no third-party notices
         from slimrl.cli.quiet import quiet_third_party
-        from slimrl.compat.callsite import install_one_line_errors
+        from slimrl.compat.runtime.callsite import install_one_line_errors
 
         install_one_line_errors()
         quiet_third_party()
     if command == "train" and entry_point:
-        from slimrl.compat.malloc import restart_with_huge_pages
+        from slimrl.compat.runtime.malloc import restart_with_huge_pages
 
         restart_with_huge_pages()  # malloc's large blocks on huge pages (glibc reads this only at start)
     if command == "train":

@@ -191,7 +191,7 @@ def run_side(args, path: str) -> dict:
     try:
         model, tok, extra = _load(args, path, dtype)
     except Exception as exc:  # noqa: BLE001 - an out-of-memory load is a figure; anything else is reported
-        from slimrl.compat.allocation_errors import ran_out_of_memory  # here: an Unsloth side imports it first
+        from slimrl.compat.runtime.allocation_errors import ran_out_of_memory  # here: an Unsloth side imports it first
 
         if ran_out_of_memory(exc):
             return {"side": side, "fits": False, "oom": str(exc).splitlines()[0], "lengths": args.lengths}
@@ -234,7 +234,7 @@ def run_side(args, path: str) -> dict:
     try:
         trainer.train()
     except Exception as exc:  # noqa: BLE001
-        from slimrl.compat.allocation_errors import ran_out_of_memory
+        from slimrl.compat.runtime.allocation_errors import ran_out_of_memory
 
         if not ran_out_of_memory(exc):
             raise

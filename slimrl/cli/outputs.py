@@ -26,8 +26,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from slimrl.compat.callsite import warn
-from slimrl.compat.processes import pid_alive
+from slimrl.compat.runtime.callsite import warn
+from slimrl.compat.runtime.processes import pid_alive
 from slimrl.errors import InputError
 
 LOCK = ".slimrl.lock"

@@ -171,7 +171,7 @@ def run(targs: TrainArguments, cfg: Any, deferred: list | None = None) -> dict[s
                 tool_template(tokenizer, targs)
             train_ds = fit_prompts(train_ds, tokenizer, targs, cfg.max_completion_length,
                                    targs.dataset or "built-in task")
-        from slimrl.compat.threads import apply_threads
+        from slimrl.compat.runtime.threads import apply_threads
 
         print(apply_threads(targs.threads), flush=True)
         return train_and_report(targs, cfg, trainer_cls, out, model_path, rewards, train_ds, eval_ds, resume_from,

@@ -7,7 +7,7 @@ from importlib.metadata import version
 
 from packaging.version import Version
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 
 SUPPORTED_TRL = ">=1.12.0,<1.17"
 # The releases `make test` runs `slimrl verify --all --tiny` on (each in its own virtual environment).

@@ -38,7 +38,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from slimrl.compat.processes import die_with_parent
+from slimrl.compat.runtime.processes import die_with_parent
 
 HOST = "127.0.0.1"
 _CHILDREN: list[subprocess.Popen] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 from slimrl.export import gguf, merge
 from slimrl.export.files import check_target, staged_directory, temp_directory
 

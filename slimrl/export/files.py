@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from slimrl.compat.processes import pid_alive
+from slimrl.compat.runtime.processes import pid_alive
 
 MANIFEST = ".slimrl-export.json"
 # what an export of any kind may write; a same-named file not in the manifest is the user's

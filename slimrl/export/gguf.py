@@ -85,7 +85,7 @@ def convert(model_dir: Path, out_file: Path, outtype: str) -> None:
     """llama.cpp's converter on a model directory (safetensors + tokenizer) -> one GGUF file of ``outtype``."""
     cmd = [sys.executable, "-m", "convert_hf_to_gguf", str(model_dir), "--outfile", str(out_file), "--outtype",
            outtype]
-    from slimrl.compat.processes import die_with_parent
+    from slimrl.compat.runtime.processes import die_with_parent
 
     proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent)  # noqa: PLW1509
     if proc.returncode != 0 or not out_file.is_file():

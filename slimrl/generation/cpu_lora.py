@@ -13,7 +13,7 @@ are vLLM's own in every case; only the summation order of the GEMM differs (test
 :func:`fast_add_lora_linear` runs a packed layer's slices (q/k/v, gate/up) as two GEMMs: the A matrices stacked,
 the B matrices block-diagonal, both built once per adapter.
 :func:`install` swaps the three names in both modules that hold them and the wrapper's ``add_lora_linear``
-(reversibly, :func:`uninstall`; both through :mod:`slimrl.compat.swaps`).
+(reversibly, :func:`uninstall`; both through :mod:`slimrl.compat.runtime.swaps`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from slimrl.compat.swaps import Swapped, restore, swap
+from slimrl.compat.runtime.swaps import Swapped, restore, swap
 
 _MODULES = ("vllm.lora.ops.torch_ops.lora_ops", "vllm.lora.punica_wrapper.punica_cpu")
 _NAMES = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")

@@ -42,7 +42,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 
 # A probe of this many sampled tokens checks, at the first sync, that the server serves the training model.
 PROBE_TOKENS = 8

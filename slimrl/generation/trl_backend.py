@@ -18,7 +18,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Any
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 from slimrl.compat.sampling import user_sampling_kwargs
 
 # Keys slimrl sets itself on every request: one completion per (already repeated) prompt, the sampled token's

@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 from slimrl.health.checks import CHECKS, Row, Thresholds, finite, reward_keys
 
 

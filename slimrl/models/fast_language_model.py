@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from slimrl.compat.callsite import warn
 from slimrl.compat.gpus import load_device_map
 from slimrl.compat.quant import BNB_CPU_MIN
 from slimrl.compat.quant import bitsandbytes_works as _bitsandbytes_works
+from slimrl.compat.runtime.callsite import warn
 from slimrl.models import engine_setup, unsloth_keywords
 from slimrl.models.chat_processor import accept_chat_messages
 from slimrl.models.checkpointing import MODES as CHECKPOINTING_MODES

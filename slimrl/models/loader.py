@@ -25,7 +25,7 @@ import os
 import shutil
 from pathlib import Path
 
-from slimrl.compat.env import env_flag
+from slimrl.compat.runtime.env import env_flag
 
 SMOLLM2_ALIAS = "SmolLM2-135M-Instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from slimrl.compat.callsite import warn
 from slimrl.compat.memory import total_bytes
+from slimrl.compat.runtime.callsite import warn
 
 MIN_BYTES = 1 << 20  # smaller saved tensors are not worth a copy
 PINNED_SHARE = 0.4  # of the machine's RAM, at most, page-locked for layer inputs

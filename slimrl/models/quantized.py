@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 import torch
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 
 # bitsandbytes' CPU repacking works in blocks of this many output rows, two 4-bit values per byte, 32 bytes of low
 # nibbles then 32 of high nibbles per 64-value group.

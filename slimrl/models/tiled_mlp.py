@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 
 ATTR = "slimrl_tiled_rows"  # set on a tiled module: the rows of a tile
 

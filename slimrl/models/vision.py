@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 
 VISION_PARTS = ("vision", "visual", "image", "patch")
 ATTENTION_PARTS = ("attn", "attention")

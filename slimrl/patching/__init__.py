@@ -7,9 +7,9 @@ from __future__ import annotations
 import sys
 import warnings
 
-from slimrl.compat.callsite import install_one_line_errors, warn
-from slimrl.compat.env import env_flag
-from slimrl.compat.malloc import cpu_training, tune_malloc
+from slimrl.compat.runtime.callsite import install_one_line_errors, warn
+from slimrl.compat.runtime.env import env_flag
+from slimrl.compat.runtime.malloc import cpu_training, tune_malloc
 from slimrl.compat.trl_info import check_trl_supported
 from slimrl.patching import moved_names
 from slimrl.patching.defaults import set_strict
@@ -112,8 +112,8 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     TRL's refusals of settings this machine cannot run
     instead of changing them to the nearest that runs (:mod:`slimrl.patching.defaults`). Without CUDA, glibc's
     malloc is also
-    tuned to return large freed blocks to the OS (:mod:`slimrl.compat.malloc`; ``SLIMRL_MALLOC_TUNING=0`` turns it
-    off).
+    tuned to return large freed blocks to the OS (:mod:`slimrl.compat.runtime.malloc`; ``SLIMRL_MALLOC_TUNING=0`` turns
+    it off).
     """
     install_one_line_errors()  # slimrl's refusals print as one line at the user's line from here on
     moved_names.install()  # `from trl import ORPOConfig` and TRL's other moved names work again
@@ -140,7 +140,7 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
                 install(p)  # skips patches for other TRL releases
         _ACTIVE.add(name)
     if cpu_training():
-        tune_malloc()  # host-memory trainers: give large freed blocks back to the OS (slimrl/compat/malloc.py)
+        tune_malloc()  # host-memory trainers: give large freed blocks back to the OS (slimrl/compat/runtime/malloc.py)
 
 
 def _missing_targets(name: str) -> list[str]:

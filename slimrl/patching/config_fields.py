@@ -29,7 +29,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from slimrl.compat.callsite import warnings_at_user_line
+from slimrl.compat.runtime.callsite import warnings_at_user_line
 from slimrl.compat.trl_info import EVERY_RELEASE
 from slimrl.patching.defaults import apply_config_defaults, record_explicit
 from slimrl.patching.extra_fields import (  # noqa: F401  (FIELDS and the scopes are read from here)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from slimrl.compat.env import env_flag
+from slimrl.compat.runtime.env import env_flag
 from slimrl.patching.state import config_state
 
 # TRL's configs leave bf16 at None and resolve it to ``not fp16`` in ``__post_init__`` (trl/trainer/base_config.py).

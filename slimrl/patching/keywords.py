@@ -23,7 +23,7 @@ import dataclasses
 import inspect
 import sys
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 
 # old name -> new name; ``config``/``policy``/``ref_policy`` are TRL 0.12-0.14's PPOTrainer spellings
 TRAINER_RENAMES = {"tokenizer": "processing_class", "config": "args", "policy": "model", "ref_policy": "ref_model"}

@@ -21,7 +21,7 @@ import importlib.util
 import sys
 import warnings
 
-from slimrl.compat.swaps import restore, swap
+from slimrl.compat.runtime.swaps import restore, swap
 
 # name -> its module under trl.experimental (TRL 1.12-1.16; PPO, BCO, XPO, Nash-MD, PRM only up to 1.12/1.13;
 # AsyncGRPO until TRL 1.18 made it stable)
@@ -32,7 +32,8 @@ MOVED = {f"{prefix}{kind}": module for prefix, module in (
 # experimental module -> the names it had, which a later TRL exports from `trl` itself
 PROMOTED = {"trl.experimental.async_grpo": ("AsyncGRPOTrainer", "AsyncGRPOConfig")}
 
-_STATE: dict = {}  # "swapped": trl's class swap (slimrl.compat.swaps), "finder", "names": what was made importable
+# "swapped": trl's class swap (slimrl.compat.runtime.swaps), "finder", "names": what was made importable
+_STATE: dict = {}
 _WARNED: set[str] = set()
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 from slimrl.patching.state import trainer_state
 
 

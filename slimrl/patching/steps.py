@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 from slimrl.models.modes import trainer_step
 from slimrl.patching.nonfinite import check_finite_step, count_skipped_scaler_step
 from slimrl.patching.state import trainer_state

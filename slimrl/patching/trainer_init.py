@@ -14,7 +14,7 @@
    :mod:`slimrl.health`).
 
 A warning TRL's constructor attributes to its caller lands on this wrapper: it is issued at the user's line instead
-(:func:`slimrl.compat.callsite.warnings_at_user_line`). TRL's own subclasses call their base's constructor
+(:func:`slimrl.compat.runtime.callsite.warnings_at_user_line`). TRL's own subclasses call their base's constructor
 (``GKDTrainer`` -> ``SFTTrainer``): when both are patched, the outermost constructor (the class the user built) does
 slimrl's work, and the base's wrapper only runs TRL's constructor.
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from slimrl.compat.callsite import warnings_at_user_line
+from slimrl.compat.runtime.callsite import warnings_at_user_line
 from slimrl.models.quantized import keep_quantized_trainable
 from slimrl.patching.defaults import print_changed_defaults
 from slimrl.patching.hub_reach import skip_push_if_unreachable

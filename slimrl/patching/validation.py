@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 
 
 def model_max_seq_length(model: Any) -> int | None:

@@ -34,7 +34,7 @@ layer's gathered prompt keys and values the attention of :mod:`slimrl.ops.prefix
 No allocator factor in the prediction: on CUDA it is of allocated bytes (``max_memory_allocated``, the caching
 allocator's reserve not included), and whether that fits a card is :mod:`slimrl.planning.verdict`'s three-way answer,
 which the searches and auto-fit use too; on CPU slimrl returns freed blocks to the OS during the gradient passes
-(:mod:`slimrl.compat.malloc`): resident size tracked live bytes within ``bench/plan_accuracy.py``'s error. Time:
+(:mod:`slimrl.compat.runtime.malloc`): resident size tracked live bytes within ``bench/plan_accuracy.py``'s error. Time:
 :mod:`slimrl.planning.timing`.
 """
 

@@ -21,7 +21,7 @@ One rule for every card and trainer; the same two constants decide ``slimrl plan
 searches (the fastest settings and the longest completion that *fit*) and ``slimrl_auto_fit``. The single share that
 best reproduces the published *lengths* (where a run is most likely to stop) is :data:`LIKELY`, what ``validate``
 uses for its length column. On a CPU the prediction is of resident memory, runtime included, with no allocator of
-this kind (:mod:`slimrl.compat.malloc`): a run fits when its peak is within the budget.
+this kind (:mod:`slimrl.compat.runtime.malloc`): a run fits when its peak is within the budget.
 """
 
 from __future__ import annotations

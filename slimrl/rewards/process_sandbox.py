@@ -57,7 +57,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from slimrl.compat.processes import descendants, reaps_orphans
+from slimrl.compat.runtime.processes import descendants, reaps_orphans
 from slimrl.rewards.answers import frame, parse_answer
 from slimrl.rewards.channels import read_channels
 from slimrl.rewards.module_check import check_python_modules
@@ -104,7 +104,7 @@ def _check_request(code: Any, call: Any, args: Any, kwargs: Any, allow: Iterable
         raise ValueError(f"run_sandboxed(isolation={isolation!r}): pass 'kernel' (the default) or 'none'")
     if isolation == "none" and not _NONE_WARNED:
         _NONE_WARNED.append(True)
-        from slimrl.compat.callsite import warn
+        from slimrl.compat.runtime.callsite import warn
 
         warn("run_sandboxed(isolation='none'): the code runs as a plain child process — no namespaces, no read-only "
              "view, no seccomp filter, no Landlock; only the resource limits and the audit hook (which code can get "

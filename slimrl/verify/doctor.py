@@ -25,7 +25,7 @@ def _device() -> dict[str, Any]:
     import torch
 
     from slimrl.compat.memory import free_bytes, total_bytes
-    from slimrl.compat.threads import available_cores
+    from slimrl.compat.runtime.threads import available_cores
 
     cpu = torch.device("cpu")
     out: dict[str, Any] = {"cpu_cores": available_cores(), "ram_free_gb": round(free_bytes(cpu) / 2**30, 1),

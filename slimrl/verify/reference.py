@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import torch
 
-from slimrl.compat.swaps import swapped
+from slimrl.compat.runtime.swaps import swapped
 
 
 class ReferenceLogProbKernel:

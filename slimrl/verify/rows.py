@@ -241,7 +241,7 @@ def several_chunks(parts: int = 3):
     trainers' log-prob passes in micro-batches of a quarter of their sequences: a tiny run's rows fit one chunk (341 at
     SmolLM2's vocabulary) and its batch one forward, so a bug past the first chunk or micro-batch would pass verify
     while the same op is wrong on a real run's thousands of rows. Both change only the order of independent blocks."""
-    from slimrl.compat.swaps import swapped
+    from slimrl.compat.runtime.swaps import swapped
     from slimrl.ops import chunked_logprob as op
     from slimrl.patching.online import logps
     from slimrl.patching.routes import method_capture

@@ -289,7 +289,7 @@ def test_help_leads_with_config_and_slimrls_options(capsys):
 
 
 def test_threads_follow_the_idle_cores(monkeypatch):
-    from slimrl.compat import threads
+    from slimrl.compat.runtime import threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "available_cores", lambda: 2)

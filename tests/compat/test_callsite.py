@@ -1,6 +1,6 @@
 """slimrl's warnings name the user's line, and an error slimrl raises on purpose prints as one line at the user's
-line (slimrl.compat.callsite); errors from the user's own code keep their traceback. Each case is a script run in
-a fresh interpreter, as a user runs one."""
+line (slimrl.compat.runtime.callsite); errors from the user's own code keep their traceback. Each case is a script run
+in a fresh interpreter, as a user runs one."""
 
 from __future__ import annotations
 

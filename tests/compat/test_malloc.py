@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-SCRIPT = "from slimrl.compat.malloc import tune_malloc; print(tune_malloc())"
+SCRIPT = "from slimrl.compat.runtime.malloc import tune_malloc; print(tune_malloc())"
 
 
 def _applied(env_value: str) -> str:
@@ -26,7 +26,7 @@ def test_tuning_applies_and_can_be_turned_off():
 RESTART = """
 import os, sys
 print("start", os.getpid(), flush=True)
-from slimrl.compat.malloc import restart_with_huge_pages
+from slimrl.compat.runtime.malloc import restart_with_huge_pages
 restart_with_huge_pages()
 print("tunables", os.environ.get("GLIBC_TUNABLES"), sys.argv[1:], os.getpid())
 """
@@ -44,7 +44,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
 
 
 def _huge_pages_possible() -> bool:
-    from slimrl.compat.malloc import huge_pages_possible
+    from slimrl.compat.runtime.malloc import huge_pages_possible
 
     return huge_pages_possible()
 

@@ -1,4 +1,4 @@
-"""slimrl.compat.swaps: a swap is undone exactly, whatever held the attribute before."""
+"""slimrl.compat.runtime.swaps: a swap is undone exactly, whatever held the attribute before."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from slimrl.compat.swaps import MISSING, restore, swap, swapped
+from slimrl.compat.runtime.swaps import MISSING, restore, swap, swapped
 
 
 class Base:

@@ -31,7 +31,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 
 RECORD = Path(__file__).with_name("contracts.json")
 _EMPTY = inspect.Parameter.empty

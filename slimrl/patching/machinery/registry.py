@@ -2,8 +2,8 @@
 
 A :class:`Patch` names a target (a class or module, found by import path so the registry is declared without
 importing TRL), the attribute it replaces, and the replacement. ``install`` swaps the attribute on the live object
-(:func:`slimrl.compat.swaps.swap`: ``from trl import GRPOTrainer`` done before or after gets the patched class) and
-keeps the original for delegation and for ``uninstall``, which puts back exactly what was there (including
+(:func:`slimrl.compat.runtime.swaps.swap`: ``from trl import GRPOTrainer`` done before or after gets the patched class)
+and keeps the original for delegation and for ``uninstall``, which puts back exactly what was there (including
 "nothing" for an attribute that the class only inherited). TRL's source text is never read or rewritten. A callable
 replacement is installed behind its contract (:mod:`slimrl.patching.machinery.contracts`): a call it was not written
 for (an argument a newer TRL added) goes to TRL's original unchanged, with one line.
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slimrl.compat.swaps import Swapped, restore, swap
+from slimrl.compat.runtime.swaps import Swapped, restore, swap
 from slimrl.compat.trl_info import EVERY_RELEASE
 from slimrl.patching.machinery.contracts import guard
 
@@ -102,7 +102,7 @@ class Patch:
 
 
 _REGISTRY: list[Patch] = []
-_INSTALLED: dict[tuple[str, str], Swapped] = {}  # key -> what install replaced (slimrl.compat.swaps)
+_INSTALLED: dict[tuple[str, str], Swapped] = {}  # key -> what install replaced (slimrl.compat.runtime.swaps)
 _LOADERS: list = []  # what registers the declared patches, run at the registry's first use (not at import)
 
 

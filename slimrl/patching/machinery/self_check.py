@@ -25,8 +25,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from slimrl.compat.callsite import warn
-from slimrl.compat.env import env_flag
+from slimrl.compat.runtime.callsite import warn
+from slimrl.compat.runtime.env import env_flag
 
 ENV = "SLIMRL_SELF_CHECK"
 TIMEOUT_S = 900

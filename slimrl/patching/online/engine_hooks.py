@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 from slimrl.generation.trl_backend import SlimrlVLLMGeneration, engine_of
 from slimrl.patching.state import config_state
 

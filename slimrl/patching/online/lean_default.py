@@ -44,7 +44,7 @@ def apply_lean_default(bound: dict[str, Any], algorithm: str, workload: Workload
 
 
 def _decide(model: Any, settings: Any) -> tuple[bool, str | None]:
-    from slimrl.compat.callsite import warn
+    from slimrl.compat.runtime.callsite import warn
     from slimrl.planning.plan import plan
     from slimrl.planning.tiling import tiled_default
 

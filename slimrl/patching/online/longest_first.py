@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 from slimrl.patching.state import trainer_state
 
 

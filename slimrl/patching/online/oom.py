@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from slimrl.compat.allocation_errors import device_failure, is_out_of_memory
+from slimrl.compat.runtime.allocation_errors import device_failure, is_out_of_memory
 from slimrl.patching.state import trainer_state
 
 Compute = Callable[[torch.Tensor, torch.Tensor, int | None], tuple]  # (ids, mask, batch_size) -> (logps, H, aux)

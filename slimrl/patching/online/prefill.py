@@ -1,15 +1,15 @@
 """``_generate_single_turn`` of the online trainers (GRPO, RLOO): HF ``generate``'s prefill once per distinct prompt
 with ``slimrl_shared_prefix`` (:mod:`slimrl.generation.shared_prefill`; vLLM paths, TRL's client and slimrl's
 engine, are left alone: vLLM caches shared prefixes itself), all of it in malloc's recycling phase
-(:func:`slimrl.compat.malloc.recycling_phase`: without it the KV cache's growth pays a page fault per fresh page,
-measured +45 % generation time for RLOO on the CPU)."""
+(:func:`slimrl.compat.runtime.malloc.recycling_phase`: without it the KV cache's growth pays a page fault per fresh
+page, measured +45 % generation time for RLOO on the CPU)."""
 
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-from slimrl.compat.malloc import recycling_phase
+from slimrl.compat.runtime.malloc import recycling_phase
 from slimrl.generation.shared_prefill import shared_prefill
 from slimrl.patching.state import trainer_state
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from slimrl.compat.callsite import warn
+from slimrl.compat.runtime.callsite import warn
 from slimrl.compat.sampling import effective_sampling
 from slimrl.ops.sampling_support import log_kept_mass, truncates
 from slimrl.patching.online.mismatch import corrected_mask, is_ratio, sequence_level

@@ -22,7 +22,7 @@ from contextlib import nullcontext
 import torch
 
 from slimrl.compat.heads import capture_head_input, plain_linear_head
-from slimrl.compat.malloc import recycling_phase
+from slimrl.compat.runtime.malloc import recycling_phase
 from slimrl.patching.machinery.registry import original
 from slimrl.patching.routes import shared_prefix
 from slimrl.patching.routes.head import Head
@@ -63,7 +63,7 @@ def _capturable(self, model, compute_aux_loss: bool, multimodal: dict) -> tuple 
 
 
 def no_grad_phase():
-    """Around a log-prob pass: :func:`slimrl.compat.malloc.recycling_phase` when it runs without gradient (old /
+    """Around a log-prob pass: :func:`slimrl.compat.runtime.malloc.recycling_phase` when it runs without gradient (old /
     reference log-probs keep nothing alive between layers: malloc may recycle blocks), nothing otherwise."""
     return nullcontext() if torch.is_grad_enabled() else recycling_phase()
 

@@ -10,8 +10,8 @@ returns log-probs at *every* completion position, padding included (TRL's entrop
 Delegates to TRL's ``_forward`` for vision inputs, an empty prompt, and heads that are not a plain ``nn.Linear``.
 
 TRL's ``_generate`` (transformers' ``generate``) runs in malloc's recycling phase on a CPU
-(:func:`slimrl.compat.malloc.recycling_phase`), as GRPO's generation does: with slimrl's lean mmap threshold the KV
-cache's growth would page-fault afresh every token (measured: 10-18 CPU-seconds more in the first step of a
+(:func:`slimrl.compat.runtime.malloc.recycling_phase`), as GRPO's generation does: with slimrl's lean mmap threshold
+the KV cache's growth would page-fault afresh every token (measured: 10-18 CPU-seconds more in the first step of a
 SmolLM2-135M run, docs/BENCHMARKS.md).
 """
 
@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from slimrl.compat.malloc import recycling_phase
+from slimrl.compat.runtime.malloc import recycling_phase
 from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.score_positions import score_positions, servable_head
 

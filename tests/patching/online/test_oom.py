@@ -165,9 +165,10 @@ def test_rloo_backward_out_of_memory_equals_trl(tmp_path, monkeypatch):
     (RuntimeError("shape mismatch"), False),
 ])
 def test_slimrl_compare_records_every_out_of_memory_and_retries_only_the_allocators(error, ran_out):
-    """One detector (slimrl/compat/allocation_errors.py) for the trainers' recovery and ``slimrl compare``: a side
-    that ran out of memory, wherever it was found, is recorded as not fitting; only the allocator's own is retried."""
-    from slimrl.compat.allocation_errors import ran_out_of_memory
+    """One detector (slimrl/compat/runtime/allocation_errors.py) for the trainers' recovery and ``slimrl compare``: a
+    side that ran out of memory, wherever it was found, is recorded as not fitting; only the allocator's own is
+    retried."""
+    from slimrl.compat.runtime.allocation_errors import ran_out_of_memory
 
     assert ran_out_of_memory(error) is ran_out
     assert oom.is_out_of_memory(error) is isinstance(error, torch.OutOfMemoryError)

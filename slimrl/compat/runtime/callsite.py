@@ -26,9 +26,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType, TracebackType
 
-from slimrl.compat.env import env_flag
+from slimrl.compat.runtime.env import env_flag
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../slimrl
+_PACKAGE = os.path.abspath(__file__)  # .../slimrl: up one folder per dot of this module's name
+for _ in range(__name__.count(".")):
+    _PACKAGE = os.path.dirname(_PACKAGE)
 
 
 @functools.lru_cache(maxsize=1)
