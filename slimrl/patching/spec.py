@@ -19,6 +19,8 @@ from slimrl.patching.steps import training_step_factory
 from slimrl.planning.settings import Workload
 
 Layouts = tuple[tuple[str, ...], ...]
+PAIRED: Layouts = (("chosen", "rejected"),)  # with or without an explicit "prompt" (TRL extracts the prefix)
+PROMPT: Layouts = (("prompt",),)
 # what slimrl gives a trainer (docs/compatibility.md, slimrl verify --list)
 MEMORY_PATHS = "memory paths"  # a log-prob route of slimrl's, with a parity test
 CHECKS_ONLY = "checks and guards"  # nothing vocabulary-sized to save (a score head): checks and guards

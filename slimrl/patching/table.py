@@ -1,9 +1,10 @@
 """The one table of trainers slimrl patches (:data:`TRAINERS`), and everything derived from it.
 
-A :class:`TrainerSpec` says, for one TRL trainer: where TRL keeps it and its config, which TRL releases have it,
-the dataset layouts it accepts, which log-prob route serves it, which of slimrl's config fields act on it, the
-hooks its ``__init__`` runs, its ``training_step`` wrapper, the patches specific to it (its module in
-``slimrl/patching/trainers/``), and how ``slimrl train`` and the README present it. From the table come:
+Each trainer's module (``slimrl/patching/trainers/<name>.py``) declares its complete row, ``SPEC``: a
+:class:`TrainerSpec` saying where TRL keeps it and its config, which TRL releases have it, the dataset layouts it
+accepts, the log-prob routes it takes, which of slimrl's config fields act on it, the hooks its ``__init__`` runs,
+its ``training_step`` wrapper, the patches specific to it, its workload, verify scenario and loss types, and how
+``slimrl train`` and the docs present it. This module lists those rows in order; from the table come:
 
 * the registry entries every trainer shares (:func:`spec_patches`: ``__init__`` checks, ``training_step`` guard,
   config fields and ``__init__``) plus each trainer's own, registered by :func:`register_all`;
@@ -15,8 +16,8 @@ hooks its ``__init__`` runs, its ``training_step`` wrapper, the patches specific
 * docs/compatibility.md's tables and docs/train.md's field table (:mod:`slimrl.patching.doc_tables`; a test fails
   when a copy is stale) and ``python -m slimrl.patching``'s listing (through the registry).
 
-Adding a trainer: write ``trainers/<name>.py`` (its ``TRAINER``, ``CONFIG`` and specific ``PATCHES``), add its row
-here, add its parity test. See docs/ARCHITECTURE.md.
+Adding a trainer: write ``trainers/<name>.py`` (its ``TRAINER``, ``CONFIG``, specific ``PATCHES`` and ``SPEC``),
+list its ``SPEC`` here, add its parity test. See docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -26,136 +27,23 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from slimrl.compat.trl_info import EVERY_RELEASE, UNTIL_1_12, UNTIL_1_13
-from slimrl.health import attach_health
-from slimrl.patching.config_fields import ALL_FIELDS, CHUNK_FIELDS, ONLINE_FIELDS, config_patches
+from slimrl.compat.trl_info import EVERY_RELEASE
+from slimrl.patching.config_fields import config_patches
 from slimrl.patching.derived import derive
 from slimrl.patching.machinery.catalog import shipped
 from slimrl.patching.machinery.registry import Patch, patches, register
-from slimrl.patching.online.engine_hooks import apply_engine_defaults, vllm_or_transformers
 from slimrl.patching.processors import processor_patch
-from slimrl.patching.routes import fused_head, method_capture, score_positions, shared_prefix
-from slimrl.patching.spec import CHECKS_ONLY, Layouts, Route, TrainerSpec, row
+from slimrl.patching.routes import shared_prefix
+from slimrl.patching.spec import Route, TrainerSpec
 from slimrl.patching.steps import push_to_hub_factory
 from slimrl.patching.trainer_init import trainer_init_factory
 from slimrl.patching.trainers import bco, cpo, dpo, grpo, kto, online_dpo, orpo, ppo, prm, reward, rloo, sft, xpo
-from slimrl.patching.validation import check_sequence_budget, sft_layouts
 from slimrl.planning.settings import Workload
 
-CAPTURE, POSITIONS, FUSED = method_capture.ROUTE, score_positions.ROUTE, fused_head.ROUTE
-PAIRED: Layouts = (("chosen", "rejected"),)  # with or without an explicit "prompt" (TRL extracts the prefix)
-PROMPT: Layouts = (("prompt",),)
-
-
+# each trainer's row is its module's SPEC (slimrl/patching/trainers/<name>.py); this is their order in the docs
 TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
-    row("grpo", grpo.TRAINER, grpo.CONFIG, layouts=PROMPT, routes=(CAPTURE(), FUSED()),
-                loss_types="grpo", generation_check=True,
-                scenario=grpo.scenario,
-                workload=grpo.WORKLOAD,
-                note=CAPTURE.summary + "; the calls it leaves to TRL (images, MoE aux loss, a LoRA head): "
-                     + FUSED.summary + " on TRL ≥ 1.15",
-                parity_test="all 8 loss types × beta, `tests/patching/trainers/test_grpo.py`; images: "
-                            "`tests/patching/test_vision_parity.py`",
-                fields=ALL_FIELDS, config_init=grpo.grpo_config_init_factory,
-                init_hooks=(check_sequence_budget, apply_engine_defaults,
-                            functools.partial(vllm_or_transformers, trainer_module=grpo.MODULE)), auto_fit=True,
-                after_init=(attach_health,),
-                training_step=grpo.grpo_training_step_factory, patches=tuple(grpo.PATCHES), cli="online"),
-    row("dpo", dpo.TRAINER, dpo.CONFIG, layouts=PAIRED, routes=(FUSED("_compute_loss", "compute_ref_log_probs"),),
-                loss_types="config", preference=True,
-                scenario=dpo.scenario,
-                workload=dpo.WORKLOAD,
-                note=FUSED.summary + " on TRL ≥ 1.15; on 1.12 TRL's own `_compute_loss` (full logits)",
-                parity_test="every DPO loss type (15), LoRA, WPO, `tests/patching/routes/test_fused_head.py`",
-                fields=CHUNK_FIELDS if FUSED.serves() else (), patches=tuple(dpo.PATCHES), cli="paired"),
-    row("kto", kto.TRAINER, kto.CONFIG, layouts=(("prompt", "completion", "label"), *PAIRED),
-                loss_types="config", preference=True,
-                scenario=kto.scenario,
-                workload=kto.WORKLOAD,
-                routes=(FUSED("_compute_loss", "_compute_kl_logps", "compute_ref_log_probs"),),
-                note=FUSED.summary + " on TRL ≥ 1.15; on 1.12 TRL's own",
-                parity_test="both loss types, `tests/patching/routes/test_fused_head.py`",
-                fields=CHUNK_FIELDS if FUSED.serves() else (), patches=tuple(kto.PATCHES),
-                cli="unpaired"),
-    row("orpo", orpo.TRAINER, orpo.CONFIG,
-                preference=True,
-                instead="DPOTrainer with loss_type=['sigmoid', 'sft'] (a preference loss plus the SFT term)",
-                layouts=PAIRED, routes=(POSITIONS(),),
-                scenario=orpo.scenario,
-                workload=orpo.WORKLOAD,
-                note="`concatenated_forward` without the `[2B, T, V]` logits: " + POSITIONS.summary,
-                parity_test="full and LoRA, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
-                patches=tuple(orpo.PATCHES), cli="paired"),
-    row("cpo", cpo.TRAINER, cpo.CONFIG,
-                loss_types="config", preference=True,
-                instead="DPOTrainer without a reference model",
-                layouts=PAIRED, routes=(POSITIONS(),),
-                scenario=cpo.scenario,
-                workload=cpo.WORKLOAD,
-                note="`concatenated_forward` without the `[2B, T, V]` logits: " + POSITIONS.summary,
-                parity_test="every CPO loss type (5), `tests/patching/routes/test_score_positions.py`",
-                fields=CHUNK_FIELDS,
-                patches=tuple(cpo.PATCHES), cli="paired"),
-    row("sft", sft.TRAINER, sft.CONFIG, layouts=sft_layouts, routes=(FUSED("compute_loss"),),
-                loss_types="config",
-                scenario=sft.scenario,
-                workload=sft.WORKLOAD,
-                note=FUSED.summary + " on TRL ≥ 1.15; `chunked_nll` stays TRL's own",
-                parity_test="nll and dft, completion-only or not, `tests/patching/routes/test_fused_head.py`",
-                fields=CHUNK_FIELDS if FUSED.serves() else (), patches=tuple(sft.PATCHES), cli="sft"),
-    row("reward", reward.TRAINER, reward.CONFIG,
-                scenario=reward.scenario,
-                layouts=(*PAIRED, ("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")),
-                note="none needed: a one-score head, no vocabulary-sized tensor; checks and guards only",
-                layer=CHECKS_ONLY),
-    row("rloo", rloo.TRAINER, rloo.CONFIG, layouts=PROMPT,
-                routes=(CAPTURE(), FUSED("_get_per_token_logps_and_entropies")),
-                generation_check=True,
-                scenario=rloo.scenario,
-                workload=rloo.WORKLOAD,
-                note=FUSED.summary + " on TRL ≥ 1.15; " + CAPTURE.summary + " on 1.12",
-                parity_test="two steps with generation, old log-probs and KL, `tests/patching/trainers/test_rloo.py`",
-                fields=ONLINE_FIELDS, config_init=rloo.rloo_config_init_factory,
-                init_hooks=(check_sequence_budget, apply_engine_defaults,
-                            functools.partial(vllm_or_transformers, trainer_module=rloo.MODULE)), auto_fit=True,
-                after_init=(attach_health,),
-                training_step=rloo.rloo_training_step_factory, patches=tuple(rloo.PATCHES), cli="online"),
-    row("online_dpo", online_dpo.TRAINER, online_dpo.CONFIG,
-                loss_types="config",
-                instead="GRPOTrainer or RLOOTrainer (online, reward-driven)",
-                layouts=PROMPT, routes=(POSITIONS(),),
-                scenario=online_dpo.scenario,
-                note="`_forward`: " + POSITIONS.summary,
-                parity_test="two training steps, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
-                patches=tuple(online_dpo.PATCHES)),
-    row("ppo", ppo.TRAINER, ppo.CONFIG,
-                instead="GRPOTrainer or RLOOTrainer (no value model)",
-                releases=UNTIL_1_12, last_release="1.12.0",
-                not_verified="TRL 1.12's PPO needs a value and a reward model and slimrl leaves its loop to TRL",
-                note="none: TRL 1.12's PPO runs one `train()` loop over full logits; slimrl does not rewrite it; "
-                     "legacy keywords and checks only", training_step=None, layer=CHECKS_ONLY),
-    row("bco", bco.TRAINER, bco.CONFIG,
-                preference=True,
-                instead="DPOTrainer(loss_type='bco_pair')",
-                releases=UNTIL_1_13, last_release="1.13.0",
-                scenario=bco.scenario,
-                layouts=(("prompt", "completion", "label"),), routes=(POSITIONS(),),
-                note="`forward`: " + POSITIONS.summary,
-                parity_test="`tests/patching/trainers/test_bco_and_xpo.py`",
-                fields=CHUNK_FIELDS, patches=tuple(bco.PATCHES)),
-    row("xpo", xpo.TRAINER, xpo.CONFIG,
-                instead="OnlineDPOTrainer or GRPOTrainer",
-                releases=UNTIL_1_13, last_release="1.13.0", layouts=PROMPT,
-                scenario=xpo.scenario,
-                routes=(POSITIONS(),), note="`_compute_logprobs`: " + POSITIONS.summary,
-                parity_test="two steps, `tests/patching/trainers/test_bco_and_xpo.py`", fields=CHUNK_FIELDS,
-                patches=tuple(xpo.PATCHES)),
-    row("prm", prm.TRAINER, prm.CONFIG,
-                instead="a token-classification model trained with transformers' Trainer",
-                releases=UNTIL_1_13, last_release="1.13.0",
-                not_verified="slimrl adds only checks to PRM (a 2-class head)",
-                layouts=(("prompt", "completions", "labels"), ("input_ids",)),
-                note="none needed: a 2-class token head; checks and guards only", layer=CHECKS_ONLY),
+    grpo.SPEC, dpo.SPEC, kto.SPEC, orpo.SPEC, cpo.SPEC, sft.SPEC, reward.SPEC, rloo.SPEC, online_dpo.SPEC, ppo.SPEC,
+    bco.SPEC, xpo.SPEC, prm.SPEC,
 )}
 
 EXTRA: dict[str, TrainerSpec] = {}  # the installed TRL's other trainers (slimrl.patching.derived), at first use

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import torch
 
+from slimrl.compat.trl_info import UNTIL_1_13
+from slimrl.patching.config_fields import CHUNK_FIELDS
 from slimrl.patching.machinery.registry import Patch, original
+from slimrl.patching.routes.score_positions import ROUTE as POSITIONS
 from slimrl.patching.routes.score_positions import score_positions, servable_head
+from slimrl.patching.spec import row
 
 TRAINER = "trl.experimental.bco.bco_trainer:BCOTrainer"
 
@@ -60,3 +64,14 @@ def scenario(kit, loss_type: str):
 PATCHES = [
     Patch("bco", TRAINER, "forward", slimrl_bco_forward),
 ]
+
+
+SPEC = row("bco", TRAINER, CONFIG,
+           preference=True,
+           instead="DPOTrainer(loss_type='bco_pair')",
+           releases=UNTIL_1_13, last_release="1.13.0",
+           scenario=scenario,
+           layouts=(("prompt", "completion", "label"),), routes=(POSITIONS(),),
+           note="`forward`: " + POSITIONS.summary,
+           parity_test="`tests/patching/trainers/test_bco_and_xpo.py`",
+           fields=CHUNK_FIELDS, patches=tuple(PATCHES))

@@ -17,15 +17,24 @@ from contextlib import contextmanager
 
 import torch
 
+from slimrl.health import attach_health
 from slimrl.models.modes import for_inference, for_training
 from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
 from slimrl.patching.machinery.registry import Patch
-from slimrl.patching.online.engine_hooks import slimrl_vllm_generation_factory
+from slimrl.patching.online.engine_hooks import (
+    apply_engine_defaults,
+    slimrl_vllm_generation_factory,
+    vllm_or_transformers,
+)
 from slimrl.patching.online.logps import online_logps
 from slimrl.patching.online.longest_first import generate_longest_first_factory
 from slimrl.patching.online.old_logps import compute_loss_factory, fill_importance_ratio, generate_and_score_factory
 from slimrl.patching.online.prefill import generate_single_turn_factory
 from slimrl.patching.online.step import online_training_step_factory
+from slimrl.patching.routes.fused_head import ROUTE as FUSED
+from slimrl.patching.routes.method_capture import ROUTE as CAPTURE
+from slimrl.patching.spec import PROMPT, row
+from slimrl.patching.validation import check_sequence_budget
 from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
@@ -112,3 +121,18 @@ PATCHES = [
     Patch("grpo", TRAINER, "_generate_single_turn", generate_single_turn_factory, wrap=True),
     Patch("grpo", TRAINER, "_compute_loss", compute_loss_factory, wrap=True),
 ]
+
+
+SPEC = row("grpo", TRAINER, CONFIG, layouts=PROMPT, routes=(CAPTURE(), FUSED()),
+           loss_types="grpo", generation_check=True,
+           scenario=scenario,
+           workload=WORKLOAD,
+           note=CAPTURE.summary + "; the calls it leaves to TRL (images, MoE aux loss, a LoRA head): "
+                + FUSED.summary + " on TRL ≥ 1.15",
+           parity_test="all 8 loss types × beta, `tests/patching/trainers/test_grpo.py`; images: "
+                       "`tests/patching/test_vision_parity.py`",
+           fields=ALL_FIELDS, config_init=grpo_config_init_factory,
+           init_hooks=(check_sequence_budget, apply_engine_defaults,
+                       functools.partial(vllm_or_transformers, trainer_module=MODULE)), auto_fit=True,
+           after_init=(attach_health,),
+           training_step=grpo_training_step_factory, patches=tuple(PATCHES), cli="online")

@@ -22,8 +22,11 @@ import functools
 import torch
 
 from slimrl.compat.runtime.malloc import recycling_phase
+from slimrl.patching.config_fields import CHUNK_FIELDS
 from slimrl.patching.machinery.registry import Patch, original
+from slimrl.patching.routes.score_positions import ROUTE as POSITIONS
 from slimrl.patching.routes.score_positions import score_positions, servable_head
+from slimrl.patching.spec import PROMPT, row
 
 TRAINER = "trl.experimental.online_dpo.online_dpo_trainer:OnlineDPOTrainer"
 
@@ -73,3 +76,13 @@ PATCHES = [
     Patch("online_dpo", TRAINER, "_forward", slimrl_online_dpo_forward),
     Patch("online_dpo", TRAINER, "_generate", online_dpo_generate_factory, wrap=True),
 ]
+
+
+SPEC = row("online_dpo", TRAINER, CONFIG,
+           loss_types="config",
+           instead="GRPOTrainer or RLOOTrainer (online, reward-driven)",
+           layouts=PROMPT, routes=(POSITIONS(),),
+           scenario=scenario,
+           note="`_forward`: " + POSITIONS.summary,
+           parity_test="two training steps, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
+           patches=tuple(PATCHES))

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import torch
 
+from slimrl.patching.config_fields import CHUNK_FIELDS
 from slimrl.patching.machinery.registry import Patch, original
+from slimrl.patching.routes.score_positions import ROUTE as POSITIONS
 from slimrl.patching.routes.score_positions import ConcatenatedSpec, concatenated_forward_through_ops
+from slimrl.patching.spec import PAIRED, row
 from slimrl.planning.settings import Workload
 
 TRAINER = "trl.experimental.orpo.orpo_trainer:ORPOTrainer"
@@ -50,3 +53,14 @@ def scenario(kit, loss_type: str):
 PATCHES = [
     Patch("orpo", TRAINER, "concatenated_forward", slimrl_orpo_concatenated_forward),
 ]
+
+
+SPEC = row("orpo", TRAINER, CONFIG,
+           preference=True,
+           instead="DPOTrainer with loss_type=['sigmoid', 'sft'] (a preference loss plus the SFT term)",
+           layouts=PAIRED, routes=(POSITIONS(),),
+           scenario=scenario,
+           workload=WORKLOAD,
+           note="`concatenated_forward` without the `[2B, T, V]` logits: " + POSITIONS.summary,
+           parity_test="full and LoRA, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
+           patches=tuple(PATCHES), cli="paired")

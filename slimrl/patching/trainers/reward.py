@@ -8,6 +8,8 @@ patched; activation memory is handled by ``FastLanguageModel.get_peft_model``'s 
 
 from __future__ import annotations
 
+from slimrl.patching.spec import CHECKS_ONLY, PAIRED, row
+
 TRAINER = "trl.trainer.reward_trainer:RewardTrainer"
 CONFIG = "trl.trainer.reward_config:RewardConfig"
 
@@ -20,3 +22,10 @@ def scenario(kit, loss_type: str):
     args = kit.config(per_device_train_batch_size=4)
     rows = [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]} for r in kit.PAIRS]
     return kit.trainer(model=kit.model(kind="scorer"), args=args, train_dataset=kit.dataset(rows))
+
+
+SPEC = row("reward", TRAINER, CONFIG,
+           scenario=scenario,
+           layouts=(*PAIRED, ("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")),
+           note="none needed: a one-score head, no vocabulary-sized tensor; checks and guards only",
+           layer=CHECKS_ONLY)

@@ -12,15 +12,26 @@ answered by it, and the step logs the engine's metrics.
 
 from __future__ import annotations
 
+import functools
+
 from slimrl.compat.trl_info import has_fused_head
-from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
+from slimrl.health import attach_health
+from slimrl.patching.config_fields import ALL_FIELDS, ONLINE_FIELDS, config_init_factory, generation_config_checks
 from slimrl.patching.machinery.registry import Patch
-from slimrl.patching.online.engine_hooks import slimrl_vllm_generation_factory
+from slimrl.patching.online.engine_hooks import (
+    apply_engine_defaults,
+    slimrl_vllm_generation_factory,
+    vllm_or_transformers,
+)
 from slimrl.patching.online.logps import online_logps
 from slimrl.patching.online.longest_first import generate_longest_first_factory
 from slimrl.patching.online.prefill import generate_single_turn_factory
 from slimrl.patching.online.step import online_training_step_factory
+from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.fused_head import prediction_step_patch
+from slimrl.patching.routes.method_capture import ROUTE as CAPTURE
+from slimrl.patching.spec import PROMPT, row
+from slimrl.patching.validation import check_sequence_budget
 from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.rloo_trainer:RLOOTrainer"
@@ -67,3 +78,17 @@ PATCHES = [
     Patch("rloo", TRAINER, "_generate_single_turn", generate_single_turn_factory, wrap=True),
     prediction_step_patch("rloo", TRAINER),
 ]
+
+
+SPEC = row("rloo", TRAINER, CONFIG, layouts=PROMPT,
+           routes=(CAPTURE(), FUSED("_get_per_token_logps_and_entropies")),
+           generation_check=True,
+           scenario=scenario,
+           workload=WORKLOAD,
+           note=FUSED.summary + " on TRL ≥ 1.15; " + CAPTURE.summary + " on 1.12",
+           parity_test="two steps with generation, old log-probs and KL, `tests/patching/trainers/test_rloo.py`",
+           fields=ONLINE_FIELDS, config_init=rloo_config_init_factory,
+           init_hooks=(check_sequence_budget, apply_engine_defaults,
+                       functools.partial(vllm_or_transformers, trainer_module=MODULE)), auto_fit=True,
+           after_init=(attach_health,),
+           training_step=rloo_training_step_factory, patches=tuple(PATCHES), cli="online")

@@ -7,7 +7,11 @@ TRL 1.16's ``chunked_nll`` is TRL's own chunked path and is left alone; on TRL 1
 
 from __future__ import annotations
 
+from slimrl.patching.config_fields import CHUNK_FIELDS
+from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.fused_head import prediction_step_patch
+from slimrl.patching.spec import row
+from slimrl.patching.validation import sft_layouts
 from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.sft_trainer:SFTTrainer"
@@ -28,3 +32,12 @@ def scenario(kit, loss_type: str):
 
 
 PATCHES = [prediction_step_patch("sft", TRAINER)]
+
+
+SPEC = row("sft", TRAINER, CONFIG, layouts=sft_layouts, routes=(FUSED("compute_loss"),),
+           loss_types="config",
+           scenario=scenario,
+           workload=WORKLOAD,
+           note=FUSED.summary + " on TRL ≥ 1.15; `chunked_nll` stays TRL's own",
+           parity_test="nll and dft, completion-only or not, `tests/patching/routes/test_fused_head.py`",
+           fields=CHUNK_FIELDS if FUSED.serves() else (), patches=tuple(PATCHES), cli="sft")

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from slimrl.compat.trl_info import UNTIL_1_13
+from slimrl.patching.config_fields import CHUNK_FIELDS
 from slimrl.patching.machinery.registry import Patch, original
+from slimrl.patching.routes.score_positions import ROUTE as POSITIONS
 from slimrl.patching.routes.score_positions import score_positions, servable_head
+from slimrl.patching.spec import PROMPT, row
 
 TRAINER = "trl.experimental.xpo.xpo_trainer:XPOTrainer"
 
@@ -60,3 +64,12 @@ def scenario(kit, loss_type: str):
 PATCHES = [
     Patch("xpo", TRAINER, "_compute_logprobs", slimrl_xpo_compute_logprobs),
 ]
+
+
+SPEC = row("xpo", TRAINER, CONFIG,
+           instead="OnlineDPOTrainer or GRPOTrainer",
+           releases=UNTIL_1_13, last_release="1.13.0", layouts=PROMPT,
+           scenario=scenario,
+           routes=(POSITIONS(),), note="`_compute_logprobs`: " + POSITIONS.summary,
+           parity_test="two steps, `tests/patching/trainers/test_bco_and_xpo.py`", fields=CHUNK_FIELDS,
+           patches=tuple(PATCHES))
