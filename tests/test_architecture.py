@@ -262,3 +262,22 @@ def test_attributes_of_other_modules_are_swapped_one_way(tmp_path):
     planted.write_text("from slimrl.ops import chunked_logprob as op\nimport trl\n"
                        "op.auto_chunk_rows = None\nsetattr(trl, 'X', 1)\n")
     assert [line for line, _ in _module_rebinds(planted)] == [3, 4]
+
+
+def test_docstrings_name_only_what_exists():
+    """Every ``:mod:`` / ``:func:`` / ``:class:`` / ``:data:`` / ``:meth:`` reference to slimrl in the source names a
+    module and attribute that exist (a rename leaves no stale pointer behind)."""
+    import importlib
+    import re
+
+    stale = []
+    for path in SRC.rglob("*.py"):
+        for ref in re.findall(r":(?:mod|func|class|data|meth|attr):`~?(slimrl\.[\w.]+)`", path.read_text()):
+            parts = ref.split(".")
+            k = next(k for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in MODULES)
+            obj = importlib.import_module(".".join(parts[:k]))
+            for name in parts[k:]:
+                obj = getattr(obj, name, None)
+            if obj is None:
+                stale.append((str(path.relative_to(SRC)), ref))
+    assert not stale, stale

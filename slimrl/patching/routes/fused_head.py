@@ -10,16 +10,15 @@ fused_lm_head=True)``; the patched forward (``trl.trainer.utils.add_fused_lm_hea
 | ``trl.trainer.utils._ChunkedLogProbFunction`` | :class:`SlimrlChunkedLogProbFunction`         |
 | ``trl.trainer.utils._use_triton``           | :func:`slimrl_score_valid_positions_only`     |
 
-What changes, and why it helps. Off Triton devices (CPU, MPS, ...) TRL 1.16 scores *every* position, prompt and
-padding included, in fp32 tiles of 4096 tokens x 32768 vocabulary entries (512 MiB per tile, with three or four
-such temporaries alive in its torch fallback). With the patches, only positions with a label (the completion
-tokens) are gathered and projected, through :func:`slimrl.ops.chunked_logprob_outputs` in row blocks sized from
-free memory (<= 64 MiB of fp32 logits each). On CUDA/XPU with Triton, TRL's own kernel is already compact and
-tiled, so the call is handed back to it unchanged (its Triton kernels are not something to redo in torch), unless
-the running trainer's config sets ``unsloth_num_chunks`` or ``unsloth_logit_chunk_multiplier``: then slimrl's
-kernel runs with that chunking, on every device. The config is read from :func:`slimrl.patching.steps.current_args`
-(each of these trainers' ``training_step`` / ``prediction_step`` is wrapped to set it), since TRL calls the kernel
-without the trainer.
+What changes, and why it helps. Off Triton devices (CPU, MPS, ...) TRL 1.16 scores *every* position, prompt and padding
+included, in fp32 tiles of 4096 tokens x 32768 vocabulary entries (512 MiB per tile, with three or four such temporaries
+alive in its torch fallback). With the patches, only positions with a label (the completion tokens) are gathered and
+projected, through :func:`slimrl.ops.chunked_logprob.chunked_logprob_outputs` in row blocks sized from free memory (<=
+64 MiB of fp32 logits each). On CUDA/XPU with Triton, TRL's own kernel is already compact and tiled, so the call is
+handed back to it unchanged (its Triton kernels are not something to redo in torch), unless the running trainer's config
+sets ``unsloth_num_chunks`` or ``unsloth_logit_chunk_multiplier``: then slimrl's kernel runs with that chunking, on
+every device. The config is read from :func:`slimrl.patching.steps.current_args` (each of these trainers'
+``training_step`` / ``prediction_step`` is wrapped to set it), since TRL calls the kernel without the trainer.
 
 The math is the same (same log-softmax under temperature, soft-cap and logit scale; same entropy, WPO
 ``log_sum_sq_probs``, ``mean_logits`` and ``is_top1`` metrics), so every loss type of these trainers is TRL's

@@ -115,8 +115,9 @@ class Head:
 
     def outputs(self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
                 outputs: tuple[str, ...] = ("log_probs",), in_head_dtype: bool = True) -> tuple:
-        """``hidden [N, H]`` scored against ``targets [N]``: :func:`slimrl.ops.chunked_logprob_outputs`'s
-        ``(log_probs [N], entropy, log_sum_sq_probs, mean_logits, is_top1)``, each None unless in ``outputs``."""
+        """``hidden [N, H]`` scored against ``targets [N]``:
+        :func:`slimrl.ops.chunked_logprob.chunked_logprob_outputs`'s ``(log_probs [N], entropy, log_sum_sq_probs,
+        mean_logits, is_top1)``, each None unless in ``outputs``."""
         with self._context(hidden, in_head_dtype):
             h = hidden.to(self.weight.dtype) if in_head_dtype else hidden
             trl = trl_kernel(hidden.device, self)
