@@ -128,6 +128,7 @@ def test_liger_chunk_and_bad_input():
         simulate(_config(), _work("grpo"), 64, "tiles")
 
 
+@pytest.mark.slow  # minutes of searches on 2 cores: make test-full runs it
 def test_compare_puts_slimrl_beside_trl_alone(tmp_path):
     from slimrl.planning.compare import compare
     from slimrl.planning.settings import Settings

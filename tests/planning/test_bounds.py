@@ -79,6 +79,7 @@ def test_the_longest_completion_searches_stop_at_the_context(tmp_path, capsys):
     assert {side["longest_completion"] for side in data["compare"].values()} == {room}
 
 
+@pytest.mark.slow  # minutes of searches on 2 cores: make test-full runs it
 def test_compare_search_is_exact_under_a_tight_budget():
     """Where memory binds, each side's answer fits and one step more does not (the search brackets and bisects)."""
     from dataclasses import replace
