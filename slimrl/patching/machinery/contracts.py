@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import types
 from pathlib import Path
 from typing import Any
 
 from slimrl.compat.runtime.callsite import warn
+from slimrl.patching.machinery import release_records
 
 RECORD = Path(__file__).with_name("contracts.json")
 _EMPTY = inspect.Parameter.empty
@@ -101,7 +101,7 @@ def _signature(shape: list[list], later: tuple[tuple[str, Any], ...] = ()) -> in
 @functools.lru_cache(maxsize=1)
 def recorded() -> dict[str, list[dict]]:
     """``"target.attribute" -> [{"releases": [...], "params": shape}, ...]`` (contracts.json)."""
-    return json.loads(RECORD.read_text()) if RECORD.is_file() else {}
+    return release_records.read(RECORD)
 
 
 def contract_for(key: str, live: list[list] | None) -> tuple[list[list] | None, bool]:
@@ -208,22 +208,12 @@ def signature_changes(patches) -> dict[str, str]:
 
 def record(patches, release: str) -> dict[str, list[dict]]:
     """contracts.json with the installed release's signatures of ``patches``' guarded targets added."""
-    data = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
+    data = release_records.read(RECORD)
     for _, key, live in _live_shapes(patches):
-        entries = data.setdefault(key, [])
-        for entry in entries:
-            if release in entry["releases"] and entry["params"] != live:
-                entry["releases"].remove(release)
-        entries[:] = [e for e in entries if e["releases"]]
-        same = next((e for e in entries if e["params"] == live), None)
-        if same is None:
-            entries.append({"releases": [release], "params": live})
-        elif release not in same["releases"]:
-            same["releases"] = sorted({*same["releases"], release}, key=_version)
+        release_records.add_release(data, key, "params", live, release)
     return dict(sorted(data.items()))
 
 
 def write(data: dict[str, list[dict]]) -> None:
     """contracts.json, one target per line (reviewable diffs when a TRL release is added)."""
-    lines = [f" {json.dumps(key)}: {json.dumps(value)}" for key, value in sorted(data.items())]
-    RECORD.write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    release_records.write(RECORD, data)

@@ -21,6 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slimrl.patching.machinery import release_records
+
 RECORD = Path(__file__).with_name("fingerprints.json")
 COMPUTING_WRAPS = ("_compute_loss",)  # wrapped (not replaced) methods whose numbers the patched path changes
 
@@ -63,7 +65,7 @@ def _live(patches) -> dict[str, str | None]:
 @functools.lru_cache(maxsize=1)
 def recorded() -> dict[str, list[dict]]:
     """``"target.attribute" -> [{"releases": [...], "sha256": ...}]`` (fingerprints.json)."""
-    return json.loads(RECORD.read_text()) if RECORD.is_file() else {}
+    return release_records.read(RECORD)
 
 
 def code_changes(patches) -> dict[str, str]:
@@ -85,25 +87,13 @@ def digest(patches) -> str:
 
 def record(patches, release: str) -> dict[str, list[dict]]:
     """fingerprints.json with the installed release's fingerprints added."""
-    data = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
+    data = release_records.read(RECORD)
     for key, sha in _live(patches).items():
-        if sha is None:
-            continue
-        entries = data.setdefault(key, [])
-        for entry in entries:
-            if release in entry["releases"] and entry["sha256"] != sha:
-                entry["releases"].remove(release)
-        entries[:] = [e for e in entries if e["releases"]]
-        same = next((e for e in entries if e["sha256"] == sha), None)
-        if same is None:
-            entries.append({"releases": [release], "sha256": sha})
-        elif release not in same["releases"]:
-            from packaging.version import Version
-
-            same["releases"] = sorted({*same["releases"], release}, key=Version)
+        if sha is not None:
+            release_records.add_release(data, key, "sha256", sha, release)
     return dict(sorted(data.items()))
 
 
 def write(data: dict[str, list[dict]]) -> None:
-    lines = [f" {json.dumps(key)}: {json.dumps(value)}" for key, value in sorted(data.items())]
-    RECORD.write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    """fingerprints.json, one target per line."""
+    release_records.write(RECORD, data)
