@@ -107,8 +107,8 @@ def pop_extra_fields(config_cls: type, kwargs: dict, names: tuple[str, ...] = AL
             from slimrl.compat.trl_info import trl_version
 
             # named where few trainers have it: a log-prob field acts on every trainer with a route
-            named = users is not None and extra.acts_on != "log-probs" and users(name)
-            acts = f" (it acts on {', '.join(users(name))})" if named else ""
+            named = users(name) if users is not None and extra.acts_on != "log-probs" else ()
+            acts = f" (it acts on {', '.join(named)})" if named else ""
             raise ValueError(f"{config_cls.__name__}({name}={value!r}) has no effect with trl {trl_version()}: "
                              f"{extra.no_effect}{acts}; remove it")
     return kwargs, mine
