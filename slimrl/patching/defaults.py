@@ -8,8 +8,11 @@ exceptions, each listed in the changed-defaults table printed once when the trai
   refuses at config creation ("Your setup doesn't support bf16/gpu") on a machine without a bf16-capable
   accelerator unless ``use_cpu=True`` is passed. Scripts written for a GPU (Unsloth's notebooks pass no precision
   flags) would fail there; when the user passed none of ``bf16``, ``fp16``, ``use_cpu`` and no such device exists,
-  the config is created with ``bf16=False`` (fp32 training, what transformers itself defaults to). Everywhere TRL's
-  default runs (CUDA, XPU, MPS, or ``use_cpu=True``), it is kept.
+  the config is created with ``bf16=False`` (fp32 training, what transformers itself defaults to). On a CUDA GPU
+  without bf16 in hardware (compute capability < 8: T4, V100), where transformers accepts bf16 because torch counts
+  emulation, the same config trains in ``fp16`` with the loss scaler instead (Unsloth's choice there, and the
+  precision vLLM runs on those cards). Everywhere else TRL's default runs (bf16 GPUs, XPU, MPS, or
+  ``use_cpu=True``), it is kept.
 * ``use_vllm`` when the user asked for slimrl's engine (``FastLanguageModel.from_pretrained(fast_inference=True)``;
   :func:`slimrl.patching.online.engine_hooks.apply_engine_defaults`).
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from slimrl.compat.gpus import current_gpu, native_bf16
 from slimrl.compat.runtime.env import env_flag
 from slimrl.patching.state import config_state
 
@@ -95,7 +99,14 @@ def _trl_bf16_default(config_cls: type, kwargs: dict) -> tuple[dict, dict]:
     if "bf16" not in defaults or any(k in kwargs and kwargs[k] != defaults.get(k) for k in _PRECISION_FLAGS):
         return kwargs, {}
     trl_bf16 = defaults["bf16"] is None or defaults["bf16"] is True  # None: TRL resolves it to True (fp16 unset)
-    if not trl_bf16 or defaults.get("fp16") or defaults.get("use_cpu") or bf16_default_runs():
+    if not trl_bf16 or defaults.get("fp16") or defaults.get("use_cpu"):
+        return kwargs, {}
+    gpu = current_gpu()
+    if gpu is not None and not native_bf16():
+        why = (f"the {gpu.name} has no bf16 in hardware (compute capability {gpu.capability[0]}.{gpu.capability[1]}; "
+               f"torch counts emulation): fp16 with the loss scaler, as Unsloth trains there")
+        return {**kwargs, "bf16": False, "fp16": True}, {"bf16": (True, f"False ({why})"), "fp16": (False, "True")}
+    if bf16_default_runs():
         return kwargs, {}
     return {**kwargs, "bf16": False}, {"bf16": (True, "False (no bf16-capable accelerator; TRL's default would "
                                                        "fail here without use_cpu=True)")}

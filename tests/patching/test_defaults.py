@@ -109,3 +109,26 @@ def test_logging_steps_and_log_history_are_trls(tmp_path):
     assert "reward" in plain and "train_loss" in plain
     slimrl_metrics = {"memory/peak_mb", "tokens_per_s"}  # and the run-health metrics (slimrl.health)
     assert {k for k in ours - slimrl_metrics if not k.startswith("health/")} == plain
+
+
+@pytest.mark.parametrize(("gpu", "fp16"), [("t4", True), ("v100", True), ("a100-40gb", False),
+                                           ("h100", False)])
+def test_a_gpu_without_bf16_in_hardware_trains_trls_default_in_fp16(fake_gpu, gpu, fp16):
+    """TRL's bf16 default on a T4 or V100 would train under emulated bf16 autocast (transformers accepts it: torch's
+    check counts emulation): the config gets fp16 with the scaler, listed; a bf16 card keeps TRL's default, and a
+    flag the user passed is kept everywhere."""
+    from trl import DPOConfig, GRPOConfig
+
+    from slimrl.patching.defaults import apply_config_defaults
+
+    fake_gpu(gpu)
+    for cls in (GRPOConfig, DPOConfig):
+        kwargs, changed = apply_config_defaults(cls, {"output_dir": "out"})
+        if fp16:
+            assert (kwargs["bf16"], kwargs["fp16"]) == (False, True), (gpu, cls)
+            assert "no bf16 in hardware" in changed["bf16"][1] and changed["fp16"] == (False, "True")
+        else:
+            assert "bf16" not in kwargs and "fp16" not in kwargs and not changed, (gpu, cls)
+        for mine in ({"bf16": True}, {"bf16": False}, {"fp16": True}, {"use_cpu": True}):
+            kwargs, changed = apply_config_defaults(cls, {"output_dir": "out", **mine})
+            assert kwargs == {"output_dir": "out", **mine} and not changed, (gpu, mine)
