@@ -112,9 +112,10 @@ test-tf-gpu:
 	.venv-tf517/bin/python -m pytest -q -p no:cacheprovider tests/patching/trainers/test_grpo.py tests/health
 
 test-vllm-fast:
-	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm/test_grpo_engine.py \
+	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/vllm/test_grpo_engine.py \
 	  tests/vllm/test_plan_engine.py tests/vllm/test_agentic_engine.py tests/vllm/test_4bit_engine.py \
-	  tests/vllm/test_gpu_start.py tests/vllm/test_engine_api.py tests/vllm/test_two_engines.py
+	  tests/vllm/test_gpu_start.py tests/vllm/test_engine_api.py tests/vllm/test_two_engines.py \
+	  tests/vllm/test_engine_families.py
 
 test-vllm:
 	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm

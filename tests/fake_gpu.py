@@ -2,11 +2,12 @@
 
 ``present(monkeypatch, "t4")`` makes ``torch.cuda`` answer as that card would: available, one device, its name,
 compute capability, properties and memory; ``mem_get_info`` gives ``total - context - what was placed`` (the test
-places bytes with :meth:`FakeGpu.place`, as a model load or the engine would); the allocator's counters
-(``memory_allocated``, ``max_memory_allocated``, ``memory_reserved``) follow the same ledger. torch's own
-``is_bf16_supported`` runs unchanged on these answers, emulation counted as torch counts it (a bf16 tensor can be
-made on any CUDA device), and transformers' cached view of it is cleared before and after. Tensors stay on the CPU
-or the meta device: only what slimrl *decides* is under test, never a CUDA kernel.
+places bytes with :meth:`FakeGpu.place`, as a model load or the engine would, and frees them with
+:meth:`FakeGpu.release`, optionally kept reserved by the caching allocator until ``torch.cuda.empty_cache()``); the
+allocator's counters (``memory_allocated``, ``max_memory_allocated``, ``memory_reserved``) follow the same ledger.
+torch's own ``is_bf16_supported`` runs unchanged on these answers, emulation counted as torch counts it (a bf16
+tensor can be made on any CUDA device), and transformers' cached view of it is cleared before and after. Tensors stay
+on the CPU or the meta device: only what slimrl *decides* is under test, never a CUDA kernel.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class FakeGpu:
     def __init__(self, gpu: Gpu) -> None:
         self.gpu = gpu
         self.placed = 0
+        self.cached = 0  # reserved by the caching allocator, not allocated: free again after empty_cache()
         self.peak = 0
         self.resets = 0  # calls to torch.cuda.reset_peak_memory_stats
 
@@ -31,12 +33,19 @@ class FakeGpu:
         self.placed += int(nbytes)
         self.peak = max(self.peak, self.placed)
 
-    def release(self, nbytes: int) -> None:
-        self.placed = max(0, self.placed - int(nbytes))
+    def release(self, nbytes: int, keep_cached: bool = False) -> None:
+        """Free ``nbytes`` placed; ``keep_cached``: the caching allocator keeps them reserved (not free to another
+        allocator until ``torch.cuda.empty_cache()``)."""
+        nbytes = min(int(nbytes), self.placed)
+        self.placed -= nbytes
+        self.cached += nbytes if keep_cached else 0
+
+    def empty_cache(self) -> None:
+        self.cached = 0
 
     @property
     def free_bytes(self) -> int:
-        return self.gpu.total_bytes - CUDA_CONTEXT_BYTES - self.placed
+        return self.gpu.total_bytes - CUDA_CONTEXT_BYTES - self.placed - self.cached
 
     def properties(self) -> SimpleNamespace:
         major, minor = self.gpu.capability
@@ -71,7 +80,8 @@ def present(monkeypatch, name: str) -> FakeGpu:
     monkeypatch.setattr(cuda, "mem_get_info", lambda *_a: (fake.free_bytes, fake.gpu.total_bytes))
     monkeypatch.setattr(cuda, "memory_allocated", lambda *_a: fake.placed)
     monkeypatch.setattr(cuda, "max_memory_allocated", lambda *_a: fake.peak)
-    monkeypatch.setattr(cuda, "memory_reserved", lambda *_a: fake.placed)
+    monkeypatch.setattr(cuda, "memory_reserved", lambda *_a: fake.placed + fake.cached)
+    monkeypatch.setattr(cuda, "empty_cache", fake.empty_cache)
     monkeypatch.setattr(cuda, "reset_peak_memory_stats", fake._reset)
     # torch's emulation probe makes a bf16 tensor on the device, which any CUDA device allows
     monkeypatch.setattr(cuda, "_check_bf16_tensor_supported", lambda *_a: True)

@@ -59,3 +59,44 @@ def tiny_hybrid(model_type: str, seed: int = 0):
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = 1
     return model
+
+
+# Decoder families the engine must serve (the ones Unsloth's and TRL's notebooks train), as config overrides of a
+# 2-layer model, hidden 128, 4 heads of 32 (2 KV): vLLM's CPU attention has kernels for head sizes of 32 and up.
+FAMILIES = {
+    "llama": {},
+    "qwen2": {},  # q/k/v with biases (the loader must add each once)
+    "qwen3": dict(head_dim=32),
+    "mistral": dict(head_dim=32),
+    "gemma3_text": dict(head_dim=32, sliding_window=16, layer_types=["sliding_attention", "full_attention"]),
+    "phi3": {},
+}
+# Phi-3's LongRoPE (its own rotary tables): the shared loader does not map it, vLLM's default loader does
+PHI3_LONGROPE = dict(original_max_position_embeddings=128, max_position_embeddings=256,
+                     rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 16,
+                                      "long_factor": [2.0] * 16})
+
+
+def save_tiny_family(model_type: str, directory, seed: int = 0, **overrides) -> str:
+    """A random 2-layer ``model_type`` (:data:`FAMILIES`) saved with a character tokenizer (vocab 107) in
+    ``directory``, every bias non-zero (transformers initialises them at 0, which would hide a bias added twice);
+    returns the directory as a string."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from slimrl.verify.tiny import CHAT_SPECIAL, chatml_char_tokenizer
+
+    tok = chatml_char_tokenizer(CHAT_SPECIAL)
+    shape = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=len(tok), pad_token_id=0, eos_token_id=1, bos_token_id=None,
+                 tie_word_embeddings=True, max_position_embeddings=256)
+    config = AutoConfig.for_model(model_type, **{**shape, **FAMILIES.get(model_type, {}), **overrides})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.5)
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return str(directory)

@@ -53,6 +53,18 @@ def free_bytes(device: torch.device) -> int:
     return _proc_kib("/proc/meminfo", "MemAvailable") or 0
 
 
+def free_bytes_as_vllm_measures(device: torch.device) -> int:
+    """:func:`free_bytes` after what vLLM's GPU worker does before its start-up snapshot (``gc.collect()``, then the
+    caching allocator's unused blocks handed back): bytes PyTorch holds reserved but unallocated are free to vLLM,
+    so a check on the plain figure would refuse starts vLLM accepts."""
+    if device.type == "cuda":
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+    return free_bytes(device)
+
+
 def total_bytes(device: torch.device) -> int:
     """The device's memory (CUDA), or the machine's RAM."""
     if device.type == "cuda":

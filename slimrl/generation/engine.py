@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -33,7 +34,7 @@ import torch
 
 from slimrl.compat.engine_memory import MAX_NUM_SEQS, EngineStart, cuda_engine_start, fix_for, startup_problem
 from slimrl.compat.gpus import local_cuda_index
-from slimrl.compat.memory import PeakWindow, free_bytes, reset_peak, total_bytes
+from slimrl.compat.memory import PeakWindow, free_bytes_as_vllm_measures, reset_peak, total_bytes
 from slimrl.compat.vllm_info import kv_bytes_per_token, supported_lora_rank
 from slimrl.generation import cpu_lora, shared_loader
 from slimrl.generation.llm_facade import LLMFacade
@@ -109,19 +110,36 @@ class SlimrlEngine(LLMFacade):
         self.phase_peaks: dict[str, int] = {}  # "generation" / "training" -> peak bytes of the last such phase
         self._phase: PeakWindow | None = None  # the phase now running (from its start)
         self.timings: dict[str, float] = defaultdict(float)
+        self._bound: weakref.ref | None = None  # the training model a start without one builds on
+        self._planned_trainable = 0  # its trainable bytes once the adapter exists (for "auto" before it does)
+
+    def bind(self, training_model: torch.nn.Module, planned_trainable_bytes: int) -> None:
+        """The model this engine serves: a start before any trainer exists (``model.fast_generate``,
+        ``model.vllm_engine.generate`` in a notebook's first cells) builds on its weights too, so the engine never
+        samples from a copy of other numbers (a 16-bit copy of a 4-bit model) and the trainer built later uses
+        that same engine. ``planned_trainable_bytes``: what the adapter (or full fine-tuning) will train, counted
+        for ``gpu_memory_utilization="auto"`` while no adapter exists yet."""
+        self._bound = weakref.ref(training_model)
+        self._planned_trainable = planned_trainable_bytes
+
+    def _trainable_bytes(self, training_model: torch.nn.Module) -> int:
+        if training_model is not (self._bound() if self._bound is not None else None):
+            return sum(p.numel() * p.element_size() for p in training_model.parameters() if p.requires_grad)
+        return self._planned_trainable  # the bound model itself: its adapter is yet to come
 
     # -- start ---------------------------------------------------------------------------------------------------
     def start(self, training_model: torch.nn.Module | None = None) -> Any:
-        """Start vLLM (once): KV cache sized now, base weights shared with ``training_model`` where possible."""
+        """Start vLLM (once): KV cache sized now, base weights shared with ``training_model`` (default: the bound
+        model, :meth:`bind`) where possible."""
         if self.llm is not None:
             return self.llm
+        if training_model is None and self._bound is not None:
+            training_model = self._bound()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: tensors cross by reference
         from transformers import AutoConfig
         from vllm import LLM
 
-        trainable = 0
-        if training_model is not None:
-            trainable = sum(p.numel() * p.element_size() for p in training_model.parameters() if p.requires_grad)
+        trainable = self._trainable_bytes(training_model) if training_model is not None else 0
         kv_dtype = torch.float8_e4m3fn if self.kv_cache_dtype == "fp8" else self.dtype
         per_token = kv_bytes_per_token(AutoConfig.from_pretrained(self.model_path), kv_dtype)
         self.kv_cache_bytes = kv_cache_bytes(self.gpu_memory_utilization, self.device, per_token,
@@ -163,7 +181,7 @@ class SlimrlEngine(LLMFacade):
         """vLLM's memory arguments on this GPU now, after vLLM's own start-up check passed on them
         (:mod:`slimrl.compat.engine_memory`); a one-line MemoryError where it would not."""
         external = shared_loader.external_bytes(training_model, self.device) if training_model is not None else 0
-        self.start_args = cuda_engine_start(self.gpu_memory_utilization, free_bytes(self.device),
+        self.start_args = cuda_engine_start(self.gpu_memory_utilization, free_bytes_as_vllm_measures(self.device),
                                             total_bytes(self.device), external, self.kv_cache_bytes)
         problem = startup_problem(self.start_args)
         if problem:

@@ -21,7 +21,7 @@ import os
 import torch
 
 from slimrl.compat.engine_memory import auto_kv_bytes
-from slimrl.compat.memory import free_bytes, total_bytes
+from slimrl.compat.memory import free_bytes_as_vllm_measures, total_bytes
 
 _MADV_DONTNEED = 4
 
@@ -32,7 +32,7 @@ def kv_cache_bytes(utilization: float | str, device: torch.device, per_token: in
     (a float on CUDA)."""
     wanted = per_token * max_tokens
     if utilization == "auto":
-        kv = auto_kv_bytes(free_bytes(device), trainable_bytes, per_token, max_tokens)
+        kv = auto_kv_bytes(free_bytes_as_vllm_measures(device), trainable_bytes, per_token, max_tokens)
         if kv is None:
             raise MemoryError(
                 "gpu_memory_utilization='auto': too little memory left for the generation KV cache after the model, "

@@ -13,13 +13,15 @@ registered with vLLM's ``register_model_loader``; the in-process engine only) in
 3. gives every layer whose parts are bitsandbytes 4-bit (QLoRA) a linear method that runs the training model's own
    ``Linear4bit`` modules (:class:`SharedModules`): the engine generates from exactly the NF4 weights, scales and
    kernel the loss scores, and holds no copy of them (vLLM itself has no bitsandbytes method);
-4. rebuilds the buffers vLLM computes at construction (rotary tables, attention scales) with vLLM's own functions,
-   then runs vLLM's ``process_weights_after_loading``.
+4. rebuilds the buffers vLLM computes at construction (rotary tables, attention scales with vLLM's own functions;
+   the Gemma family's embedding scale), then runs vLLM's ``process_weights_after_loading``.
 
 :meth:`SharedWeightsLoader.get_external_weight_memory` reports the training model's bytes on the engine's device, so
 vLLM's start-up check (``request_memory``: free memory >= ``gpu_memory_utilization x total`` less those bytes) counts
 them as what they are, the engine's own weights, already resident. A model this loader cannot map (another layout,
-a buffer it does not know) is loaded by vLLM's default loader instead, with one line.
+a buffer it does not know, e.g. Phi-3's LongRoPE tables) is loaded by vLLM's default loader instead, with one line;
+what the failed build registered outside the model (attention layer names, cached rotary embeddings on the meta
+device) is dropped first, so the default loader builds from a clean slate.
 """
 
 from __future__ import annotations
@@ -107,9 +109,14 @@ def _loader_class() -> type:
             pass
 
         def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+            """``x @ W.T + b`` with each bias added once: a training module that has its own bias (``Linear4bit``
+            adds it in its forward) already holds vLLM's, which is the same tensor (the loader shares it), so
+            vLLM's ``bias`` is added only for parts that have none."""
             outs = [m(x) for m in self.modules]  # each [tokens, out_part]
-            out = torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]
-            return out if bias is None else out + bias
+            out = torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0]  # [tokens, out]
+            if bias is None or all(getattr(m, "bias", None) is not None for m in self.modules):
+                return out
+            return out + bias  # (a bias of vLLM's maps onto every part or none: _parts)
 
     class SharedWeightsLoader(BaseModelLoader):
         """See the module docstring."""
@@ -131,17 +138,39 @@ def _loader_class() -> type:
             raise NotImplementedError("slimrl's engine takes new weights as a LoRA adapter, not by reloading")
 
         def load_model(self, vllm_config: Any, model_config: Any, prefix: str = "") -> torch.nn.Module:
+            before = _registrations(vllm_config)
             try:
                 return build(self._source(), vllm_config, model_config, prefix, SharedModules)
             except MappingError as err:
                 from vllm.config.load import LoadConfig
                 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
+                _forget_since(vllm_config, before)
                 print(f"slimrl: the engine loads its own copy of the weights ({err})", flush=True)
                 return DefaultModelLoader(LoadConfig(load_format="auto")).load_model(vllm_config, model_config,
                                                                                      prefix)
 
     return SharedWeightsLoader
+
+
+def _registrations(vllm_config: Any) -> tuple[set, set]:
+    """What building a vLLM model registers outside it: its attention layers by name in the compilation config's
+    forward context, its rotary embeddings in vLLM's process-wide cache (``get_rope``)."""
+    from vllm.model_executor.layers import rotary_embedding
+
+    return set(vllm_config.compilation_config.static_forward_context), set(rotary_embedding._ROPE_DICT)
+
+
+def _forget_since(vllm_config: Any, before: tuple[set, set]) -> None:
+    """Drop what a failed build registered (:func:`_registrations`), so the default loader's build starts clean: its
+    layer names would be duplicates, and a cached rotary embedding built on the meta device has no values."""
+    from vllm.model_executor.layers import rotary_embedding
+
+    context = vllm_config.compilation_config.static_forward_context
+    for name in set(context) - before[0]:
+        del context[name]
+    for key in set(rotary_embedding._ROPE_DICT) - before[1]:
+        del rotary_embedding._ROPE_DICT[key]
 
 
 def build(source: torch.nn.Module, vllm_config: Any, model_config: Any, prefix: str, method: type
@@ -165,7 +194,7 @@ def build(source: torch.nn.Module, vllm_config: Any, model_config: Any, prefix: 
         else:
             tensor = _joined([p for p, _ in parts], model_config.dtype, device)
         _replace(modules, param, _like(param, tensor))
-    _rebuild_buffers(model, device)
+    _rebuild_buffers(model, device, model_config.hf_text_config.hidden_size)
     process_weights_after_loading(model, model_config, device)
     return model.eval()
 
@@ -213,7 +242,7 @@ def _replace(modules: dict, old: torch.nn.Parameter, new: torch.nn.Parameter) ->
                 module._parameters[leaf] = new
 
 
-def _rebuild_buffers(model: torch.nn.Module, device: torch.device) -> None:
+def _rebuild_buffers(model: torch.nn.Module, device: torch.device, hidden_size: int) -> None:
     """Buffers vLLM computed at construction, left on the meta device, rebuilt with vLLM's own functions."""
     from vllm.model_executor.layers.attention.attention import set_default_quant_scales
 
@@ -223,6 +252,8 @@ def _rebuild_buffers(model: torch.nn.Module, device: torch.device) -> None:
                 continue
             if leaf == "cos_sin_cache" and hasattr(module, "_compute_cos_sin_cache"):
                 module._buffers[leaf] = module._compute_cos_sin_cache().to(device, module.dtype)
+            elif leaf == "normalizer" and buf.dim() == 0:  # the Gemma family's embedding scale, sqrt(hidden)
+                module._buffers[leaf] = torch.tensor(hidden_size ** 0.5, dtype=buf.dtype, device=device)
             elif leaf in _SCALES:
                 with device:
                     set_default_quant_scales(module, register_buffer=True)

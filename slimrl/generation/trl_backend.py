@@ -9,8 +9,9 @@ num_generations, profiler)`` and reads ``.llm`` (for ``max_model_len``). The fac
 * ``sync_weights`` passes the current LoRA adapter to the engine as tensors under a new id (TRL's colocate path
   merges the adapter and pushes every base weight each step);
 * ``generate`` samples with the trainer's settings (temperature, top_p, top_k, min_p, repetition_penalty,
-  max_completion_length, ``generation_kwargs``) overlaid by the config's ``vllm_sampling_params``, returns the
-  sampled tokens' log-probs for TRL's importance-sampling correction, then puts the engine in standby.
+  max_completion_length, ``generation_kwargs``) overlaid by the config's ``vllm_sampling_params`` (a seed there
+  seeds each copy of a prompt apart: :func:`request_params`), returns the sampled tokens' log-probs for TRL's
+  importance-sampling correction, then puts the engine in standby.
 """
 
 from __future__ import annotations
@@ -62,8 +63,44 @@ def sampling_kwargs(trainer_kwargs: dict, user_params: Any, max_completion_lengt
     return kwargs
 
 
+def request_params(prompts: list[list[int]], kwargs: dict, make: Any) -> Any:
+    """The ``SamplingParams`` of each request: one for all, or — with a ``seed`` — one per request, the k-th copy of
+    a prompt (on this rank) seeded ``seed + rank x len(prompts) + k``.
+
+    TRL sends a group as ``num_generations`` copies of its prompt with ``n=1``, and vLLM seeds one generator per
+    request: the user's seed on every copy (every Unsloth GRPO notebook sets ``seed=3407``) would draw one completion
+    ``num_generations`` times, ``reward_std`` 0 and no gradient. vLLM's own ``n > 1`` request gives child ``k`` the
+    seed ``seed + k`` (its ``ParallelSamplingProcessor``); this gives the copies the same seeds, so a seeded run
+    samples a group of distinct draws and stays reproducible."""
+    seed = kwargs.get("seed")
+    if seed is None:
+        return make(**kwargs)
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    seen: dict[tuple, int] = {}
+    params = []
+    for ids in prompts:
+        k = seen.get(tuple(ids), 0)
+        seen[tuple(ids)] = k + 1
+        params.append(make(**{**kwargs, "seed": seed + rank * len(prompts) + k}))
+    return params
+
+
+def all_groups_identical(prompts: list[list[int]], completions: list[list[int]]) -> bool:
+    """Whether every prompt sent more than once got the same completion every time (and one was): a batch whose
+    groups have no spread at all — each gets ``reward_std`` 0, zero advantages and no gradient."""
+    groups: dict[tuple, list] = {}
+    for prompt, completion in zip(prompts, completions):
+        groups.setdefault(tuple(prompt), []).append(tuple(completion))
+    repeated = [group for group in groups.values() if len(group) > 1]
+    return bool(repeated) and all(len(set(group)) == 1 for group in repeated)
+
+
 class SlimrlVLLMGeneration:
     """TRL's ``VLLMGeneration`` surface (colocate mode) over a :class:`SlimrlEngine`."""
+
+    said_identical = False  # the all-identical-groups line is said once per process
 
     def __init__(self, engine: Any, model: Any, accelerator: Any, *, temperature: float = 1.0, top_p: float = 1.0,
                  top_k: int = 0, min_p: float | None = 0.0, repetition_penalty: float = 1.0,
@@ -105,11 +142,17 @@ class SlimrlVLLMGeneration:
         if isinstance(kwargs.get("structured_outputs"), dict):
             kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
         with profiler or nullcontext():
-            outputs = self.engine.generate_ids(prompts, SamplingParams(**kwargs))
+            outputs = self.engine.generate_ids(prompts, request_params(prompts, kwargs, SamplingParams))
         self.engine.standby()
         from trl.generation.vllm_generation import extract_logprobs
 
         prompt_ids = [o.prompt_token_ids for o in outputs]
         completion_ids = [list(c.token_ids) for o in outputs for c in o.outputs]
+        if not SlimrlVLLMGeneration.said_identical and all_groups_identical(prompt_ids, completion_ids):
+            SlimrlVLLMGeneration.said_identical = True
+            shown = {k: self.sampling.get(k) for k in ("temperature", "top_k", "top_p", "min_p", "seed")}
+            warn(f"every prompt's {num_generations} completions in this generation batch were identical, so each group "
+                 f"has reward_std 0 and teaches nothing; these sampling settings draw one completion ({shown}): raise "
+                 f"temperature, set top_k=0 (or above 1), and check vllm_sampling_params")
         logprobs, logprob_token_ids = extract_logprobs(outputs)
         return prompt_ids, completion_ids, logprobs, logprob_token_ids

@@ -90,10 +90,10 @@ def check_before_loading(path: str, utilization: float | str, max_seq_length: in
         return
     from transformers import AutoConfig
 
-    from slimrl.compat.memory import free_bytes
+    from slimrl.compat.memory import free_bytes_as_vllm_measures
 
     config = AutoConfig.from_pretrained(path)
-    free = free_bytes(torch.device("cuda", torch.cuda.current_device()))
+    free = free_bytes_as_vllm_measures(torch.device("cuda", torch.cuda.current_device()))
     start, problem, _ = start_on_gpu(gpu, config, utilization, max_seq_length, load_in_4bit, max_lora_rank, free,
                                      dtype)
     if problem:
@@ -102,8 +102,9 @@ def check_before_loading(path: str, utilization: float | str, max_seq_length: in
 
 
 def attach_engine(model: Any, path: str, max_seq_length: int, max_lora_rank: int, utilization: float | str,
-                  seed: int, kv_dtype: str) -> SlimrlEngine:
-    """``model.vllm_engine``: the engine of this process for these settings (module docstring)."""
+                  seed: int, kv_dtype: str, full_finetuning: bool = False) -> SlimrlEngine:
+    """``model.vllm_engine``: the engine of this process for these settings (module docstring), bound to ``model``
+    (a generation before any trainer runs on its weights)."""
     quantization = getattr(getattr(model, "config", None), "quantization_config", None)  # a 4-bit base is another
     key = (path, str(model.dtype), str(quantization), max_seq_length, max_lora_rank, str(utilization), kv_dtype)
     engine = _LIVE.get(key) if torch.cuda.is_available() else None  # vLLM's CPU back end runs several
@@ -116,5 +117,8 @@ def attach_engine(model: Any, path: str, max_seq_length: int, max_lora_rank: int
         engine = SlimrlEngine(path, model.dtype, max_seq_length, max_lora_rank, utilization, seed=seed,
                               kv_cache_dtype=kv_dtype)
         _LIVE[key] = engine
+    trainable = (sum(p.numel() * p.element_size() for p in model.parameters()) if full_finetuning
+                 else adapter_bytes(model.config, max_lora_rank))
+    engine.bind(model, trainable)
     model.vllm_engine = engine
     return engine

@@ -156,7 +156,8 @@ class FastLanguageModel:
         kv_dtype = engine_setup.kv_cache_dtype(bool(float8_kv_cache), engine)
         if engine:
             engine_setup.attach_engine(model, str(path), max_seq_length, max_lora_rank, gpu_memory_utilization,
-                                       0 if random_state is None else random_state, kv_dtype)
+                                       0 if random_state is None else random_state, kv_dtype,
+                                       bool(full_finetuning))
         if tiled:
             tile_mlp(model, None if tiled is True else int(tiled))
         attach(model)  # Unsloth's model methods: fast_generate, save_lora / load_lora, the export calls

@@ -21,7 +21,7 @@ def test_kv_bytes_per_token_from_the_config():
 
 
 def test_auto_sizes_from_what_training_leaves(monkeypatch):
-    monkeypatch.setattr(memory, "free_bytes", lambda device: 10 * GIB)
+    monkeypatch.setattr(memory, "free_bytes_as_vllm_measures", lambda device: 10 * GIB)
     # room = (10 GiB - 3 x 1 GiB trainable) x 0.75 = 5.25 GiB; the batch would fill 2 GiB -> 2 GiB
     assert memory.kv_cache_bytes("auto", CPU, per_token=2**20, max_tokens=2048, trainable_bytes=GIB) == 2 * GIB
     # a batch wanting 8 GiB gets the room

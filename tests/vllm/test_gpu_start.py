@@ -15,6 +15,7 @@ vLLM's whole tree; its CUDA platform module imports once its compiled ops are st
 from __future__ import annotations
 
 import ast
+import gc
 import re
 import sys
 import types
@@ -96,9 +97,10 @@ def test_the_notebooks_are_found():
         assert cfg["model"] in MODEL_SHAPES or any(v in cfg["model"] for v in VISION), (name, cfg["model"])
 
 
-def _start(fake_gpu, monkeypatch, gpu_key, cfg):
+def _start(fake_gpu, monkeypatch, gpu_key, cfg, cached: int = 0):
     """slimrl's engine start on ``gpu_key`` for notebook settings ``cfg``: (vLLM's verdict at LLM(), slimrl's
-    error or None, slimrl's pre-load verdict)."""
+    error or None, slimrl's pre-load verdict). ``cached``: bytes the caching allocator holds reserved but unallocated
+    when the engine starts (a freed load buffer, a notebook's earlier cell)."""
     from vllm.v1.worker.utils import request_memory
 
     from slimrl.generation import engine as engine_module
@@ -113,12 +115,16 @@ def _start(fake_gpu, monkeypatch, gpu_key, cfg):
                                          cfg["load_in_4bit"], cfg["max_lora_rank"], dtype=dtype)
     weights = weight_bytes(config, dtype, cfg["load_in_4bit"])
     gpu.place(weights + adapter_bytes(config, cfg["max_lora_rank"]))  # the model and its adapter, loaded
+    gpu.place(cached)
+    gpu.release(cached, keep_cached=True)
     monkeypatch.setattr(shared_loader, "external_bytes", lambda model, device: weights)
     monkeypatch.setattr(shared_loader, "source_args", lambda model: {"load_format": shared_loader.LOAD_FORMAT})
     verdict = {}
 
     class LLM:  # vLLM's worker start-up, as far as its memory check goes
         def __init__(self, **kwargs):
+            gc.collect()  # what vLLM's GPU worker does before its snapshot (gpu_worker.py, init_device)
+            torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info()
             snapshot = types.SimpleNamespace(total_memory=total, free_memory=free, device_="cuda:0")
             cache = types.SimpleNamespace(gpu_memory_utilization=kwargs.get("gpu_memory_utilization", 0.92))
@@ -167,6 +173,59 @@ def test_vllm_accepts_what_slimrl_starts_and_refuses_what_slimrl_refuses(fake_gp
     else:
         assert not verdict, "slimrl started vLLM after refusing"
         assert preload is not None and "\n" not in error and "gpu_memory_utilization" in error, error
+
+
+def _vllms_verdict(utilization: float, external: int) -> bool:
+    """vLLM's GPU worker on the presented card now: ``gc.collect()``, the allocator's cache emptied, the snapshot,
+    ``request_memory`` (gpu_worker.py ``init_device``); True when it starts."""
+    from vllm.v1.worker.utils import request_memory
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    snapshot = types.SimpleNamespace(total_memory=total, free_memory=free, device_="cuda:0")
+    try:
+        request_memory(snapshot, types.SimpleNamespace(gpu_memory_utilization=utilization), external)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("gpu_key", [g.key for g in GPUS])
+def test_bytes_the_allocator_holds_but_does_not_use_count_as_free_as_vllm_counts_them(fake_gpu, monkeypatch,
+                                                                                      cuda_platform, gpu_key):
+    """A model of 30 % of the card (the weights the engine shares) and 30 % more placed (what training holds), and
+    reserved-but-unallocated bytes (a freed load buffer) beside them at the engine's start: slimrl's verdict on the
+    engine's arguments equals vLLM's own check on the same state, for utilizations on both sides of the line."""
+    from slimrl.generation import engine as engine_module
+    from slimrl.generation import shared_loader
+
+    gpu = fake_gpu(gpu_key)
+    weights = int(gpu.gpu.total_bytes * 0.3)
+    monkeypatch.setattr(shared_loader, "external_bytes", lambda model, device: weights)
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(1) or 0)  # ~1.5 s each beside vLLM's modules
+    gpu.place(2 * weights)
+    outcomes = set()
+    for cached in (2 * 2**30, gpu.gpu.total_bytes // 5):
+        for utilization in (0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+            engine = engine_module.SlimrlEngine("unused", gpu.gpu.dtype, 1024, 16, utilization)
+            verdicts = []
+            for side in ("slimrl", "vllm"):
+                gpu.place(cached)
+                gpu.release(cached, keep_cached=True)
+                if side == "slimrl":
+                    try:
+                        engine._cuda_memory_args(torch.nn.Linear(2, 2))
+                        verdicts.append(True)
+                    except MemoryError:
+                        verdicts.append(False)
+                else:
+                    verdicts.append(_vllms_verdict(utilization, weights))
+            assert verdicts[0] == verdicts[1], (gpu_key, cached, utilization)
+            outcomes.add(verdicts[1])
+    assert outcomes == {True, False}, "no utilization on the refused side: the comparison would be vacuous"
+    assert len(collected) == 2 * 12, "slimrl's measure collects garbage first, as vLLM's worker does"
 
 
 def test_the_issues_cases(fake_gpu, monkeypatch, cuda_platform):
