@@ -24,6 +24,7 @@ import torch
 
 from slimrl.generation import vllm_status
 from tests.tiny import FAMILIES, PHI3_LONGROPE, save_tiny_family
+from tests.vllm.test_engine import _engine_logps, _model_logps
 
 pytestmark = [pytest.mark.skipif(vllm_status() is not None, reason=f"vLLM not usable here: {vllm_status()}"),
               pytest.mark.skipif(pytest.importorskip("bitsandbytes") is None, reason="needs bitsandbytes")]
@@ -52,21 +53,6 @@ def _peft(model):
             if "lora_B" in name:
                 p.normal_(0, 0.05)
     return model
-
-
-def _engine_logps(engine, ids: list[int], lora_request) -> torch.Tensor:
-    """log p(ids[t] | ids[:t]) for t >= 1 from the engine's prompt log-probs, [T-1]."""
-    from vllm import SamplingParams
-
-    out = engine.generate_ids([ids], SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
-                              lora_request=lora_request)[0]
-    return torch.tensor([out.prompt_logprobs[t][ids[t]].logprob for t in range(1, len(ids))], dtype=torch.float64)
-
-
-def _model_logps(model, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].double()  # [T-1, V]
-    return logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
 
 
 CASES = [pytest.param(family, four_bit, id=f"{family}-{'4bit' if four_bit else '16bit'}",
