@@ -11,12 +11,14 @@ REAL_SCRIPTS ?= $(abspath ../shared/real_scripts)
 REAL_SCRIPTS2 ?= $(abspath ../shared/real_scripts2)
 REAL_SCRIPTS3 ?= $(abspath ../shared/real_scripts3)
 REAL_SCRIPTS4 ?= $(abspath ../shared/real_scripts4)
+REAL_SCRIPTS5 ?= $(abspath ../shared/real_scripts5)
 SCRIPTS_FAST := trl_sft trl_dpo unsloth_gpt-oss_20B_RL_2048_Game
 SCRIPTS2_VENV := trl_grpo_vlm trl_grpo_agent  # the second set: TRL's VLM and agent scripts in .venv (no vLLM) ...
 SCRIPTS2_VLLM := unsloth_Qwen2.5_VL_7B_GRPO   # ... and Unsloth's vision notebook, which imports vLLM itself
 SCRIPTS3 := unsloth_Qwen3_VL_8B_Vision_GRPO trl_gkd  # the third set, in .venv
 SCRIPTS4_VENV := trl_sdpo  # the fourth set: TRL's SDPO script (its own config subclass) in .venv ...
 SCRIPTS4_VLLM := unsloth_Qwen3_8B_FP8_GRPO  # ... and Unsloth's FP8 notebook, which imports vLLM (run with vLLM's part)
+SCRIPTS5 := unsloth_Gemma4_E2B_2048_GRPO  # the fifth set: Unsloth's Gemma 4 2048 notebook (truncated completions masked)
 TRL_MATRIX := 1130 1142 1150
 # Processes side by side: the suites are single-threaded Python for the most part (a test's user time about equals its
 # wall time), so on CI's 2 cores two pytest workers (pytest-xdist) and two make jobs take about half the time.
@@ -29,7 +31,7 @@ PYTEST := -q -p no:cacheprovider -n $(JOBS)
 .PHONY: demo envs envs-full install test test-full lint test-trl116 test-trl116-fast suite-trl116 suite-trl116-fast \
 	verify-trl116 bytecode test-trl112 test-trl112-fast \
 	test-trl-matrix test-trl-matrix-fast test-tf-gpu test-vllm test-vllm-fast test-gguf test-gguf-fast test-triton \
-	test-openenv test-gpu test-scripts test-scripts-fast test-scripts2 test-scripts3 test-scripts4 test-scripts4-vllm gpu-wheels clean
+	test-openenv test-gpu test-scripts test-scripts-fast test-scripts2 test-scripts3 test-scripts4 test-scripts4-vllm test-scripts5 gpu-wheels clean
 
 # Only what the demo needs: .venv (torch 2.13.0 CPU, slimrl with its extras, the embedded model)
 install:
@@ -51,14 +53,14 @@ envs-full:
 test: envs
 	$(MAKE) lint bytecode suite-trl116-fast
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(PART_THREADS)} $(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast \
-	  test-scripts3 test-scripts4 test-gguf-fast test-trl112-fast verify-trl116 test-trl-matrix-fast test-triton \
+	  test-scripts3 test-scripts4 test-scripts5 test-gguf-fast test-trl112-fast verify-trl116 test-trl-matrix-fast test-triton \
 	  test-openenv
 	$(MAKE) test-vllm-fast test-scripts4-vllm  # alone: vLLM's CPU engine runs a thread on every core
 
 test-full: envs-full
 	$(MAKE) lint bytecode suite-trl116
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(PART_THREADS)} $(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast \
-	  test-scripts3 test-scripts4 test-trl112 test-trl-matrix test-tf-gpu verify-trl116 test-triton test-openenv
+	  test-scripts3 test-scripts4 test-scripts5 test-trl112 test-trl-matrix test-tf-gpu verify-trl116 test-triton test-openenv
 	$(MAKE) test-vllm test-scripts4-vllm
 
 lint:
@@ -84,7 +86,7 @@ verify-trl116:
 test-trl112-fast:
 	.venv-trl112/bin/python -m pytest -q -p no:cacheprovider tests/patching/test_patchfastrl.py \
 	  tests/patching/routes/test_shared_prefix.py tests/patching/test_agentic_parity.py tests/patching/online/test_oom.py \
-	  tests/patching/test_future_trl.py \
+	  tests/patching/test_future_trl.py tests/patching/online/test_degenerate_batches.py \
 	  tests/patching/test_every_trainer.py::test_every_config_subclassed_as_trls_scripts_do_gets_the_first_contact \
 	  tests/models/test_generate_after_training.py
 	.venv-trl112/bin/python -m slimrl verify --all --tiny --quiet
@@ -161,6 +163,12 @@ test-scripts4:
 	  tail -1 .real-scripts4.log | grep -q " 0 failed$$"; \
 	else echo "real scripts: none at $(REAL_SCRIPTS4) (set REAL_SCRIPTS4=...): skipped"; fi
 
+test-scripts5:
+	@if [ -f $(REAL_SCRIPTS5)/run_all.sh ]; then \
+	  PY=$(abspath $(PY)) bash $(REAL_SCRIPTS5)/run_all.sh $(SCRIPTS5) | tee .real-scripts5.log; \
+	  tail -1 .real-scripts5.log | grep -q " 0 failed$$"; \
+	else echo "real scripts: none at $(REAL_SCRIPTS5) (set REAL_SCRIPTS5=...): skipped"; fi
+
 test-scripts4-vllm:
 	@if [ -f $(REAL_SCRIPTS4)/run_all.sh ]; then \
 	  PY=$(abspath $(PY)) PY_VLLM=$(abspath .venv-vllm/bin/python) bash $(REAL_SCRIPTS4)/run_all.sh $(SCRIPTS4_VLLM) \
@@ -180,7 +188,7 @@ test-scripts:
 	  PY=$(abspath .venv-vllm/bin/python) bash $(REAL_SCRIPTS)/run_all.sh | tee .real-scripts.log; \
 	  tail -1 .real-scripts.log | grep -q " 0 failed$$"; \
 	else echo "real scripts: none at $(REAL_SCRIPTS) (set REAL_SCRIPTS=...): skipped"; fi
-	$(MAKE) test-scripts2 test-scripts3 test-scripts4 test-scripts4-vllm
+	$(MAKE) test-scripts2 test-scripts3 test-scripts4 test-scripts4-vllm test-scripts5
 
 # The lent GPU machine's two carry sets (bench/gpu_wheels.py: slimrl's and Unsloth's, 17 MiB, one carry)
 gpu-wheels:

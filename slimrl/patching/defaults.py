@@ -20,8 +20,9 @@ And settings a script asks for that cannot run on this machine (scripts written 
 that passes every field): each becomes the nearest setting that runs, with its line in the same table —
 ``bf16=True`` without a bf16-capable accelerator (and without ``use_cpu``) -> False (fp32 training; ``fp16=True``
 runs here, through accelerate, and is kept), a bitsandbytes optimizer (``adamw_8bit``, ``paged_adamw_8bit``, ...)
-without a usable bitsandbytes -> ``adamw_torch``; and, at trainer start, ``use_vllm=True`` without vLLM (and
-without slimrl's engine) -> False, generation with transformers
+without a usable bitsandbytes -> ``adamw_torch``, ``use_liger_kernel=True`` (TRL's Liger switch) without a GPU
+Triton runs on -> False (the model's torch layers; TRL's fused head stays); and, at trainer start,
+``use_vllm=True`` without vLLM (and without slimrl's engine) -> False, generation with transformers
 (:func:`slimrl.patching.online.engine_hooks.vllm_or_transformers`). Nothing is changed where the setting runs (a GPU
 machine keeps every one), and ``SLIMRL_STRICT=1`` (or ``PatchFastRL(..., strict=True)``) keeps TRL's own refusals.
 """
@@ -79,7 +80,22 @@ def nearest_that_runs(config_cls: type, kwargs: dict) -> tuple[dict, dict]:
     if optim and _needs_bitsandbytes(optim) and not _bitsandbytes_usable():
         kwargs["optim"] = "adamw_torch"
         changed["optim"] = (optim, "adamw_torch (bitsandbytes is not usable here: pip install 'slimrl[quant]')")
+    if kwargs.get("use_liger_kernel") is True and not liger_runs(bool(kwargs.get("use_cpu"))):
+        kwargs["use_liger_kernel"] = False
+        changed["use_liger_kernel"] = (True, "False (Liger's kernels are Triton, which runs on a CUDA or XPU GPU "
+                                             "only: the model's own torch layers)")
     return kwargs, changed
+
+
+def liger_runs(use_cpu: bool) -> bool:
+    """Whether Liger's Triton kernels can run for a config: a CUDA/XPU device it trains on and Triton importable
+    (whether liger-kernel itself is installed is left to transformers' own error, which names the install)."""
+    import importlib.util
+
+    import torch
+
+    gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    return bool(gpu and not use_cpu and importlib.util.find_spec("triton") is not None)
 
 
 def _needs_bitsandbytes(optim: str) -> bool:

@@ -146,3 +146,34 @@ def test_chat_template_returns_token_ids_as_unsloth_scripts_expect(tmp_path):
     assert ids == (plain["input_ids"] if hasattr(plain, "keys") else plain)
     assert hasattr(tok.apply_chat_template(messages, tokenize=True, return_dict=True), "keys")
     assert isinstance(tok.apply_chat_template(messages, tokenize=False), str)
+
+
+def _sft_trainer(tmp_path, **kw):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    args = SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=1, report_to="none",
+                     save_strategy="no", bf16=False, use_cpu=True, **kw)
+    return SFTTrainer(model=tiny_llama(), args=args, processing_class=tiny_tokenizer(),
+                      train_dataset=Dataset.from_list([{"text": "1+1=2"}] * 4))
+
+
+@pytest.mark.skipif(not NO_GPU, reason="the machine without a GPU")
+@pytest.mark.parametrize("make", [_sft_trainer, _grpo_trainer])
+def test_use_liger_kernel_without_a_gpu_trains_with_one_line(tmp_path, capsys, make):
+    """TRL's own switch (TRL's LoRA/QLoRA notebook): TRL alone stops at the first step here (Liger is Triton, and
+    transformers asks for the package first); with slimrl it is False, one row in the table, and the step runs."""
+    from slimrl import PatchFastRL, unpatch
+
+    unpatch()
+    with pytest.raises((ImportError, RuntimeError)):
+        make(tmp_path / "trl", use_liger_kernel=True).train()
+    PatchFastRL()
+    try:
+        trainer = make(tmp_path / "slim", use_liger_kernel=True)
+        out = capsys.readouterr().out
+        trainer.train()
+    finally:
+        unpatch()
+    assert trainer.args.use_liger_kernel is False
+    assert out.count("use_liger_kernel") == 1 and "True -> False" in out

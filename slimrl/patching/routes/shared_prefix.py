@@ -123,8 +123,9 @@ def _forwards(packs: list[tuple[int, list[int]]], widths: list[int], budget: int
 
 def logps_shared_prefix(trainer: Any, model: Any, head_module: torch.nn.Module, projection: Head,
                         input_ids: torch.Tensor, groups: list[list[int]], lengths: list[int], n_prompt: list[int],
-                        logits_to_keep: int, budget: int, compute_entropy: bool) -> tuple:
-    """Log-probs ``[B, C]`` (and entropies) of the call's completions through packed rows (module docstring)."""
+                        logits_to_keep: int, budget: int, compute_entropy: bool) -> tuple | None:
+    """Log-probs ``[B, C]`` (and entropies) of the call's completions through packed rows (module docstring); None
+    where no row has a completion token (the caller's path then runs, keeping the graph)."""
     rows, width = input_ids.shape
     prompt_width = width - logits_to_keep
     device = input_ids.device
@@ -132,10 +133,10 @@ def logps_shared_prefix(trainer: Any, model: Any, head_module: torch.nn.Module, 
     for g in groups:
         packs.append((g[0], [i for i in g if lengths[i] > 0]))
     packs = [p for p in packs if p[1]]
+    if not packs:  # no completion token (all masked): declined, so the result keeps the graph TRL's loss backs through
+        return None
     logps = torch.zeros(rows, logits_to_keep, device=device)  # [B, C]
     entropies = torch.zeros(rows, logits_to_keep, device=device) if compute_entropy else None
-    if not packs:
-        return logps, entropies, None
     widths = [n_prompt[first] + sum(lengths[i] for i in members) for first, members in packs]
     state = trainer_state(trainer)
     got_logps, got_ent, at_rows, at_cols = [], [], [], []

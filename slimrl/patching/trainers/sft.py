@@ -8,6 +8,7 @@ TRL 1.16's ``chunked_nll`` is TRL's own chunked path and is left alone; on TRL 1
 from __future__ import annotations
 
 from slimrl.patching.config_fields import CHUNK_FIELDS
+from slimrl.patching.model_lengths import sft_lengths_from_model
 from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.fused_head import prediction_step_patch
 from slimrl.patching.spec import row
@@ -40,4 +41,5 @@ SPEC = row("sft", TRAINER, CONFIG, layouts=sft_layouts, routes=(FUSED("compute_l
            workload=WORKLOAD,
            note=FUSED.summary + " on TRL ≥ 1.15; `chunked_nll` stays TRL's own",
            parity_test="nll and dft, completion-only or not, `tests/patching/routes/test_fused_head.py`",
-           fields=CHUNK_FIELDS if FUSED.serves() else (), patches=tuple(PATCHES), cli="sft")
+           fields=CHUNK_FIELDS if FUSED.serves() else (), patches=tuple(PATCHES), cli="sft",
+           init_hooks=(sft_lengths_from_model,))
