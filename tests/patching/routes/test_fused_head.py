@@ -128,3 +128,47 @@ def test_num_chunks_sets_the_fused_head_chunking(tmp_path, monkeypatch):
         assert seen and all(mult == 2 for _, _, mult in seen), "an explicit setting must select slimrl's kernel"
     finally:
         unpatch()
+
+
+def _sft_trainer(tmp_path):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in PAIRS]
+    args = SFTConfig(output_dir=str(tmp_path), completion_only_loss=True, **COMMON)
+    return SFTTrainer(model=tiny_llama(seed=0), args=args, train_dataset=Dataset.from_list(rows),
+                      processing_class=tiny_tokenizer())
+
+
+@pytest.mark.parametrize("name", ["sft", "dpo"])
+def test_a_batch_with_every_token_masked_takes_trls_step(tmp_path, name):
+    """No token in the loss (SFT: every label -100; DPO: every completion mask 0, as a length cut leaves them): the
+    fused head's kernel gets no row, and the step is TRL's (loss, zero gradients, metrics), never a tensor without
+    a graph."""
+    import torch
+
+    from slimrl import PatchFastRL, unpatch
+    from slimrl.patching.routes import served
+    from tests.patching.parity import loss_and_grads
+
+    trainer = _sft_trainer(tmp_path) if name == "sft" else dpo_trainer(tmp_path, lora=True)
+    unpatch()
+    inputs = first_batch(trainer)
+    if "labels" in inputs:
+        inputs["labels"] = torch.full_like(inputs["labels"], -100)
+    if "completion_mask" in inputs:
+        inputs["completion_mask"] = torch.zeros_like(inputs["completion_mask"])
+    ref_loss, ref_grads, ref_metrics = loss_and_grads(trainer, inputs)
+    calls = served(trainer)
+    PatchFastRL(name)
+    try:
+        loss, grads, metrics = loss_and_grads(trainer, inputs)
+    finally:
+        unpatch()
+    assert served(trainer) > calls, "slimrl's kernel was not used"
+    assert loss == pytest.approx(ref_loss, rel=1e-6, abs=1e-7)
+    assert grads.keys() == ref_grads.keys() and ref_grads
+    assert all(float(g.abs().max()) == 0.0 for g in grads.values())
+    assert metrics.keys() == ref_metrics.keys()
+    for key, ref in ref_metrics.items():
+        assert metrics[key] == pytest.approx(ref, rel=1e-4, abs=1e-4, nan_ok=True), key
