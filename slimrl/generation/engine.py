@@ -141,7 +141,8 @@ class SlimrlEngine(LLMFacade):
 
         trainable = self._trainable_bytes(training_model) if training_model is not None else 0
         kv_dtype = torch.float8_e4m3fn if self.kv_cache_dtype == "fp8" else self.dtype
-        per_token = kv_bytes_per_token(AutoConfig.from_pretrained(self.model_path), kv_dtype)
+        hf_config = AutoConfig.from_pretrained(self.model_path)
+        per_token = kv_bytes_per_token(hf_config, kv_dtype)
         self.kv_cache_bytes = kv_cache_bytes(self.gpu_memory_utilization, self.device, per_token,
                                              self.max_num_seqs * self.max_seq_length, trainable)
         kwargs: dict[str, Any] = {
@@ -153,6 +154,12 @@ class SlimrlEngine(LLMFacade):
         if self.kv_cache_dtype != "auto":
             kwargs["kv_cache_dtype"] = self.kv_cache_dtype
         kwargs.update(rank_args(self.seed))
+        if shared_loader.saved_in_bitsandbytes(hf_config):
+            if training_model is None:
+                raise ValueError(f"fast_inference: {self.model_path} is saved in bitsandbytes 4-bit, which vLLM "
+                                 "cannot load itself; start the engine from its model (FastLanguageModel."
+                                 "from_pretrained(..., fast_inference=True) does)")
+            kwargs["hf_overrides"] = {"quantization_config": None}  # served by the trainer's 4-bit modules
         if training_model is not None:
             kwargs.update(shared_loader.source_args(training_model))
             if any(shared_loader.is_4bit(p) for p in training_model.parameters()):

@@ -66,6 +66,15 @@ def _owners(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Parameter, torch
     return owners
 
 
+def saved_in_bitsandbytes(hf_config: Any) -> bool:
+    """A checkpoint saved in bitsandbytes' format (``quantization_config.quant_method == "bitsandbytes"``, as
+    ``unsloth/*-bnb-4bit`` checkpoints are): vLLM has no such method; the engine is told the checkpoint is
+    unquantized and this loader serves the training model's 4-bit modules (step 3 of the module docstring)."""
+    quant = getattr(hf_config, "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    return str(getattr(method, "value", method) or "").lower() == "bitsandbytes"
+
+
 def is_4bit(param: torch.Tensor) -> bool:
     return type(param).__name__ == "Params4bit"
 

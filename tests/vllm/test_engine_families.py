@@ -196,3 +196,24 @@ def test_a_batch_of_identical_groups_is_named_once(generate_first_run, monkeypat
         greedy.generate([prompt] * 4 + [prompt[:-1]] * 4, None, 4)
         greedy.generate([prompt] * 4, None, 4)
     assert len([w for w in said if "identical" in str(w.message)]) == 1
+
+
+def test_a_checkpoint_saved_in_4bit_starts_the_engine_on_its_own_4bit_weights(tmp_path):
+    """A saved bitsandbytes model (``quantization_config`` in config.json, as ``unsloth/*-bnb-4bit`` names are):
+    vLLM (>= 0.28) has no bitsandbytes method and refused the start ("Unknown quantization method"); the engine is
+    built on the trainer's 4-bit modules instead, and scores as the trainer does."""
+    import json
+
+    model, tok = _load(save_tiny_family("qwen2", tmp_path / "src"), four_bit=True)
+    del model.vllm_engine  # the first engine is not needed: only its checkpoint
+    model.save_pretrained(tmp_path / "bnb")
+    tok.save_pretrained(tmp_path / "bnb")
+    assert json.loads((tmp_path / "bnb" / "config.json").read_text())["quantization_config"]["quant_method"] == \
+        "bitsandbytes"
+    model, tok = _load(str(tmp_path / "bnb"), four_bit=False)  # as written in notebooks: the checkpoint says 4-bit
+    model = _peft(model)
+    engine = model.vllm_engine
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    torch.testing.assert_close(_engine_logps(engine, ids, engine.load_adapter(model)), _model_logps(model, ids),
+                               atol=ATOL, rtol=0)
+    assert engine.shared_bytes > 0, "the engine holds its own copy"
