@@ -32,6 +32,10 @@ RATIO_KEY = "sampling/raw_importance_sampling_ratio/mean"
 FIX = "slimrl_truncated_sampling_fix"
 # the first logged KL below this share of the newest: the mismatch came with the updates
 JUMP = 0.25
+# a logged mean ratio below this under truncated sampling on a biased release holds at once, without a window: the
+# kept mass per token compounds over a completion (0.001 logged by Unsloth's notebooks with min_p), and every step
+# until the window fills trains on sequences weighted towards 0
+COLLAPSED = 0.1
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,11 @@ def _window_mean(rows: Sequence[dict], key: str, window: int) -> float | None:
 
 def sampler_mismatch(rows: Sequence[dict], t: Any) -> tuple[bool, str] | None:
     """The check (module docstring); ``t``: :class:`slimrl.health.checks.Thresholds`."""
+    facts: SamplerFacts = t.sampler or SamplerFacts()
+    if facts.biased_ratio and rows and _window_mean(rows, RATIO_KEY, 1) is not None \
+            and rows[-1][RATIO_KEY] < COLLAPSED:
+        return True, (f"the importance ratio collapsed at step {rows[-1].get('step', '?')} (mean "
+                      f"{rows[-1][RATIO_KEY]:.3g}, below {COLLAPSED:g}): {_truncation_cause(facts)}")
     kl = _window_mean(rows, KL_KEY, t.window)
     masked = _window_mean(rows, MASKED_KEY, t.window)
     ratio = _window_mean(rows, RATIO_KEY, t.window)
@@ -85,7 +94,6 @@ def sampler_mismatch(rows: Sequence[dict], t: Any) -> tuple[bool, str] | None:
             f"{masked or 0.0:.0%} of sequences masked or clamped by the importance-sampling correction, mean ratio "
             f"{ratio if ratio is not None else float('nan'):.3g}; limits slimrl_health_mismatch_kl={t.mismatch_kl:g}, "
             f"slimrl_health_mismatch_masked={t.mismatch_masked:g}, slimrl_health_mismatch_ratio={t.mismatch_ratio:g})")
-    facts: SamplerFacts = t.sampler or SamplerFacts()
     logged = [r[KL_KEY] for r in rows if isinstance(r.get(KL_KEY), int | float) and math.isfinite(r[KL_KEY])]
     first = logged[0] if len(logged) >= 2 else None
     if first is not None and first < JUMP * logged[-1]:
@@ -94,11 +102,14 @@ def sampler_mismatch(rows: Sequence[dict], t: Any) -> tuple[bool, str] | None:
                       f"the new weights every step (a vLLM server needs the trainer's sync; `slimrl verify` "
                       f"with your generator finds a stale adapter)")
     if facts.biased_ratio:
-        return True, (f"{seen}; likely cause: truncated sampling ({facts.truncation}) — TRL {facts.trl} compares "
-                      f"the sampler's log-probs over the kept tokens with the trainer's over the whole vocabulary "
-                      f"(the ratio carries the kept mass, TRL issue 6789): set {FIX}=True (TRL 1.17's correction) "
-                      f"or sample with top_p=1.0, top_k=0, min_p=0")
+        return True, f"{seen}; likely cause: {_truncation_cause(facts)}"
     return True, (f"{seen}; likely cause: precision — the generator computes in other precision or kernels than "
                   f"the trainer ({facts.trainer_precision}): run the generator in the trainer's dtype (or train "
                   f"in bf16 with a bf16 generator), or use vllm_importance_sampling_mode='token_truncate' so a few "
                   f"disagreeing tokens do not drop whole sequences")
+
+
+def _truncation_cause(facts: SamplerFacts) -> str:
+    return (f"truncated sampling ({facts.truncation}) — TRL {facts.trl} compares the sampler's log-probs over the "
+            f"kept tokens with the trainer's over the whole vocabulary (the ratio carries the kept mass, TRL issue "
+            f"6789): set {FIX}=True (TRL 1.17's correction) or sample with top_p=1.0, top_k=0, min_p=0")

@@ -64,3 +64,13 @@ def test_sequences_weighted_towards_zero_hold_without_being_masked():
     holds, message = sampler_mismatch(history, t(truncation="top_p=0.8", biased_ratio=True, trl="1.16.0"))
     assert holds and "mean ratio 0.525" in message and "truncated sampling (top_p=0.8)" in message
     assert sampler_mismatch(rows([0.0015] * 3, ratio=[1.06, 1.01, 0.91]), t()) == (False, "")  # bf16 noise
+
+
+def test_a_collapsed_ratio_under_truncated_sampling_is_named_at_its_first_step():
+    """min_p / top_p on TRL < 1.17 without the fix: a ratio of 0.001 (Unsloth's notebooks' logs) is named from the
+    first logged step, not after a window; the same ratio without truncated sampling waits for the window."""
+    collapsed = rows([0.5], ratio=[0.001])
+    holds, message = sampler_mismatch(collapsed, t(truncation="min_p=0.1", biased_ratio=True, trl="1.16.0"))
+    assert holds and "collapsed at step 1" in message and "slimrl_truncated_sampling_fix=True" in message
+    assert sampler_mismatch(collapsed, t(trainer_precision="fp32")) is None  # window of 2 not filled
+    assert sampler_mismatch(rows([0.001], ratio=[0.5]), t(truncation="min_p=0.1", biased_ratio=True)) is None
