@@ -13,6 +13,7 @@ REAL_SCRIPTS3 ?= $(abspath ../shared/real_scripts3)
 REAL_SCRIPTS4 ?= $(abspath ../shared/real_scripts4)
 REAL_SCRIPTS5 ?= $(abspath ../shared/real_scripts5)
 SCRIPTS_FAST := trl_sft trl_dpo unsloth_gpt-oss_20B_RL_2048_Game
+SCRIPTS_VLLM_FAST := trl_rloo  # TRL's own colocate vLLM path (a model by name): in .venv-vllm
 SCRIPTS2_VENV := trl_grpo_vlm trl_grpo_agent  # the second set: TRL's VLM and agent scripts in .venv (no vLLM) ...
 SCRIPTS2_VLLM := unsloth_Qwen2.5_VL_7B_GRPO   # ... and Unsloth's vision notebook, which imports vLLM itself
 SCRIPTS3 := unsloth_Qwen3_VL_8B_Vision_GRPO trl_gkd  # the third set, in .venv
@@ -31,7 +32,7 @@ PYTEST := -q -p no:cacheprovider -n $(JOBS)
 .PHONY: demo envs envs-full install test test-full lint test-trl116 test-trl116-fast suite-trl116 suite-trl116-fast \
 	verify-trl116 bytecode test-trl112 test-trl112-fast \
 	test-trl-matrix test-trl-matrix-fast test-tf-gpu test-vllm test-vllm-fast test-gguf test-gguf-fast test-triton \
-	test-openenv test-gpu test-scripts test-scripts-fast test-scripts2 test-scripts3 test-scripts4 test-scripts4-vllm test-scripts5 gpu-wheels clean
+	test-openenv test-gpu test-scripts test-scripts-fast test-scripts-vllm-fast test-scripts2 test-scripts3 test-scripts4 test-scripts4-vllm test-scripts5 gpu-wheels clean
 
 # Only what the demo needs: .venv (torch 2.13.0 CPU, slimrl with its extras, the embedded model)
 install:
@@ -55,7 +56,7 @@ test: envs
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(PART_THREADS)} $(MAKE) -j$(JOBS) --output-sync=target test-scripts-fast \
 	  test-scripts3 test-scripts4 test-scripts5 test-gguf-fast test-trl112-fast verify-trl116 test-trl-matrix-fast test-triton \
 	  test-openenv
-	$(MAKE) test-vllm-fast test-scripts4-vllm  # alone: vLLM's CPU engine runs a thread on every core
+	$(MAKE) test-vllm-fast test-scripts4-vllm test-scripts-vllm-fast  # alone: vLLM's CPU engine runs a thread on every core
 
 test-full: envs-full
 	$(MAKE) lint bytecode suite-trl116
@@ -143,6 +144,12 @@ test-triton:
 # CUDA tests (skipped where there is no CUDA device); on the GPU machine: `make test-gpu PY=python3`
 test-gpu:
 	$(PY) -m pytest -q -p no:cacheprovider tests/gpu
+
+test-scripts-vllm-fast:
+	@if [ -f $(REAL_SCRIPTS)/run_all.sh ]; then \
+	  PY=$(abspath .venv-vllm/bin/python) bash $(REAL_SCRIPTS)/run_all.sh $(SCRIPTS_VLLM_FAST) | tee .real-scripts-vllm.log; \
+	  tail -1 .real-scripts-vllm.log | grep -q " 0 failed$$"; \
+	else echo "real scripts: none at $(REAL_SCRIPTS) (set REAL_SCRIPTS=...): skipped"; fi
 
 test-scripts-fast:
 	@if [ -f $(REAL_SCRIPTS)/run_all.sh ]; then \

@@ -36,7 +36,7 @@ from slimrl.compat.engine_memory import MAX_NUM_SEQS, EngineStart, cuda_engine_s
 from slimrl.compat.gpus import local_cuda_index
 from slimrl.compat.memory import PeakWindow, free_bytes_as_vllm_measures, reset_peak, total_bytes
 from slimrl.compat.vllm_info import kv_bytes_per_token, supported_lora_rank
-from slimrl.generation import cpu_lora, shared_loader
+from slimrl.generation import cpu_lora, engine_guards, shared_loader
 from slimrl.generation.llm_facade import LLMFacade
 from slimrl.generation.memory import kv_cache_bytes, release_host_pages
 from slimrl.generation.weights import adapter_tensors, share_base_weights, shared_storage_bytes
@@ -182,6 +182,8 @@ class SlimrlEngine(LLMFacade):
             self.share_weights(training_model)  # what the default loader read, where the shared one could not
             models = self.llm.collective_rpc(_engine_model)
             self.shared_bytes = shared_storage_bytes(training_model, models[0]) if len(models) == 1 else 0
+            if len(models) == 1:
+                engine_guards.guard(self, models[0])  # vLLM's sleep / load_weights leave the shared weights alone
         return self.llm
 
     def _cuda_memory_args(self, training_model: torch.nn.Module | None) -> dict[str, Any]:

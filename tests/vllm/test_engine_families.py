@@ -217,3 +217,29 @@ def test_a_checkpoint_saved_in_4bit_starts_the_engine_on_its_own_4bit_weights(tm
     torch.testing.assert_close(_engine_logps(engine, ids, engine.load_adapter(model)), _model_logps(model, ids),
                                atol=ATOL, rtol=0)
     assert engine.shared_bytes > 0, "the engine holds its own copy"
+
+
+def test_vllms_own_sleep_and_load_weights_leave_the_shared_weights_alone(tmp_path, capsys):
+    """``model.vllm_engine.llm`` is vLLM's ``LLM``: its ``sleep(level=2)`` would discard the weights vLLM allocated
+    (the packed q/k/v the trainer's projections are views of) and ``load_weights`` would write into the trainer's
+    tensors (and stops on vLLM's CPU build: no ``weight_loader``). The first releases the KV cache only, with one
+    line; the second is refused in one line before anything is written."""
+    from slimrl.generation.engine import _engine_model
+
+    model, tok = _load(save_tiny_family("qwen2", tmp_path), four_bit=False)
+    model = _peft(model)
+    engine = model.vllm_engine
+    ids = tok(TEXT, add_special_tokens=False)["input_ids"]
+    request = engine.load_adapter(model)
+    before = _engine_logps(engine, ids, request)
+    weights = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    capsys.readouterr()
+    engine.llm.sleep(level=2)
+    assert capsys.readouterr().out.count("released the engine's KV cache") <= 1
+    engine.llm.wake_up()
+    vllm_model = engine.llm.collective_rpc(_engine_model)[0]
+    name, tensor = next((n, p) for n, p in vllm_model.named_parameters() if "qkv_proj" in n)
+    with pytest.raises(RuntimeError, match="load_weights would write into them"):
+        vllm_model.load_weights([(name, torch.zeros_like(tensor))])
+    assert all(torch.equal(p.detach(), weights[n]) for n, p in model.named_parameters() if "lora_" not in n)
+    torch.testing.assert_close(_engine_logps(engine, ids, request), before, atol=ATOL, rtol=0)

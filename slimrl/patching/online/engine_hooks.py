@@ -4,7 +4,8 @@ Two pieces, used by :mod:`slimrl.patching.trainers.grpo` and :mod:`slimrl.patchi
 
 * :func:`slimrl_vllm_generation_factory` replaces the name ``VLLMGeneration`` in the trainer's module (TRL looks it
   up there when ``use_vllm=True``): for a PEFT model that carries an engine, in colocate mode, it returns
-  :class:`slimrl.generation.trl_backend.SlimrlVLLMGeneration`; for a PEFT model in server mode, TRL's class with
+  :class:`slimrl.generation.trl_backend.SlimrlVLLMGeneration` (a PEFT model TRL loaded by name gets an engine
+  built for it: :mod:`slimrl.patching.online.colocate_engine`); for a PEFT model in server mode, TRL's class with
   adapter-only sync mixed in (:mod:`slimrl.generation.server`); otherwise TRL's own class, unchanged.
 * :func:`apply_engine_defaults`: with an engine on the model and ``use_vllm`` not passed, ``use_vllm`` becomes True
   (as Unsloth users expect from ``fast_inference=True``), shown in the changed-defaults table; the config's
@@ -18,6 +19,7 @@ from typing import Any
 
 from slimrl.compat.runtime.callsite import warn
 from slimrl.generation.trl_backend import SlimrlVLLMGeneration, engine_of
+from slimrl.patching.online.colocate_engine import colocate_engine
 from slimrl.patching.state import config_state
 
 
@@ -60,6 +62,8 @@ def slimrl_vllm_generation_factory(orig_cls):
         engine = engine_of(model)
         mode = kwargs.get("mode", "colocate")
         peft = _is_peft(accelerator.unwrap_model(model))
+        if engine is None and mode == "colocate" and peft:  # TRL's own colocate path: slimrl's engine where it can
+            engine = colocate_engine(accelerator.unwrap_model(model), kwargs)
         if mode == "server" and peft:
             from slimrl.generation.server import server_generation_class
 
