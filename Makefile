@@ -118,7 +118,7 @@ test-vllm-fast:
 	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/vllm/test_grpo_engine.py \
 	  tests/vllm/test_plan_engine.py tests/vllm/test_agentic_engine.py tests/vllm/test_4bit_engine.py \
 	  tests/vllm/test_gpu_start.py tests/vllm/test_engine_api.py tests/vllm/test_two_engines.py \
-	  tests/vllm/test_engine_families.py
+	  tests/vllm/test_engine_families.py tests/vllm/test_trl_colocate.py
 
 test-vllm:
 	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm
