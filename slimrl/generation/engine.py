@@ -88,7 +88,7 @@ class SlimrlEngine(LLMFacade):
 
     def __init__(self, model_path: str, dtype: torch.dtype, max_seq_length: int, max_lora_rank: int,
                  gpu_memory_utilization: float | str, seed: int = 0, max_num_seqs: int = MAX_NUM_SEQS,
-                 kv_cache_dtype: str = "auto") -> None:
+                 kv_cache_dtype: str = "auto", quantization: str | None = None) -> None:
         self.model_path = model_path
         self.dtype = dtype
         self.max_seq_length = max_seq_length
@@ -97,6 +97,7 @@ class SlimrlEngine(LLMFacade):
         self.seed = seed
         self.max_num_seqs = max_num_seqs
         self.kv_cache_dtype = kv_cache_dtype  # "auto" (the weights' dtype) or "fp8" (CUDA)
+        self.quantization = quantization  # vLLM's for its weights ("fp8": its own copy, quantized as it loads)
         # each process's engine on its own GPU (TRL's colocate mode: one engine per rank)
         self.device = torch.device("cuda", local_cuda_index()) if torch.cuda.is_available() else torch.device("cpu")
         self.start_args: EngineStart | None = None  # what vLLM was given on a GPU (and the GPU's state then)
@@ -160,7 +161,9 @@ class SlimrlEngine(LLMFacade):
                                  "cannot load itself; start the engine from its model (FastLanguageModel."
                                  "from_pretrained(..., fast_inference=True) does)")
             kwargs["hf_overrides"] = {"quantization_config": None}  # served by the trainer's 4-bit modules
-        if training_model is not None:
+        if self.quantization is not None:  # vLLM quantizes its own copy as it loads: nothing to share
+            kwargs["quantization"] = self.quantization
+        elif training_model is not None:
             kwargs.update(shared_loader.source_args(training_model))
             if any(shared_loader.is_4bit(p) for p in training_model.parameters()):
                 kwargs["enforce_eager"] = True  # bitsandbytes' kernels run as they are: no graph capture, no compile
@@ -178,7 +181,7 @@ class SlimrlEngine(LLMFacade):
         finally:
             shared_loader.release(str(id(training_model)))
         self.timings["start_s"] = time.perf_counter() - t0
-        if training_model is not None:
+        if training_model is not None and self.quantization is None:
             self.share_weights(training_model)  # what the default loader read, where the shared one could not
             models = self.llm.collective_rpc(_engine_model)
             self.shared_bytes = shared_storage_bytes(training_model, models[0]) if len(models) == 1 else 0
@@ -189,7 +192,8 @@ class SlimrlEngine(LLMFacade):
     def _cuda_memory_args(self, training_model: torch.nn.Module | None) -> dict[str, Any]:
         """vLLM's memory arguments on this GPU now, after vLLM's own start-up check passed on them
         (:mod:`slimrl.compat.engine_memory`); a one-line MemoryError where it would not."""
-        external = shared_loader.external_bytes(training_model, self.device) if training_model is not None else 0
+        shares = training_model is not None and self.quantization is None  # else vLLM's weights are its own
+        external = shared_loader.external_bytes(training_model, self.device) if shares else 0
         self.start_args = cuda_engine_start(self.gpu_memory_utilization, free_bytes_as_vllm_measures(self.device),
                                             total_bytes(self.device), external, self.kv_cache_bytes)
         problem = startup_problem(self.start_args)

@@ -106,12 +106,37 @@ def check_before_loading(path: str, utilization: float | str, max_seq_length: in
                          f"{gpu.name} beside the model ({problem}); {fix_for(start)}")
 
 
+# vLLM's fp8 linear method runs from this compute capability (its Fp8Config.get_min_capability(), 75 in 0.32: the
+# Marlin kernel, weight-only FP8 below 8.9); W8A8 needs fp8 arithmetic (Gpu.fp8, vLLM's supports_fp8: 8.9)
+FP8_MIN_CAPABILITY = (7, 5)
+
+
+def engine_quantization(load_in_fp8: bool, engine: bool) -> str | None:
+    """vLLM's ``quantization`` for the engine: ``"fp8"`` where ``load_in_fp8=True`` runs (a GPU at compute capability
+    >= 7.5; weight-only below 8.9, said in one line), else None (16-bit, with one line when fp8 was asked for)."""
+    if not load_in_fp8:
+        return None
+    gpu = current_gpu()
+    if engine and gpu is not None and gpu.capability >= FP8_MIN_CAPABILITY:
+        if not gpu.fp8:
+            unsloth_keywords.note(f"from_pretrained(load_in_fp8=True): the {gpu.name} has no fp8 arithmetic (compute "
+                                  f"capability {gpu.capability}): vLLM runs weight-only FP8 (its Marlin kernel)")
+        return "fp8"
+    why = ("there is no vLLM engine (fast_inference)" if not engine else "vLLM's CPU backend runs no fp8 weights"
+           if gpu is None else f"vLLM's FP8 needs compute capability >= 7.5 (the {gpu.name}: {gpu.capability})")
+    unsloth_keywords.note(f"from_pretrained(load_in_fp8=True): {why}; the engine runs in 16-bit")
+    return None
+
+
 def attach_engine(model: Any, path: str, max_seq_length: int, max_lora_rank: int, utilization: float | str,
-                  seed: int, kv_dtype: str, full_finetuning: bool = False) -> SlimrlEngine:
+                  seed: int, kv_dtype: str, full_finetuning: bool = False,
+                  quantization: str | None = None) -> SlimrlEngine:
     """``model.vllm_engine``: the engine of this process for these settings (module docstring), bound to ``model``
-    (a generation before any trainer runs on its weights)."""
-    quantization = getattr(getattr(model, "config", None), "quantization_config", None)  # a 4-bit base is another
-    key = (path, str(model.dtype), str(quantization), max_seq_length, max_lora_rank, str(utilization), kv_dtype)
+    (a generation before any trainer runs on its weights); ``quantization``: vLLM's for the engine's weights
+    (``"fp8"``: :func:`engine_quantization`)."""
+    base_quant = getattr(getattr(model, "config", None), "quantization_config", None)  # a 4-bit base is another
+    key = (path, str(model.dtype), str(base_quant), quantization, max_seq_length, max_lora_rank, str(utilization),
+           kv_dtype)
     engine = _LIVE.get(key) if torch.cuda.is_available() else None  # vLLM's CPU back end runs several
     if engine is None:
         started = [e for e in _LIVE.values() if e.llm is not None and e.device.type == "cuda"]
@@ -120,7 +145,7 @@ def attach_engine(model: Any, path: str, max_seq_length: int, max_lora_rank: int
                              f"{started[0].model_path!r} (vLLM's memory pool allows one per process); restart the "
                              f"runtime, or load that model again with the same settings to reuse its engine")
         engine = SlimrlEngine(path, model.dtype, max_seq_length, max_lora_rank, utilization, seed=seed,
-                              kv_cache_dtype=kv_dtype)
+                              kv_cache_dtype=kv_dtype, quantization=quantization)
         _LIVE[key] = engine
     trainable = (sum(p.numel() * p.element_size() for p in model.parameters()) if full_finetuning
                  else adapter_bytes(model.config, max_lora_rank))

@@ -80,6 +80,7 @@ class FastLanguageModel:
             raise ValueError(f"max_lora_rank must be a positive int, got {max_lora_rank!r}")
         del use_exact_model_name, unsloth_vllm_standby, disable_log_stats  # honoured as they are (unsloth_keywords)
         kwargs = unsloth_keywords.take("from_pretrained", kwargs)
+        load_in_fp8 = kwargs.pop("load_in_fp8", False)
         tiled = kwargs.pop("unsloth_tiled_mlp", None)  # None: slimrl's default (patching/online/lean_default.py)
         if tiled is not None and (not isinstance(tiled, bool | int) or tiled < 0):
             raise ValueError(f"unsloth_tiled_mlp={tiled!r}: True (tiles of hidden_size tokens), False, or the tokens "
@@ -154,10 +155,11 @@ class FastLanguageModel:
         if use_gradient_checkpointing is not None:
             model.slimrl_config["gradient_checkpointing_default"] = use_gradient_checkpointing
         kv_dtype = engine_setup.kv_cache_dtype(bool(float8_kv_cache), engine)
+        fp8 = engine_setup.engine_quantization(bool(load_in_fp8), engine)
         if engine:
             engine_setup.attach_engine(model, str(path), max_seq_length, max_lora_rank, gpu_memory_utilization,
                                        0 if random_state is None else random_state, kv_dtype,
-                                       bool(full_finetuning))
+                                       bool(full_finetuning), quantization=fp8)
         if tiled:
             tile_mlp(model, None if tiled is True else int(tiled))
         attach(model)  # Unsloth's model methods: fast_generate, save_lora / load_lora, the export calls

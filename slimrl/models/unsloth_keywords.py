@@ -65,7 +65,10 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("fix_tokenizer", F, "ignored", "slimrl uses the tokenizer as saved (pad token set to EOS if missing)",
             off=(None, False, True)),
     Keyword("float32_mixed_precision", F, "ignored", "precision follows `dtype` and the trainer's bf16/fp16"),
-    Keyword("load_in_fp8", F, "ignored", "no fp8 weights in slimrl; the model loads in `dtype`"),
+    Keyword("load_in_fp8", F, "honoured", "the engine's weights in FP8 (vLLM's `quantization='fp8'`, TRL's "
+                                          "importance-sampling correction on): W8A8 from compute capability 8.9, "
+                                          "weight-only FP8 from 7.5 (one line), 16-bit below and on CPU (one "
+                                          "line); the trainer's weights stay in `dtype`"),
     Keyword("qat_scheme", F, "ignored", "no quantization-aware training in slimrl"),
     Keyword("unsloth_tiled_mlp", F, "honoured", "each decoder MLP runs a tile of tokens at a time, checkpointed "
                                                 "per tile (True: tiles of hidden_size tokens; an int: that many; not "

@@ -289,3 +289,44 @@ def test_vllms_check_passes_on_what_slimrl_plan_reports(tmp_path, capsys, shape,
     cache = types.SimpleNamespace(gpu_memory_utilization=engine["gpu_memory_utilization"])
     request_memory(snapshot, cache, engine["external_weight_bytes"])  # raises where vLLM would not start
     assert plan["vllm_startup_check"] == "passes"
+
+
+def test_fp8_threshold_is_vllms_own(fake_gpu):
+    """vLLM's fp8 linear method states its minimum compute capability (``Fp8Config.get_min_capability``): slimrl asks
+    for FP8 exactly on the table's GPUs at or above it. (Its W8A8 switch, ``supports_fp8`` = capability 8.9, lives in
+    vLLM's CUDA platform module, which does not import on the CPU build: slimrl's ``Gpu.fp8`` states the same 8.9.)"""
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    from slimrl.compat.gpus import GPUS
+    from slimrl.models import engine_setup
+
+    for gpu in GPUS:
+        fake_gpu(gpu.key)
+        major, minor = gpu.capability
+        assert (engine_setup.engine_quantization(True, engine=True) == "fp8") == \
+            (major * 10 + minor >= Fp8Config.get_min_capability()), gpu.name
+
+
+def test_an_fp8_engine_asks_vllm_for_fp8_and_shares_nothing(monkeypatch, tmp_path):
+    """The engine's arguments for ``load_in_fp8``: vLLM's ``quantization="fp8"`` on its own copy (vLLM quantizes as
+    it loads; the trainer keeps its 16-bit weights), not the shared loader."""
+    import vllm
+
+    from slimrl.generation.engine import SlimrlEngine
+    from tests.tiny import save_tiny_family
+
+    seen = {}
+
+    class StopError(Exception):
+        pass
+
+    def capture(**kwargs):
+        seen.update(kwargs)
+        raise StopError
+
+    monkeypatch.setattr(vllm, "LLM", capture)
+    path = save_tiny_family("qwen2", tmp_path)
+    engine = SlimrlEngine(path, torch.float32, 128, 8, 0.3, quantization="fp8")
+    with pytest.raises(StopError):
+        engine.start(torch.nn.Linear(2, 2))
+    assert seen["quantization"] == "fp8" and "load_format" not in seen

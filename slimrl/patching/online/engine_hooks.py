@@ -91,6 +91,10 @@ def apply_engine_defaults(model: Any, config: Any) -> None:
     if engine is None or config is None or not hasattr(config, "use_vllm"):
         return
     engine.sampling_params = getattr(config, "vllm_sampling_params", None)
+    if getattr(engine, "quantization", None) and getattr(config, "vllm_importance_sampling_correction", True) is False:
+        warn(f"the engine samples from {engine.quantization} weights while the trainer scores 16-bit ones, and "
+             f"vllm_importance_sampling_correction=False leaves that mismatch uncorrected: set it to True (TRL's "
+             f"default)")
     explicit = config_state(config).explicit
     if config.use_vllm or "use_vllm" in explicit:
         return
