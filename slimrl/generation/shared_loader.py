@@ -238,8 +238,11 @@ def _joined(params: list[torch.Tensor], dtype: torch.dtype, device: torch.device
 
 
 def _like(old: torch.nn.Parameter, tensor: torch.Tensor) -> torch.nn.Parameter:
-    new = torch.nn.Parameter(tensor, requires_grad=False)
-    new.__dict__.update(old.__dict__)  # vLLM's loader attributes (weight_loader, input_dim, ...)
+    """``tensor`` as a parameter of ``old``'s class (vLLM's ``BasevLLMParameter`` kinds carry their loading methods)
+    with its attributes (``weight_loader``, ``input_dim``, ...), no gradient."""
+    cls = type(old) if isinstance(old, torch.nn.Parameter) else torch.nn.Parameter
+    new = torch.Tensor._make_subclass(cls, tensor.detach(), False)  # neither class's __init__: no re-allocation
+    new.__dict__.update(old.__dict__)
     return new
 
 

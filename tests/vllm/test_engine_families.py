@@ -243,3 +243,23 @@ def test_vllms_own_sleep_and_load_weights_leave_the_shared_weights_alone(tmp_pat
         vllm_model.load_weights([(name, torch.zeros_like(tensor))])
     assert all(torch.equal(p.detach(), weights[n]) for n, p in model.named_parameters() if "lora_" not in n)
     torch.testing.assert_close(_engine_logps(engine, ids, request), before, atol=ATOL, rtol=0)
+
+
+def test_shared_parameters_keep_vllms_classes_and_attributes():
+    """What the shared loader puts in place of a vLLM parameter is of the same class, with the same attributes
+    (``weight_loader`` and the rest), and holds the training model's tensor itself."""
+    from vllm.model_executor.parameter import ModelWeightParameter
+
+    from slimrl.generation.shared_loader import _like
+
+    def loader(*a):
+        return None
+
+    old = ModelWeightParameter(data=torch.empty(4, 2, device="meta"), input_dim=1, output_dim=0, weight_loader=loader)
+    tensor = torch.randn(4, 2)
+    new = _like(old, tensor)
+    assert type(new) is ModelWeightParameter and new.weight_loader is loader and new.input_dim == 1
+    assert new.data_ptr() == tensor.data_ptr() and not new.requires_grad
+    plain = torch.nn.Parameter(torch.empty(3, device="meta"), requires_grad=False)
+    plain.weight_loader = loader
+    assert type(_like(plain, torch.zeros(3))) is torch.nn.Parameter and _like(plain, torch.zeros(3)).weight_loader
