@@ -76,8 +76,9 @@ def sampler_mismatch(rows: Sequence[dict], t: Any) -> tuple[bool, str] | None:
     facts: SamplerFacts = t.sampler or SamplerFacts()
     if facts.biased_ratio and rows and _window_mean(rows, RATIO_KEY, 1) is not None \
             and rows[-1][RATIO_KEY] < COLLAPSED:
-        return True, (f"the importance ratio collapsed at step {rows[-1].get('step', '?')} (mean "
-                      f"{rows[-1][RATIO_KEY]:.3g}, below {COLLAPSED:g}): {_truncation_cause(facts)}")
+        return True, (f"the generator disagrees with the trained model: the importance ratio collapsed at step "
+                      f"{rows[-1].get('step', '?')} (mean {rows[-1][RATIO_KEY]:.3g}, below {COLLAPSED:g}); likely "
+                      f"cause: {_truncation_cause(facts)}")
     kl = _window_mean(rows, KL_KEY, t.window)
     masked = _window_mean(rows, MASKED_KEY, t.window)
     ratio = _window_mean(rows, RATIO_KEY, t.window)
