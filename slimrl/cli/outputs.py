@@ -262,28 +262,6 @@ def run_record(algorithm: str, lora_r: int, model: str) -> dict[str, Any]:
     return {"algorithm": algorithm, "lora_r": lora_r, "model": model}
 
 
-def check_resume_matches(ckpt: Path, record: dict[str, Any], target_modules: list[str] | None = None) -> None:
-    """The checkpoint was written by a run like this one (algorithm, LoRA rank, target modules)."""
-    saved = {}
-    if (ckpt / RUN_FILE).is_file():
-        saved = json.loads((ckpt / RUN_FILE).read_text())
-    adapter = json.loads((ckpt / "adapter_config.json").read_text()) if (ckpt / "adapter_config.json").is_file() \
-        else {}
-    mismatches = []
-    if saved.get("algorithm") not in (None, record["algorithm"]):
-        mismatches.append(f"--algorithm {saved['algorithm']} there, {record['algorithm']} now")
-    rank = adapter.get("r", saved.get("lora_r"))
-    if rank is not None and rank != record["lora_r"]:
-        mismatches.append(f"--lora_r {rank} there, {record['lora_r']} now")
-    if target_modules is not None and adapter.get("target_modules") is not None and \
-            sorted(adapter["target_modules"]) != sorted(target_modules):
-        mismatches.append(f"LoRA target modules {sorted(adapter['target_modules'])} there, {sorted(target_modules)} "
-                          f"now")
-    if mismatches:
-        raise InputError(f"--resume {ckpt}: the checkpoint is from a different run ({'; '.join(mismatches)}); "
-                         f"resume with the same options, or start over with --overwrite_output_dir true")
-
-
 class RunRecordCallback(TrainerCallback):
     """Writes :data:`RUN_FILE` into every checkpoint (what a later ``--resume`` is checked against)."""
 

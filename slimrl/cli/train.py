@@ -32,13 +32,13 @@ from slimrl.cli.oneline import fail
 from slimrl.cli.outputs import (
     RunRecordCallback,
     check_output_dir,
-    check_resume_matches,
     checkpoints,
     pick_checkpoint,
     refuse_earlier_run,
     run_lock,
     run_record,
 )
+from slimrl.cli.resume import check_resume_matches
 from slimrl.cli.tasks import WARM_START_STEPS, task_of, warm_start
 from slimrl.errors import InputError
 
@@ -201,7 +201,7 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
                                                  lora_dropout=targs.lora_dropout, use_gradient_checkpointing=gc_mode,
                                                  random_state=cfg.seed)
         if resume_from is not None:
-            check_resume_matches(resume_from, record, sorted(model.peft_config["default"].target_modules))
+            check_resume_matches(resume_from, record, model)
         tools = built_in_tools(targs)
         if tools and (said := tool_template(tokenizer, targs)):
             print(f"slimrl train: {said}", flush=True)
