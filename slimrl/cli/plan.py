@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         from slimrl.planning.config import load_config
 
         check_plannable(load_config(args.model), args.model, args.load_in_4bit)  # before any trace
+        check_sequence_bound(args, load_config(args.model))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             result = plan(args.model, settings, budget=args.budget)
@@ -172,6 +173,23 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(data, indent=2) if args.json else text + (format_compare(data["compare"]) if args.compare
                                                                 else ""))
     return 0
+
+
+def check_sequence_bound(args: argparse.Namespace, config: Any) -> None:
+    """``--max_seq_length``, where given, holds a prompt and its completion and fits the model's context (the
+    engine's ``max_model_len``: vLLM refuses more than ``max_position_embeddings``), so the start check is judged
+    on a length the engine can take."""
+    from slimrl.errors import InputError
+
+    if args.max_seq_length is None:
+        return
+    text = getattr(config, "get_text_config", lambda: config)()
+    context = getattr(text, "max_position_embeddings", None)
+    least = args.max_prompt_length + args.max_completion_length
+    if args.max_seq_length < least or (context and args.max_seq_length > context):
+        most = f" and at most the model's context, {context}" if context else ""
+        raise InputError(f"--max_seq_length {args.max_seq_length}: the engine's longest sequence must hold "
+                         f"--max_prompt_length + --max_completion_length ({least}){most}")
 
 
 def _compare(args: argparse.Namespace, settings: Any, result: Any) -> dict[str, Any]:

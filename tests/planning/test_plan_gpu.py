@@ -65,3 +65,15 @@ def test_bad_gpu_input_is_one_line(capsys, argv, message):
     assert plan_cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("length", ["-1", "0", "1", str(2**63)])
+def test_a_max_seq_length_the_engine_cannot_take_is_one_line(capsys, length):
+    """Round 7: -1, 0, 1 and 2^63 were planned, and vLLM's start-up check "passed" on them. The bound: at least
+    prompt + completion, at most the model's context (SmolLM2: 8192), before any trace."""
+    argv = ["--gpu", "t4", "--fast_inference", "true", "--max_prompt_length", "64", "--max_completion_length", "64",
+            "--max_seq_length", length]
+    assert plan_cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"--max_seq_length {length}:" in err and "(128) and at most the model's context, 8192" in err
+    assert len(err.splitlines()) == 1
