@@ -3,6 +3,7 @@ line naming the file and the key)."""
 
 from __future__ import annotations
 
+import datetime
 import difflib
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,13 @@ def check_yaml_values(parser, data: dict[str, Any], path: str) -> None:
             if not _takes_mappings(action):
                 raise InputError(f"--config {path}: key {key}: {shown(value)} is a {type(value).__name__}; this "
                                  f"option takes one value")
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, datetime.date):  # YAML reads an unquoted 2026-12-02 as a date
+                raise InputError(f"--config {path}: key {key}: YAML read {v} as a date; this option takes a string "
+                                 f"(quote it: '{v}')")
+            if isinstance(v, str) and "\0" in v:
+                raise InputError(f"--config {path}: key {key}: {shown(v)} holds a NUL character, which no path or "
+                                 f"name can; remove it")
         if value is None or convert is None or not callable(convert):
             continue
         values = value if isinstance(value, list) and action.nargs in ("+", "*") else [value]

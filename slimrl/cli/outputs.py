@@ -37,7 +37,13 @@ RUN_OUTPUTS = ("adapter", "metrics.jsonl", "metrics.csv", "metrics.png", "slimrl
 
 def check_output_dir(path: str) -> Path:
     """``path`` can hold the run's files: InputError naming the problem otherwise."""
+    if not isinstance(path, str) or "\0" in path:
+        raise InputError(f"--output_dir {path!r}: pass a directory path (a string without NUL characters)")
     out = Path(path).expanduser()
+    longest = max((len(part.encode()) for part in out.parts), default=0)
+    if longest > 255 or len(str(out).encode()) >= 4096:  # NAME_MAX / PATH_MAX on Linux filesystems
+        raise InputError(f"--output_dir {path[:60]}...: too long for the filesystem (a name of at most 255 bytes, a "
+                         f"path under 4096); pass a shorter directory")
     if out.exists() and not out.is_dir():
         raise InputError(f"--output_dir {path}: is a file; pass a directory (it is created if missing)")
     for parent in out.parents:

@@ -178,3 +178,23 @@ def test_an_intact_checkpoint_with_rng_states_resumes(tmp_path):
                ckpt / "rng_state.pth")
     torch.save({"last_epoch": 1}, ckpt / "scheduler.pt")
     assert pick_checkpoint("latest", tmp_path / "out") == ckpt
+
+
+@pytest.mark.parametrize("case", ["nul", "date", "too-long"])
+def test_an_output_dir_no_filesystem_can_take_is_one_line(capsys, tmp_path, monkeypatch, case):
+    """Round 7: ``"a\\0b"`` and an unquoted date from YAML, and a name longer than the filesystem's 255 bytes, ended
+    in tracebacks (``embedded null byte``, ``TypeError: ... not date``, ``File name too long``)."""
+    from slimrl.models import fast_language_model
+
+    monkeypatch.setattr(fast_language_model.FastLanguageModel, "from_pretrained",
+                        staticmethod(lambda *a, **k: pytest.fail("the model was loaded before the input was checked")))
+    config = tmp_path / "run.yaml"
+    if case == "too-long":
+        argv = ["--output_dir", str(tmp_path / ("x" * 300))]
+        message = "too long for the filesystem"
+    else:
+        config.write_text('output_dir: "a\\0b"\n' if case == "nul" else "output_dir: 2026-12-02\n")
+        argv = ["--config", str(config)]
+        message = "holds a NUL character" if case == "nul" else "YAML read 2026-12-02 as a date"
+    line = _one_line(capsys, train.main(argv), "slimrl train")
+    assert message in line, line
