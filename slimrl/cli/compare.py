@@ -17,9 +17,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from slimrl.cli.oneline import fail, parse
+from slimrl.compat.runtime.atomic_write import write_atomically
 
 SIDES = ("trl", "slimrl", "trl-liger")
 LOSS_RTOL = {"cpu": 1e-3, "cuda": 5e-2}  # first-step losses: fp32 sums in other orders; bf16 on CUDA
@@ -200,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {"settings": {k: v for k, v in vars(args).items() if k != "json"}, "sides": results,
               "predicted": predicted, "loss_agreement": loss, "seconds": round(time.perf_counter() - started, 1)}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
+        write_atomically(Path(args.json), json.dumps(record, indent=1))  # a kill mid-write keeps the old record
         print(f"  record: {args.json}")
     incomplete = [side for side, r in results.items() if "failed" in r or "oom" in r]
     if incomplete:
