@@ -95,3 +95,19 @@ def test_the_child_checks_this_processs_trl(monkeypatch):
     monkeypatch.setattr(trl, "__file__", "/somewhere/else/trl/__init__.py")
     verdicts = self_check.run_rows(["grpo"])
     assert not verdicts["grpo"]["passed"] and "imported another TRL" in verdicts["grpo"]["row"]
+
+
+def test_a_cache_folder_that_is_the_users_own_symlink_is_trusted(cache, tmp_path, monkeypatch):
+    """Round 7: ``SLIMRL_CACHE`` pointing at the user's own link counted as "writable by others" (a link's mode is
+    rwx for all), so the self-check reran every run. The folder it names is judged instead: trusted when it is the
+    user's and closed, refused when the folder it names is writable by others."""
+    verdict = {"any": {"grpo": {"passed": True, "row": "ok", "seconds": 1}}}
+    _write(cache, verdict)
+    link = tmp_path / "cache-link"
+    link.symlink_to(cache.parent)
+    monkeypatch.setenv("SLIMRL_CACHE", str(link))
+    verdicts, lines = _lines(self_check.cached)
+    assert verdicts == verdict and not lines
+    os.chmod(cache.parent, 0o777)
+    verdicts, lines = _lines(self_check.cached)
+    assert verdicts == {} and any("writable by others" in ln for ln in lines)

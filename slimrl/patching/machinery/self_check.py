@@ -86,12 +86,16 @@ def _note_cache(problem: str) -> None:
 
 def _cache_problem(path: Path) -> str | None:
     """Why the cache (or its folder) cannot be trusted: another user's, writable by others, or not a regular
-    file (a FIFO would hang the read, a device never ends); None: it can."""
+    file (a FIFO would hang the read, a device never ends); None: it can. A folder that is the user's own symlink
+    is judged by the folder it names (a link's own mode is always rwx for all)."""
     import stat
 
-    for where in (path.parent, path):
+    parent = path.parent  # one object: `where is parent` below
+    for where in (parent, path):
         try:
             info = where.lstat()
+            if where is parent and stat.S_ISLNK(info.st_mode) and info.st_uid == os.geteuid():
+                info = where.stat()  # the user's own link to a folder: the folder it names is what is judged
         except FileNotFoundError:
             continue
         except OSError as err:
@@ -100,7 +104,7 @@ def _cache_problem(path: Path) -> str | None:
             return f"{where} is not a regular file (a link, FIFO or device); remove it"
         if info.st_uid != os.geteuid():
             return f"{where} belongs to another user; set SLIMRL_CACHE to a folder of your own"
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (where is path.parent and info.st_mode & stat.S_ISVTX):
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (where is parent and info.st_mode & stat.S_ISVTX):
             return f"{where} is writable by others (chmod go-w it)"
         if where is path and info.st_size > MAX_CACHE_BYTES:
             return f"{where} is {info.st_size} bytes, not a verdict file; remove it"
