@@ -11,8 +11,10 @@ tile by tile (so equal up to floating-point summation order). The price is one m
 
 A module is tiled when its attribute name is ``mlp``, its class name ends in ``MLP`` and it has no ``experts``
 (a mixture of experts routes over the whole batch and returns more than a tensor): dense MLPs of Llama, Qwen2/3,
-Gemma, Mistral, SmolLM. A call with anything but one hidden-state tensor goes to the module's own forward; a module
-whose output is not one row per input row (a tuple, another shape: not position-wise) is left untiled, with one line.
+Gemma, Mistral, SmolLM — and a probe finds it position-wise (three random rows at once give what each gives alone;
+a module that mixes positions is left untiled, with one line). A call with anything but one hidden-state tensor goes
+to the module's own forward; a module whose output is not one row per input row (a tuple, another shape: not
+position-wise) is left untiled, with one line.
 
 The tiled forward is a method bound to its module (no closure over it): a copy of the model (``copy.deepcopy``,
 which TRL's ``create_reference_model`` makes for a frozen reference) binds it to the copy, so the copy computes with
@@ -51,7 +53,7 @@ def tile_mlp(model: Any, rows: int | None = None) -> int:
     if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
         raise ValueError(f"rows={rows!r}: the tokens of one MLP tile, a positive int (None: the hidden size)")
     rows = rows or tile_rows(model)
-    modules = tiled_modules(model)
+    modules = [m for m in tiled_modules(model) if hasattr(m, ATTR) or _position_wise(m)]
     for module in modules:
         if not hasattr(module, ATTR):
             if "forward" in vars(module):  # a forward set on the instance before: tiles run it
@@ -59,6 +61,33 @@ def tile_mlp(model: Any, rows: int | None = None) -> int:
             module.forward = types.MethodType(tiled_forward, module)
         setattr(module, ATTR, rows)
     return len(modules)
+
+
+def _position_wise(module: torch.nn.Module) -> bool:
+    """A probe before tiling: three random rows through the module at once equal each row through it alone (a
+    module that mixes positions would compute other numbers tile by tile); False, with one line, where they do not.
+    Modules whose weights are not materialised (meta) or whose input width is unknown are taken as declared."""
+    params = [p for p in module.parameters() if p.is_floating_point()]
+    width = next((m.in_features for m in module.modules() if isinstance(getattr(m, "in_features", None), int)), None)
+    if not params or width is None or params[0].device.type == "meta":
+        return True
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, width, generator=gen).to(device=params[0].device, dtype=params[0].dtype)  # [3, H]
+    with torch.no_grad():
+        try:
+            together = _own(module)(x)  # [3, H]
+            alone = torch.cat([_own(module)(x[i:i + 1]) for i in range(3)])  # [3, H]
+        except Exception:  # noqa: BLE001 - a module that cannot take rows: judged at its first call
+            return True
+    if not isinstance(together, torch.Tensor) or together.shape != alone.shape:
+        return True  # not one tensor of rows: the tiled forward's own check stands it aside at its first call
+    scale = float(together.abs().max()) if together.numel() else 0.0
+    tolerance = (1e-2 if params[0].element_size() < 4 else 1e-4) * max(scale, 1.0)
+    if float((together - alone).abs().max()) <= tolerance:
+        return True
+    warn(f"unsloth_tiled_mlp: {type(module).__name__} does not compute each row on its own (a probe of 3 rows "
+         f"together differs from each row alone): it runs untiled")
+    return False
 
 
 def untile_mlp(model: Any) -> None:

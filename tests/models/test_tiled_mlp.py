@@ -115,3 +115,29 @@ def test_an_mlp_that_is_not_position_wise_stands_aside():
         out, aux = holder.mlp(x)
     assert out.shape == (1, 5, 4) and not is_tiled(holder)
     torch.testing.assert_close(holder.mlp(x)[0], holder.mlp.proj(x))
+
+
+def test_an_mlp_that_mixes_positions_is_found_by_the_probe_and_left_untiled():
+    """Round 7: a module named like an MLP that mixes rows (here: centred over the tokens) computed other numbers
+    tiled; the probe before tiling finds it, one line, and the model computes as it did."""
+
+    class MixMLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.proj(x - x.mean(dim=-2, keepdim=True))
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = MixMLP()
+
+    holder = Holder()
+    x = torch.randn(1, 6, 4)
+    before = holder.mlp(x)
+    with pytest.warns(UserWarning, match=r"MixMLP does not compute each row on its own.*it runs untiled"):
+        assert tile_mlp(holder, rows=2) == 0
+    assert not is_tiled(holder)
+    torch.testing.assert_close(holder.mlp(x), before)
