@@ -6,7 +6,10 @@ its client class (``openenv.core.EnvClient``) talks to it over HTTP and WebSocke
 ``(port, client)``:
 
 * a client passed back in (``openenv_process=``) whose server still answers ``/health`` is returned as it is (a
-  notebook re-running its cell keeps its server);
+  notebook re-running its cell keeps its server), and so is a server this process started on ``port``; a server
+  this run did not start is never reused (another user's, on a shared machine), one line says the port is taken;
+* healthy means ``/health`` answers ``healthy`` (``{"status": "healthy"}`` or the word), not any answer: an
+  "unhealthy" server, or a listener that does not speak HTTP, is not; ``timeout`` is a positive number of seconds;
 * otherwise a server is started as a child process: ``python -m uvicorn <server>`` in ``working_directory``, on a free
   port of the **loopback interface only** (``127.0.0.1``: Unsloth's binds ``0.0.0.0``, which offers the environment
   to the whole network), with the OpenEnv checkout on ``PYTHONPATH`` (its ``envs/`` at the root and ``src/`` both, as
@@ -15,7 +18,8 @@ its client class (``openenv.core.EnvClient``) talks to it over HTTP and WebSocke
 * the server is slimrl's child for the rest of the run: ended when this process exits (``atexit``), and sent
   ``SIGTERM`` by the kernel if this process dies first (``PR_SET_PDEATHSIG`` on Linux);
 * a port that cannot be had, a server that exits or does not answer within ``timeout`` seconds, or a ``/health``
-  that is not healthy is one line (``RuntimeError``) naming the server and the last line of its log.
+  that is not healthy is one line (``RuntimeError``) naming the server and the last line of its log; a server that
+  timed out is ended (killed when it ignores ``SIGTERM``), never left running.
 
 Using the environment in GRPO: TRL's ``environment_factory`` (an object whose methods are tools, with ``reset``) or
 ``rollout_func``; docs/agentic.md shows both with an OpenEnv client. slimrl's engine generates those rollouts where
@@ -26,6 +30,9 @@ from __future__ import annotations
 
 import atexit
 import functools
+import http.client
+import json
+import math
 import os
 import signal
 import socket
@@ -42,6 +49,7 @@ from slimrl.compat.runtime.processes import die_with_parent
 
 HOST = "127.0.0.1"
 _CHILDREN: list[subprocess.Popen] = []
+_STARTED: dict[int, subprocess.Popen] = {}  # port -> the server this process started there
 
 
 def is_port_open(host: str, port: int) -> bool:
@@ -57,9 +65,15 @@ def healthy(base_url: str, timeout: float = 2.0) -> bool:
     """Whether an OpenEnv server at ``base_url`` answers ``GET /health`` with a healthy status."""
     try:
         with urllib.request.urlopen(f"{base_url.rstrip('/')}/health", timeout=timeout) as response:  # noqa: S310
-            return b"healthy" in response.read(4096)
-    except (OSError, ValueError):
+            body = response.read(4096)
+    except (OSError, ValueError, http.client.HTTPException):  # HTTPException: not HTTP (an SSH banner, ...)
         return False
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return body.strip().lower() == b"healthy"
+    status = answer.get("status") if isinstance(answer, dict) else answer
+    return isinstance(status, str) and status.strip().lower() == "healthy"
 
 
 def _base_url(client: Any) -> str | None:
@@ -86,14 +100,20 @@ def _pythonpath(working_directory: Path, inherited: str | None) -> str:
     return os.pathsep.join(roots + ([inherited] if inherited else []))
 
 
+def _end(child: subprocess.Popen) -> None:
+    """SIGTERM, and SIGKILL for a server that ignores it for 5 s (none is left running)."""
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
 def _end_children() -> None:
     for child in _CHILDREN:
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        _end(child)
 
 
 atexit.register(_end_children)
@@ -123,6 +143,10 @@ def launch_openenv(port: int = 8111, openenv_process: Any = None, working_direct
     if environment is not None and not isinstance(environment, dict):
         raise ValueError(f"launch_openenv(environment={type(environment).__name__}): pass a dict of environment "
                          f"variables")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout) or \
+            timeout <= 0:
+        raise ValueError(f"launch_openenv(timeout={timeout!r}): pass the seconds to wait for the server, a positive "
+                         f"number")
     if openenv_process is not None:
         base = _base_url(openenv_process)
         if base and healthy(base):
@@ -133,8 +157,12 @@ def launch_openenv(port: int = 8111, openenv_process: Any = None, working_direct
                 close()
             except Exception:  # noqa: BLE001 - a client whose server is gone: nothing to close
                 pass
-    if isinstance(port, int) and 0 < port < 65536 and healthy(f"http://{HOST}:{port}"):
+    mine = _STARTED.get(port) if isinstance(port, int) else None
+    if mine is not None and mine.poll() is None and healthy(f"http://{HOST}:{port}"):
         return port, openenv_class(base_url=f"http://{HOST}:{port}")  # a server of this run still answers there
+    if isinstance(port, int) and 0 < port < 65536 and is_port_open(HOST, port):
+        print(f"slimrl: launch_openenv: port {port} is taken by a server this run did not start (another user's or "
+              f"program's): this run starts its own on a free port", flush=True)
     return _start(Path(working_directory), server, environment or {}, openenv_class, timeout)
 
 
@@ -148,6 +176,7 @@ def _start(directory: Path, server: str, environment: dict, openenv_class: Any, 
                                  cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT,
                                  preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
     _CHILDREN.append(child)
+    _STARTED[port] = child
     base = f"http://{HOST}:{port}"
     deadline = time.monotonic() + timeout
     while not is_port_open(HOST, port):
@@ -155,13 +184,13 @@ def _start(directory: Path, server: str, environment: dict, openenv_class: Any, 
             raise RuntimeError(f"launch_openenv: the server {server!r} exited ({child.returncode}) before listening "
                                f"on {base}: {_last_line(log)} (log: {log})")
         if time.monotonic() > deadline:
-            child.terminate()
+            _end(child)
             raise RuntimeError(f"launch_openenv: the server {server!r} did not listen on {base} within {timeout:.0f} "
                                f"s: {_last_line(log)} (log: {log})")
         time.sleep(0.05)
     while not healthy(base):
         if time.monotonic() > deadline or child.poll() is not None:
-            child.terminate()
+            _end(child)
             raise RuntimeError(f"launch_openenv: the server {server!r} on {base} does not answer /health as healthy: "
                                f"{_last_line(log)} (log: {log})")
         time.sleep(0.2)
