@@ -22,6 +22,7 @@ from typing import Any
 
 from slimrl.cli.oneline import fail, parse
 from slimrl.compat.runtime.atomic_write import write_atomically
+from slimrl.compat.runtime.processes import die_with_parent
 
 SIDES = ("trl", "slimrl", "trl-liger")
 LOSS_RTOL = {"cpu": 1e-3, "cuda": 5e-2}  # first-step losses: fp32 sums in other orders; bf16 on CUDA
@@ -100,7 +101,8 @@ def run_sides(sides: list[str], command, timeout: int) -> dict[str, dict]:
     results = {}
     for side in sides:
         try:
-            done = subprocess.run(command(side), capture_output=True, text=True, timeout=timeout)
+            done = subprocess.run(command(side), capture_output=True, text=True, timeout=timeout,
+                                  preexec_fn=die_with_parent)  # a killed compare leaves no worker holding memory
         except subprocess.TimeoutExpired:
             results[side] = {"side": side, "failed": f"no result within {timeout} s"}
             continue
