@@ -42,16 +42,17 @@ def fast_generate(self: Any, prompts: str | list, sampling_params: Any = None, l
 @contextmanager
 def _inference(model: Any) -> Iterator[None]:
     """The model in inference mode for a call, and back after (a model the user put there stays there)."""
-    from slimrl.models.modes import for_inference, for_training, in_inference_mode
+    from slimrl.models.modes import for_inference, for_training, in_inference_mode, switch_window
 
-    switch = not in_inference_mode(model)
-    if switch:
-        for_inference(model)
-    try:
-        yield
-    finally:
+    with switch_window() as may:  # a trainer step in another thread: its modes are left alone
+        switch = may and not in_inference_mode(model)
         if switch:
-            for_training(model)
+            for_inference(model)
+        try:
+            yield
+        finally:
+            if switch:
+                for_training(model)
 
 
 def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -59,7 +60,8 @@ def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
     off, left padding) and the training mode back after, so a notebook's try-it cell right after
     ``trainer.train()`` gets the trained model's own output (in training mode with checkpointing, transformers drops
     the KV cache: 5.19 then degenerates). Where a patched trainer's step generates (TRL sampling its completions),
-    or the model is not training, transformers' call runs as it is."""
+    or the model is not training, transformers' call runs as it is; so it does from another thread while a trainer
+    step runs (the step's modes are not touched; a step starting meanwhile waits for the switch back)."""
     from slimrl.models.modes import in_trainer_step
 
     original = type(self).generate

@@ -12,6 +12,7 @@ and the tokenizer's padding side. Called without a prior ``for_inference`` it se
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -24,16 +25,40 @@ from slimrl.models.quantized import keep_8bit_training_mode, keep_quantized_trai
 
 _STATE = "_slimrl_saved_training_state"
 _IN_STEP: ContextVar[bool] = ContextVar("slimrl_trainer_step", default=False)
+_SWITCH_LOCK = threading.RLock()  # held by a generation that switched a model's modes, and to count steps
+_STEPS = [0]  # trainer steps running now, in every thread
 
 
 @contextmanager
 def trainer_step() -> Iterator[None]:
-    """A patched trainer's step runs: generation inside it keeps the trainer's own settings (``generate`` below)."""
+    """A patched trainer's step runs: generation inside it keeps the trainer's own settings (``generate`` below),
+    and no other thread switches a model's modes until it ends (:func:`switch_window`); a step that starts while
+    another thread's generation has the model switched waits for it to switch back."""
     token = _IN_STEP.set(True)
+    with _SWITCH_LOCK:
+        _STEPS[0] += 1
     try:
         yield
     finally:
+        with _SWITCH_LOCK:
+            _STEPS[0] -= 1
         _IN_STEP.reset(token)
+
+
+@contextmanager
+def switch_window() -> Iterator[bool]:
+    """Yields whether this thread may switch a model to inference mode and back now: not while a trainer step runs
+    in any thread (``model.generate`` from a second thread would flip the mode under the step's forward and its
+    checkpoint recompute); while the window is held, a step starting in another thread waits."""
+    _SWITCH_LOCK.acquire()
+    if _STEPS[0]:
+        _SWITCH_LOCK.release()
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        _SWITCH_LOCK.release()
 
 
 def in_trainer_step() -> bool:
