@@ -16,7 +16,8 @@ its client class (``openenv.core.EnvClient``) talks to it over HTTP and WebSocke
   OpenEnv's layouts have them) and ``environment`` over this process's environment; its output goes to a log file
   (a pipe nobody reads stops a chatty server);
 * the server is slimrl's child for the rest of the run: ended when this process exits (``atexit``), and sent
-  ``SIGTERM`` by the kernel if this process dies first (``PR_SET_PDEATHSIG`` on Linux);
+  ``SIGTERM`` by the kernel if this process dies first (``PR_SET_PDEATHSIG`` on Linux; forked from a thread that
+  lives as long as the process, so a launch from a worker thread does not end with that thread);
 * a port that cannot be had, a server that exits or does not answer within ``timeout`` seconds, or a ``/health``
   that is not healthy is one line (``RuntimeError``) naming the server and the last line of its log; a server that
   timed out is ended (killed when it ignores ``SIGTERM``), never left running.
@@ -45,7 +46,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from slimrl.compat.runtime.processes import die_with_parent
+from slimrl.compat.runtime.processes import die_with_parent, spawn_for_process
 
 HOST = "127.0.0.1"
 _CHILDREN: list[subprocess.Popen] = []
@@ -172,9 +173,9 @@ def _start(directory: Path, server: str, environment: dict, openenv_class: Any, 
     env["PYTHONPATH"] = _pythonpath(directory.resolve(), env.get("PYTHONPATH"))
     log = Path(tempfile.mkstemp(prefix=f"slimrl-openenv-{port}-", suffix=".log")[1])
     with open(log, "w") as out:
-        child = subprocess.Popen([sys.executable, "-m", "uvicorn", server, "--host", HOST, "--port", str(port)],
-                                 cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                 preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
+        child = spawn_for_process([sys.executable, "-m", "uvicorn", server, "--host", HOST, "--port", str(port)],
+                                  cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                  preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
     _CHILDREN.append(child)
     _STARTED[port] = child
     base = f"http://{HOST}:{port}"

@@ -1,8 +1,10 @@
-"""Whether a process is still running (lock files and temporary folders name the process that made them)."""
+"""Processes: whether one is still running (lock files and temporary folders name the process that made them), and
+children that end with this process."""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
 def pid_alive(pid: int) -> bool:
@@ -61,3 +63,19 @@ def die_with_parent(signum: int | None = None) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signum or signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+_SPAWNER: list = []  # one thread for the process's whole life, started on first use
+
+
+def spawn_for_process(*args: Any, **kwargs: Any) -> Any:
+    """``subprocess.Popen(*args, **kwargs)`` made from a thread that lives as long as this process. The kernel's
+    parent-death signal (:func:`die_with_parent`) fires when the *thread* that forked the child ends, so a server
+    started from a worker thread (a notebook's background cell, a thread pool) would die with that thread; forked
+    from this thread, it ends with the process instead."""
+    import concurrent.futures
+    import subprocess
+
+    if not _SPAWNER:
+        _SPAWNER.append(concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="slimrl-spawner"))
+    return _SPAWNER[0].submit(subprocess.Popen, *args, **kwargs).result()
