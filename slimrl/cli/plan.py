@@ -142,11 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     share = {} if utilization == "auto" else {"gpu_memory_utilization": utilization}
     settings = Settings(workload=PLANNED[args.algorithm], gpu=gpu.key if gpu else None, **share, **options)
     try:
-        from slimrl.planning.bounds import check_plannable
+        from slimrl.planning.bounds import check_plannable, check_sequence_bound
         from slimrl.planning.config import load_config
 
-        check_plannable(load_config(args.model), args.model, args.load_in_4bit)  # before any trace
-        check_sequence_bound(args, load_config(args.model))
+        config = load_config(args.model)
+        check_plannable(config, args.model, args.load_in_4bit)  # before any trace
+        check_sequence_bound(config, args.max_seq_length, args.max_prompt_length + args.max_completion_length)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             result = plan(args.model, settings, budget=args.budget)
@@ -157,11 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                                    f"{str(exc).splitlines()[0][:120]}); ask for fewer rows or tokens")
     data = result.to_json()
     if gpu is not None:
-        from slimrl.planning.config import load_config
         from slimrl.planning.gpu import format_section, gpu_section
 
         seq = args.max_seq_length or args.max_prompt_length + args.max_completion_length
-        data.update(gpu_section(load_config(args.model), gpu, args.fast_inference, args.load_in_4bit, args.lora_r,
+        data.update(gpu_section(config, gpu, args.fast_inference, args.load_in_4bit, args.lora_r,
                                 utilization, seq))
     if args.compare:
         try:
@@ -173,23 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(data, indent=2) if args.json else text + (format_compare(data["compare"]) if args.compare
                                                                 else ""))
     return 0
-
-
-def check_sequence_bound(args: argparse.Namespace, config: Any) -> None:
-    """``--max_seq_length``, where given, holds a prompt and its completion and fits the model's context (the
-    engine's ``max_model_len``: vLLM refuses more than ``max_position_embeddings``), so the start check is judged
-    on a length the engine can take."""
-    from slimrl.errors import InputError
-
-    if args.max_seq_length is None:
-        return
-    text = getattr(config, "get_text_config", lambda: config)()
-    context = getattr(text, "max_position_embeddings", None)
-    least = args.max_prompt_length + args.max_completion_length
-    if args.max_seq_length < least or (context and args.max_seq_length > context):
-        most = f" and at most the model's context, {context}" if context else ""
-        raise InputError(f"--max_seq_length {args.max_seq_length}: the engine's longest sequence must hold "
-                         f"--max_prompt_length + --max_completion_length ({least}){most}")
 
 
 def _compare(args: argparse.Namespace, settings: Any, result: Any) -> dict[str, Any]:

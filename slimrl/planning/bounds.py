@@ -43,6 +43,19 @@ def check_plannable(config: Any, model: str, load_in_4bit: bool) -> None:
                              f"{'' if load_in_4bit else ' or pass --load_in_4bit true'}")
 
 
+def check_sequence_bound(config: Any, max_seq_length: int | None, prompt_and_completion: int) -> None:
+    """``--max_seq_length``, where given, holds a prompt and its completion and fits the model's context (the
+    engine's ``max_model_len``: vLLM refuses more than ``max_position_embeddings``), so the start check is judged
+    on a length the engine can take; one line otherwise."""
+    if max_seq_length is None:
+        return
+    context = getattr(getattr(config, "text_config", None) or config, "max_position_embeddings", None)
+    if max_seq_length < prompt_and_completion or (context and max_seq_length > context):
+        most = f" and at most the model's context, {context}" if context else ""
+        raise InputError(f"--max_seq_length {max_seq_length}: the engine's longest sequence must hold "
+                         f"--max_prompt_length + --max_completion_length ({prompt_and_completion}){most}")
+
+
 def parse_budget(given: str | int | None) -> int | None:
     """``--budget`` in bytes (None: no budget); a value that is no size, or beyond any machine, is one line."""
     from slimrl.compat.memory import parse_bytes
