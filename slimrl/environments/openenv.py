@@ -50,7 +50,6 @@ from slimrl.compat.runtime.processes import die_with_parent, spawn_for_process
 
 HOST = "127.0.0.1"
 _CHILDREN: list[subprocess.Popen] = []
-_STARTED: dict[int, subprocess.Popen] = {}  # port -> the server this process started there
 
 
 def is_port_open(host: str, port: int) -> bool:
@@ -158,8 +157,8 @@ def launch_openenv(port: int = 8111, openenv_process: Any = None, working_direct
                 close()
             except Exception:  # noqa: BLE001 - a client whose server is gone: nothing to close
                 pass
-    mine = _STARTED.get(port) if isinstance(port, int) else None
-    if mine is not None and mine.poll() is None and healthy(f"http://{HOST}:{port}"):
+    mine = [c for c in _CHILDREN if c.poll() is None and c.args[-1] == str(port)]  # started here, on that port
+    if mine and healthy(f"http://{HOST}:{port}"):
         return port, openenv_class(base_url=f"http://{HOST}:{port}")  # a server of this run still answers there
     if isinstance(port, int) and 0 < port < 65536 and is_port_open(HOST, port):
         print(f"slimrl: launch_openenv: port {port} is taken by a server this run did not start (another user's or "
@@ -177,7 +176,6 @@ def _start(directory: Path, server: str, environment: dict, openenv_class: Any, 
                                   cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT,
                                   preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
     _CHILDREN.append(child)
-    _STARTED[port] = child
     base = f"http://{HOST}:{port}"
     deadline = time.monotonic() + timeout
     while not is_port_open(HOST, port):

@@ -76,3 +76,19 @@ def test_a_healthy_server_this_run_did_not_start_is_not_reused(tmp_path, monkeyp
         server.shutdown()
     assert got == (12345, "own client") and len(started) == 1
     assert f"port {port} is taken by a server this run did not start" in capsys.readouterr().out
+
+
+def test_a_server_this_run_started_on_the_port_is_reused(tmp_path, monkeypatch):
+    """A notebook re-running its cell keeps its own server (found among this process's children by its port)."""
+    from types import SimpleNamespace
+
+    server = _http(b'{"status": "healthy"}')
+    port = server.server_address[1]
+    own = SimpleNamespace(poll=lambda: None, args=["python", "-m", "uvicorn", "app:app", "--port", str(port)])
+    monkeypatch.setattr(launcher, "_CHILDREN", [own])
+    monkeypatch.setattr(launcher, "_start", lambda *a: pytest.fail("a second server was started"))
+    try:
+        got_port, client = launcher.launch_openenv(port=port, working_directory=str(tmp_path), openenv_class=dict)
+    finally:
+        server.shutdown()
+    assert got_port == port and client == {"base_url": f"http://127.0.0.1:{port}"}
