@@ -85,18 +85,25 @@ def loss_and_grads(trainer, inputs: dict) -> tuple[float, dict[str, torch.Tensor
     return float(loss), grads, metrics
 
 
-def assert_parity(trainer, algorithm: str, rtol: float = 1e-4) -> dict[str, float]:
-    """TRL alone, then patched, on the same trainer and batch; returns the patched metrics."""
+def both_sides(trainer, algorithm: str, inputs: dict) -> tuple[tuple, tuple]:
+    """:func:`loss_and_grads` of one batch with TRL alone, then patched (unpatched after); asserts slimrl's
+    log-prob path served the patched side."""
     unpatch()
-    inputs = first_batch(trainer)
-    ref_loss, ref_grads, ref_metrics = loss_and_grads(trainer, inputs)
+    ref = loss_and_grads(trainer, inputs)
     calls = served(trainer)
     PatchFastRL(algorithm)
     try:
-        loss, grads, metrics = loss_and_grads(trainer, inputs)
+        mine = loss_and_grads(trainer, inputs)
     finally:
         unpatch()
     assert served(trainer) > calls, "slimrl's log-prob path was not used"
+    return ref, mine
+
+
+def assert_parity(trainer, algorithm: str, rtol: float = 1e-4) -> dict[str, float]:
+    """TRL alone, then patched, on the same trainer and batch; returns the patched metrics."""
+    unpatch()
+    (ref_loss, ref_grads, ref_metrics), (loss, grads, metrics) = both_sides(trainer, algorithm, first_batch(trainer))
     assert math.isfinite(ref_loss)
     assert ref_grads and any(g.abs().max() > 0 for g in ref_grads.values()), "no gradient: the test would be vacuous"
     assert abs(loss - ref_loss) <= rtol * max(abs(ref_loss), 1e-3), f"loss {loss} vs TRL {ref_loss}"
