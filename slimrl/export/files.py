@@ -7,8 +7,8 @@ export into it removes those of them it does not write again (a sharded save aft
 a file of the same name it does not own (a user's ``README.md``, an adapter saved by hand) is refused in one line,
 before anything is written, unless ``overwrite=True`` (``slimrl export --overwrite``). So are weight files of
 another save the new export would sit beside. Temporary folders carry the process id in their name; a folder left by
-a process that no longer exists (an export killed with ``kill -9``) is removed by the next export
-(:func:`clean_stale`)."""
+a process that no longer exists (an export killed with ``kill -9``) is removed, its swap repaired first, by the next
+export (:mod:`slimrl.export.journal`, which uses only this user's own folders)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,15 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from slimrl.compat.runtime.processes import pid_alive
+from slimrl.export.journal import DONE, PLACING, STAGE_MARK, clean_stale, fingerprint, write_journal
+
+__all__ = ["MANIFEST", "ExportConflictError", "ExportWriteError", "check_target", "clean_stale", "staged_directory"]
 
 MANIFEST = ".slimrl-export.json"
 # what an export of any kind may write; a same-named file not in the manifest is the user's
@@ -31,7 +34,6 @@ EXPORT_NAMES = re.compile(r"^(config\.json|generation_config\.json|model.*\.safe
                           r".*\.gguf|Modelfile|preprocessor_config\.json|processor_config\.json)$")
 WEIGHTS = re.compile(r"^(model.*\.safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?|"
                      r"adapter_model\.(safetensors|bin))$")
-TEMP_PREFIXES = ("slimrl-merged-", "slimrl-gguf-", "slimrl-push-")
 
 
 class ExportConflictError(FileExistsError):
@@ -46,12 +48,6 @@ def _manifest(target: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _fingerprint(path: Path) -> list[int]:
-    """Size and modification time: a file edited since the export wrote it differs (no hashing of gigabytes)."""
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns]
-
-
 def owned(target: Path) -> set[str]:
     """The files the last export wrote into ``target`` and that are still as it wrote them (its manifest; a file
     edited since, a user's now, is not; empty when there is no manifest or it is unreadable)."""
@@ -60,7 +56,7 @@ def owned(target: Path) -> set[str]:
     out = set()
     for name in (f for f in data.get("files", []) if isinstance(f, str)):
         path = target / name
-        if name in marks and path.is_file() and _fingerprint(path) != marks[name]:
+        if name in marks and path.is_file() and fingerprint(path) != marks[name]:
             continue  # edited by hand after the export
         out.add(name)
     return out
@@ -113,63 +109,9 @@ def check_target(target: str | Path, overwrite: bool = False, names: set[str] | 
                                   f"or pass overwrite=True (slimrl export --overwrite) to replace them")
 
 
-def clean_stale(*folders: str | Path) -> list[Path]:
-    """Remove temporary export folders left by processes that are gone (their names carry the process id), in the
-    system's temporary folder and in ``folders``. Returns what was removed."""
-    removed = []
-    places = [Path(tempfile.gettempdir()), *map(Path, folders)]
-    # exactly the names tempfile gives (its 8 random characters last), and a staging folder only with its marker:
-    # a user's folder named like one (".notes.partial-999999-mine") is never touched
-    pattern = re.compile(r"^(?:slimrl-(?:merged|gguf|push)-|(\.).+\.(?:partial|backup)-)(\d+)-[a-z0-9_]{8}$")
-    for place in places:
-        if not place.is_dir():
-            continue
-        for path in place.iterdir():
-            match = pattern.match(path.name)
-            if not match or not path.is_dir() or path.is_symlink():
-                continue
-            pid = int(match.group(2))
-            if match.group(1) and not (path / STAGE_MARK).is_file():
-                continue
-            if pid != os.getpid() and not pid_alive(pid):
-                backup = _BACKUP.match(path.name)
-                if backup:  # a swap that was killed: its target back to the old export before the backup goes
-                    _repair(place / backup.group(1), path)
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
-    return removed
-
-
-_BACKUP = re.compile(r"^\.(.+)\.backup-\d+-[a-z0-9_]{8}$")
-_NEW, _PLACING, _UNPLACED, _DONE = ".slimrl-new.json", ".slimrl-placing", ".slimrl-unplaced", ".slimrl-done"
-
-
-def _repair(target: Path, backup: Path) -> None:
-    """Undo the swap ``backup`` journals (its process was killed): the files it placed removed, the files it set
-    aside put back, so ``target`` holds the export from before; nothing when the swap had finished."""
-    if (backup / _DONE).exists() or not target.is_dir():
-        return
-    try:
-        new = set(json.loads((backup / _NEW).read_text()))
-    except (OSError, ValueError):
-        new = set()
-    saved = {str(p.relative_to(backup)) for p in backup.rglob("*") if p.is_file()
-             and p.name not in (STAGE_MARK, _NEW, _PLACING, _UNPLACED, _DONE)}
-    if (backup / _PLACING).exists() and not (backup / _UNPLACED).exists():  # some new files may be in
-        for rel in new - saved:
-            (target / rel).unlink(missing_ok=True)
-        (backup / _UNPLACED).touch()  # a repair killed from here on must not remove what it has put back
-    for rel in sorted(saved):
-        (target / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.replace(backup / rel, target / rel)
-
-
 def temp_directory(kind: str) -> tempfile.TemporaryDirectory:
     """A temporary folder for ``kind`` (``merged``, ``gguf``, ``push``) whose name carries this process's id."""
     return tempfile.TemporaryDirectory(prefix=f"slimrl-{kind}-{os.getpid()}-")
-
-
-STAGE_MARK = ".slimrl-staging"  # inside every staging and backup folder slimrl makes (what clean_stale removes)
 
 
 class ExportWriteError(OSError):
@@ -208,11 +150,20 @@ def _exclusive(target: Path) -> Iterator[None]:
     import fcntl
 
     lock = target.parent / f".{target.name}.export-lock"
-    with open(lock, "a+") as f:
+    try:  # never through a link, and only a file of this user's that nothing else names (a hard link would)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ExportConflictError(f"{target}: the export's lock file {lock} cannot be opened ({exc.strerror}: a "
+                                  f"link or another user's file); remove it or choose another output folder") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_nlink != 1:
+        os.close(fd)
+        raise ExportConflictError(f"{target}: the export's lock file {lock} is not a file of yours alone (owner uid "
+                                  f"{st.st_uid}, {st.st_nlink} names); remove it or choose another output folder")
+    with os.fdopen(fd, "r+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
             holder = f.read().strip() or "another process"
             raise ExportConflictError(f"{target}: another export is writing there now (pid {holder}); wait for it "
                                       f"or choose another output folder") from None
@@ -254,7 +205,7 @@ def _swap_in(target: Path, stage: Path, new: set[str], stale: set[str], kind: st
     failure puts the backup back, so ``target`` holds the old export or the whole new one, never a mix."""
     backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.backup-{os.getpid()}-", dir=target.parent))
     (backup / STAGE_MARK).touch()
-    (backup / _NEW).write_text(json.dumps(sorted(new)))  # the journal a killed swap is repaired from
+    write_journal(backup, stage, new)
     saved, placed = [], []
     try:
         for rel in sorted(stale | {r for r in new if (target / r).exists()} | {MANIFEST}):
@@ -262,14 +213,14 @@ def _swap_in(target: Path, stage: Path, new: set[str], stale: set[str], kind: st
                 (backup / rel).parent.mkdir(parents=True, exist_ok=True)
                 os.replace(target / rel, backup / rel)
                 saved.append(rel)
-        (backup / _PLACING).touch()
+        (backup / PLACING).touch()
         for rel in sorted(new):
             (target / rel).parent.mkdir(parents=True, exist_ok=True)
             os.replace(stage / rel, target / rel)
             placed.append(rel)
-        manifest = {"files": sorted(new), "fingerprints": {r: _fingerprint(target / r) for r in sorted(new)}}
+        manifest = {"files": sorted(new), "fingerprints": {r: fingerprint(target / r) for r in sorted(new)}}
         (target / MANIFEST).write_text(json.dumps({**manifest, **({"kind": kind} if kind else {})}, indent=1) + "\n")
-        (backup / _DONE).touch()
+        (backup / DONE).touch()
     except BaseException as exc:
         for rel in placed:
             (target / rel).unlink(missing_ok=True)

@@ -135,7 +135,10 @@ def test_the_default_output_of_a_plain_adapter_folder_is_beside_it(lora, tmp_pat
 
 def test_a_killed_export_leaves_no_converter_and_its_folders_go_next_time(tmp_path):
     """The converter dies with the exporting process (parent-death signal); the temporary folders of a process that
-    is gone are removed by the next export."""
+    is gone are removed by the next export. The export's temporary folder lives in a folder of this test's own:
+    in the shared one, another test's export (another pytest worker) may clean it first."""
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
     fake = tmp_path / "fake"
     fake.mkdir()
     (fake / "convert_hf_to_gguf.py").write_text(
@@ -151,18 +154,18 @@ from slimrl.export.files import temp_directory
 with temp_directory('merged') as tmp:
     gguf.convert(Path(tmp), Path(tmp) / 'out.gguf', 'f16')
 """
-    parent = subprocess.Popen([sys.executable, "-c", script])
+    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(own_tmp)})
     pid_file = tmp_path / "converter.pid"
     for _ in range(300):
         if pid_file.exists() and pid_file.read_text():
             break
         time.sleep(0.1)
     converter = int(pid_file.read_text())
-    left = [p for p in Path(os.environ.get("TMPDIR", "/tmp")).glob(f"slimrl-merged-{parent.pid}-*")]
+    left = list(own_tmp.glob(f"slimrl-merged-{parent.pid}-*"))
     assert left, "the export's temporary folder carries its process id"
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     time.sleep(0.5)
     assert not Path(f"/proc/{converter}").exists() or "Z" in Path(f"/proc/{converter}/stat").read_text().split()[2]
-    removed = clean_stale()
+    removed = clean_stale(own_tmp)
     assert all(p in removed for p in left) and not any(p.exists() for p in left)
