@@ -15,9 +15,12 @@ its client class (``openenv.core.EnvClient``) talks to it over HTTP and WebSocke
   to the whole network), with the OpenEnv checkout on ``PYTHONPATH`` (its ``envs/`` at the root and ``src/`` both, as
   OpenEnv's layouts have them) and ``environment`` over this process's environment; its output goes to a log file
   (a pipe nobody reads stops a chatty server);
-* the server is slimrl's child for the rest of the run: ended when this process exits (``atexit``), and sent
-  ``SIGTERM`` by the kernel if this process dies first (``PR_SET_PDEATHSIG`` on Linux; forked from a thread that
-  lives as long as the process, so a launch from a worker thread does not end with that thread);
+* the server is slimrl's child for the rest of the run, under a small guard process
+  (:mod:`slimrl.environments.server_guard`) that runs it in a process group of its own: when this process exits
+  (``atexit``) or is killed (the kernel signals the guard: ``PR_SET_PDEATHSIG`` on Linux, forked from a thread that
+  lives as long as the process, so a launch from a worker thread does not end with that thread), the guard sends
+  the group ``SIGTERM`` and, 5 s later, ``SIGKILL``: a shutdown hook that hangs, or a process the environment
+  started, outlives no run;
 * a port that cannot be had, a server that exits or does not answer within ``timeout`` seconds, or a ``/health``
   that is not healthy is one line (``RuntimeError``) naming the server and the last line of its log; a server that
   timed out is ended (killed when it ignores ``SIGTERM``), never left running.
@@ -47,6 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from slimrl.compat.runtime.processes import die_with_parent, spawn_for_process
+from slimrl.environments import server_guard
+from slimrl.environments.server_guard import SHUTDOWN_GRACE
 
 HOST = "127.0.0.1"
 _CHILDREN: list[subprocess.Popen] = []
@@ -101,11 +106,12 @@ def _pythonpath(working_directory: Path, inherited: str | None) -> str:
 
 
 def _end(child: subprocess.Popen) -> None:
-    """SIGTERM, and SIGKILL for a server that ignores it for 5 s (none is left running)."""
+    """SIGTERM to the server's guard, which ends the server's group (module docstring); SIGKILL for a guard that
+    has not ended a few seconds after the grace it gives (the kernel then kills the server)."""
     if child.poll() is None:
         child.terminate()
         try:
-            child.wait(timeout=5)
+            child.wait(timeout=SHUTDOWN_GRACE + 5)
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
@@ -166,16 +172,22 @@ def launch_openenv(port: int = 8111, openenv_process: Any = None, working_direct
     return _start(Path(working_directory), server, environment or {}, openenv_class, timeout)
 
 
+def _guarded(server: list[str], **popen: Any) -> subprocess.Popen:
+    """``server`` started under its guard (module docstring), one of this run's children."""
+    child = spawn_for_process(server_guard.command(server), **popen,
+                              preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
+    _CHILDREN.append(child)
+    return child
+
+
 def _start(directory: Path, server: str, environment: dict, openenv_class: Any, timeout: float) -> tuple[int, Any]:
     port = _free_port()
     env = {**os.environ, **{str(k): str(v) for k, v in environment.items()}}
     env["PYTHONPATH"] = _pythonpath(directory.resolve(), env.get("PYTHONPATH"))
     log = Path(tempfile.mkstemp(prefix=f"slimrl-openenv-{port}-", suffix=".log")[1])
     with open(log, "w") as out:
-        child = spawn_for_process([sys.executable, "-m", "uvicorn", server, "--host", HOST, "--port", str(port)],
-                                  cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
-    _CHILDREN.append(child)
+        child = _guarded([sys.executable, "-m", "uvicorn", server, "--host", HOST, "--port", str(port)],
+                         cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://{HOST}:{port}"
     deadline = time.monotonic() + timeout
     while not is_port_open(HOST, port):

@@ -110,3 +110,59 @@ def test_children_end_with_the_run(echo_env):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     port = int(next(ln.split()[1] for ln in out.stdout.splitlines() if ln.startswith("PORT")))
     assert not is_port_open("127.0.0.1", port), "the server outlived the process that started it"
+
+
+HANGING_APP = '''
+import os, subprocess, sys, time
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+                open({pids!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")
+                await send({{"type": "lifespan.startup.complete"}})
+            else:
+                time.sleep(600)  # a shutdown hook that hangs
+    await send({{"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}})
+    await send({{"type": "http.response.body", "body": b'{{"status": "healthy"}}'}})
+'''
+
+
+@pytest.mark.skipif(shutil.which("uvicorn", path=str(Path(sys.executable).parent)) is None, reason="no uvicorn")
+def test_a_server_whose_shutdown_hangs_ends_when_the_trainer_is_killed(tmp_path):
+    """Round 7: an environment whose shutdown hook hangs outlived a SIGKILL of the trainer (with a process it had
+    started); the guard's process group ends both after its grace."""
+    import signal
+    import time
+
+    from slimrl.environments.server_guard import SHUTDOWN_GRACE
+
+    pids = tmp_path / "pids"
+    (tmp_path / "hanging_app.py").write_text(HANGING_APP.format(pids=str(pids)))
+    code = (f"import time; from slimrl import launch_openenv; port, _ = launch_openenv(working_directory="
+            f"{str(tmp_path)!r}, server='hanging_app:app', openenv_class=dict); print('PORT', port, flush=True); "
+            f"time.sleep(600)")
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while not line.startswith("PORT"):
+            line = trainer.stdout.readline()
+            assert line, "the trainer ended before its server answered"
+        port = int(line.split()[1])
+        started = [int(x) for x in pids.read_text().split()]
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    deadline = time.monotonic() + SHUTDOWN_GRACE + 15
+    while time.monotonic() < deadline and (is_port_open("127.0.0.1", port) or any(map(_running, started))):
+        time.sleep(0.2)
+    assert not is_port_open("127.0.0.1", port), "the server outlived the killed trainer"
+    assert not any(map(_running, started)), "the server or the process it started outlived the killed trainer"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
