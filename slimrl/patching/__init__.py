@@ -129,6 +129,10 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     if refused:  # those run as TRL alone: never half patched, never stopped
         warn(_refusal(refused) + ("; the other trainers are patched" if algorithm is None else ""), UserWarning)
     names = [n for n in names if n not in refused]
+    wrapped = {name: found for name in names if (found := _users_code(name))}
+    if wrapped:  # slimrl would overwrite the user's own code: TRL with it runs instead
+        warn(_wrapped_line(wrapped))
+    names = [n for n in names if n not in wrapped]
     checkable = lambda n: every_trainer()[n].about.scenario is not None  # noqa: E731
     for name, row in self_check.failures(names, patches, checkable).items():  # an untested TRL: rows first
         _STOOD_DOWN[name] = row
@@ -147,6 +151,32 @@ def _missing_targets(name: str) -> list[str]:
     """The TRL attributes ``name``'s patches replace that the installed TRL does not have."""
     return [f"{p.target}.{p.attribute}" for p in patches(name)
             if p.applies() and not p.optional and not p.target_exists()]
+
+
+def _users_code(name: str) -> list[str]:
+    """The TRL methods ``name``'s computing patches replace that hold code of the user's now (a wrapper installed
+    before ``PatchFastRL``), each with where it is defined."""
+    from slimrl.patching.machinery.fingerprints import computing
+    from slimrl.patching.machinery.reach import function_of, is_users_code, owner_value
+    from slimrl.patching.machinery.registry import is_installed
+
+    found = []
+    for p in patches(name):
+        if not computing(p) or not p.applies() or is_installed(p) or not p.target_exists():
+            continue
+        owner = p.resolve()
+        # an attribute inherited from a class slimrl patched shows slimrl's replacement: TRL's is looked through
+        value = owner_value(owner, p.attribute) if isinstance(owner, type) else getattr(owner, p.attribute)
+        if is_users_code(value):
+            code = function_of(value).__code__
+            found.append(f"{p.target.rsplit(':', 1)[-1]}.{p.attribute} ({code.co_filename}:{code.co_firstlineno})")
+    return found
+
+
+def _wrapped_line(wrapped: dict[str, list[str]]) -> str:
+    which = "; ".join(", ".join(found) for found in wrapped.values())
+    return (f"slimrl leaves {', '.join(wrapped)} unpatched: your code replaced the TRL methods slimrl would replace "
+            f"({which}) before PatchFastRL, and slimrl would overwrite it; they run as TRL with your code")
 
 
 def _refusal(refused: dict[str, list[str]]) -> str:

@@ -85,6 +85,8 @@ def _callee(fn, sig: inspect.Signature, grown: inspect.Signature):
         return fn(*args, **kwargs)
 
     grown_callee.__signature__ = grown
+    # the later release's code lives in TRL's own file (a wrapper from elsewhere is the user's: slimrl stands aside)
+    grown_callee.__code__ = grown_callee.__code__.replace(co_filename=fn.__code__.co_filename)
     return grown_callee
 
 

@@ -352,6 +352,9 @@ def _edited_logps(monkeypatch):
     import inspect
 
     _get_per_token_logps_and_entropies.__signature__ = inspect.signature(real)
+    # a fork's code lives in TRL's own file (a wrapper from elsewhere is the user's, which slimrl leaves in place)
+    code = _get_per_token_logps_and_entropies.__code__
+    _get_per_token_logps_and_entropies.__code__ = code.replace(co_filename=real.__code__.co_filename)
     monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", _get_per_token_logps_and_entropies)
     return _get_per_token_logps_and_entropies
 

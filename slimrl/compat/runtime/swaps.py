@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MISSING: Any = object()  # "the class had no such entry of its own"
+_LIVE: list = []  # the swaps in place now, oldest first (seen_before)
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,14 @@ def swap(obj: Any, attribute: str, new: Any) -> Swapped:
     # __class__ lives in no __dict__ and goes back as seen
     own = seen if attribute == "__class__" or not hasattr(obj, "__dict__") else obj.__dict__.get(attribute, MISSING)
     setattr(obj, attribute, new)
-    return Swapped(obj, attribute, seen, own)
+    done = Swapped(obj, attribute, seen, own)
+    _LIVE.append(done)
+    return done
 
 
 def restore(done: Swapped) -> None:
     """Put back exactly what :func:`swap` replaced."""
+    _LIVE[:] = [d for d in _LIVE if d is not done]
     if done.own is MISSING:
         delattr(done.obj, done.attribute)
     else:
@@ -56,3 +60,12 @@ def swapped(obj: Any, attribute: str, new: Any) -> Iterator[Any]:
         yield done.seen
     finally:
         restore(done)
+
+
+def seen_before(obj: Any, attribute: str, default: Any) -> Any:
+    """What ``obj.attribute`` was before the oldest swap in place replaced it; ``default`` where none did (what
+    slimrl's own replacements are looked through to)."""
+    for done in _LIVE:
+        if done.obj is obj and done.attribute == attribute:
+            return done.seen
+    return default

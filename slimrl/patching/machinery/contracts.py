@@ -10,9 +10,11 @@ The registry (:func:`slimrl.patching.machinery.registry.install`) puts every cal
   the newest recorded one when the installed TRL's signature matches none;
 * plus the parameters of later releases a patch declares it serves at one value (``Patch.later``, e.g. the
   kernel's ``support_ids=None``: a call without a kept set is the call it was written for);
-* a call that does not bind (an extra positional argument, an unknown keyword) or that passes a later parameter
-  at another value goes to TRL's original unchanged — TRL's own result — and a :class:`HandedBackWarning` names
-  the patch and the argument, once per process and reason.
+* a call that does not bind (an extra positional argument, an unknown keyword), that passes a later parameter
+  at another value, or that comes after a TRL helper the original calls by a module-global name was rebound
+  (``trl.trainer.grpo_trainer.selective_log_softmax = mine``: TRL alone follows it;
+  :func:`slimrl.patching.machinery.reach.rebound`) goes to TRL's original unchanged — TRL's own result — and a
+  :class:`HandedBackWarning` names the patch and the argument, once per process and reason.
 
 Constructors (``__init__`` of TRL's trainers and configs, classes such as ``VLLMGeneration``) are entry points:
 their replacements translate the user's legacy keywords and pass every other argument to TRL's original, so no
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from slimrl.compat.runtime.callsite import warn
-from slimrl.patching.machinery import release_records
+from slimrl.patching.machinery import reach, release_records
 
 RECORD = Path(__file__).with_name("contracts.json")
 _EMPTY = inspect.Parameter.empty
@@ -149,8 +151,9 @@ def note(key: str, reason: str) -> None:
     if (key, reason) in _NOTED:
         return
     _NOTED.add((key, reason))
-    warn(f"slimrl handed a call of {key} back to TRL's original: the installed trl passes {reason}; TRL computes "
-         f"this call exactly as without slimrl (report it to slimrl to have it served)", HandedBackWarning)
+    cause = reason if " rebound " in reason else f"the installed trl passes {reason}"
+    warn(f"slimrl handed a call of {key} back to TRL's original: {cause}; TRL computes this call exactly as "
+         f"without slimrl (report it to slimrl to have it served)", HandedBackWarning)
 
 
 def guard(key: str, new: Any, seen: Any, member: str | None, later: tuple[tuple[str, Any], ...]) -> Any:
@@ -166,9 +169,15 @@ def guard(key: str, new: Any, seen: Any, member: str | None, later: tuple[tuple[
 
     names = list(bound.parameters)
     first_later = min((names.index(name) for name, _ in later if name in names), default=None)
+    original_fn = reach.function_of(callable_of(seen, member))
+    helpers = reach.bindings(original_fn) if original_fn is not None else []
 
     @functools.wraps(target)
     def contract_guard(*args, **kwargs):
+        moved = reach.rebound(helpers) if helpers else None
+        if moved is not None:  # TRL alone follows a rebound helper; slimrl's path would not
+            note(key, f"{moved} rebound after PatchFastRL (TRL's code follows it)")
+            return original(*args, **kwargs)
         reason = refusal(bound, later, args, kwargs)
         if reason is not None:
             note(key, reason)

@@ -1,13 +1,15 @@
-"""What the TRL methods slimrl re-implements *are*, not what their release is called: a hash of their source.
+"""What the TRL methods slimrl re-implements *are*, not what their release is called: a hash of their code.
 
 A version number does not say which code is installed: a patched fork, an editable install, a dev build or a patch
 release (1.16.1) can carry a changed ``_get_per_token_logps_and_entropies`` under a version slimrl's tests know, and an
 untested release (1.15.1) can carry exactly a tested one's. So each TRL method whose replacement computes what it
 computed — the log-prob methods, the fused-head kernel, ``concatenated_forward`` / ``forward``, ``_compute_loss``
 (:func:`computing`) — is fingerprinted: the SHA-256 of its source text (``inspect.getsource``, the same on every Python;
-a class is its whole source), recorded for every tested release in ``fingerprints.json`` by ``python -m slimrl.patching
---record-contracts``. :func:`code_changes` names the installed targets whose fingerprint is none of the recorded ones:
-the self-check runs for their trainers (:mod:`slimrl.patching.machinery.self_check`), and its verdicts are cached under
+a class is its whole source) with the TRL helpers it calls (:mod:`slimrl.patching.machinery.reach`), provided the
+code Python runs is what that source compiles to; so is the constructor of each trainer class patched. They are
+recorded for every tested release in ``fingerprints.json`` by ``python -m slimrl.patching --record-contracts``.
+:func:`code_changes` names the installed targets whose fingerprint is none of the recorded ones: the self-check runs
+for their trainers (:mod:`slimrl.patching.machinery.self_check`), and its verdicts are cached under
 the installed fingerprints (:func:`digest`), so a cached pass never outlives the code it was made on. A target whose
 source cannot be read (no ``.py`` files installed) counts as changed.
 """
@@ -21,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slimrl.patching.machinery import release_records
+from slimrl.patching.machinery import reach, release_records
 
 RECORD = Path(__file__).with_name("fingerprints.json")
 COMPUTING_WRAPS = ("_compute_loss",)  # wrapped (not replaced) methods whose numbers the patched path changes
@@ -33,8 +35,7 @@ def computing(patch: Any) -> bool:
                                                                    patch.attribute in COMPUTING_WRAPS)
 
 
-def fingerprint(obj: Any) -> str | None:
-    """SHA-256 of ``obj``'s source (lines stripped of trailing blanks), or None when it cannot be read."""
+def _source_sha(obj: Any) -> str | None:
     target = getattr(obj, "__func__", obj)
     try:
         source = inspect.getsource(target)
@@ -44,8 +45,32 @@ def fingerprint(obj: Any) -> str | None:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def fingerprint(obj: Any, owner: type | None = None) -> str | None:
+    """SHA-256 of ``obj``'s source (lines stripped of trailing blanks) and, for a function, of the TRL functions it
+    reaches (:func:`slimrl.patching.machinery.reach.reached`; ``owner``: its class); None when a source cannot be
+    read or the code Python runs is not what the source compiles to (:func:`~slimrl.patching.machinery.reach.
+    runs_its_source`)."""
+    base = _source_sha(obj)
+    fn = reach.function_of(obj)
+    if base is None or fn is None:
+        return base
+    parts = [base]
+    for label, callee in sorted({"": fn, **reach.reached(fn, owner)}.items()):
+        sha = _source_sha(callee)
+        if sha is None or not reach.runs_its_source(callee):
+            return None
+        parts.append(f"{label} {sha}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _owner(p) -> type | None:
+    owner = p.resolve() if ":" in p.target else None
+    return owner if isinstance(owner, type) else None
+
+
 def _live(patches) -> dict[str, str | None]:
-    """``"target.attribute" -> fingerprint`` of the installed TRL's originals of the computing patches."""
+    """``"target.attribute" -> fingerprint`` of the installed TRL's originals of the computing patches, and of the
+    constructor of each class they patch (what sets up the state those methods read)."""
     from slimrl.patching.machinery.registry import is_installed, original
 
     out: dict[str, str | None] = {}
@@ -55,10 +80,14 @@ def _live(patches) -> dict[str, str | None]:
         key = f"{p.target}.{p.attribute}"
         try:
             value = original(p.target, p.attribute) if is_installed(p) else getattr(p.resolve(), p.attribute)
+            owner = _owner(p)
         except (AttributeError, RuntimeError):  # a target this TRL lacks: the patch's own check says so
             continue
         if value is not None:  # TRL 1.15 without Triton has no kernel (None): nothing to fingerprint
-            out[key] = fingerprint(value)
+            out[key] = fingerprint(value, owner)
+        init = reach.function_of(reach.owner_value(owner, "__init__")) if owner is not None else None
+        if init is not None and reach.from_package(init, "trl"):
+            out.setdefault(f"{p.target}.__init__", fingerprint(init, owner))
     return out
 
 
@@ -71,7 +100,10 @@ def recorded() -> dict[str, list[dict]]:
 def code_changes(patches) -> dict[str, str]:
     """``"target.attribute" -> algorithm names`` of the installed computing targets whose code no tested release
     had (module docstring)."""
-    algorithms = {f"{p.target}.{p.attribute}": ",".join(p.algorithms) for p in patches}
+    algorithms: dict[str, str] = {}
+    for p in patches:
+        for key in (f"{p.target}.{p.attribute}", f"{p.target}.__init__"):
+            algorithms[key] = ",".join(sorted({*algorithms.get(key, "").split(","), *p.algorithms} - {""}))
     known = recorded()
     return {key: algorithms[key] for key, sha in _live(patches).items()
             if key in known and (sha is None or sha not in {e["sha256"] for e in known[key]})}
