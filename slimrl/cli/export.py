@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 from slimrl.cli.oneline import fail, parse
+from slimrl.compat.model_state import attach_state, model_state
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,7 +111,9 @@ def _load(base: str, adapter: Path, load_in_4bit: bool):
     except Exception as err:  # noqa: BLE001 - a truncated or damaged weights file (safetensors' own error type too)
         raise ValueError(f"--adapter {adapter}: its weights cannot be read ({type(err).__name__}: "
                          f"{str(err).splitlines()[0][:160]}); re-save the adapter") from None
-    model.slimrl_tokenizer = tokenizer
+    state = model_state(model)
+    state.tokenizer = tokenizer  # the export's tokenizer
+    attach_state(model, state)
     return model, tokenizer
 
 

@@ -8,6 +8,7 @@ import sys
 import warnings
 
 from slimrl.cli.oneline import fail, parse
+from slimrl.patching.extra_fields import EXTRA_FIELDS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "colocated vLLM engine (the generator check: sampled tokens' log-probs vs the training model's)")
     p.add_argument("--vllm_server_base_url", help="also GRPO/RLOO rows generating through this running vLLM server "
                    "(needs --model: the local directory the server serves)")
-    p.add_argument("--unsloth_num_chunks", type=int, help="slimrl's LM-head chunking on every row's config (on a GPU "
+    chunks = EXTRA_FIELDS["unsloth_num_chunks"]
+    p.add_argument("--unsloth_num_chunks", type=int, help=f"{chunks.help[:-1]}, on every row's config (on a GPU "
                    "where TRL's Triton kernel serves the fused-head trainers, this makes slimrl's op serve them)")
     p.add_argument("--quiet", action="store_true", help="only the table")
     p.add_argument("--list", action="store_true", help="every trainer of the installed TRL: what slimrl gives it "

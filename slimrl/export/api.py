@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from slimrl.compat.model_state import model_state
 from slimrl.compat.runtime.callsite import warn
 from slimrl.export import gguf, merge
 from slimrl.export.files import check_target, staged_directory, temp_directory
@@ -19,8 +20,7 @@ SAVE_METHODS = ("merged_16bit", "merged_4bit", "lora")
 def _tokenizer(model: Any, tokenizer: Any) -> Any:
     if tokenizer is not None:
         return tokenizer
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(base, "slimrl_tokenizer", None) or getattr(model, "slimrl_tokenizer", None)
+    return model_state(model).tokenizer
 
 
 # SentencePiece model files: transformers 5 tokenizers save tokenizer.json only, while llama.cpp's converter reads
@@ -35,7 +35,7 @@ def _save_tokenizer(model: Any, tok: Any, directory: Path) -> None:
 
     tok.save_pretrained(str(directory))
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    sources = [getattr(base, "slimrl_config", {}).get("model_path"), getattr(tok, "name_or_path", None),
+    sources = [model_state(model).model_path, getattr(tok, "name_or_path", None),
                getattr(getattr(base, "config", None), "_name_or_path", None)]
     for name in SENTENCEPIECE_FILES:
         if (Path(directory) / name).exists():

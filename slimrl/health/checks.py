@@ -65,13 +65,16 @@ class Thresholds:
     groups_per_row: float = 1.0  # prompt groups behind one logged row (no_signal's window in rows)
 
     @classmethod
-    def from_args(cls, args: Any) -> Thresholds:
-        """The thresholds a TRL config carries (``slimrl_health_<name>``; defaults where it has none)."""
-        names = ("window", "zero_std", "min_groups", "truncated", "entropy_drop", "kl_max", "clip_max", "reward_z",
-                 "mismatch_kl", "mismatch_masked", "mismatch_ratio")
-        values = {n: getattr(args, f"slimrl_health_{n}", getattr(cls, n)) for n in names}
-        return cls(**values, max_completion_length=getattr(args, "max_completion_length", None),
-                   groups_per_row=groups_per_row(args), sampler=SamplerFacts.from_args(args))
+    def from_args(cls, args: Any, limits: dict[str, Any], fix: bool = False) -> Thresholds:
+        """The thresholds of a run: ``limits`` (:data:`LIMITS` -> value: the config's ``slimrl_health_<name>``,
+        read by the caller through slimrl's typed config fields; a limit not given keeps the default above, which
+        equals the field's), the rest from TRL's own config fields."""
+        return cls(**limits, max_completion_length=getattr(args, "max_completion_length", None),
+                   groups_per_row=groups_per_row(args), sampler=SamplerFacts.from_args(args, fix))
+
+
+LIMITS = ("window", "zero_std", "min_groups", "truncated", "entropy_drop", "kl_max", "clip_max", "reward_z",
+          "mismatch_kl", "mismatch_masked", "mismatch_ratio")  # each the config field slimrl_health_<name>
 
 
 def groups_per_row(args: Any) -> float:

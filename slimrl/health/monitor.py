@@ -15,6 +15,7 @@ It computes nothing in the step: it only reads what TRL logs. :meth:`HealthCallb
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from transformers import TrainerCallback
@@ -33,10 +34,13 @@ def _is_training_row(logs: dict) -> bool:
 
 
 class HealthCallback(TrainerCallback):
-    """The monitor (module docstring). ``thresholds``: None reads them from the trainer's config at each log."""
+    """The monitor (module docstring). ``thresholds``: None reads them from the trainer's config at each log, with
+    ``read(args)`` (the patched trainers': their typed config fields) or the defaults."""
 
-    def __init__(self, thresholds: Thresholds | None = None) -> None:
+    def __init__(self, thresholds: Thresholds | None = None,
+                 read: Callable[[Any], Thresholds] | None = None) -> None:
         self.thresholds = thresholds
+        self.read = read or (lambda args: Thresholds.from_args(args, {}))
         self.history: list[Row] = []
         self.warned: dict[str, int] = {}  # check -> step of its warning
         self.judged: set[str] = set()  # checks that could be judged at least once
@@ -49,7 +53,7 @@ class HealthCallback(TrainerCallback):
             return
         row = {**logs, "step": state.global_step}
         self.history.append(row)
-        health = self.evaluate(Thresholds.from_args(args) if self.thresholds is None else self.thresholds,
+        health = self.evaluate(self.read(args) if self.thresholds is None else self.thresholds,
                                state.global_step, warn_now=state.is_world_process_zero)
         logs.update(health)
         row.update(health)
@@ -104,9 +108,9 @@ def monitor_of(trainer: Any) -> HealthCallback | None:
     return next((c for c in getattr(handler, "callbacks", ()) if isinstance(c, HealthCallback)), None)
 
 
-def attach_health(trainer: Any) -> None:
-    """Put a :class:`HealthCallback` first in ``trainer``'s callbacks unless ``slimrl_health`` is False or it has
-    one already."""
-    if not getattr(trainer.args, "slimrl_health", True) or monitor_of(trainer) is not None:
+def attach_health(trainer: Any, read: Callable[[Any], Thresholds] | None = None) -> None:
+    """Put a :class:`HealthCallback` (its thresholds from ``read(args)``) first in ``trainer``'s callbacks unless it
+    has one already (whether a run has one at all, ``slimrl_health``, the patching layer decides)."""
+    if monitor_of(trainer) is not None:
         return
-    trainer.callback_handler.callbacks.insert(0, HealthCallback())
+    trainer.callback_handler.callbacks.insert(0, HealthCallback(read=read))

@@ -48,7 +48,8 @@ class SamplerFacts:
     trl: str = ""
 
     @classmethod
-    def from_args(cls, args: Any) -> SamplerFacts:
+    def from_args(cls, args: Any, fix: bool = False) -> SamplerFacts:
+        """``fix``: the config's ``slimrl_truncated_sampling_fix`` (read by the caller, through the typed fields)."""
         from slimrl.compat.sampling import effective_sampling
         from slimrl.compat.trl_info import trl_version
 
@@ -60,7 +61,7 @@ class SamplerFacts:
         version = trl_version()
         old_trl = (version.major, version.minor) < (1, 17)
         precision = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"
-        return cls(truncation, bool(truncation) and old_trl and not getattr(args, FIX, False), precision, str(version))
+        return cls(truncation, bool(truncation) and old_trl and not fix, precision, str(version))
 
 
 def _window_mean(rows: Sequence[dict], key: str, window: int) -> float | None:

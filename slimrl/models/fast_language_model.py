@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from slimrl.compat.gpus import load_device_map
+from slimrl.compat.model_state import ModelState, attach_state, carry_over, model_state
 from slimrl.compat.quant import BNB_CPU_MIN
 from slimrl.compat.quant import bitsandbytes_works as _bitsandbytes_works
 from slimrl.compat.runtime.callsite import warn
@@ -145,15 +146,12 @@ class FastLanguageModel:
         if getattr(model.generation_config, "pad_token_id", None) is None:
             model.generation_config.pad_token_id = text_tokenizer.pad_token_id
         model.max_seq_length = max_seq_length
-        model.slimrl_tokenizer = text_tokenizer  # for_inference / for_training switch its padding side
-        model.slimrl_processor = tokenizer if tokenizer is not text_tokenizer else None  # fast_generate's images
         if resize_model_vocab is not None:
             model.resize_token_embeddings(int(resize_model_vocab))
-        model.slimrl_config = {"fast_inference": bool(fast_inference), "max_lora_rank": max_lora_rank,
-                               "gpu_memory_utilization": gpu_memory_utilization, "model_path": str(path),
-                               "full_finetuning": bool(full_finetuning), "vision": vision, "tiled_mlp": tiled}
-        if use_gradient_checkpointing is not None:
-            model.slimrl_config["gradient_checkpointing_default"] = use_gradient_checkpointing
+        attach_state(model, ModelState(model_path=str(path), max_lora_rank=max_lora_rank,
+                                       full_finetuning=bool(full_finetuning), vision=vision, tiled_mlp=tiled,
+                                       checkpointing_default=use_gradient_checkpointing, tokenizer=text_tokenizer,
+                                       processor=tokenizer if tokenizer is not text_tokenizer else None))
         kv_dtype = engine_setup.kv_cache_dtype(bool(float8_kv_cache), engine)
         fp8 = engine_setup.engine_quantization(bool(load_in_fp8), engine)
         if engine:
@@ -208,15 +206,16 @@ class FastLanguageModel:
         """
         from peft import LoraConfig, get_peft_model
 
-        loaded = getattr(model, "slimrl_config", {})
+        loaded = model_state(model)
         if use_gradient_checkpointing is None:
-            use_gradient_checkpointing = loaded.get("gradient_checkpointing_default", "slimrl")
+            default = loaded.checkpointing_default
+            use_gradient_checkpointing = "slimrl" if default is None else default
         kwargs = unsloth_keywords.take("get_peft_model", kwargs)
         if kwargs.get("loftq_config") == {}:
             kwargs["loftq_config"] = None  # Unsloth's default: {} asks for no LoftQ
         if max_seq_length is not None:
             model.max_seq_length = max_seq_length
-        max_rank = loaded.get("max_lora_rank")
+        max_rank = loaded.max_lora_rank
         if not isinstance(r, int) or r < 1:
             raise ValueError(f"r must be a positive int, got {r!r}")
         if max_rank is not None and r > max_rank:
@@ -228,12 +227,12 @@ class FastLanguageModel:
         every = kwargs.pop("checkpoint_every_n_layers", 2)
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"checkpoint_every_n_layers must be a positive int, got {every!r}")
-        if loaded.get("full_finetuning"):
+        if loaded.full_finetuning:
             unsloth_keywords.note("get_peft_model: the model was loaded with full_finetuning=True: no adapter added, "
                                   "every weight trains")
             enable_checkpointing(model, use_gradient_checkpointing, every)
             return attach(model)
-        if loaded.get("vision") or is_vision_language(getattr(model, "config", None)):
+        if loaded.vision or is_vision_language(getattr(model, "config", None)):
             targets = target_modules or vision_target_modules(
                 model, vision=finetune_vision_layers, language=finetune_language_layers,
                 attention=finetune_attention_modules, mlp=finetune_mlp_modules)
@@ -249,11 +248,9 @@ class FastLanguageModel:
                             target_modules=targets, task_type="CAUSAL_LM", **kwargs)
         peft_model = get_peft_model(model, config)
         enable_checkpointing(peft_model, use_gradient_checkpointing, every)
-        model.slimrl_config = {**getattr(model, "slimrl_config", {}),
-                               "gradient_checkpointing": use_gradient_checkpointing}
-        for attr in ("max_seq_length", "slimrl_config", "slimrl_tokenizer", "slimrl_processor", "vllm_engine"):
-            if hasattr(model, attr):
-                setattr(peft_model, attr, getattr(model, attr))
+        loaded.checkpointing = use_gradient_checkpointing
+        attach_state(model, loaded)
+        carry_over(model, peft_model)
         return attach(peft_model)
 
     @staticmethod

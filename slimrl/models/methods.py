@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from slimrl.compat.model_state import model_state
 from slimrl.export import api
 
 _LORA_IDS = itertools.count(1)
@@ -33,8 +34,7 @@ def fast_generate(self: Any, prompts: str | list, sampling_params: Any = None, l
         return engine.fast_generate(prompts, sampling_params=sampling_params, lora_request=lora_request)
     from slimrl.generation.hf_generate import hf_fast_generate
 
-    base = self.get_base_model() if hasattr(self, "get_base_model") else self
-    processor = getattr(base, "slimrl_processor", None) or getattr(self, "slimrl_processor", None)
+    processor = model_state(self).processor
     return hf_fast_generate(self, processor or api._tokenizer(self, None), prompts, sampling_params, lora_request,
                             use_tqdm, inference=_inference)
 

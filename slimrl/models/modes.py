@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from slimrl.compat.model_state import model_state
 from slimrl.models.quantized import keep_8bit_training_mode, keep_quantized_trainable
 
 _STATE = "_slimrl_saved_training_state"
@@ -79,7 +80,7 @@ def _base(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _tokenizer(model: torch.nn.Module):
-    return getattr(_base(model), "slimrl_tokenizer", None) or getattr(model, "slimrl_tokenizer", None)
+    return model_state(model).tokenizer
 
 
 def _checkpointing_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -148,7 +149,7 @@ def for_training(model: Any) -> Any:
         return model
     model.train()
     _base(model).config.use_cache = False
-    if getattr(model, "slimrl_config", {}).get("gradient_checkpointing"):
+    if model_state(model).checkpointing:
         for m in _checkpointing_modules(model).values():
             if getattr(m, "_gradient_checkpointing_func", None) is not None:
                 m.gradient_checkpointing = True

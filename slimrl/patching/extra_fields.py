@@ -4,8 +4,8 @@ config dataclasses)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 
@@ -68,7 +68,7 @@ def _size(name: str, value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ExtraField:
     """One of slimrl's config fields, declared once."""
 
@@ -161,3 +161,19 @@ _SCOPES = {"log-probs": ("log-probs",), "online": ("log-probs", "online"), "grpo
 CHUNK_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["log-probs"])  # every log-prob route
 ONLINE_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["online"])  # generating, reward-driven
 ALL_FIELDS = tuple(f.name for f in FIELDS if f.acts_on in _SCOPES["grpo"])  # and with vLLM's IS correction
+
+# The one typed record of those fields: every read in the library goes through fields_of (a default stated once)
+Fields = dataclasses.make_dataclass("Fields", [(f.name, f.type, dataclasses.field(default=f.default)) for f in FIELDS],
+                                    frozen=True)
+Fields.__doc__ = "slimrl's config fields of one config, typed (``fields_of``); a field's default where it has none."
+
+
+def fields_of(args: Any) -> Any:
+    """The :class:`Fields` of a TRL config (or any object with those attributes; None: every default): each value
+    through its field's check (normalised, e.g. ``unsloth_num_chunks=None`` is -1; a bad one set after the config
+    was built is the check's one-line ``ValueError``)."""
+    values = {}
+    for f in FIELDS:
+        value = getattr(args, f.name, f.default) if args is not None else f.default
+        values[f.name] = f.check(f.name, value) if value is not f.default else value
+    return Fields(**values)

@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from slimrl.errors import InputError
+from slimrl.patching.extra_fields import EXTRA_FIELDS
 from slimrl.verify.rows import (  # noqa: F401 - the public names of slimrl.verify
     GEN_REASON,
     GEN_REASON_VLLM,
@@ -67,9 +68,11 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
     if load_in_4bit and load_in_8bit:
         raise InputError("--load_in_4bit and --load_in_8bit: pass one of them")
     quantized = "4bit" if load_in_4bit else "8bit" if load_in_8bit else None
-    if unsloth_num_chunks is not None and unsloth_num_chunks < 1 and unsloth_num_chunks != -1:
-        raise InputError(f"--unsloth_num_chunks {unsloth_num_chunks}: pass a positive number of chunks (or -1, the "
-                          "default: automatic)")
+    if unsloth_num_chunks is not None:  # the field's own check, where it is declared
+        try:
+            EXTRA_FIELDS["unsloth_num_chunks"].check("--unsloth_num_chunks", unsloth_num_chunks)
+        except ValueError as err:
+            raise InputError(str(err)) from None
     trainers = every_trainer()  # the table and the installed TRL's other trainers (those inheriting a route verify)
     names = [n for n in trainers if trainer_available(n) and trainers[n].about.scenario] if not algorithms else \
         [_checked_name(a, _normalise, trainer_available, trainers) for a in algorithms]

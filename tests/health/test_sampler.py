@@ -52,8 +52,7 @@ def test_facts_from_a_config():
                            vllm_sampling_params=None)
     facts = SamplerFacts.from_args(args)
     assert facts.truncation == "top_k=20" and facts.trainer_precision == "bf16" and facts.biased_ratio
-    args.slimrl_truncated_sampling_fix = True
-    assert not SamplerFacts.from_args(args).biased_ratio
+    assert not SamplerFacts.from_args(args, fix=True).biased_ratio  # slimrl_truncated_sampling_fix, read upstream
     assert SamplerFacts.from_args(SimpleNamespace(top_p=1.0, top_k=0, min_p=0.0)).truncation == ""
 
 

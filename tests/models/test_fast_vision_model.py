@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from slimrl.compat.model_state import model_state
 from slimrl.verify.tiny_vision import FAMILIES, build, images
 
 VISION_TAGS = ("vision", "visual")
@@ -37,7 +38,7 @@ def test_loads_model_and_processor_and_runs_an_image(tmp_path, family):
     model, processor = FastVisionModel.from_pretrained(str(path), max_seq_length=512)
     assert type(model).__name__ == type(tv.model).__name__ and type(processor).__name__ == type(tv.processor).__name__
     assert model.max_seq_length == 512 and model.dtype == torch.float32  # fp32 on a CPU, as for text models
-    assert model.slimrl_config["vision"] is True
+    assert model_state(model).vision is True
     msgs = [[{"role": "user", "content": [{"type": "image", "image": images(1, tv.image_size)[0]},
                                           {"type": "text", "text": "How many dots?"}]}]]
     batch = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True,
@@ -54,7 +55,7 @@ def test_fastmodel_still_loads_text_models(tmp_path):
     tiny_llama().save_pretrained(tmp_path)
     tiny_tokenizer().save_pretrained(tmp_path)
     model, tokenizer = FastModel.from_pretrained(str(tmp_path))
-    assert type(model).__name__ == "LlamaForCausalLM" and model.slimrl_config["vision"] is False
+    assert type(model).__name__ == "LlamaForCausalLM" and model_state(model).vision is False
     assert tokenizer.apply_chat_template is not None and not hasattr(tokenizer, "image_processor")
 
 

@@ -22,11 +22,12 @@ SCRIPT = r"""
 import json, sys, warnings
 warnings.simplefilter("ignore")
 from slimrl import FastLanguageModel
+from slimrl.compat.model_state import model_state
 out = {}
 for name, kwargs in json.loads(sys.argv[1]):
     try:
         model, tok = FastLanguageModel.from_pretrained(name, **kwargs)
-        out[json.dumps(kwargs)] = {"ok": model.slimrl_config["model_path"],
+        out[json.dumps(kwargs)] = {"ok": model_state(model).model_path,
                                    "first": float(next(model.parameters()).flatten()[0])}
     except Exception as err:
         out[json.dumps(kwargs)] = {"error": f"{type(err).__name__}: {err}"}

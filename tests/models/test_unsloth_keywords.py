@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from slimrl.compat.model_state import model_state
 from slimrl.models import FastLanguageModel, FastModel, unsloth_keywords
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ def test_every_unsloth_keyword_of_the_gpt_oss_and_grpo_notebooks_loads(tiny_mode
                                             loftq_config={}, temporary_location="_unsloth_temporary_saved_buffers",
                                             max_seq_length=96)
     assert peft.peft_config["default"].use_rslora is True and peft.max_seq_length == 96
-    assert peft.slimrl_config["gradient_checkpointing"] == "unsloth"  # from_pretrained's default taken
+    assert model_state(peft).checkpointing == "unsloth"  # from_pretrained's default taken
 
 
 def test_transformers_alone_refuses_offload_embedding(tiny_model_dir):

@@ -184,3 +184,39 @@ def test_every_field_is_declared_once_with_its_check_and_reason():
         assert field.no_effect and field.help and field.acts_on in ("log-probs", "online", "grpo")
         with pytest.raises(ValueError, match=f"{field.name}=.* is invalid"):
             validate_extra(field.name, object())
+
+
+def test_every_read_goes_through_the_typed_fields():
+    """One record of slimrl's fields (``fields_of``): the declared default where a config lacks a field, each value
+    through its field's check; the health checks' standalone defaults are the fields' defaults (stated once)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from slimrl.health.checks import LIMITS, Thresholds
+    from slimrl.patching.extra_fields import FIELDS, fields_of
+    from slimrl.patching.online.health import thresholds_of
+
+    bare = fields_of(SimpleNamespace())
+    assert {f.name: getattr(bare, f.name) for f in FIELDS} == {f.name: f.default for f in FIELDS}
+    assert fields_of(SimpleNamespace(unsloth_num_chunks=None)).unsloth_num_chunks == -1
+    with pytest.raises(ValueError, match="unsloth_num_chunks=0 is invalid"):
+        fields_of(SimpleNamespace(unsloth_num_chunks=0))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        bare.slimrl_health = False
+    assert {n: getattr(Thresholds(), n) for n in LIMITS} == {n: getattr(bare, f"slimrl_health_{n}") for n in LIMITS}
+    args = SimpleNamespace(slimrl_health_window=9, per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                           num_generations=2, logging_steps=1, top_p=1.0, top_k=0, min_p=0.0)
+    assert thresholds_of(args).window == 9
+
+
+def test_no_config_field_is_read_by_its_name_outside_the_fields_module():
+    import re
+    from pathlib import Path
+
+    import slimrl
+
+    pattern = re.compile(r"getattr\([^,()]*args[^,()]*, f?\"(unsloth|slimrl)_")
+    root = Path(slimrl.__file__).parent
+    found = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.name != "extra_fields.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, found

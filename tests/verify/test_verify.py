@@ -82,7 +82,8 @@ def test_tiny_copy_of_the_users_model_config(tmp_path):
     (["--device", "cuda"], "--device cuda: no CUDA device is visible here"),
     (["--model", "/no/such/model"], "no such file or directory"),
     (["--bogus"], "unrecognized arguments: --bogus"),
-    (["--algorithm", "dpo", "--unsloth_num_chunks", "0"], "--unsloth_num_chunks 0: pass a positive number"),
+    (["--algorithm", "dpo", "--unsloth_num_chunks", "0"], "--unsloth_num_chunks=0 is invalid: use -1 (chosen from "
+                                                          "free memory) or an int >= 1"),
 ])
 def test_bad_input_is_one_line(capsys, argv, message):
     if argv[:2] == ["--device", "cuda"] and torch.cuda.is_available():

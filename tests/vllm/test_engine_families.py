@@ -22,6 +22,7 @@ import warnings
 import pytest
 import torch
 
+from slimrl.compat.model_state import model_state
 from slimrl.generation import vllm_status
 from tests.tiny import FAMILIES, PHI3_LONGROPE, save_tiny_family
 from tests.vllm.test_engine import _engine_logps, _model_logps
@@ -169,7 +170,7 @@ def test_the_same_seed_samples_the_same_group_again(generate_first_run):
     _, model, _, _, _ = generate_first_run
     generation = SlimrlVLLMGeneration(model.vllm_engine, model, None, max_completion_length=8,
                                       sampling_params=SamplingParams(seed=11))
-    prompt = model.slimrl_tokenizer("what is 3+4?", add_special_tokens=False)["input_ids"]
+    prompt = model_state(model).tokenizer("what is 3+4?", add_special_tokens=False)["input_ids"]
     first = generation.generate([prompt] * 4 + [prompt[:-1]] * 4, None, 4)[1]
     again = generation.generate([prompt] * 4 + [prompt[:-1]] * 4, None, 4)[1]
     assert first == again
@@ -184,7 +185,7 @@ def test_a_batch_of_identical_groups_is_named_once(generate_first_run, monkeypat
 
     _, model, _, _, _ = generate_first_run
     monkeypatch.setattr(SlimrlVLLMGeneration, "said_identical", False)
-    prompt = model.slimrl_tokenizer("what is 3+4?", add_special_tokens=False)["input_ids"]
+    prompt = model_state(model).tokenizer("what is 3+4?", add_special_tokens=False)["input_ids"]
     spread = SlimrlVLLMGeneration(model.vllm_engine, model, None, max_completion_length=8,
                                   sampling_params=SamplingParams(seed=5))
     greedy = SlimrlVLLMGeneration(model.vllm_engine, model, None, max_completion_length=8,

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from slimrl.patching.extra_fields import fields_of
 from slimrl.patching.state import config_state
 from slimrl.planning.settings import Settings, Workload
 
@@ -87,13 +88,13 @@ def settings_of(model: Any, args: Any, prompt: int | None, algorithm: str, workl
                     lora_r=lora_r, load_in_4bit=bool(getattr(model, "is_loaded_in_4bit", False)),
                     fast_inference=engine_of(model) is not None, device="cuda" if cuda else "cpu",
                     beta=float(getattr(args, "beta", 0.0) or 0.0),
-                    shared_prefix=bool(getattr(args, "slimrl_shared_prefix", True)), tiled_mlp=is_tiled(model))
+                    shared_prefix=fields_of(args).slimrl_shared_prefix, tiled_mlp=is_tiled(model))
 
 
 def apply_auto_fit(bound: dict[str, Any], algorithm: str, workload: Workload) -> None:
     """The trainer-``__init__`` hook (GRPO, RLOO): with ``slimrl_auto_fit``, plan and apply (module docstring)."""
     args, model = bound.get("args"), bound.get("model")
-    if args is None or not getattr(args, "slimrl_auto_fit", False) or isinstance(model, str) or model is None:
+    if args is None or not fields_of(args).slimrl_auto_fit or isinstance(model, str) or model is None:
         return
     from slimrl.compat.memory import parse_bytes
     from slimrl.errors import InputError
@@ -101,7 +102,7 @@ def apply_auto_fit(bound: dict[str, Any], algorithm: str, workload: Workload) ->
 
     settings = settings_of(model, args, prompt_length(bound.get("train_dataset"), bound.get("processing_class")),
                            algorithm, workload)
-    budget_text = getattr(args, "slimrl_memory_budget", None)
+    budget_text = fields_of(args).slimrl_memory_budget
     budget = parse_bytes(budget_text) if budget_text else default_budget(settings.device)
     try:
         result = plan(model.config, settings, budget=budget)
@@ -138,7 +139,7 @@ def _apply(model: Any, args: Any, choice: dict[str, Any], why: str) -> None:
         enable_checkpointing(model, "selective" if every > 1 else "slimrl", every_n_layers=every)
     changed["gradient_checkpointing"] = (old, f"{label} ({why})")
     mini = choice.get("unsloth_grpo_mini_batch")
-    if mini is not None and mini != getattr(args, "unsloth_grpo_mini_batch", None):
+    if mini is not None and mini != fields_of(args).unsloth_grpo_mini_batch:
         changed["unsloth_grpo_mini_batch"] = (args.unsloth_grpo_mini_batch, f"{mini} ({why})")
         args.unsloth_grpo_mini_batch = mini
 

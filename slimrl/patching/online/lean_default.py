@@ -13,13 +13,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from slimrl.compat.model_state import model_state
 from slimrl.patching.state import config_state
 from slimrl.planning.settings import Workload
 
 
 def asked(model: Any) -> bool | int | None:
     """``unsloth_tiled_mlp`` as given to ``from_pretrained`` (None: not given, or a model slimrl did not load)."""
-    return (getattr(model, "slimrl_config", None) or {}).get("tiled_mlp")
+    return model_state(model).tiled_mlp
 
 
 def apply_lean_default(bound: dict[str, Any], algorithm: str, workload: Workload) -> None:

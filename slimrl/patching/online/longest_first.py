@@ -17,12 +17,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from slimrl.compat.runtime.callsite import warn
+from slimrl.patching.extra_fields import fields_of
 from slimrl.patching.state import trainer_state
 
 
 def wanted(trainer: Any) -> bool:
     """The first training generation of a run with ``slimrl_longest_first``."""
-    return bool(getattr(trainer.args, "slimrl_longest_first", False) and trainer.model.training
+    return bool(fields_of(trainer.args).slimrl_longest_first and trainer.model.training
                 and trainer.state.global_step == 0 and not trainer_state(trainer).longest_done)
 
 

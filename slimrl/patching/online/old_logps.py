@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from slimrl.patching.extra_fields import fields_of
 from slimrl.patching.online.mismatch import (
     add_sums,
     corrected_mask,
@@ -65,7 +66,7 @@ def can_reuse(trainer: Any) -> bool:
     args = trainer.args
     generate_every = args.steps_per_generation * trainer.num_iterations
     return bool(
-        getattr(args, "slimrl_reuse_old_logps", True)
+        fields_of(args).slimrl_reuse_old_logps
         and getattr(trainer, "use_vllm", False) and trainer.vllm_importance_sampling_correction
         and trainer.model.training
         and args.gradient_accumulation_steps % generate_every == 0

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from slimrl.compat.runtime.allocation_errors import device_failure, is_out_of_memory
+from slimrl.patching.extra_fields import fields_of
 from slimrl.patching.state import trainer_state
 
 Compute = Callable[[torch.Tensor, torch.Tensor, int | None], tuple]  # (ids, mask, batch_size) -> (logps, H, aux)
@@ -62,7 +63,7 @@ def free_memory() -> None:
 
 def enabled(trainer: Any) -> bool:
     """Recovery on: the config field is on and the run is one process."""
-    if not getattr(trainer.args, "slimrl_oom_recovery", True):
+    if not fields_of(trainer.args).slimrl_oom_recovery:
         return False
     accelerator = getattr(trainer, "accelerator", None)
     return getattr(accelerator, "num_processes", 1) == 1

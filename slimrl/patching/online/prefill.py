@@ -11,6 +11,7 @@ from typing import Any
 
 from slimrl.compat.runtime.malloc import recycling_phase
 from slimrl.generation.shared_prefill import shared_prefill
+from slimrl.patching.extra_fields import fields_of
 from slimrl.patching.state import trainer_state
 
 
@@ -25,7 +26,7 @@ def generate_single_turn_factory(orig: Any) -> Any:
     @functools.wraps(orig)
     def slimrl_generate_single_turn(self, *args, **kwargs):
         with recycling_phase():
-            if not getattr(self.args, "slimrl_shared_prefix", True) or getattr(self, "use_vllm", False):
+            if not fields_of(self.args).slimrl_shared_prefix or getattr(self, "use_vllm", False):
                 return orig(self, *args, **kwargs)
             with shared_prefill(self, on_prefill=lambda: _count(self)):
                 return orig(self, *args, **kwargs)

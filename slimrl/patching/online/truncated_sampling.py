@@ -29,6 +29,7 @@ import torch
 from slimrl.compat.runtime.callsite import warn
 from slimrl.compat.sampling import effective_sampling
 from slimrl.ops.sampling_support import log_kept_mass, truncates
+from slimrl.patching.extra_fields import fields_of
 from slimrl.patching.online.mismatch import corrected_mask, is_ratio, sequence_level
 
 FIELD = "slimrl_truncated_sampling_fix"
@@ -52,7 +53,7 @@ def batch_log_kept_mass(trainer: Any, output: dict, settings: dict[str, Any]) ->
     ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P + C]
     mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)  # [B, P + C]
     c = completion_ids.size(1)
-    rows = max(1, getattr(trainer.args, "unsloth_grpo_mini_batch", None) or trainer.args.per_device_train_batch_size)
+    rows = max(1, fields_of(trainer.args).unsloth_grpo_mini_batch or trainer.args.per_device_train_batch_size)
     out = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)  # [B, C]
     checkpointing = paused(trainer.model, trainer.args.gradient_checkpointing_kwargs) \
         if trainer.args.gradient_checkpointing else contextlib.nullcontext()

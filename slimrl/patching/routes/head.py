@@ -31,6 +31,7 @@ import torch
 
 from slimrl.compat.heads import logit_transform
 from slimrl.ops.chunked_logprob import autocast_off, chunked_logprob_outputs, masked_token_logprobs
+from slimrl.patching.extra_fields import fields_of
 from slimrl.patching.machinery.registry import original
 
 UTILS = "trl.trainer.utils"
@@ -73,8 +74,8 @@ def trl_kernel(device: torch.device, head: Head) -> tuple[Any, int] | None:
 
 def chunking_of(args: Any) -> tuple[int, int | None]:
     """(``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``) of a config; (-1, None) = automatic."""
-    num_chunks = getattr(args, "unsloth_num_chunks", -1)
-    return (-1 if num_chunks is None else num_chunks), getattr(args, "unsloth_logit_chunk_multiplier", None)
+    fields = fields_of(args)
+    return fields.unsloth_num_chunks, fields.unsloth_logit_chunk_multiplier
 
 
 def chunking_chosen(args: Any) -> bool:

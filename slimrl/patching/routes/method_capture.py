@@ -23,6 +23,7 @@ import torch
 
 from slimrl.compat.heads import capture_head_input, plain_linear_head
 from slimrl.compat.runtime.malloc import recycling_phase
+from slimrl.patching.extra_fields import fields_of
 from slimrl.patching.machinery.registry import original
 from slimrl.patching.routes import shared_prefix
 from slimrl.patching.routes.head import Head
@@ -71,7 +72,7 @@ def no_grad_phase():
 def rows_per_forward(args, rows: int) -> int:
     """``rows`` per forward, cut to ``unsloth_grpo_mini_batch`` in the no-grad passes (fewer rows per forward, a
     lower activation peak)."""
-    mini = getattr(args, "unsloth_grpo_mini_batch", None)
+    mini = fields_of(args).unsloth_grpo_mini_batch
     return min(rows, mini) if mini and not torch.is_grad_enabled() else rows
 
 
@@ -122,11 +123,11 @@ def _groups_for(self, attention_mask: torch.Tensor, logits_to_keep: int,
     (``slimrl_length_groups``, default) length groups within ``slimrl_token_budget`` tokens per forward (default:
     TRL's own ``batch_size`` rows x padded width), each cut after its longest completion."""
     rows = attention_mask.size(0)
-    if not getattr(self.args, "slimrl_length_groups", True):
+    if not fields_of(self.args).slimrl_length_groups:
         return [(list(range(s, min(s + batch_size, rows))), logits_to_keep) for s in range(0, rows, batch_size)]
     lengths = completion_lengths(attention_mask, logits_to_keep)
     prompt_width = attention_mask.size(1) - logits_to_keep
-    budget = getattr(self.args, "slimrl_token_budget", None) or batch_size * attention_mask.size(1)
+    budget = fields_of(self.args).slimrl_token_budget or batch_size * attention_mask.size(1)
     cost = FORWARD_COST_TOKENS.get(attention_mask.device.type, FORWARD_COST_TOKENS["cuda"])
     return [(g, max(1, max(lengths[i] for i in g))) for g in length_groups(lengths, prompt_width, budget, cost)]
 
@@ -139,7 +140,7 @@ def _packed(self, model, config, head, projection, input_ids, attention_mask, lo
     shared = shared_prefix.shared_prompts(self, config, input_ids, attention_mask, logits_to_keep, lengths)
     if shared is None:
         return None
-    budget = getattr(self.args, "slimrl_token_budget", None) or batch_size * attention_mask.size(1)
+    budget = fields_of(self.args).slimrl_token_budget or batch_size * attention_mask.size(1)
     return shared_prefix.logps_shared_prefix(self, model, head, projection, input_ids, shared[0], lengths, shared[1],
                                              logits_to_keep, budget, compute_entropy)
 

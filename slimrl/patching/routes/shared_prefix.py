@@ -35,6 +35,7 @@ import torch
 
 from slimrl.compat.heads import capture_head_input
 from slimrl.ops.prefix_attention import PackedLayout, model_reason, shared_prefix_attention
+from slimrl.patching.extra_fields import fields_of
 from slimrl.patching.machinery.registry import Patch
 from slimrl.patching.routes.head import Head
 from slimrl.patching.state import trainer_state
@@ -71,7 +72,7 @@ def why_not(trainer: Any, config: Any, prompt_width: int, longest: int) -> str |
     """Why this call cannot take the layout (None: it can); see the module docstring."""
     from transformers.modeling_utils import AttentionInterface
 
-    if not getattr(trainer.args, "slimrl_shared_prefix", True):
+    if not fields_of(trainer.args).slimrl_shared_prefix:
         return ""  # turned off: no line
     text = getattr(config, "text_config", None) or config
     impl = getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", None)

@@ -17,7 +17,6 @@ from contextlib import contextmanager
 
 import torch
 
-from slimrl.health import attach_health
 from slimrl.models.modes import for_inference, for_training
 from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
 from slimrl.patching.machinery.registry import Patch
@@ -26,6 +25,7 @@ from slimrl.patching.online.engine_hooks import (
     slimrl_vllm_generation_factory,
     vllm_or_transformers,
 )
+from slimrl.patching.online.health import attach_health_monitor
 from slimrl.patching.online.logps import online_logps
 from slimrl.patching.online.longest_first import generate_longest_first_factory
 from slimrl.patching.online.old_logps import compute_loss_factory, fill_importance_ratio, generate_and_score_factory
@@ -134,5 +134,5 @@ SPEC = row("grpo", TRAINER, CONFIG, layouts=PROMPT, routes=(CAPTURE(), FUSED()),
            fields=ALL_FIELDS, config_init=grpo_config_init_factory,
            init_hooks=(check_sequence_budget, apply_engine_defaults,
                        functools.partial(vllm_or_transformers, trainer_module=MODULE)), auto_fit=True,
-           after_init=(attach_health,),
+           after_init=(attach_health_monitor,),
            training_step=grpo_training_step_factory, patches=tuple(PATCHES), cli="online")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 
 from slimrl.compat.trl_info import has_fused_head
-from slimrl.health import attach_health
 from slimrl.patching.config_fields import ALL_FIELDS, ONLINE_FIELDS, config_init_factory, generation_config_checks
 from slimrl.patching.machinery.registry import Patch
 from slimrl.patching.online.engine_hooks import (
@@ -23,6 +22,7 @@ from slimrl.patching.online.engine_hooks import (
     slimrl_vllm_generation_factory,
     vllm_or_transformers,
 )
+from slimrl.patching.online.health import attach_health_monitor
 from slimrl.patching.online.logps import online_logps
 from slimrl.patching.online.longest_first import generate_longest_first_factory
 from slimrl.patching.online.prefill import generate_single_turn_factory
@@ -90,5 +90,5 @@ SPEC = row("rloo", TRAINER, CONFIG, layouts=PROMPT,
            fields=ONLINE_FIELDS, config_init=rloo_config_init_factory,
            init_hooks=(check_sequence_budget, apply_engine_defaults,
                        functools.partial(vllm_or_transformers, trainer_module=MODULE)), auto_fit=True,
-           after_init=(attach_health,),
+           after_init=(attach_health_monitor,),
            training_step=rloo_training_step_factory, patches=tuple(PATCHES), cli="online")

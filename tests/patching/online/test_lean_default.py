@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from slimrl.compat.model_state import ModelState, attach_state, model_state
 from slimrl.models.tiled_mlp import is_tiled
 from slimrl.patching.online.lean_default import apply_lean_default
 from slimrl.patching.state import config_state
@@ -24,7 +25,7 @@ def _bound(completion: int = 2032, checkpointing: bool = True, asked=None):
 
     model = tiny_llama(**WIDE)
     if asked is not None:
-        model.slimrl_config = {"tiled_mlp": asked}
+        attach_state(model, ModelState(tiled_mlp=asked))
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     args = SimpleNamespace(per_device_train_batch_size=2, num_generations=2, max_completion_length=completion,
                            gradient_checkpointing=checkpointing, beta=0.0, use_cpu=False,
@@ -103,7 +104,7 @@ def test_from_pretrained_records_the_users_word(tiny_model_dir):
 
     for given, expected in (({}, None), ({"unsloth_tiled_mlp": False}, False), ({"unsloth_tiled_mlp": 512}, 512)):
         model, _ = FastLanguageModel.from_pretrained(str(tiny_model_dir), max_seq_length=64, **given)
-        assert model.slimrl_config["tiled_mlp"] == expected and is_tiled(model) is bool(expected)
+        assert model_state(model).tiled_mlp == expected and is_tiled(model) is bool(expected)
 
 
 def test_auto_fit_on_a_gpu_takes_the_card_and_leaves_the_margin_to_the_verdict(fake_gpu):
