@@ -4,6 +4,7 @@ broken fails here."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "slimrl"
@@ -108,6 +109,10 @@ def test_patching_never_imports_verify():
     for path, imported in _modules("patching").items():
         bad = {m for m in imported if m.startswith(("slimrl.verify", "slimrl.cli"))}
         assert not bad, (path, bad)
+    # nor by a string a child process imports (the self-check's child runs `slimrl verify --self-check-rows`)
+    strung = [str(p.relative_to(SRC)) for p in (SRC / "patching").rglob("*.py")
+              if re.search(r"(from|import) slimrl\.(verify|cli)", p.read_text().split('"""', 2)[-1])]
+    assert not strung, strung
 
 
 def test_no_file_over_300_lines():

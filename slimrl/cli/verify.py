@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unsloth_num_chunks", type=int, help=f"{chunks.help[:-1]}, on every row's config (on a GPU "
                    "where TRL's Triton kernel serves the fused-head trainers, this makes slimrl's op serve them)")
     p.add_argument("--quiet", action="store_true", help="only the table")
+    p.add_argument("--self-check-rows", help=argparse.SUPPRESS)  # the self-check child (patching/preflight.py)
     p.add_argument("--list", action="store_true", help="every trainer of the installed TRL: what slimrl gives it "
                    "(memory paths, checks and guards, first contact) and whether verify runs it; nothing is trained")
     return p
@@ -67,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("--all and --algorithm: pass one of them")
     if args.list:
         print(listing())
+        return 0
+    if args.self_check_rows:
+        from slimrl.verify.self_check_rows import child
+
+        child(args.self_check_rows.split(","))
         return 0
     from slimrl.errors import InputError
     from slimrl.verify import format_table, verify

@@ -11,9 +11,8 @@ from slimrl.compat.runtime.callsite import install_one_line_errors, warn
 from slimrl.compat.runtime.env import env_flag
 from slimrl.compat.runtime.malloc import cpu_training, tune_malloc
 from slimrl.compat.trl_info import check_trl_supported
-from slimrl.patching import moved_names
+from slimrl.patching import moved_names, preflight
 from slimrl.patching.defaults import set_strict
-from slimrl.patching.machinery import self_check
 from slimrl.patching.machinery.registry import describe, install, on_first_use, patches, uninstall
 from slimrl.patching.table import TRAINERS, TrainerSpec, every_trainer, register_all
 
@@ -107,7 +106,7 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     the same line is a warning and the other trainers are patched). A trainer one of whose replaced TRL methods is
     gone (a TRL release newer than slimrl's tests renamed it) is left unpatched, never half patched, and named in
     one warning. On a TRL newer than slimrl's tests, each trainer's tiny parity row runs first and only trainers
-    whose row passes are patched (:mod:`slimrl.patching.machinery.self_check`); a call a replacement was not written for
+    whose row passes are patched (:mod:`slimrl.patching.preflight`); a call a replacement was not written for
     goes to TRL's original (:mod:`slimrl.patching.machinery.contracts`). ``strict=True`` (or ``SLIMRL_STRICT=1``) keeps
     TRL's refusals of settings this machine cannot run
     instead of changing them to the nearest that runs (:mod:`slimrl.patching.defaults`). Without CUDA, glibc's
@@ -134,9 +133,9 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
         warn(_wrapped_line(wrapped))
     names = [n for n in names if n not in wrapped]
     checkable = lambda n: every_trainer()[n].about.scenario is not None  # noqa: E731
-    for name, row in self_check.failures(names, patches, checkable).items():  # an untested TRL: rows first
+    for name, row in preflight.failures(names, patches, checkable).items():  # an untested TRL: rows first
         _STOOD_DOWN[name] = row
-        warn(self_check.stand_down_line(name, row, [f"{p.target}.{p.attribute}" for p in patches(name)]))
+        warn(preflight.stand_down_line(name, row, [f"{p.target}.{p.attribute}" for p in patches(name)]))
     names = [n for n in names if n not in _STOOD_DOWN]
     for name in names:
         for p in patches(name):

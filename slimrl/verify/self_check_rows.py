@@ -1,4 +1,4 @@
-"""The self-check's child process (:mod:`slimrl.patching.machinery.self_check`): one ``slimrl verify --tiny`` row
+"""The self-check's child process (:mod:`slimrl.patching.preflight`): one ``slimrl verify --tiny`` row
 per trainer (its first loss type), printed as one JSON line each."""
 
 from __future__ import annotations
@@ -7,11 +7,16 @@ import json
 
 
 def child(names: list[str]) -> None:
-    """The child process: one ``slimrl verify --tiny`` row per trainer (its first loss type), one JSON line each."""
+    """The child process (``slimrl verify --self-check-rows NAMES``): the TRL it imported (``trl_file``), then one
+    ``slimrl verify --tiny`` row per trainer (its first loss type), one JSON line each."""
     import logging
+    import pathlib
     import warnings
 
     import transformers
+    import trl
+
+    print(json.dumps({"trl_file": str(pathlib.Path(trl.__file__).resolve())}), flush=True)
 
     from slimrl.patching import trainer_and_config
     from slimrl.verify import compare, make_setup

@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from slimrl.patching.machinery import self_check
+from slimrl.patching import preflight as self_check
 
 
 @pytest.fixture

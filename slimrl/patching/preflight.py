@@ -209,11 +209,10 @@ def run_rows(names: list[str]) -> dict[str, dict[str, Any]]:
     root = str(Path(ours).parents[1])  # this process's TRL first in the child too (a script may put its own first)
     env = {**os.environ, ENV: "0", "SLIMRL_AUTOPATCH": "0",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    code = ("import json, pathlib, trl; print(json.dumps({'trl_file': str(pathlib.Path(trl.__file__).resolve())}))"
-            f"\nfrom slimrl.verify.self_check_rows import child; child({names!r})")
+    # the rows through slimrl's command line (verify sits above patching: no import of it from here)
+    command = [sys.executable, "-m", "slimrl", "verify", "--self-check-rows", ",".join(names)]
     try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                              timeout=TIMEOUT_S)
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
         out, err, rc = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired:
         out, err, rc = "", f"no answer in {TIMEOUT_S} s", -1
