@@ -469,7 +469,7 @@ def worker(args: argparse.Namespace) -> dict:
         trainer.train()
     prof.stop()
     logs = [h for h in trainer.state.log_history if "loss" in h]
-    from slimrl.patching.state import trainer_state
+    from slimrl.patching.every_trainer.state import trainer_state
 
     engine = getattr(getattr(trainer, "vllm_generation", None), "engine", None)
     return {

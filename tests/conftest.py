@@ -20,7 +20,7 @@ from pathlib import Path
 # slimrl.FastLanguageModel is tested in its own process (tests/patching/test_autopatch.py).
 os.environ.setdefault("SLIMRL_AUTOPATCH", "0")
 # Tests replace TRL methods with spies and stand-ins, which the self-check on an untested TRL would see as a changed
-# signature (slimrl.patching.preflight); tests/patching/test_future_trl.py turns it on where it is the
+# signature (slimrl.patching.every_trainer.preflight); tests/patching/test_future_trl.py turns it on where it is the
 # subject.
 os.environ.setdefault("SLIMRL_SELF_CHECK", "0")
 

@@ -1,6 +1,6 @@
 """``slimrl train``'s inputs besides the model: reward functions (``--reward module:function``) and the dataset
 (``--dataset`` file or cached name, else the built-in arithmetic task), checked with the trainer's own column rules
-(:func:`slimrl.patching.validation.check_layout`) before any model loads."""
+(:func:`slimrl.patching.every_trainer.validation.check_layout`) before any model loads."""
 
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def load_dataset_arg(targs: TrainArguments, seed: int, trainer_cls: type, cfg: A
     A user dataset must have rows and a column layout the trainer accepts."""
     from slimrl.cli.tasks import make_datasets
     from slimrl.data import make_preference_dataset
+    from slimrl.patching.every_trainer.validation import check_layout
     from slimrl.patching.table import trainer_layouts
-    from slimrl.patching.validation import check_layout
 
     algorithm = targs.algorithm
     if targs.dataset is None:

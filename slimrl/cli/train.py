@@ -265,8 +265,8 @@ def _on_sigterm(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from slimrl.patching.nonfinite import NonFiniteStepError
-    from slimrl.patching.reward_guard import RewardFunctionError, RewardOutputError
+    from slimrl.patching.every_trainer.nonfinite import NonFiniteStepError
+    from slimrl.patching.every_trainer.reward_guard import RewardFunctionError, RewardOutputError
 
     cfg = None
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None

@@ -77,7 +77,7 @@ def check_config(cfg: Any, config_cls: type) -> None:
 
     if not str(cfg.output_dir or "").strip():
         raise InputError("--output_dir '': an empty path; pass the folder to write the run to")
-    from slimrl.patching.validation import unsloth_refusals
+    from slimrl.patching.every_trainer.validation import unsloth_refusals
 
     refused = unsloth_refusals({name: getattr(cfg, name, None) for name in
                                 ("learning_rate", "temperature", "max_completion_length")})

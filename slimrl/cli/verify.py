@@ -8,7 +8,7 @@ import sys
 import warnings
 
 from slimrl.cli.oneline import fail, parse
-from slimrl.patching.extra_fields import EXTRA_FIELDS
+from slimrl.patching.every_trainer.extra_fields import EXTRA_FIELDS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unsloth_num_chunks", type=int, help=f"{chunks.help[:-1]}, on every row's config (on a GPU "
                    "where TRL's Triton kernel serves the fused-head trainers, this makes slimrl's op serve them)")
     p.add_argument("--quiet", action="store_true", help="only the table")
-    p.add_argument("--self-check-rows", help=argparse.SUPPRESS)  # the self-check child (patching/preflight.py)
+    p.add_argument("--self-check-rows", help=argparse.SUPPRESS)  # the self-check child (every_trainer/preflight.py)
     p.add_argument("--list", action="store_true", help="every trainer of the installed TRL: what slimrl gives it "
                    "(memory paths, checks and guards, first contact) and whether verify runs it; nothing is trained")
     return p

@@ -10,5 +10,6 @@ def is_bfloat16_supported() -> bool:
     Ampere or newer; Unsloth's ``SUPPORTS_BFLOAT16``). False on a T4 or V100, where ``torch.cuda.is_bf16_supported()``
     says True because it counts emulation (and vLLM refuses bf16), so notebooks written
     ``bf16=is_bfloat16_supported(), fp16=not is_bfloat16_supported()`` train in fp16 there; False on a CPU, as in
-    Unsloth, where the patched configs then train in the precision this machine runs (slimrl/patching/defaults.py)."""
+    Unsloth, where the patched configs then train in the precision this machine runs
+    (slimrl/patching/every_trainer/defaults.py)."""
     return native_bf16()

@@ -11,8 +11,8 @@ from slimrl.compat.runtime.callsite import install_one_line_errors, warn
 from slimrl.compat.runtime.env import env_flag
 from slimrl.compat.runtime.malloc import cpu_training, tune_malloc
 from slimrl.compat.trl_info import check_trl_supported
-from slimrl.patching import moved_names, preflight
-from slimrl.patching.defaults import set_strict
+from slimrl.patching.every_trainer import moved_names, preflight
+from slimrl.patching.every_trainer.defaults import set_strict
 from slimrl.patching.machinery.registry import describe, install, on_first_use, patches, uninstall
 from slimrl.patching.table import TRAINERS, TrainerSpec, every_trainer, register_all
 
@@ -106,11 +106,11 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
     the same line is a warning and the other trainers are patched). A trainer one of whose replaced TRL methods is
     gone (a TRL release newer than slimrl's tests renamed it) is left unpatched, never half patched, and named in
     one warning. On a TRL newer than slimrl's tests, each trainer's tiny parity row runs first and only trainers
-    whose row passes are patched (:mod:`slimrl.patching.preflight`); a call a replacement was not written for
-    goes to TRL's original (:mod:`slimrl.patching.machinery.contracts`). ``strict=True`` (or ``SLIMRL_STRICT=1``) keeps
-    TRL's refusals of settings this machine cannot run
-    instead of changing them to the nearest that runs (:mod:`slimrl.patching.defaults`). Without CUDA, glibc's
-    malloc is also
+    whose row passes are patched (:mod:`slimrl.patching.every_trainer.preflight`); a call a replacement was not written
+    for goes to TRL's original (:mod:`slimrl.patching.machinery.contracts`). ``strict=True`` (or ``SLIMRL_STRICT=1``)
+    keeps TRL's refusals of settings this machine cannot run
+    instead of changing them to the nearest that runs (:mod:`slimrl.patching.every_trainer.defaults`). Without CUDA,
+    glibc's malloc is also
     tuned to return large freed blocks to the OS (:mod:`slimrl.compat.runtime.malloc`; ``SLIMRL_MALLOC_TUNING=0`` turns
     it off).
     """

@@ -5,7 +5,7 @@ stale): docs/compatibility.md's trainers (:func:`readme_table`) and the installe
 from __future__ import annotations
 
 from slimrl.compat.trl_info import TESTED_TRL
-from slimrl.patching import config_fields
+from slimrl.patching.every_trainer import config_fields
 from slimrl.patching.table import ALIASES, EXTRA, TRAINERS, every_trainer, field_users
 
 
@@ -40,6 +40,6 @@ def every_trainer_table() -> str:
 
 
 def field_table() -> str:
-    """docs/train.md's table of slimrl's config fields (:func:`slimrl.patching.config_fields.field_table`), each
-    naming the trainers whose rows list it."""
+    """docs/train.md's table of slimrl's config fields
+    (:func:`slimrl.patching.every_trainer.config_fields.field_table`), each naming the trainers whose rows list it."""
     return config_fields.field_table(field_users)

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slimrl.compat.trl_info import EVERY_RELEASE
-from slimrl.patching.config_fields import config_init_factory
+from slimrl.patching.every_trainer.config_fields import config_init_factory
+from slimrl.patching.every_trainer.steps import training_step_factory
 from slimrl.patching.machinery.registry import Patch
-from slimrl.patching.steps import training_step_factory
 from slimrl.planning.settings import Workload
 
 Layouts = tuple[tuple[str, ...], ...]
@@ -102,7 +102,7 @@ class TrainerSpec:
     after_init: tuple[Callable[[Any], None], ...] = ()  # run as hook(trainer) after TRL's __init__
     auto_fit: bool = False  # honours slimrl_auto_fit (slimrl.patching.online.autofit) before TRL's __init__
     training_step: Callable | None = training_step_factory  # factory for its training_step (None: not patched)
-    guard_rewards: bool = True  # Python reward functions checked (slimrl.patching.reward_guard)
+    guard_rewards: bool = True  # Python reward functions checked (slimrl.patching.every_trainer.reward_guard)
     base: str | None = None  # the trainer whose route it inherits as TRL's subclass of it (slimrl.patching.derived)
     patches: tuple[Patch, ...] = field(default=())  # its own, from trainers/<name>.py
     workload: Workload | None = None  # what one step does: auto-fit's and `slimrl plan`'s (None: not planned)

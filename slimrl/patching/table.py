@@ -9,7 +9,7 @@ its ``training_step`` wrapper, the patches specific to it, its workload, verify 
 * the registry entries every trainer shares (:func:`spec_patches`: ``__init__`` checks, ``training_step`` guard,
   config fields and ``__init__``) plus each trainer's own, registered by :func:`register_all`;
 * ``PatchFastRL``'s names and availability checks (:mod:`slimrl.patching`);
-* the dataset layouts of :mod:`slimrl.patching.validation`;
+* the dataset layouts of :mod:`slimrl.patching.every_trainer.validation`;
 * ``slimrl train``'s algorithms (:data:`CLI_KINDS`);
 * each route's users (:func:`users_of`) and the patches they share (``Route.shared``);
 * the trainers each of slimrl's config fields acts on (:func:`field_users`, for the refusals and docs/train.md);
@@ -28,15 +28,15 @@ from collections.abc import Callable
 from typing import Any
 
 from slimrl.compat.trl_info import EVERY_RELEASE
-from slimrl.patching.config_fields import config_patches
 from slimrl.patching.derived import derive
+from slimrl.patching.every_trainer.config_fields import config_patches
+from slimrl.patching.every_trainer.processors import processor_patch
+from slimrl.patching.every_trainer.steps import push_to_hub_factory
+from slimrl.patching.every_trainer.trainer_init import trainer_init_factory
 from slimrl.patching.machinery.catalog import shipped
 from slimrl.patching.machinery.registry import Patch, patches, register
-from slimrl.patching.processors import processor_patch
 from slimrl.patching.routes import shared_prefix
 from slimrl.patching.spec import Route, TrainerSpec
-from slimrl.patching.steps import push_to_hub_factory
-from slimrl.patching.trainer_init import trainer_init_factory
 from slimrl.patching.trainers import bco, cpo, dpo, grpo, kto, online_dpo, orpo, ppo, prm, reward, rloo, sft, xpo
 from slimrl.planning.settings import Workload
 

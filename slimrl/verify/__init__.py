@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from slimrl.errors import InputError
-from slimrl.patching.extra_fields import EXTRA_FIELDS
+from slimrl.patching.every_trainer.extra_fields import EXTRA_FIELDS
 from slimrl.verify.rows import (  # noqa: F401 - the public names of slimrl.verify
     GEN_REASON,
     GEN_REASON_VLLM,

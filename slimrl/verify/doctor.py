@@ -135,7 +135,7 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
         note, problem = shared_prefix_note(model)
         notes += [note] if note else []
         problems += [problem] if problem else []
-    from slimrl.patching.preflight import cached, version_set
+    from slimrl.patching.every_trainer.preflight import cached, version_set
 
     checked = cached().get(version_set(), {})  # the self-check's verdicts for these versions (untested TRL only)
     return {"versions": versions, "device": dev, "patches": {k: v for k, v in patch_info.items() if k != "rows"},

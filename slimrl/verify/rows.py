@@ -92,7 +92,7 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str,
     from transformers.trainer_callback import PrinterCallback
 
     from slimrl.patching import PatchFastRL, trainer_and_config, unpatch
-    from slimrl.patching.preflight import suspended
+    from slimrl.patching.every_trainer.preflight import suspended
     from slimrl.patching.routes import served
     from slimrl.verify.generation import GenerationProbe, worst_difference
 

@@ -1,4 +1,4 @@
-"""The self-check's child process (:mod:`slimrl.patching.preflight`): one ``slimrl verify --tiny`` row
+"""The self-check's child process (:mod:`slimrl.patching.every_trainer.preflight`): one ``slimrl verify --tiny`` row
 per trainer (its first loss type), printed as one JSON line each."""
 
 from __future__ import annotations

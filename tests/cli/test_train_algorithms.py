@@ -92,8 +92,8 @@ def test_dataset_without_the_algorithm_columns(capsys, tmp_path):
 
 
 def test_dataset_columns_follow_trls_rules(model_dir, capsys):
-    """One column rule set (the trainer's, in slimrl.patching.validation): an SFT dataset with a 'text' column is
-    accepted (the CLI does not demand prompt + completion)."""
+    """One column rule set (the trainer's, in slimrl.patching.every_trainer.validation): an SFT dataset with a 'text'
+    column is accepted (the CLI does not demand prompt + completion)."""
     data = model_dir / "text.jsonl"
     data.write_text("\n".join(json.dumps({"text": f"{a}+1={a + 1}"}) for a in range(16)))
     argv = _argv(model_dir, "sft")

@@ -52,7 +52,7 @@ def main(out: str, single: bool = False, sharded: bool = False) -> None:
     from safetensors.torch import save_file
 
     from slimrl import PatchFastRL
-    from slimrl.patching.state import trainer_state
+    from slimrl.patching.every_trainer.state import trainer_state
 
     PatchFastRL("grpo")
     from trl import GRPOConfig, GRPOTrainer

@@ -67,10 +67,9 @@ def test_a_hanging_server_ends_with_an_ordinary_end(tmp_path):
     pids_file = tmp_path / "pids"
     guard = launcher._guarded([sys.executable, "-c", HANGING_SERVER, str(pids_file)])
     pids = _wait_for(pids_file)
-    start = time.monotonic()
     launcher._end(guard)
-    assert guard.poll() is not None and _all_gone(pids, 5)
-    assert time.monotonic() - start < SHUTDOWN_GRACE + 5  # the grace, then the kill: not the hook's 600 s
+    assert guard.poll() is not None and _all_gone(pids, SHUTDOWN_GRACE + 10)
+    assert guard.returncode != -signal.SIGKILL  # the guard ended the group itself (the grace, then the kill)
 
 
 def test_the_guard_passes_on_a_server_that_exits(tmp_path):

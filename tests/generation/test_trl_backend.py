@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from slimrl.generation.trl_backend import SlimrlVLLMGeneration, engine_of, sampling_kwargs
+from slimrl.patching.every_trainer.state import config_state
 from slimrl.patching.online.engine_hooks import apply_engine_defaults, slimrl_vllm_generation_factory
-from slimrl.patching.state import config_state
 from slimrl.sampling import vLLMSamplingParams
 
 TRAINER = {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}

@@ -19,7 +19,7 @@ import importlib.util
 import pytest
 import torch
 
-from slimrl.patching.state import config_state
+from slimrl.patching.every_trainer.state import config_state
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -20,8 +20,8 @@ import math
 import torch
 
 from slimrl import PatchFastRL, unpatch
+from slimrl.patching.every_trainer.steps import running
 from slimrl.patching.routes import served
-from slimrl.patching.steps import running
 from slimrl.verify.relative_error import joint_error, relative_error, worst_parameter_error
 from slimrl.verify.scenarios import PAIRS  # noqa: F401  (the parity tests' pairs are verify's)
 

@@ -22,7 +22,7 @@ import inspect
 import pytest
 import torch
 
-from slimrl.patching.state import trainer_state
+from slimrl.patching.every_trainer.state import trainer_state
 from slimrl.verify.agentic import (
     ENV_TURNS,
     QUESTIONS,

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from slimrl import PatchFastRL, unpatch
-from slimrl.patching.config_fields import EXTRA_FIELDS, ONLINE_FIELDS
+from slimrl.patching.every_trainer.config_fields import EXTRA_FIELDS, ONLINE_FIELDS
 from slimrl.patching.machinery.registry import patches
 
 CPU = dict(report_to="none", use_cpu=True, bf16=False)
@@ -146,7 +146,7 @@ def test_unpatch_removes_the_fields(tmp_path):
 def test_max_seq_length_defaults_to_the_model_and_never_exceeds_it(patched, tmp_path):
     from trl import GRPOConfig
 
-    from slimrl.patching.validation import check_sequence_budget
+    from slimrl.patching.every_trainer.validation import check_sequence_budget
 
     model = SimpleNamespace(max_seq_length=128)
     cfg = GRPOConfig(output_dir=str(tmp_path), max_completion_length=16, per_device_train_batch_size=2,
@@ -176,7 +176,7 @@ def test_readme_field_table_is_current():
 
 
 def test_every_field_is_declared_once_with_its_check_and_reason():
-    from slimrl.patching.config_fields import FIELDS, validate_extra
+    from slimrl.patching.every_trainer.config_fields import FIELDS, validate_extra
 
     assert len({f.name for f in FIELDS}) == len(FIELDS)
     for field in FIELDS:
@@ -193,7 +193,7 @@ def test_every_read_goes_through_the_typed_fields():
     from types import SimpleNamespace
 
     from slimrl.health.checks import LIMITS, Thresholds
-    from slimrl.patching.extra_fields import FIELDS, fields_of
+    from slimrl.patching.every_trainer.extra_fields import FIELDS, fields_of
     from slimrl.patching.online.health import thresholds_of
 
     bare = fields_of(SimpleNamespace())

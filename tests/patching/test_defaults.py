@@ -10,7 +10,7 @@ import torch
 
 from slimrl import PatchFastRL, unpatch
 from slimrl.patching import TRAINERS, trainer_and_config, trainer_available
-from slimrl.patching.state import config_state
+from slimrl.patching.every_trainer.state import config_state
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 NO_ACCELERATOR = not torch.cuda.is_available()
@@ -70,7 +70,7 @@ def test_trl_precision_defaults_stay_where_they_run(patched, tmp_path, monkeypat
     stays: bf16 on, also for an fp32 model, and nothing is listed."""
     from trl import DPOConfig
 
-    from slimrl.patching import defaults
+    from slimrl.patching.every_trainer import defaults
 
     monkeypatch.setattr(defaults, "bf16_default_runs", lambda: True)
     import transformers.training_args as ta
@@ -119,7 +119,7 @@ def test_a_gpu_without_bf16_in_hardware_trains_trls_default_in_fp16(fake_gpu, gp
     flag the user passed is kept everywhere."""
     from trl import DPOConfig, GRPOConfig
 
-    from slimrl.patching.defaults import apply_config_defaults
+    from slimrl.patching.every_trainer.defaults import apply_config_defaults
 
     fake_gpu(gpu)
     for cls in (GRPOConfig, DPOConfig):

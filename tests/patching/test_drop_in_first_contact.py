@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 from slimrl import PatchFastRL, unpatch
-from slimrl.patching.state import trainer_state
+from slimrl.patching.every_trainer.state import trainer_state
 from tests.tiny import CPU_ARGS, tiny_llama, tiny_tokenizer
 
 

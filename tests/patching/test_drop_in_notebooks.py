@@ -89,8 +89,8 @@ def test_push_to_hub_without_a_hub_trains_and_saves_locally(tmp_path, hub, monke
 
 
 def test_names_trl_moved_import_from_trl_while_patched():
-    from slimrl.patching import moved_names
-    from slimrl.patching.moved_names import MOVED
+    from slimrl.patching.every_trainer import moved_names
+    from slimrl.patching.every_trainer.moved_names import MOVED
 
     moved_names._WARNED.clear()  # one warning per name and process: this test wants to see it
     unpatch()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slimrl.patching.state import config_state
+from slimrl.patching.every_trainer.state import config_state
 from tests.tiny import tiny_llama, tiny_tokenizer
 
 NO_GPU = not torch.cuda.is_available()

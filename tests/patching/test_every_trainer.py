@@ -11,9 +11,9 @@ import warnings
 import pytest
 
 from slimrl import PatchFastRL, unpatch
+from slimrl.patching.every_trainer.state import config_state, trainer_state
 from slimrl.patching.machinery.catalog import resolve, shipped, snake_name
 from slimrl.patching.spec import FIRST_CONTACT
-from slimrl.patching.state import config_state, trainer_state
 from slimrl.patching.table import every_trainer
 
 # what TRL itself requires of a config besides its defaults

@@ -102,7 +102,7 @@ def test_a_fork_of_a_helper_or_of_init_is_the_self_checks_reason(monkeypatch):
     (not replaced by slimrl, but what sets up the state its methods read)."""
     from trl import GRPOTrainer
 
-    from slimrl.patching import preflight as self_check
+    from slimrl.patching.every_trainer import preflight as self_check
     from slimrl.patching.machinery.registry import patches
 
     unpatch()

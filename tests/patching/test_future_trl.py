@@ -186,7 +186,7 @@ def trl_119(monkeypatch, tmp_path):
     from packaging.version import Version
 
     import slimrl.compat.trl_info as info
-    from slimrl.patching import preflight as self_check
+    from slimrl.patching.every_trainer import preflight as self_check
 
     monkeypatch.setattr(info, "trl_version", lambda: Version("1.19.0"))
     monkeypatch.setenv("SLIMRL_CACHE", str(tmp_path))
@@ -275,7 +275,7 @@ def test_async_grpo_imports_from_either_place_while_patched(monkeypatch):
 
     import trl
 
-    from slimrl.patching import moved_names
+    from slimrl.patching.every_trainer import moved_names
 
     try:
         with warnings.catch_warnings():
@@ -328,7 +328,7 @@ def test_the_truncation_fix_stands_aside_where_trl_carries_the_kept_set(monkeypa
 @pytest.fixture
 def self_check_on(monkeypatch, tmp_path):
     """The self-check as a user has it (on, a cache of its own), on the installed (tested) TRL's version."""
-    from slimrl.patching import preflight as self_check
+    from slimrl.patching.every_trainer import preflight as self_check
 
     monkeypatch.setenv("SLIMRL_CACHE", str(tmp_path))
     monkeypatch.delenv("SLIMRL_SELF_CHECK", raising=False)

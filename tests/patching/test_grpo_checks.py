@@ -11,7 +11,7 @@ import torch
 from packaging.version import Version
 
 from slimrl import PatchFastRL
-from slimrl.patching.state import config_state
+from slimrl.patching.every_trainer.state import config_state
 from tests.tiny import CPU_ARGS, tiny_llama, tiny_tokenizer
 
 CPU = dict(**CPU_ARGS, gradient_checkpointing=False)
@@ -80,7 +80,7 @@ def test_mini_batch_larger_than_generation_batch(tmp_path):
 
 def test_fp16_model_with_bf16(tmp_path):
     """Unsloth's TypeError, here a warning: TRL trains an fp16 model under bf16 autocast."""
-    from slimrl.patching.validation import check_precision
+    from slimrl.patching.every_trainer.validation import check_precision
 
     with pytest.warns(UserWarning, match="the model is float16 but the config has bf16=True: set bf16=False.*"
                                          "Unsloth refuses this"):
@@ -94,7 +94,7 @@ def _explicit(config, names: set[str]):
 
 
 def test_bf16_model_with_fp16():
-    from slimrl.patching.validation import check_precision
+    from slimrl.patching.every_trainer.validation import check_precision
 
     with pytest.warns(UserWarning, match="the model is bfloat16 but the config has fp16=True: set fp16=False"):
         check_precision(tiny_llama().to(torch.bfloat16),
@@ -104,7 +104,7 @@ def test_bf16_model_with_fp16():
 
 
 def test_sequence_budget_over_max_seq_length():
-    from slimrl.patching.validation import check_sequence_budget
+    from slimrl.patching.every_trainer.validation import check_sequence_budget
 
     model = SimpleNamespace(max_seq_length=64)
     with pytest.raises(ValueError, match=r"max_completion_length=64 leaves no room for the prompt within the "
@@ -206,7 +206,7 @@ def test_nan_loss_stops_the_step_and_keeps_the_checkpoint(tmp_path):
     """A NaN in the forward at step 3 stops training before the update; checkpoint-2 is untouched."""
     from safetensors.torch import load_file
 
-    from slimrl.patching.nonfinite import NonFiniteStepError
+    from slimrl.patching.every_trainer.nonfinite import NonFiniteStepError
 
     model = tiny_llama()
     def poison(module, args, output):  # NaN hidden states in the gradient forwards of the third step on

@@ -1,5 +1,5 @@
 """SFT's ``max_length`` from ``from_pretrained(max_seq_length=...)`` where the user set none (Unsloth's rule,
-slimrl/patching/model_lengths.py); a value the user gave is kept, and TRL alone keeps TRL's default."""
+slimrl/patching/every_trainer/model_lengths.py); a value the user gave is kept, and TRL alone keeps TRL's default."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ def test_dpo_nan_step_is_stopped_before_the_update(tmp_path):
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
 
-    from slimrl.patching.nonfinite import NonFiniteStepError
+    from slimrl.patching.every_trainer.nonfinite import NonFiniteStepError
 
     model = tiny_llama()
     PatchFastRL("dpo")
@@ -122,7 +122,7 @@ def _fake_trainer(scaler=None, skipped=False, step=0):
 def test_scaled_fp16_steps_are_the_scalers_and_counted():
     """With fp16 loss scaling, inf gradients are how the scale calibrates: the scaler skips those steps, so the
     guard leaves them alone and counts them (``fp16/skipped_steps``, a running total per optimizer step)."""
-    from slimrl.patching.nonfinite import NonFiniteStepError, check_finite_step, count_skipped_scaler_step
+    from slimrl.patching.every_trainer.nonfinite import NonFiniteStepError, check_finite_step, count_skipped_scaler_step
 
     model = torch.nn.Linear(3, 2)
     model.weight.grad = torch.full_like(model.weight, float("inf"))
@@ -140,7 +140,7 @@ def test_scaled_fp16_steps_are_the_scalers_and_counted():
 
 
 def test_finite_check_is_exact_on_every_dtype():
-    from slimrl.patching.nonfinite import all_finite
+    from slimrl.patching.every_trainer.nonfinite import all_finite
 
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         big = torch.full((4,), 60000.0, dtype=dtype)  # finite, but their sum overflows fp16
@@ -163,7 +163,7 @@ def test_a_skipped_step_is_counted_with_a_fused_optimizer_too(fused):
     from accelerate.optimizer import AcceleratedOptimizer
     from accelerate.state import AcceleratorState
 
-    from slimrl.patching.nonfinite import count_skipped_scaler_step
+    from slimrl.patching.every_trainer.nonfinite import count_skipped_scaler_step
 
     Accelerator(cpu=True)
     try:

@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from slimrl.patching import preflight as self_check
+from slimrl.patching.every_trainer import preflight as self_check
 
 
 @pytest.fixture

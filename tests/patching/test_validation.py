@@ -43,8 +43,8 @@ def test_layouts_accept_every_form_trl_accepts():
     from datasets import Dataset
 
     from slimrl.patching import TRAINERS, trainer_and_config, trainer_available
+    from slimrl.patching.every_trainer.validation import check_layout
     from slimrl.patching.table import trainer_layouts
-    from slimrl.patching.validation import check_layout
 
     for name in TRAINERS:
         if not trainer_available(name) or name == "ppo":
@@ -64,8 +64,8 @@ def test_sft_layout_follows_its_config():
     from datasets import Dataset
     from trl import SFTTrainer
 
+    from slimrl.patching.every_trainer.validation import check_layout
     from slimrl.patching.table import trainer_layouts
-    from slimrl.patching.validation import check_layout
 
     def check(dataset, args, **kwargs):
         check_layout(dataset, *trainer_layouts(SFTTrainer, args), args, **kwargs)

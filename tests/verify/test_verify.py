@@ -119,7 +119,7 @@ def test_quantized_rows_catch_a_4bit_layer_left_without_gradient(monkeypatch, av
     passes with slimrl's preparation and fails without it."""
     pytest.importorskip("bitsandbytes", minversion="0.50")
     from slimrl.models import modes
-    from slimrl.patching import trainer_init
+    from slimrl.patching.every_trainer import trainer_init
 
     (row,) = verify(["grpo"], loss_type="dapo", load_in_4bit=True)
     assert row.passed and row.tolerance == TOLERANCE[torch.bfloat16], row  # TRL trains a QLoRA adapter in bf16

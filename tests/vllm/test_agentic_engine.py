@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from slimrl.generation import vllm_status
-from slimrl.patching.state import trainer_state
+from slimrl.patching.every_trainer.state import trainer_state
 
 pytestmark = pytest.mark.skipif(vllm_status() is not None, reason=f"vLLM not usable here: {vllm_status()}")
 

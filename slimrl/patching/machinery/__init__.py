@@ -3,4 +3,4 @@
 (``contracts.py`` + ``contracts.json``), the fingerprints of the ones it re-computes (``fingerprints.py`` +
 ``fingerprints.json``), what a method reaches and whether its code is its source (``reach.py``), and the catalog of
 the trainers the installed TRL ships (``catalog.py``). The self-check's policy (when to run which rows) is
-:mod:`slimrl.patching.preflight`."""
+:mod:`slimrl.patching.every_trainer.preflight`."""

@@ -21,7 +21,7 @@ their replacements translate the user's legacy keywords and pass every other arg
 contract gates them. Attributes that are not callables (dataclass field tables, attention registries) have none.
 
 :func:`signature_changes` lists the installed targets whose signature matches no recorded one: the self-check
-(:mod:`slimrl.patching.preflight`) runs for their trainers.
+(:mod:`slimrl.patching.every_trainer.preflight`) runs for their trainers.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ a class is its whole source) with the TRL helpers it calls (:mod:`slimrl.patchin
 code Python runs is what that source compiles to; so is the constructor of each trainer class patched. They are
 recorded for every tested release in ``fingerprints.json`` by ``python -m slimrl.patching --record-contracts``.
 :func:`code_changes` names the installed targets whose fingerprint is none of the recorded ones: the self-check runs
-for their trainers (:mod:`slimrl.patching.preflight`), and its verdicts are cached under
+for their trainers (:mod:`slimrl.patching.every_trainer.preflight`), and its verdicts are cached under
 the installed fingerprints (:func:`digest`), so a cached pass never outlives the code it was made on. A target whose
 source cannot be read (no ``.py`` files installed) counts as changed.
 """

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from slimrl.patching.extra_fields import fields_of
-from slimrl.patching.state import config_state
+from slimrl.patching.every_trainer.extra_fields import fields_of
+from slimrl.patching.every_trainer.state import config_state
 from slimrl.planning.settings import Settings, Workload
 
 MARGIN = 0.10  # of the machine's total memory kept free on CPU (on CUDA: slimrl.planning.verdict's margin)
@@ -73,7 +73,7 @@ def settings_of(model: Any, args: Any, prompt: int | None, algorithm: str, workl
     """The plan's settings for this model and config (``workload``: what the trainer's step does)."""
     from slimrl.generation.trl_backend import engine_of
     from slimrl.models.tiled_mlp import is_tiled
-    from slimrl.patching.validation import model_max_seq_length
+    from slimrl.patching.every_trainer.validation import model_max_seq_length
 
     peft = getattr(model, "peft_config", None) or {}
     lora_r = next(iter(peft.values())).r if peft else 0

@@ -19,8 +19,8 @@ from typing import Any
 
 from slimrl.compat.runtime.callsite import warn
 from slimrl.generation.trl_backend import SlimrlVLLMGeneration, engine_of
+from slimrl.patching.every_trainer.state import config_state
 from slimrl.patching.online.colocate_engine import colocate_engine
-from slimrl.patching.state import config_state
 
 
 def _is_peft(model: Any) -> bool:
@@ -39,7 +39,7 @@ def vllm_or_transformers(model: Any, config: Any, trainer_module: str) -> None:
     import sys
 
     from slimrl.compat.vllm_info import vllm_status
-    from slimrl.patching.defaults import strict
+    from slimrl.patching.every_trainer.defaults import strict
 
     if config is None or not getattr(config, "use_vllm", False) or strict() or engine_of(model) is not None:
         return

@@ -7,7 +7,7 @@ from typing import Any
 
 from slimrl.health import attach_health
 from slimrl.health.checks import LIMITS, Thresholds
-from slimrl.patching.extra_fields import fields_of
+from slimrl.patching.every_trainer.extra_fields import fields_of
 
 
 def thresholds_of(args: Any) -> Thresholds:

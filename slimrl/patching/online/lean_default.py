@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from slimrl.compat.model_state import model_state
-from slimrl.patching.state import config_state
+from slimrl.patching.every_trainer.state import config_state
 from slimrl.planning.settings import Workload
 
 

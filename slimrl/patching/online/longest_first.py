@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from slimrl.compat.runtime.callsite import warn
-from slimrl.patching.extra_fields import fields_of
-from slimrl.patching.state import trainer_state
+from slimrl.patching.every_trainer.extra_fields import fields_of
+from slimrl.patching.every_trainer.state import trainer_state
 
 
 def wanted(trainer: Any) -> bool:

@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from slimrl.patching.extra_fields import fields_of
+from slimrl.patching.every_trainer.extra_fields import fields_of
+from slimrl.patching.every_trainer.state import trainer_state
 from slimrl.patching.online.mismatch import (
     add_sums,
     corrected_mask,
@@ -48,7 +49,6 @@ from slimrl.patching.online.mismatch import (
     sequence_level,
 )
 from slimrl.patching.online.truncated_sampling import apply_support_fix
-from slimrl.patching.state import trainer_state
 
 
 def _dropout_active(model: Any) -> bool:

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 
 from slimrl.compat.runtime.allocation_errors import device_failure, is_out_of_memory
-from slimrl.patching.extra_fields import fields_of
-from slimrl.patching.state import trainer_state
+from slimrl.patching.every_trainer.extra_fields import fields_of
+from slimrl.patching.every_trainer.state import trainer_state
 
 Compute = Callable[[torch.Tensor, torch.Tensor, int | None], tuple]  # (ids, mask, batch_size) -> (logps, H, aux)
 

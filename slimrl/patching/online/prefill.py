@@ -11,8 +11,8 @@ from typing import Any
 
 from slimrl.compat.runtime.malloc import recycling_phase
 from slimrl.generation.shared_prefill import shared_prefill
-from slimrl.patching.extra_fields import fields_of
-from slimrl.patching.state import trainer_state
+from slimrl.patching.every_trainer.extra_fields import fields_of
+from slimrl.patching.every_trainer.state import trainer_state
 
 
 def _count(trainer: Any) -> None:

@@ -1,4 +1,4 @@
-"""The ``training_step`` both online trainers get: every trainer's step (:func:`slimrl.patching.steps.
+"""The ``training_step`` both online trainers get: every trainer's step (:func:`slimrl.patching.every_trainer.steps.
 training_step_factory`: the config made current, the NaN/inf stop, fp16 skipped steps) around the online parts:
 the out-of-memory splits' metric and longest-first's failure message (:func:`slimrl.patching.online.oom.step`), the
 engine's metrics (:func:`slimrl.patching.online.engine_hooks.log_engine_metrics`) and, with ``step_metrics``,
@@ -12,10 +12,10 @@ import functools
 import time
 
 from slimrl.compat.memory import peak_window
+from slimrl.patching.every_trainer.state import trainer_state
+from slimrl.patching.every_trainer.steps import training_step_factory
 from slimrl.patching.online import oom
 from slimrl.patching.online.engine_hooks import log_engine_metrics
-from slimrl.patching.state import trainer_state
-from slimrl.patching.steps import training_step_factory
 
 
 def online_training_step_factory(orig_training_step, step_metrics: bool = False):

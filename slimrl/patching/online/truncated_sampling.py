@@ -29,7 +29,7 @@ import torch
 from slimrl.compat.runtime.callsite import warn
 from slimrl.compat.sampling import effective_sampling
 from slimrl.ops.sampling_support import log_kept_mass, truncates
-from slimrl.patching.extra_fields import fields_of
+from slimrl.patching.every_trainer.extra_fields import fields_of
 from slimrl.patching.online.mismatch import corrected_mask, is_ratio, sequence_level
 
 FIELD = "slimrl_truncated_sampling_fix"

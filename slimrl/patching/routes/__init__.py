@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from slimrl.patching.state import trainer_state
+from slimrl.patching.every_trainer.state import trainer_state
 
 
 def served(trainer: Any) -> int:

@@ -17,7 +17,7 @@ projected, through :func:`slimrl.ops.chunked_logprob.chunked_logprob_outputs` in
 64 MiB of fp32 logits each). On CUDA/XPU with Triton, TRL's own kernel is already compact and tiled, so the call is
 handed back to it unchanged (its Triton kernels are not something to redo in torch), unless the running trainer's config
 sets ``unsloth_num_chunks`` or ``unsloth_logit_chunk_multiplier``: then slimrl's kernel runs with that chunking, on
-every device. The config is read from :func:`slimrl.patching.steps.current_args` (each of these trainers'
+every device. The config is read from :func:`slimrl.patching.every_trainer.steps.current_args` (each of these trainers'
 ``training_step`` / ``prediction_step`` is wrapped to set it), since TRL calls the kernel without the trainer.
 
 The math is the same (same log-softmax under temperature, soft-cap and logit scale; same entropy, WPO
@@ -31,12 +31,12 @@ from __future__ import annotations
 import torch
 
 from slimrl.compat.trl_info import FUSED_HEAD
+from slimrl.patching.every_trainer.state import trainer_state
+from slimrl.patching.every_trainer.steps import current_args, current_trainer, prediction_step_factory
 from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.head import UTILS, Head, chunking_chosen, chunking_of
 from slimrl.patching.routes.head import trl_kernel_is_best as _trl_kernel_is_best
 from slimrl.patching.spec import Route
-from slimrl.patching.state import trainer_state
-from slimrl.patching.steps import current_args, current_trainer, prediction_step_factory
 
 
 class SlimrlChunkedLogProbFunction:
@@ -85,7 +85,7 @@ def kernel_patches(algorithms: tuple[str, ...]) -> list[Patch]:
 
 
 def prediction_step_patch(algorithm: str, trainer: str) -> Patch:
-    """A fused-head trainer's evaluation runs inside :func:`slimrl.patching.steps.running` too (its
+    """A fused-head trainer's evaluation runs inside :func:`slimrl.patching.every_trainer.steps.running` too (its
     ``training_step`` wrapper already does), so the kernel reads the config's chunking there as well."""
     return Patch(algorithm, trainer, "prediction_step", prediction_step_factory, wrap=True, versions=FUSED_HEAD,
                  passthrough=True)

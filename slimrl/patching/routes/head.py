@@ -31,7 +31,7 @@ import torch
 
 from slimrl.compat.heads import logit_transform
 from slimrl.ops.chunked_logprob import autocast_off, chunked_logprob_outputs, masked_token_logprobs
-from slimrl.patching.extra_fields import fields_of
+from slimrl.patching.every_trainer.extra_fields import fields_of
 from slimrl.patching.machinery.registry import original
 
 UTILS = "trl.trainer.utils"

@@ -23,13 +23,13 @@ import torch
 
 from slimrl.compat.heads import capture_head_input, plain_linear_head
 from slimrl.compat.runtime.malloc import recycling_phase
-from slimrl.patching.extra_fields import fields_of
+from slimrl.patching.every_trainer.extra_fields import fields_of
+from slimrl.patching.every_trainer.state import trainer_state
+from slimrl.patching.every_trainer.validation import check_batch_length
 from slimrl.patching.machinery.registry import original
 from slimrl.patching.routes import shared_prefix
 from slimrl.patching.routes.head import Head
 from slimrl.patching.spec import Route
-from slimrl.patching.state import trainer_state
-from slimrl.patching.validation import check_batch_length
 
 ROUTE = Route("method capture", "`_get_per_token_logps_and_entropies` through `slimrl.ops` (routes/method_capture.py)")
 

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from slimrl.compat.heads import capture_head_input, plain_linear_head
+from slimrl.patching.every_trainer.state import trainer_state
 from slimrl.patching.routes.head import Head
 from slimrl.patching.spec import Route
-from slimrl.patching.state import trainer_state
 
 ROUTE = Route("score positions", "the LM head bypassed, only scored positions projected (routes/score_positions.py)")
 

@@ -35,10 +35,10 @@ import torch
 
 from slimrl.compat.heads import capture_head_input
 from slimrl.ops.prefix_attention import PackedLayout, model_reason, shared_prefix_attention
-from slimrl.patching.extra_fields import fields_of
+from slimrl.patching.every_trainer.extra_fields import fields_of
+from slimrl.patching.every_trainer.state import trainer_state
 from slimrl.patching.machinery.registry import Patch
 from slimrl.patching.routes.head import Head
-from slimrl.patching.state import trainer_state
 
 logger = logging.getLogger("slimrl")
 

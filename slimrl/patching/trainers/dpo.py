@@ -11,7 +11,7 @@ legacy keywords added. Use TRL >= 1.15 for the memory savings.
 
 from __future__ import annotations
 
-from slimrl.patching.config_fields import CHUNK_FIELDS
+from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.fused_head import prediction_step_patch
 from slimrl.patching.spec import PAIRED, row

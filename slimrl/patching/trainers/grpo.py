@@ -18,7 +18,8 @@ from contextlib import contextmanager
 import torch
 
 from slimrl.models.modes import for_inference, for_training
-from slimrl.patching.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
+from slimrl.patching.every_trainer.config_fields import ALL_FIELDS, config_init_factory, generation_config_checks
+from slimrl.patching.every_trainer.validation import check_sequence_budget
 from slimrl.patching.machinery.registry import Patch
 from slimrl.patching.online.engine_hooks import (
     apply_engine_defaults,
@@ -34,7 +35,6 @@ from slimrl.patching.online.step import online_training_step_factory
 from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.method_capture import ROUTE as CAPTURE
 from slimrl.patching.spec import PROMPT, row
-from slimrl.patching.validation import check_sequence_budget
 from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"

@@ -8,7 +8,7 @@ metrics in one method), which slimrl leaves as TRL's.
 
 from __future__ import annotations
 
-from slimrl.patching.config_fields import CHUNK_FIELDS
+from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.fused_head import prediction_step_patch
 from slimrl.patching.spec import PAIRED, row

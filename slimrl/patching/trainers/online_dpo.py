@@ -22,7 +22,7 @@ import functools
 import torch
 
 from slimrl.compat.runtime.malloc import recycling_phase
-from slimrl.patching.config_fields import CHUNK_FIELDS
+from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.score_positions import ROUTE as POSITIONS
 from slimrl.patching.routes.score_positions import score_positions, servable_head

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from slimrl.patching.config_fields import CHUNK_FIELDS
+from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.score_positions import ROUTE as POSITIONS
 from slimrl.patching.routes.score_positions import ConcatenatedSpec, concatenated_forward_through_ops

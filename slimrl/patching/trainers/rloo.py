@@ -15,7 +15,13 @@ from __future__ import annotations
 import functools
 
 from slimrl.compat.trl_info import has_fused_head
-from slimrl.patching.config_fields import ALL_FIELDS, ONLINE_FIELDS, config_init_factory, generation_config_checks
+from slimrl.patching.every_trainer.config_fields import (
+    ALL_FIELDS,
+    ONLINE_FIELDS,
+    config_init_factory,
+    generation_config_checks,
+)
+from slimrl.patching.every_trainer.validation import check_sequence_budget
 from slimrl.patching.machinery.registry import Patch
 from slimrl.patching.online.engine_hooks import (
     apply_engine_defaults,
@@ -31,7 +37,6 @@ from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.fused_head import prediction_step_patch
 from slimrl.patching.routes.method_capture import ROUTE as CAPTURE
 from slimrl.patching.spec import PROMPT, row
-from slimrl.patching.validation import check_sequence_budget
 from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.rloo_trainer:RLOOTrainer"

@@ -7,12 +7,12 @@ TRL 1.16's ``chunked_nll`` is TRL's own chunked path and is left alone; on TRL 1
 
 from __future__ import annotations
 
-from slimrl.patching.config_fields import CHUNK_FIELDS
-from slimrl.patching.model_lengths import sft_lengths_from_model
+from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
+from slimrl.patching.every_trainer.model_lengths import sft_lengths_from_model
+from slimrl.patching.every_trainer.validation import sft_layouts
 from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.fused_head import prediction_step_patch
 from slimrl.patching.spec import row
-from slimrl.patching.validation import sft_layouts
 from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.sft_trainer:SFTTrainer"

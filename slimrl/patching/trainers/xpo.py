@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from slimrl.compat.trl_info import UNTIL_1_13
-from slimrl.patching.config_fields import CHUNK_FIELDS
+from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.score_positions import ROUTE as POSITIONS
 from slimrl.patching.routes.score_positions import score_positions, servable_head

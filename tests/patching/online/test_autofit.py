@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from slimrl import PatchFastRL, unpatch
-from slimrl.patching.state import config_state
+from slimrl.patching.every_trainer.state import config_state
 from slimrl.planning import Settings, plan
 from tests.tiny import CPU_ARGS, tiny_llama, tiny_tokenizer
 

@@ -11,8 +11,8 @@ import pytest
 
 from slimrl.compat.model_state import ModelState, attach_state, model_state
 from slimrl.models.tiled_mlp import is_tiled
+from slimrl.patching.every_trainer.state import config_state
 from slimrl.patching.online.lean_default import apply_lean_default
-from slimrl.patching.state import config_state
 from slimrl.patching.table import PLANNED
 from tests.tiny import tiny_llama
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from slimrl.patching.every_trainer.state import trainer_state
 from slimrl.patching.online import logps, oom
-from slimrl.patching.state import trainer_state
 from tests.patching.parity import assert_patched_equals_unpatched
 from tests.patching.trainers.test_grpo import run_grpo
 

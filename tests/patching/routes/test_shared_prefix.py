@@ -16,7 +16,7 @@ import logging
 import pytest
 import torch
 
-from slimrl.patching.state import trainer_state
+from slimrl.patching.every_trainer.state import trainer_state
 from tests.patching.parity import assert_patched_equals_unpatched
 from tests.tiny import NARROW, tiny_tokenizer
 

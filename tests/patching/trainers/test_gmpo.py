@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from slimrl import PatchFastRL, unpatch
-from slimrl.patching.state import trainer_state
+from slimrl.patching.every_trainer.state import trainer_state
 from tests.patching.parity import assert_patched_equals_unpatched, experimental
 from tests.tiny import tiny_llama, tiny_tokenizer
 

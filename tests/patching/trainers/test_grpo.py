@@ -17,8 +17,8 @@ import torch
 
 from slimrl import PatchFastRL, unpatch
 from slimrl.compat.trl_info import grpo_loss_types
+from slimrl.patching.every_trainer.state import trainer_state
 from slimrl.patching.routes import served
-from slimrl.patching.state import trainer_state
 from tests.patching.parity import assert_patched_equals_unpatched
 from tests.tiny import tiny_llama, tiny_tokenizer
 

@@ -38,8 +38,8 @@ def hub_problem(timeout: float = 5.0) -> str | None:
 def skip_push_if_unreachable(config: Any) -> str | None:
     """Before the trainer is built: with ``push_to_hub=True`` and the Hub out of reach, ``push_to_hub`` becomes False
     and the change is recorded for the changed-settings table; the reason, or None."""
-    from slimrl.patching.defaults import strict
-    from slimrl.patching.state import config_state
+    from slimrl.patching.every_trainer.defaults import strict
+    from slimrl.patching.every_trainer.state import config_state
 
     if config is None or not getattr(config, "push_to_hub", False) or strict():
         return None

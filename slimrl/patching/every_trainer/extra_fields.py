@@ -1,6 +1,6 @@
 """slimrl's extra config fields, each declared once: name, type, default, help text, the check of its value, the
-trainers it acts on and why it does nothing elsewhere (:mod:`slimrl.patching.config_fields` adds them to TRL's
-config dataclasses)."""
+trainers it acts on and why it does nothing elsewhere (:mod:`slimrl.patching.every_trainer.config_fields` adds them to
+TRL's config dataclasses)."""
 
 from __future__ import annotations
 

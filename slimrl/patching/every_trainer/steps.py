@@ -5,8 +5,8 @@
   without the trainer (the fused LM head's kernel, :mod:`slimrl.patching.routes.fused_head`) reads slimrl's fields
   (``unsloth_num_chunks``, ``unsloth_logit_chunk_multiplier``) from its config and counts its work in its state.
 * :func:`training_step_factory`: the step inside :func:`running`, then the NaN/inf stop
-  (:func:`slimrl.patching.nonfinite.check_finite_step`); with fp16 loss scaling, the scaler's skipped steps are
-  counted instead (:func:`slimrl.patching.nonfinite.count_skipped_scaler_step`).
+  (:func:`slimrl.patching.every_trainer.nonfinite.check_finite_step`); with fp16 loss scaling, the scaler's skipped
+  steps are counted instead (:func:`slimrl.patching.every_trainer.nonfinite.count_skipped_scaler_step`).
 * :func:`prediction_step_factory`: evaluation inside :func:`running`.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 from slimrl.compat.runtime.callsite import warn
 from slimrl.models.modes import trainer_step
-from slimrl.patching.nonfinite import check_finite_step, count_skipped_scaler_step
-from slimrl.patching.state import trainer_state
+from slimrl.patching.every_trainer.nonfinite import check_finite_step, count_skipped_scaler_step
+from slimrl.patching.every_trainer.state import trainer_state
 
 _CURRENT: ContextVar[Any] = ContextVar("slimrl_current_trainer", default=None)
 
@@ -97,8 +97,8 @@ def push_to_hub_factory(orig_push_to_hub):
     def slimrl_push_to_hub(self, *args, **kwargs):
         from huggingface_hub import constants
 
-        from slimrl.patching.defaults import strict
-        from slimrl.patching.state import config_state
+        from slimrl.patching.every_trainer.defaults import strict
+        from slimrl.patching.every_trainer.state import config_state
 
         skipped = config_state(self.args).push_skipped  # the Hub was out of reach when the trainer was built
         if strict() or not (constants.HF_HUB_OFFLINE or skipped):

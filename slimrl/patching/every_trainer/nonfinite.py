@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from slimrl.compat.runtime.callsite import warn
-from slimrl.patching.state import trainer_state
+from slimrl.patching.every_trainer.state import trainer_state
 
 
 class NonFiniteStepError(FloatingPointError):

@@ -17,7 +17,7 @@ A config gets only the fields that act on its trainer (each trainer module passe
 do nothing there is never silently accepted. Passed with its default value (as Unsloth scripts do), it is dropped;
 with any other value, the config refuses it with a ValueError that says why. ``max_seq_length`` on a config
 without the field but with TRL's ``max_length`` (DPO, KTO, SFT, ORPO, CPO, Reward, ...) is TRL's old name for it:
-renamed with a FutureWarning (:mod:`slimrl.patching.keywords`).
+renamed with a FutureWarning (:mod:`slimrl.patching.every_trainer.keywords`).
 
 ``vllm_sampling_params`` (an object, not a flag) is accepted by the GRPO config's ``__init__`` as a plain attribute.
 """
@@ -31,8 +31,8 @@ from typing import Any
 
 from slimrl.compat.runtime.callsite import warnings_at_user_line
 from slimrl.compat.trl_info import EVERY_RELEASE
-from slimrl.patching.defaults import apply_config_defaults, record_explicit
-from slimrl.patching.extra_fields import (  # noqa: F401  (FIELDS and the scopes are read from here)
+from slimrl.patching.every_trainer.defaults import apply_config_defaults, record_explicit
+from slimrl.patching.every_trainer.extra_fields import (  # noqa: F401  (FIELDS and the scopes are read from here)
     ALL_FIELDS,
     CHUNK_FIELDS,
     EXTRA_FIELDS,
@@ -40,9 +40,9 @@ from slimrl.patching.extra_fields import (  # noqa: F401  (FIELDS and the scopes
     ONLINE_FIELDS,
     ExtraField,
 )
-from slimrl.patching.keywords import translate_config_kwargs
+from slimrl.patching.every_trainer.keywords import translate_config_kwargs
+from slimrl.patching.every_trainer.validation import check_learning_rate
 from slimrl.patching.machinery.registry import Patch
-from slimrl.patching.validation import check_learning_rate
 
 
 def validate_extra(name: str, value: Any) -> Any:
@@ -119,9 +119,9 @@ def _field_defaults(config_cls: type) -> dict[str, Any]:
 
 
 def generation_config_checks(config_cls: type, kwargs: dict, extra_fields: dict) -> dict:
-    """GRPO's and RLOO's config checks (:func:`slimrl.patching.validation.check_grpo_config_kwargs`): temperature,
-    completion length, the batch vs ``num_generations`` fix, ``unsloth_grpo_mini_batch``."""
-    from slimrl.patching.validation import check_grpo_config_kwargs
+    """GRPO's and RLOO's config checks (:func:`slimrl.patching.every_trainer.validation.check_grpo_config_kwargs`):
+    temperature, completion length, the batch vs ``num_generations`` fix, ``unsloth_grpo_mini_batch``."""
+    from slimrl.patching.every_trainer.validation import check_grpo_config_kwargs
 
     mini = extra_fields.get("unsloth_grpo_mini_batch")
     checked = check_grpo_config_kwargs({**kwargs, "unsloth_grpo_mini_batch": mini}, _field_defaults(config_cls))
@@ -131,8 +131,9 @@ def generation_config_checks(config_cls: type, kwargs: dict, extra_fields: dict)
 
 def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...] = (),
                         fields: tuple[str, ...] = ALL_FIELDS, users: Callable[[str], tuple[str, ...]] | None = None):
-    """A TRL config's ``__init__`` that translates legacy keywords (:mod:`slimrl.patching.keywords`), accepts and
-    validates slimrl's extra fields, fills slimrl's defaults (:mod:`slimrl.patching.defaults`), then runs TRL's.
+    """A TRL config's ``__init__`` that translates legacy keywords (:mod:`slimrl.patching.every_trainer.keywords`),
+    accepts and validates slimrl's extra fields, fills slimrl's defaults
+    (:mod:`slimrl.patching.every_trainer.defaults`), then runs TRL's.
 
     ``check(config_cls, kwargs, extra_fields) -> kwargs``: a trainer's own checks of the keywords, run before TRL's
     ``__post_init__``. ``extra_attributes``: keywords kept as plain attributes (objects that are not flags, e.g.
@@ -169,8 +170,8 @@ def config_post_init_factory(orig_post_init):
     """A TRL config's ``__post_init__`` that gives a dataclass *subclass* of it (TRL's own scripts declare
     ``@dataclass class ExampleSDPOConfig(SDPOConfig)``, whose generated ``__init__`` never calls the TRL class's)
     the first contact the class's own ``__init__`` gives: the settings passed (its fields away from their defaults)
-    go through :func:`slimrl.patching.defaults.apply_config_defaults` before TRL's checks run, and are recorded for
-    the changed-settings table. Construction through slimrl's ``__init__`` is left as it is."""
+    go through :func:`slimrl.patching.every_trainer.defaults.apply_config_defaults` before TRL's checks run, and are
+    recorded for the changed-settings table. Construction through slimrl's ``__init__`` is left as it is."""
 
     @functools.wraps(orig_post_init)
     def slimrl_config_post_init(self, *args, **kwargs):

@@ -104,7 +104,7 @@ def install() -> list[str]:
     base = type(trl)
 
     class TrlWithMovedNames(base):
-        """``trl`` as TRL 1.x has it, plus its moved names (slimrl.patching.moved_names)."""
+        """``trl`` as TRL 1.x has it, plus its moved names (slimrl.patching.every_trainer.moved_names)."""
 
         def __getattr__(self, name):
             where = names.get(name)

@@ -151,7 +151,7 @@ def check_precision(model: Any, args: Any) -> None:
 
     if model is None or args is None or isinstance(model, str):
         return
-    from slimrl.patching.state import config_state
+    from slimrl.patching.every_trainer.state import config_state
 
     explicit = config_state(args).explicit
     dtype = getattr(model, "dtype", None)

@@ -1,17 +1,18 @@
 """The ``__init__`` every patched trainer gets (one wrapper, registered for each trainer by
 :mod:`slimrl.patching.table`), in this order, all before TRL builds anything:
 
-1. legacy keywords translated (``tokenizer=`` and friends, :mod:`slimrl.patching.keywords`);
+1. legacy keywords translated (``tokenizer=`` and friends, :mod:`slimrl.patching.every_trainer.keywords`);
 2. the inputs checked (:func:`check_trainer_inputs`): dataset rows and column layout, precision the user wrote;
    bitsandbytes 4-bit layers of the model and reference model kept trainable (:mod:`slimrl.models.quantized`);
 3. the trainer's own hooks from its spec, each ``hook(model, args)`` (GRPO/RLOO: the ``max_seq_length`` budget,
    the engine's ``use_vllm`` default), then its auto-fit (GRPO/RLOO with ``slimrl_auto_fit``,
    :mod:`slimrl.patching.online.autofit`) with every argument;
 4. ``push_to_hub=True`` with the Hub out of reach turned off, said in the changed-settings table
-   (:mod:`slimrl.patching.hub_reach`); Python reward functions guarded (:mod:`slimrl.patching.reward_guard`);
-5. TRL's ``__init__``, then the changed-defaults table (:mod:`slimrl.patching.defaults`);
+   (:mod:`slimrl.patching.every_trainer.hub_reach`); Python reward functions guarded
+   (:mod:`slimrl.patching.every_trainer.reward_guard`);
+5. TRL's ``__init__``, then the changed-defaults table (:mod:`slimrl.patching.every_trainer.defaults`);
 6. the trainer's own after-hooks from its spec, each ``hook(trainer)`` (GRPO/RLOO: the run-health monitor,
-   :mod:`slimrl.health`).
+   :mod:`slimrl.patching.online.health`).
 
 A warning TRL's constructor attributes to its caller lands on this wrapper: it is issued at the user's line instead
 (:func:`slimrl.compat.runtime.callsite.warnings_at_user_line`). TRL's own subclasses call their base's constructor
@@ -29,11 +30,11 @@ import torch
 
 from slimrl.compat.runtime.callsite import warnings_at_user_line
 from slimrl.models.quantized import keep_quantized_trainable
-from slimrl.patching.defaults import print_changed_defaults
-from slimrl.patching.hub_reach import skip_push_if_unreachable
-from slimrl.patching.keywords import bound_inputs, translate_trainer_kwargs
-from slimrl.patching.reward_guard import guard_reward_funcs
-from slimrl.patching.state import trainer_state
+from slimrl.patching.every_trainer.defaults import print_changed_defaults
+from slimrl.patching.every_trainer.hub_reach import skip_push_if_unreachable
+from slimrl.patching.every_trainer.keywords import bound_inputs, translate_trainer_kwargs
+from slimrl.patching.every_trainer.reward_guard import guard_reward_funcs
+from slimrl.patching.every_trainer.state import trainer_state
 
 Hook = Callable[[Any, Any], None]
 
@@ -42,10 +43,10 @@ def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, trainer: str | No
                          layouts: Callable[[Any], tuple] | None = None) -> None:
     """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset``, one without a column layout the
     TRL trainer named ``trainer`` accepts (``layouts(args)``), and a model/config precision mismatch the user wrote
-    are errors naming the fix (:mod:`slimrl.patching.validation`). With GRPO's ``environment_factory`` the columns
-    are the environment's (TRL takes any, e.g. only ``environment``: each ``reset()`` returns the prompt), so the
-    layout is left to TRL there."""
-    from slimrl.patching.validation import check_dataset, check_layout, check_precision
+    are errors naming the fix (:mod:`slimrl.patching.every_trainer.validation`). With GRPO's ``environment_factory`` the
+    columns are the environment's (TRL takes any, e.g. only ``environment``: each ``reset()`` returns the prompt), so
+    the layout is left to TRL there."""
+    from slimrl.patching.every_trainer.validation import check_dataset, check_layout, check_precision
 
     bound = bound_inputs(orig_init, args, kwargs)
     check_dataset(bound.get("train_dataset"))

@@ -34,7 +34,7 @@ from typing import Any
 
 from slimrl.compat.gpus import current_gpu, native_bf16
 from slimrl.compat.runtime.env import env_flag
-from slimrl.patching.state import config_state
+from slimrl.patching.every_trainer.state import config_state
 
 # TRL's configs leave bf16 at None and resolve it to ``not fp16`` in ``__post_init__`` (trl/trainer/base_config.py).
 _PRECISION_FLAGS = ("bf16", "fp16", "use_cpu")
