@@ -29,10 +29,14 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _wait_for(path: Path) -> list[int]:
-    for _ in range(600):
-        if path.exists() and path.read_text().strip():
-            return [int(x) for x in path.read_text().split()]
+def _wait_for(path: Path, starter: subprocess.Popen | None = None) -> list[int]:
+    """The pids the stand-in server wrote (a patient wait: imports on a loaded machine can take a minute)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        text = path.read_text().split() if path.exists() else []
+        if len(text) == 2:
+            return [int(x) for x in text]
+        assert starter is None or starter.poll() is None, "the process starting the server ended first"
         time.sleep(0.05)
     raise AssertionError("the server did not start")
 
@@ -56,7 +60,7 @@ time.sleep(600)
 """
     trainer = subprocess.Popen([sys.executable, "-c", run])
     try:
-        pids = _wait_for(pids_file)
+        pids = _wait_for(pids_file, trainer)
     finally:
         trainer.send_signal(signal.SIGKILL)
         trainer.wait()
@@ -66,7 +70,7 @@ time.sleep(600)
 def test_a_hanging_server_ends_with_an_ordinary_end(tmp_path):
     pids_file = tmp_path / "pids"
     guard = launcher._guarded([sys.executable, "-c", HANGING_SERVER, str(pids_file)])
-    pids = _wait_for(pids_file)
+    pids = _wait_for(pids_file, guard)
     launcher._end(guard)
     assert guard.poll() is not None and _all_gone(pids, SHUTDOWN_GRACE + 10)
     assert guard.returncode != -signal.SIGKILL  # the guard ended the group itself (the grace, then the kill)
