@@ -161,7 +161,8 @@ def _users_code(name: str) -> list[str]:
 
     found = []
     for p in patches(name):
-        if not computing(p) or not p.applies() or is_installed(p) or not p.target_exists():
+        # a trainer class's method (a module's function or kernel swapped for a stand-in is not a wrapper of one)
+        if ":" not in p.target or not computing(p) or not p.applies() or is_installed(p) or not p.target_exists():
             continue
         owner = p.resolve()
         # an attribute inherited from a class slimrl patched shows slimrl's replacement: TRL's is looked through
