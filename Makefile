@@ -164,7 +164,7 @@ test-scripts3:
 	  tail -1 .real-scripts3.log | grep -q " 0 failed$$"; \
 	else echo "real scripts: none at $(REAL_SCRIPTS3) (set REAL_SCRIPTS3=...): skipped"; fi
 
-# trl_sdpo is TRL's own training on the CPU (a first-contact trainer): about 640 s alone here, past the runner's
+# trl_sdpo is TRL's own training on the CPU (a first-contact trainer): over 12 minutes alone here, near the runner's
 # default 900 s while it shares the cores with make test's other parts
 test-scripts4:
 	@if [ -f $(REAL_SCRIPTS4)/run_all.sh ]; then \
