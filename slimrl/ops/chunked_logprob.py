@@ -29,6 +29,7 @@ there), else the promotion of the hidden and weight dtypes (fp32 hidden with an 
 from __future__ import annotations
 
 import math
+from contextvars import ContextVar
 
 import torch
 
@@ -41,6 +42,9 @@ _AUTO_MAX_CHUNK_BYTES = {"cpu": 64 * 2**20, "cuda": 512 * 2**20}
 _AUTO_MIN_ROWS = 16
 # Non-differentiable per-row statistics the forward can also return (same names as TRL's fused head outputs).
 STATS = ("log_sum_sq_probs", "mean_logits", "is_top1")
+# At least this many automatic row chunks per call: `slimrl verify` sets it, since a tiny run's rows fit one chunk
+# and a bug past the first would pass there (chunks are independent blocks, so only the order of sums changes)
+MIN_CHUNKS: ContextVar[int] = ContextVar("slimrl_min_chunks", default=1)
 
 
 def auto_chunk_rows(n_rows: int, vocab_size: int, device: torch.device, free: int | None = None) -> int:
@@ -64,7 +68,7 @@ def rows_per_chunk(n_rows: int, vocab_size: int, device: torch.device, num_chunk
     ``multiplier`` (``unsloth_logit_chunk_multiplier``) divides the automatic chunk size: more, smaller blocks.
     """
     if num_chunks == -1 or num_chunks is None:
-        rows = auto_chunk_rows(n_rows, vocab_size, device)
+        rows = max(1, min(auto_chunk_rows(n_rows, vocab_size, device), -(-n_rows // MIN_CHUNKS.get())))
         return max(1, rows // multiplier) if multiplier else rows
     if not isinstance(num_chunks, int) or num_chunks < 1:
         raise ValueError(f"unsloth_num_chunks must be -1 (automatic) or an int >= 1, got {num_chunks!r}")

@@ -32,8 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slimrl.patching.machinery.catalog import Shipped, resolve
-from slimrl.patching.machinery.registry import Patch
-from slimrl.patching.spec import FIRST_CONTACT, About, TrainerSpec, row
+from slimrl.patching.spec import FIRST_CONTACT, About, TrainerSpec
 
 # why a first-contact trainer has no memory path (docs/compatibility.md); the default says it in general terms
 WHY_NOT = {
@@ -63,12 +62,27 @@ VERIFIED_ROUTES = {"gmpo": "two steps with generation, old log-probs and KL, `te
 _GENERIC = "computes its loss from full logits (or a divergence) in methods of its own that slimrl does not serve"
 
 
+@dataclass(frozen=True)
+class Treatment:
+    """The patches one trainer of the installed TRL gets beyond the table's: ``spec``'s layer under ``name`` for its
+    class ``trainer`` and its config ``config`` (None: no config layer), plus, where it subclasses ``base``, the
+    base's wrapping patches copied for the ``overridden`` methods (:mod:`slimrl.patching.table` builds them). A
+    first-contact trainer (``base`` None) gets its own row's patches."""
+
+    name: str
+    trainer: str
+    config: str | None
+    spec: TrainerSpec
+    base: TrainerSpec | None = None
+    overridden: frozenset[str] = frozenset()
+
+
 @dataclass
 class Derived:
     """The outcome of :func:`derive`."""
 
     specs: dict[str, TrainerSpec] = field(default_factory=dict)  # new names (inherited route, first contact)
-    patches: list[Patch] = field(default_factory=list)  # aliases' and inherited routes' own patches
+    treatments: list[Treatment] = field(default_factory=list)  # the patches each shipped trainer gets, in order
     users: dict[str, set[str]] = field(default_factory=dict)  # table name -> new names that install its patches
     aliases: dict[str, list[str]] = field(default_factory=dict)  # table name -> the alias classes ("module:Class")
 
@@ -83,28 +97,14 @@ def _overrides(cls: type, base: type) -> set[str]:
     return out
 
 
-def _entries(spec: TrainerSpec, own: list[Patch]) -> set[str]:
+def _entries(spec: TrainerSpec) -> set[str]:
     """The methods through which ``spec``'s log-probs reach slimrl (module docstring)."""
-    replaced = {p.attribute for p in own if not p.wrap and p.target == spec.trainer}
+    replaced = {p.attribute for p in spec.patches if not p.wrap and p.target == spec.trainer}
     return replaced | spec.route_entries
 
 
-def _wrap_copies(spec_patches: list[Patch], base: TrainerSpec, name: str, target: str, overridden: set[str]) -> list:
-    """The base's wrapping class patches re-targeted at ``target`` for the methods it overrides (not its
-    constructor: it gets its own)."""
-    return [dataclasses.replace(p, algorithm=name, target=target) for p in spec_patches
-            if p.wrap and p.target == base.trainer and p.attribute in overridden and p.attribute != "__init__"]
-
-
-def derive(table: dict[str, TrainerSpec], shipped: tuple[Shipped, ...],
-           patches_of: Callable[[TrainerSpec], list[Patch]],
-           config_patches: Callable[[str, str, TrainerSpec], list[Patch]],
-           init_patch: Callable[[str, str, TrainerSpec], Patch]) -> Derived:
-    """The treatment of each trainer of ``shipped`` that is not one of ``table``'s (module docstring).
-
-    ``patches_of(spec)``: a table trainer's patches; ``config_patches(name, config, spec)``: ``config`` given
-    ``spec``'s config layer under ``name``; ``init_patch(name, trainer, spec)``: ``trainer``'s constructor given
-    ``spec``'s constructor layer under ``name``."""
+def derive(table: dict[str, TrainerSpec], shipped: tuple[Shipped, ...]) -> Derived:
+    """The treatment of each trainer of ``shipped`` that is not one of ``table``'s (module docstring)."""
     out = Derived()
     classes: dict[type, str] = {}
     for name, spec in table.items():
@@ -121,27 +121,23 @@ def derive(table: dict[str, TrainerSpec], shipped: tuple[Shipped, ...],
         base_name = classes.get(base_cls)
         base = table.get(base_name) or out.specs.get(base_name)
         if base is not None and found.name == base_name:  # alias
-            own = _overrides(cls, base_cls)
-            out.patches.append(init_patch(base_name, found.trainer, base))
-            if found.config:
-                out.patches += config_patches(base_name, found.config, base)
-            out.patches += _wrap_copies(patches_of(base), base, base_name, found.trainer, own)
+            out.treatments.append(Treatment(base_name, found.trainer, found.config, base, base,
+                                            frozenset(_overrides(cls, base_cls))))
             out.aliases.setdefault(base_name, []).append(found.trainer)
             classes[cls] = base_name
             continue
         if found.name in table or found.name in out.specs:
             continue  # an unrelated class under a taken name: left to TRL
         keeps_route = base is not None and base_name in table and bool(base.routes) and \
-            not _overrides(cls, base_cls) & _entries(base, list(base.patches))
+            not _overrides(cls, base_cls) & _entries(base)
         if keeps_route and found.name in VERIFIED_ROUTES:
             spec = _inherited(found, base, base_name)
-            out.patches.append(init_patch(found.name, found.trainer, spec))
-            out.patches += config_patches(found.name, found.config or base.config, spec)
-            out.patches += _wrap_copies(patches_of(base), base, found.name, found.trainer, _overrides(cls, base_cls))
+            out.treatments.append(Treatment(found.name, found.trainer, spec.config, spec, base,
+                                            frozenset(_overrides(cls, base_cls))))
             out.users.setdefault(base_name, set()).add(found.name)
         else:
             spec = _first_contact(found, base, keeps_route)
-            out.patches += patches_of(spec)
+            out.treatments.append(Treatment(found.name, found.trainer, spec.config, spec))
         out.specs[found.name] = spec
         classes[cls] = found.name
     return out
@@ -151,7 +147,7 @@ def _inherited(found: Shipped, base: TrainerSpec, base_name: str) -> TrainerSpec
     note = (f"inherits {base.trainer_class_name}'s route (a subclass that keeps the methods its log-probs go "
             f"through): {base.about.note}")
     return dataclasses.replace(base, name=found.name, trainer=found.trainer, config=found.config or base.config,
-                               patches=(), base=base_name, last_release=None, instead="",
+                               patches=(), base=base_name, instead="",
                                about=About(note, VERIFIED_ROUTES[found.name], None,
                                            functools.partial(_inherited_scenario, base.about.scenario)
                                            if base.about.scenario else None,
@@ -173,7 +169,8 @@ def _first_contact(found: Shipped, base: TrainerSpec | None, keeps_route: bool =
         why = (f"not verified: it keeps {base.trainer_class_name}'s methods, which run through slimrl's route while "
                f"`{base.name}` is patched, but its constructor needs more than {base.name}'s verify scenario builds")
     config = found.config or (base.config if base is not None else None)
-    return row(found.name, found.trainer, config, layer=FIRST_CONTACT, training_step=None, guard_rewards=False,
-               note=f"precision default, offline push, Unsloth's and legacy keywords, warnings at the user's line; "
-                    f"no memory path: {why}",
-               not_verified="first contact only: its training is TRL's own")
+    note = f"precision default, offline push, Unsloth's and legacy keywords, warnings at the user's line; " \
+           f"no memory path: {why}"
+    return TrainerSpec(found.name, found.trainer, config, training_step=None, guard_rewards=False,
+                       about=About(note, layer=FIRST_CONTACT,
+                                   not_verified="first contact only: its training is TRL's own"))

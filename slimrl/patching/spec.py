@@ -12,8 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slimrl.compat.trl_info import EVERY_RELEASE
+from packaging.version import Version
+
+from slimrl.compat.trl_info import EVERY_RELEASE, TESTED_TRL
 from slimrl.patching.every_trainer.config_fields import config_init_factory
+from slimrl.patching.every_trainer.extra_fields import FIELDS
 from slimrl.patching.every_trainer.steps import training_step_factory
 from slimrl.patching.machinery.registry import Patch
 from slimrl.planning.settings import Workload
@@ -31,13 +34,17 @@ FIRST_CONTACT = "first contact"  # precision default, offline push, Unsloth's an
 class Route:
     """One way a trainer's log-probs reach slimrl's ops, declared once in its module under ``routes/`` (``ROUTE``):
     what it does, the TRL releases on which it can serve, and the patches its users share (``shared(names)``: the
-    fused head's kernel swap, installed while any of them is patched). A trainer's row names the routes it takes
-    by calling one with its entry methods: ``fused_head.ROUTE("_compute_loss")``."""
+    fused head's kernel swap, installed while any of them is patched), the config fields that act on its users
+    while it serves (a row need not restate them) and, where a served call can still be handed to TRL's own code,
+    the predicate that says whether it is taken (``applies(args, device)``). A trainer's row names the routes it
+    takes by calling one with its entry methods: ``fused_head.ROUTE("_compute_loss")``."""
 
     name: str
     summary: str  # docs/compatibility.md: what it does
     releases: str = EVERY_RELEASE  # PEP 440: the TRL releases that have what it hooks (compat.trl_info)
     shared: Callable[[tuple[str, ...]], list[Patch]] | None = None
+    fields: tuple[str, ...] = ()  # slimrl config fields that act on its users where it serves
+    applies: Callable[[Any, Any], bool] | None = None  # applies(args, device): taken, not handed to TRL's code
 
     def __call__(self, *entries: str) -> RouteUse:
         return RouteUse(self, entries)
@@ -47,6 +54,11 @@ class Route:
         from slimrl.compat import trl_info
 
         return trl_info.has(self.releases)
+
+    def takes(self, args: Any, device: Any) -> bool:
+        """Whether a run with config ``args`` on ``device`` goes through this route (it serves, and its predicate,
+        if any, does not hand the call to TRL's own code)."""
+        return self.serves() and (self.applies is None or self.applies(args, device))
 
 
 @dataclass(frozen=True)
@@ -76,14 +88,6 @@ class About:
     generation_check: bool = False  # slimrl verify checks its sampled tokens' log-probs against the training model
 
 
-def row(name: str, trainer: str, config: str | None, *, note: str = "", parity_test: str = "—",
-        cli: str | None = None, scenario: Callable | None = None, not_verified: str = "", layer: str = MEMORY_PATHS,
-        loss_types: str = "default", generation_check: bool = False, **patching: Any) -> TrainerSpec:
-    """One trainer: what the patches need, and :class:`About` it."""
-    about = About(note, parity_test, cli, scenario, not_verified, layer, loss_types, generation_check)
-    return TrainerSpec(name, trainer, config, about=about, **patching)
-
-
 @dataclass(frozen=True)
 class TrainerSpec:
     """One trainer slimrl patches (see the module docstring)."""
@@ -92,11 +96,10 @@ class TrainerSpec:
     trainer: str  # "module:Class" in every supported release
     config: str | None  # "module:Class" (None: TRL publishes none for it; it takes its base's)
     releases: str = EVERY_RELEASE  # TRL releases that have it (compat.trl_info); its patches apply only there
-    last_release: str | None = None  # named when a newer TRL lacks it
     instead: str = ""  # what to use where TRL removed it (the one line PatchFastRL says then)
     layouts: Layouts | Callable[[Any], Layouts] = ()  # dataset column layouts (raw, then pre-tokenized)
     routes: tuple[RouteUse, ...] = ()  # the log-prob routes it takes (each serves the TRL releases it declares)
-    fields: tuple[str, ...] = ()  # slimrl config fields that act on it (the others are refused unless default)
+    fields: tuple[str, ...] = ()  # slimrl config fields beyond its routes' that act on it (see acts_on)
     config_init: Callable = config_init_factory  # factory(orig_init, fields=) for its config's __init__
     init_hooks: tuple[Callable[[Any, Any], None], ...] = ()  # run as hook(model, args) before TRL's __init__
     after_init: tuple[Callable[[Any], None], ...] = ()  # run as hook(trainer) after TRL's __init__
@@ -111,6 +114,27 @@ class TrainerSpec:
 
     def uses(self, route: Route) -> bool:
         return any(use.route is route for use in self.routes)
+
+    @property
+    def acts_on(self) -> tuple[str, ...]:
+        """slimrl's config fields that act on it (in :data:`FIELDS`' order): its own and those of each route it takes
+        that serves the installed TRL; a config refuses the others unless they are at their defaults."""
+        wanted = set(self.fields) | {f for use in self.routes if use.route.serves() for f in use.route.fields}
+        return tuple(f.name for f in FIELDS if f.name in wanted)
+
+    @property
+    def last_release(self) -> str | None:
+        """The newest tested TRL release that has it, where a newer one lacks it (None: every release has it)."""
+        from packaging.specifiers import SpecifierSet
+
+        if self.releases == EVERY_RELEASE:
+            return None
+        return str(max(SpecifierSet(self.releases).filter(Version(v) for v in TESTED_TRL)))
+
+    def enters(self, method: str) -> bool:
+        """Whether its log-probs enter a route that serves the installed TRL through its TRL method ``method`` (a
+        method a route names as an entry is left to run, with slimrl's code inside it)."""
+        return any(method in use.entries and use.route.serves() for use in self.routes)
 
     @property
     def route_entries(self) -> set[str]:

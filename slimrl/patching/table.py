@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from slimrl.compat.trl_info import EVERY_RELEASE
-from slimrl.patching.derived import derive
+from slimrl.patching.derived import Treatment, derive
 from slimrl.patching.every_trainer.config_fields import config_patches
 from slimrl.patching.every_trainer.processors import processor_patch
 from slimrl.patching.every_trainer.steps import push_to_hub_factory
@@ -98,18 +98,28 @@ def spec_patches(spec: TrainerSpec) -> list[Patch]:
 
 def _config_layer(name: str, config: str, spec: TrainerSpec) -> list[Patch]:
     """``config`` given ``spec``'s config layer (its fields and ``__init__``) under ``name``."""
-    return config_patches(name, config, fields=spec.fields, init=spec.config_init, users=field_users)
+    return config_patches(name, config, fields=spec.acts_on, init=spec.config_init, users=field_users)
 
 
 def field_users(name: str) -> tuple[str, ...]:
     """The table's trainers slimrl's config field ``name`` acts on (their rows list it), by TRL's name for them
     without "Trainer" (``GRPO``)."""
-    return tuple(s.trainer_class_name.removesuffix("Trainer") for s in TRAINERS.values() if name in s.fields)
+    return tuple(s.trainer_class_name.removesuffix("Trainer") for s in TRAINERS.values() if name in s.acts_on)
 
 
-def _init_patch(name: str, trainer: str, spec: TrainerSpec) -> Patch:
-    """``trainer``'s constructor given ``spec``'s constructor layer under ``name``."""
-    return Patch(name, trainer, "__init__", _init_factory(spec), wrap=True)
+def treatment_patches(t: Treatment) -> list[Patch]:
+    """The patches of a trainer read from the installed TRL (:class:`~slimrl.patching.derived.Treatment`): a
+    first-contact row's own, else ``t.spec``'s constructor and config layers under ``t.name`` and the base's
+    wrapping class patches re-targeted at ``t.trainer`` for the methods it overrides (not its constructor: it gets
+    its own)."""
+    if t.base is None:
+        return spec_patches(t.spec)
+    out = [Patch(t.name, t.trainer, "__init__", _init_factory(t.spec), wrap=True)]
+    if t.config:
+        out += _config_layer(t.name, t.config, t.spec)
+    return out + [dataclasses.replace(p, algorithm=t.name, target=t.trainer) for p in spec_patches(t.base)
+                  if p.wrap and p.target == t.base.trainer and p.attribute in t.overridden
+                  and p.attribute != "__init__"]
 
 
 def _init_factory(spec: TrainerSpec) -> Callable:
@@ -138,7 +148,7 @@ def auto_fit_hook(bound: dict[str, Any], algorithm: str, workload: Workload) -> 
 def register_all() -> None:
     """Register the table's patches and those of the installed TRL's other trainers (at the registry's first use):
     a table trainer's patches are also installed with the trainers that inherit its route."""
-    found = derive(TRAINERS, shipped(), spec_patches, _config_layer, _init_patch)
+    found = derive(TRAINERS, shipped())
     EXTRA.update(found.specs)
     ALIASES.update(found.aliases)
 
@@ -149,7 +159,7 @@ def register_all() -> None:
     for spec in TRAINERS.values():
         for patch in spec_patches(spec):
             register(with_users(patch))
-    for patch in found.patches:
+    for patch in (p for t in found.treatments for p in treatment_patches(t)):
         register(patch)
     for route in routes():
         for patch in route.shared(users_of(route)) if route.shared else ():

@@ -241,37 +241,27 @@ def several_chunks(parts: int = 3):
     trainers' log-prob passes in micro-batches of a quarter of their sequences: a tiny run's rows fit one chunk (341 at
     SmolLM2's vocabulary) and its batch one forward, so a bug past the first chunk or micro-batch would pass verify
     while the same op is wrong on a real run's thousands of rows. Both change only the order of independent blocks."""
-    from slimrl.compat.runtime.swaps import swapped
-    from slimrl.ops import chunked_logprob as op
-    from slimrl.patching.online import logps
-    from slimrl.patching.routes import method_capture
+    from slimrl.ops.chunked_logprob import MIN_CHUNKS
+    from slimrl.patching.routes.method_capture import MIN_FORWARDS
 
-    real_chunks, real_rows = op.auto_chunk_rows, method_capture.rows_per_forward
-
-    def chunks(n_rows, vocab_size, device):
-        return max(1, min(real_chunks(n_rows, vocab_size, device), -(-n_rows // parts)))
-
-    def split(args, rows):  # a budget this small splits the shared-prefix layout too: each packed row holds one
-        return max(1, min(real_rows(args, rows), -(-rows // 4)))  # group's prompt and what fits of it
-
-    with contextlib.ExitStack() as stack:
-        for owner, name, new in ((op, "auto_chunk_rows", chunks), (method_capture, "rows_per_forward", split),
-                                 (logps, "rows_per_forward", split)):
-            stack.enter_context(swapped(owner, name, new))
+    # a budget this small splits the shared-prefix layout too: each packed row holds one group's prompt and what
+    # fits of it
+    chunks, forwards = MIN_CHUNKS.set(parts), MIN_FORWARDS.set(4)
+    try:
         yield
+    finally:
+        MIN_FORWARDS.reset(forwards)
+        MIN_CHUNKS.reset(chunks)
 
 
 def _route_applies(name: str, setup: Setup) -> bool:
-    """Whether a log-prob route of slimrl's serves ``name`` here. A trainer whose one route is the fused head has
-    none before TRL 1.15 (no fused head), and hands every projection to TRL's Triton kernel where that kernel runs
-    and the config chose no chunking of slimrl's (:mod:`slimrl.patching.routes.head`): there TRL's kernel is the
-    path under test."""
+    """Whether a log-prob route of slimrl's serves ``name`` here: one of its routes takes a run of the setup's
+    config on its device (the fused head, for one, serves no TRL before 1.15 and hands every projection to TRL's
+    Triton kernel where that kernel runs and the config chose no chunking of slimrl's: there TRL's kernel is the
+    path under test)."""
     from types import SimpleNamespace
 
-    from slimrl.patching.routes import fused_head, head
     from slimrl.patching.table import every_trainer
 
-    if [use.route for use in every_trainer()[name].routes] != [fused_head.ROUTE]:
-        return True
-    chosen = head.chunking_chosen(SimpleNamespace(**setup.slimrl_fields))
-    return fused_head.ROUTE.serves() and (chosen or not head.trl_kernel_is_best(torch.device(setup.device)))
+    args, device = SimpleNamespace(**setup.slimrl_fields), torch.device(setup.device)
+    return any(use.route.takes(args, device) for use in every_trainer()[name].routes)

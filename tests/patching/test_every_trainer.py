@@ -93,7 +93,7 @@ def test_names_people_write_reach_the_trainer():
 def test_first_contact_trainers_are_listed_as_such():
     for name, spec in every_trainer().items():
         if spec.about.layer == FIRST_CONTACT:
-            assert spec.training_step is None and not spec.fields and "no memory path" in spec.about.note, name
+            assert spec.training_step is None and not spec.acts_on and "no memory path" in spec.about.note, name
 
 
 # ---- the first-contact trainers train one step of a tiny model under PatchFastRL(); their configs keep TRL's

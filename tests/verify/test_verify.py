@@ -223,16 +223,16 @@ def test_where_trls_triton_kernel_serves_the_fused_head_that_is_the_path_verify_
     from packaging.version import Version
 
     from slimrl.compat import trl_info
-    from slimrl.patching.routes import head
+    from slimrl.patching.routes import fused_head
     from slimrl.verify import rows
     from slimrl.verify.scenarios import Setup
 
     monkeypatch.setattr(trl_info, "trl_version", lambda: Version("1.16.0"))  # the fused head serves it
     setup = Setup(config=None, tokenizer=None, device="cuda", dtype=torch.bfloat16)
     for best in (True, False):
-        monkeypatch.setattr(head, "trl_kernel_is_best", lambda device, best=best: best)
+        monkeypatch.setattr(fused_head, "_trl_kernel_is_best", lambda device, best=best: best)
         assert rows._route_applies("dpo", setup) is not best and rows._route_applies("grpo", setup)
-    monkeypatch.setattr(head, "trl_kernel_is_best", lambda device: True)
+    monkeypatch.setattr(fused_head, "_trl_kernel_is_best", lambda device: True)
     setup.slimrl_fields["unsloth_num_chunks"] = 4
     assert rows._route_applies("dpo", setup) and rows._route_applies("sft", setup)
     monkeypatch.setattr(trl_info, "trl_version", lambda: Version("1.12.0"))  # before TRL's fused head

@@ -1,5 +1,6 @@
 """The fused-head route: one kernel swap for every TRL >= 1.15 trainer built on TRL's fused LM head (DPO, KTO, SFT,
-RLOO; the trainers whose spec lists this route in :mod:`slimrl.patching.table`).
+RLOO, GRPO's calls left to TRL: the trainers whose row, ``SPEC`` in :mod:`slimrl.patching.trainers`, names this
+route).
 
 These trainers call ``add_fused_lm_head`` on the policy (and reference) model and then ``model(...,
 fused_lm_head=True)``; the patched forward (``trl.trainer.utils.add_fused_lm_head._fused_forward``) looks up two
@@ -22,8 +23,9 @@ every device. The config is read from :func:`slimrl.patching.every_trainer.steps
 
 The math is the same (same log-softmax under temperature, soft-cap and logit scale; same entropy, WPO
 ``log_sum_sq_probs``, ``mean_logits`` and ``is_top1`` metrics), so every loss type of these trainers is TRL's
-own code, fed the same numbers. The GRPO patch (:mod:`slimrl.patching.trainers.grpo`) does not go through the fused head
-at all; it projects the captured LM-head input itself.
+own code, fed the same numbers. GRPO's own log-prob method (:mod:`slimrl.patching.trainers.grpo`) projects the captured
+LM-head input itself (the method-capture route); only the calls it hands back to TRL (images, the MoE aux loss, a LoRA
+head) reach this kernel.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from slimrl.compat.trl_info import FUSED_HEAD
+from slimrl.patching.every_trainer.extra_fields import CHUNK_FIELDS
 from slimrl.patching.every_trainer.state import trainer_state
 from slimrl.patching.every_trainer.steps import current_args, current_trainer, prediction_step_factory
 from slimrl.patching.machinery.registry import Patch, original
@@ -55,7 +58,7 @@ class SlimrlChunkedLogProbFunction:
     def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
               logit_scale=1.0, outputs=("log_probs",)):
         args = current_args()
-        if not chunking_chosen(args) and _trl_kernel_is_best(hidden.device):
+        if not takes_projection(args, hidden.device):
             return original(UTILS, "_ChunkedLogProbFunction").apply(
                 hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs)
         trainer = current_trainer()
@@ -91,5 +94,12 @@ def prediction_step_patch(algorithm: str, trainer: str) -> Patch:
                  passthrough=True)
 
 
+def takes_projection(args, device: torch.device) -> bool:
+    """Whether slimrl's kernel projects a run's rows: it hands them to TRL's Triton kernel where that kernel runs
+    and the config chose no chunking of slimrl's (the kernel's own test above)."""
+    return chunking_chosen(args) or not _trl_kernel_is_best(device)
+
+
 ROUTE = Route("fused head", "TRL's fused LM head with slimrl's kernel: labelled positions only, small row blocks "
-                            "(routes/fused_head.py)", releases=FUSED_HEAD, shared=kernel_patches)
+                            "(routes/fused_head.py)", releases=FUSED_HEAD, shared=kernel_patches,
+              fields=CHUNK_FIELDS, applies=takes_projection)

@@ -18,12 +18,13 @@ that are not a plain ``nn.Linear`` (LoRA on the head, ZeRO-3 partitioned, quanti
 from __future__ import annotations
 
 from contextlib import nullcontext
+from contextvars import ContextVar
 
 import torch
 
 from slimrl.compat.heads import capture_head_input, plain_linear_head
 from slimrl.compat.runtime.malloc import recycling_phase
-from slimrl.patching.every_trainer.extra_fields import fields_of
+from slimrl.patching.every_trainer.extra_fields import CHUNK_FIELDS, fields_of
 from slimrl.patching.every_trainer.state import trainer_state
 from slimrl.patching.every_trainer.validation import check_batch_length
 from slimrl.patching.machinery.registry import original
@@ -31,7 +32,8 @@ from slimrl.patching.routes import shared_prefix
 from slimrl.patching.routes.head import Head
 from slimrl.patching.spec import Route
 
-ROUTE = Route("method capture", "`_get_per_token_logps_and_entropies` through `slimrl.ops` (routes/method_capture.py)")
+ROUTE = Route("method capture", "`_get_per_token_logps_and_entropies` through `slimrl.ops` (routes/method_capture.py)",
+              fields=CHUNK_FIELDS)
 
 
 def _has_extra_inputs(kwargs: dict) -> bool:
@@ -69,11 +71,18 @@ def no_grad_phase():
     return nullcontext() if torch.is_grad_enabled() else recycling_phase()
 
 
+# At least this many forwards per log-prob pass: `slimrl verify` sets it, since a tiny run's batch fits one forward
+# and a bug past the first micro-batch would pass there
+MIN_FORWARDS: ContextVar[int] = ContextVar("slimrl_min_forwards", default=1)
+
+
 def rows_per_forward(args, rows: int) -> int:
     """``rows`` per forward, cut to ``unsloth_grpo_mini_batch`` in the no-grad passes (fewer rows per forward, a
     lower activation peak)."""
     mini = fields_of(args).unsloth_grpo_mini_batch
-    return min(rows, mini) if mini and not torch.is_grad_enabled() else rows
+    out = min(rows, mini) if mini and not torch.is_grad_enabled() else rows
+    parts = MIN_FORWARDS.get()
+    return max(1, min(out, -(-rows // parts))) if parts > 1 else out
 
 
 FORWARD_COST_TOKENS = {"cpu": 16, "cuda": 4096}  # a forward's fixed cost, in tokens' worth of compute

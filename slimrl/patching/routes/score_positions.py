@@ -33,11 +33,13 @@ from dataclasses import dataclass
 import torch
 
 from slimrl.compat.heads import capture_head_input, plain_linear_head
+from slimrl.patching.every_trainer.extra_fields import CHUNK_FIELDS
 from slimrl.patching.every_trainer.state import trainer_state
 from slimrl.patching.routes.head import Head
 from slimrl.patching.spec import Route
 
-ROUTE = Route("score positions", "the LM head bypassed, only scored positions projected (routes/score_positions.py)")
+ROUTE = Route("score positions", "the LM head bypassed, only scored positions projected (routes/score_positions.py)",
+              fields=CHUNK_FIELDS)
 
 
 def servable_head(trainer, model) -> torch.nn.Linear | None:

@@ -16,11 +16,10 @@ from __future__ import annotations
 import torch
 
 from slimrl.compat.trl_info import UNTIL_1_13
-from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.score_positions import ROUTE as POSITIONS
 from slimrl.patching.routes.score_positions import score_positions, servable_head
-from slimrl.patching.spec import row
+from slimrl.patching.spec import About, TrainerSpec
 
 TRAINER = "trl.experimental.bco.bco_trainer:BCOTrainer"
 
@@ -66,12 +65,17 @@ PATCHES = [
 ]
 
 
-SPEC = row("bco", TRAINER, CONFIG,
-           preference=True,
-           instead="DPOTrainer(loss_type='bco_pair')",
-           releases=UNTIL_1_13, last_release="1.13.0",
-           scenario=scenario,
-           layouts=(("prompt", "completion", "label"),), routes=(POSITIONS(),),
-           note="`forward`: " + POSITIONS.summary,
-           parity_test="`tests/patching/trainers/test_bco_and_xpo.py`",
-           fields=CHUNK_FIELDS, patches=tuple(PATCHES))
+SPEC = TrainerSpec(
+    "bco", TRAINER, CONFIG,
+    preference=True,
+    instead="DPOTrainer(loss_type='bco_pair')",
+    releases=UNTIL_1_13,
+    layouts=(("prompt", "completion", "label"),),
+    routes=(POSITIONS(),),
+    patches=tuple(PATCHES),
+    about=About(
+        note="`forward`: " + POSITIONS.summary,
+        parity_test="`tests/patching/trainers/test_bco_and_xpo.py`",
+        scenario=scenario,
+    ),
+)

@@ -9,11 +9,10 @@ changes (:mod:`slimrl.patching.routes.score_positions`).
 
 from __future__ import annotations
 
-from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.score_positions import ROUTE as POSITIONS
 from slimrl.patching.routes.score_positions import ConcatenatedSpec, concatenated_forward_through_ops
-from slimrl.patching.spec import PAIRED, row
+from slimrl.patching.spec import PAIRED, About, TrainerSpec
 from slimrl.planning.settings import Workload
 
 TRAINER = "trl.experimental.cpo.cpo_trainer:CPOTrainer"
@@ -47,13 +46,19 @@ PATCHES = [
 ]
 
 
-SPEC = row("cpo", TRAINER, CONFIG,
-           loss_types="config", preference=True,
-           instead="DPOTrainer without a reference model",
-           layouts=PAIRED, routes=(POSITIONS(),),
-           scenario=scenario,
-           workload=WORKLOAD,
-           note="`concatenated_forward` without the `[2B, T, V]` logits: " + POSITIONS.summary,
-           parity_test="every CPO loss type (5), `tests/patching/routes/test_score_positions.py`",
-           fields=CHUNK_FIELDS,
-           patches=tuple(PATCHES), cli="paired")
+SPEC = TrainerSpec(
+    "cpo", TRAINER, CONFIG,
+    preference=True,
+    instead="DPOTrainer without a reference model",
+    layouts=PAIRED,
+    routes=(POSITIONS(),),
+    workload=WORKLOAD,
+    patches=tuple(PATCHES),
+    about=About(
+        note="`concatenated_forward` without the `[2B, T, V]` logits: " + POSITIONS.summary,
+        parity_test="every CPO loss type (5), `tests/patching/routes/test_score_positions.py`",
+        cli="paired",
+        scenario=scenario,
+        loss_types="config",
+    ),
+)

@@ -11,10 +11,9 @@ legacy keywords added. Use TRL >= 1.15 for the memory savings.
 
 from __future__ import annotations
 
-from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.fused_head import prediction_step_patch
-from slimrl.patching.spec import PAIRED, row
+from slimrl.patching.spec import PAIRED, About, TrainerSpec
 from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.dpo_trainer:DPOTrainer"
@@ -42,10 +41,18 @@ def scenario(kit, loss_type: str):
 PATCHES = [prediction_step_patch("dpo", TRAINER)]
 
 
-SPEC = row("dpo", TRAINER, CONFIG, layouts=PAIRED, routes=(FUSED("_compute_loss", "compute_ref_log_probs"),),
-           loss_types="config", preference=True,
-           scenario=scenario,
-           workload=WORKLOAD,
-           note=FUSED.summary + " on TRL ≥ 1.15; on 1.12 TRL's own `_compute_loss` (full logits)",
-           parity_test="every DPO loss type (15), LoRA, WPO, `tests/patching/routes/test_fused_head.py`",
-           fields=CHUNK_FIELDS if FUSED.serves() else (), patches=tuple(PATCHES), cli="paired")
+SPEC = TrainerSpec(
+    "dpo", TRAINER, CONFIG,
+    layouts=PAIRED,
+    routes=(FUSED("_compute_loss", "compute_ref_log_probs"),),
+    preference=True,
+    workload=WORKLOAD,
+    patches=tuple(PATCHES),
+    about=About(
+        note=FUSED.summary + " on TRL ≥ 1.15; on 1.12 TRL's own `_compute_loss` (full logits)",
+        parity_test="every DPO loss type (15), LoRA, WPO, `tests/patching/routes/test_fused_head.py`",
+        cli="paired",
+        scenario=scenario,
+        loss_types="config",
+    ),
+)

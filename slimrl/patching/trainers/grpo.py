@@ -34,7 +34,7 @@ from slimrl.patching.online.prefill import generate_single_turn_factory
 from slimrl.patching.online.step import online_training_step_factory
 from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.method_capture import ROUTE as CAPTURE
-from slimrl.patching.spec import PROMPT, row
+from slimrl.patching.spec import PROMPT, About, TrainerSpec
 from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.grpo_trainer:GRPOTrainer"
@@ -59,7 +59,8 @@ def slimrl_get_per_token_logps_and_entropies(self, model, input_ids: torch.Tenso
     method-capture route); the policy's call also fills the vLLM IS ratio where the old-log-prob pass was skipped
     (:mod:`slimrl.patching.online.old_logps`)."""
     out = online_logps(TRAINER, self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
-                       compute_aux_loss, multimodal, through_ops=True)
+                       compute_aux_loss, multimodal,
+                       through_ops=not SPEC.enters("_get_per_token_logps_and_entropies"))
     fill_importance_ratio(self, out[0])
     return out
 
@@ -123,16 +124,27 @@ PATCHES = [
 ]
 
 
-SPEC = row("grpo", TRAINER, CONFIG, layouts=PROMPT, routes=(CAPTURE(), FUSED()),
-           loss_types="grpo", generation_check=True,
-           scenario=scenario,
-           workload=WORKLOAD,
-           note=CAPTURE.summary + "; the calls it leaves to TRL (images, MoE aux loss, a LoRA head): "
-                + FUSED.summary + " on TRL ≥ 1.15",
-           parity_test="all 8 loss types × beta, `tests/patching/trainers/test_grpo.py`; images: "
-                       "`tests/patching/test_vision_parity.py`",
-           fields=ALL_FIELDS, config_init=grpo_config_init_factory,
-           init_hooks=(check_sequence_budget, apply_engine_defaults,
-                       functools.partial(vllm_or_transformers, trainer_module=MODULE)), auto_fit=True,
-           after_init=(attach_health_monitor,),
-           training_step=grpo_training_step_factory, patches=tuple(PATCHES), cli="online")
+SPEC = TrainerSpec(
+    "grpo", TRAINER, CONFIG,
+    layouts=PROMPT,
+    routes=(CAPTURE(), FUSED()),
+    workload=WORKLOAD,
+    fields=ALL_FIELDS,
+    config_init=grpo_config_init_factory,
+    init_hooks=(check_sequence_budget, apply_engine_defaults,
+        functools.partial(vllm_or_transformers, trainer_module=MODULE)),
+    auto_fit=True,
+    after_init=(attach_health_monitor,),
+    training_step=grpo_training_step_factory,
+    patches=tuple(PATCHES),
+    about=About(
+        note=CAPTURE.summary + "; the calls it leaves to TRL (images, MoE aux loss, a LoRA head): "
+        + FUSED.summary + " on TRL ≥ 1.15",
+        parity_test="all 8 loss types × beta, `tests/patching/trainers/test_grpo.py`; images: "
+        "`tests/patching/test_vision_parity.py`",
+        cli="online",
+        scenario=scenario,
+        loss_types="grpo",
+        generation_check=True,
+    ),
+)

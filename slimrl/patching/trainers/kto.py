@@ -8,10 +8,9 @@ metrics in one method), which slimrl leaves as TRL's.
 
 from __future__ import annotations
 
-from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.fused_head import prediction_step_patch
-from slimrl.patching.spec import PAIRED, row
+from slimrl.patching.spec import PAIRED, About, TrainerSpec
 from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.kto_trainer:KTOTrainer"
@@ -35,12 +34,18 @@ def scenario(kit, loss_type: str):
 PATCHES = [prediction_step_patch("kto", TRAINER)]
 
 
-SPEC = row("kto", TRAINER, CONFIG, layouts=(("prompt", "completion", "label"), *PAIRED),
-           loss_types="config", preference=True,
-           scenario=scenario,
-           workload=WORKLOAD,
-           routes=(FUSED("_compute_loss", "_compute_kl_logps", "compute_ref_log_probs"),),
-           note=FUSED.summary + " on TRL ≥ 1.15; on 1.12 TRL's own",
-           parity_test="both loss types, `tests/patching/routes/test_fused_head.py`",
-           fields=CHUNK_FIELDS if FUSED.serves() else (), patches=tuple(PATCHES),
-           cli="unpaired")
+SPEC = TrainerSpec(
+    "kto", TRAINER, CONFIG,
+    layouts=(("prompt", "completion", "label"), *PAIRED),
+    preference=True,
+    workload=WORKLOAD,
+    routes=(FUSED("_compute_loss", "_compute_kl_logps", "compute_ref_log_probs"),),
+    patches=tuple(PATCHES),
+    about=About(
+        note=FUSED.summary + " on TRL ≥ 1.15; on 1.12 TRL's own",
+        parity_test="both loss types, `tests/patching/routes/test_fused_head.py`",
+        cli="unpaired",
+        scenario=scenario,
+        loss_types="config",
+    ),
+)

@@ -22,11 +22,10 @@ import functools
 import torch
 
 from slimrl.compat.runtime.malloc import recycling_phase
-from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.score_positions import ROUTE as POSITIONS
 from slimrl.patching.routes.score_positions import score_positions, servable_head
-from slimrl.patching.spec import PROMPT, row
+from slimrl.patching.spec import PROMPT, About, TrainerSpec
 
 TRAINER = "trl.experimental.online_dpo.online_dpo_trainer:OnlineDPOTrainer"
 
@@ -78,11 +77,16 @@ PATCHES = [
 ]
 
 
-SPEC = row("online_dpo", TRAINER, CONFIG,
-           loss_types="config",
-           instead="GRPOTrainer or RLOOTrainer (online, reward-driven)",
-           layouts=PROMPT, routes=(POSITIONS(),),
-           scenario=scenario,
-           note="`_forward`: " + POSITIONS.summary,
-           parity_test="two training steps, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
-           patches=tuple(PATCHES))
+SPEC = TrainerSpec(
+    "online_dpo", TRAINER, CONFIG,
+    instead="GRPOTrainer or RLOOTrainer (online, reward-driven)",
+    layouts=PROMPT,
+    routes=(POSITIONS(),),
+    patches=tuple(PATCHES),
+    about=About(
+        note="`_forward`: " + POSITIONS.summary,
+        parity_test="two training steps, `tests/patching/routes/test_score_positions.py`",
+        scenario=scenario,
+        loss_types="config",
+    ),
+)

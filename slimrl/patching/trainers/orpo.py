@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.score_positions import ROUTE as POSITIONS
 from slimrl.patching.routes.score_positions import ConcatenatedSpec, concatenated_forward_through_ops
-from slimrl.patching.spec import PAIRED, row
+from slimrl.patching.spec import PAIRED, About, TrainerSpec
 from slimrl.planning.settings import Workload
 
 TRAINER = "trl.experimental.orpo.orpo_trainer:ORPOTrainer"
@@ -55,12 +54,18 @@ PATCHES = [
 ]
 
 
-SPEC = row("orpo", TRAINER, CONFIG,
-           preference=True,
-           instead="DPOTrainer with loss_type=['sigmoid', 'sft'] (a preference loss plus the SFT term)",
-           layouts=PAIRED, routes=(POSITIONS(),),
-           scenario=scenario,
-           workload=WORKLOAD,
-           note="`concatenated_forward` without the `[2B, T, V]` logits: " + POSITIONS.summary,
-           parity_test="full and LoRA, `tests/patching/routes/test_score_positions.py`", fields=CHUNK_FIELDS,
-           patches=tuple(PATCHES), cli="paired")
+SPEC = TrainerSpec(
+    "orpo", TRAINER, CONFIG,
+    preference=True,
+    instead="DPOTrainer with loss_type=['sigmoid', 'sft'] (a preference loss plus the SFT term)",
+    layouts=PAIRED,
+    routes=(POSITIONS(),),
+    workload=WORKLOAD,
+    patches=tuple(PATCHES),
+    about=About(
+        note="`concatenated_forward` without the `[2B, T, V]` logits: " + POSITIONS.summary,
+        parity_test="full and LoRA, `tests/patching/routes/test_score_positions.py`",
+        cli="paired",
+        scenario=scenario,
+    ),
+)

@@ -12,7 +12,7 @@ memory-lean RL on one GPU use GRPO or RLOO, which slimrl patches on every suppor
 from __future__ import annotations
 
 from slimrl.compat.trl_info import UNTIL_1_12
-from slimrl.patching.spec import CHECKS_ONLY, row
+from slimrl.patching.spec import CHECKS_ONLY, About, TrainerSpec
 
 TRAINER = "trl.experimental.ppo.ppo_trainer:PPOTrainer"
 CONFIG = "trl.experimental.ppo.ppo_config:PPOConfig"
@@ -20,9 +20,15 @@ CONFIG = "trl.experimental.ppo.ppo_config:PPOConfig"
 PATCHES: list = []  # only the shared patches (slimrl.patching.table)
 
 
-SPEC = row("ppo", TRAINER, CONFIG,
-           instead="GRPOTrainer or RLOOTrainer (no value model)",
-           releases=UNTIL_1_12, last_release="1.12.0",
-           not_verified="TRL 1.12's PPO needs a value and a reward model and slimrl leaves its loop to TRL",
-           note="none: TRL 1.12's PPO runs one `train()` loop over full logits; slimrl does not rewrite it; "
-                "legacy keywords and checks only", training_step=None, layer=CHECKS_ONLY)
+SPEC = TrainerSpec(
+    "ppo", TRAINER, CONFIG,
+    instead="GRPOTrainer or RLOOTrainer (no value model)",
+    releases=UNTIL_1_12,
+    training_step=None,
+    about=About(
+        note="none: TRL 1.12's PPO runs one `train()` loop over full logits; slimrl does not rewrite it; "
+        "legacy keywords and checks only",
+        not_verified="TRL 1.12's PPO needs a value and a reward model and slimrl leaves its loop to TRL",
+        layer=CHECKS_ONLY,
+    ),
+)

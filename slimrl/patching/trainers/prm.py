@@ -9,7 +9,7 @@ legacy keywords are patched.
 from __future__ import annotations
 
 from slimrl.compat.trl_info import UNTIL_1_13
-from slimrl.patching.spec import CHECKS_ONLY, row
+from slimrl.patching.spec import CHECKS_ONLY, About, TrainerSpec
 
 TRAINER = "trl.experimental.prm.prm_trainer:PRMTrainer"
 CONFIG = "trl.experimental.prm.prm_config:PRMConfig"
@@ -17,9 +17,14 @@ CONFIG = "trl.experimental.prm.prm_config:PRMConfig"
 PATCHES: list = []  # only the shared patches (slimrl.patching.table)
 
 
-SPEC = row("prm", TRAINER, CONFIG,
-           instead="a token-classification model trained with transformers' Trainer",
-           releases=UNTIL_1_13, last_release="1.13.0",
-           not_verified="slimrl adds only checks to PRM (a 2-class head)",
-           layouts=(("prompt", "completions", "labels"), ("input_ids",)),
-           note="none needed: a 2-class token head; checks and guards only", layer=CHECKS_ONLY)
+SPEC = TrainerSpec(
+    "prm", TRAINER, CONFIG,
+    instead="a token-classification model trained with transformers' Trainer",
+    releases=UNTIL_1_13,
+    layouts=(("prompt", "completions", "labels"), ("input_ids",)),
+    about=About(
+        note="none needed: a 2-class token head; checks and guards only",
+        not_verified="slimrl adds only checks to PRM (a 2-class head)",
+        layer=CHECKS_ONLY,
+    ),
+)

@@ -8,7 +8,7 @@ patched; activation memory is handled by ``FastLanguageModel.get_peft_model``'s 
 
 from __future__ import annotations
 
-from slimrl.patching.spec import CHECKS_ONLY, PAIRED, row
+from slimrl.patching.spec import CHECKS_ONLY, PAIRED, About, TrainerSpec
 
 TRAINER = "trl.trainer.reward_trainer:RewardTrainer"
 CONFIG = "trl.trainer.reward_config:RewardConfig"
@@ -24,8 +24,12 @@ def scenario(kit, loss_type: str):
     return kit.trainer(model=kit.model(kind="scorer"), args=args, train_dataset=kit.dataset(rows))
 
 
-SPEC = row("reward", TRAINER, CONFIG,
-           scenario=scenario,
-           layouts=(*PAIRED, ("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")),
-           note="none needed: a one-score head, no vocabulary-sized tensor; checks and guards only",
-           layer=CHECKS_ONLY)
+SPEC = TrainerSpec(
+    "reward", TRAINER, CONFIG,
+    layouts=(*PAIRED, ("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")),
+    about=About(
+        note="none needed: a one-score head, no vocabulary-sized tensor; checks and guards only",
+        scenario=scenario,
+        layer=CHECKS_ONLY,
+    ),
+)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 
-from slimrl.compat.trl_info import has_fused_head
 from slimrl.patching.every_trainer.config_fields import (
     ALL_FIELDS,
     ONLINE_FIELDS,
@@ -36,7 +35,7 @@ from slimrl.patching.online.step import online_training_step_factory
 from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.fused_head import prediction_step_patch
 from slimrl.patching.routes.method_capture import ROUTE as CAPTURE
-from slimrl.patching.spec import PROMPT, row
+from slimrl.patching.spec import PROMPT, About, TrainerSpec
 from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.rloo_trainer:RLOOTrainer"
@@ -53,7 +52,7 @@ def slimrl_rloo_get_per_token_logps_and_entropies(self, model, input_ids, attent
     """The online trainers' log-prob method (:mod:`slimrl.patching.online.logps`): the method-capture route on
     TRL < 1.15, TRL's fused-head method (slimrl's kernel in it) from 1.15."""
     return online_logps(TRAINER, self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
-                        compute_aux_loss, multimodal, through_ops=not has_fused_head())
+                        compute_aux_loss, multimodal, through_ops=not SPEC.enters("_get_per_token_logps_and_entropies"))
 
 
 def rloo_training_step_factory(orig_training_step):
@@ -85,15 +84,24 @@ PATCHES = [
 ]
 
 
-SPEC = row("rloo", TRAINER, CONFIG, layouts=PROMPT,
-           routes=(CAPTURE(), FUSED("_get_per_token_logps_and_entropies")),
-           generation_check=True,
-           scenario=scenario,
-           workload=WORKLOAD,
-           note=FUSED.summary + " on TRL ≥ 1.15; " + CAPTURE.summary + " on 1.12",
-           parity_test="two steps with generation, old log-probs and KL, `tests/patching/trainers/test_rloo.py`",
-           fields=ONLINE_FIELDS, config_init=rloo_config_init_factory,
-           init_hooks=(check_sequence_budget, apply_engine_defaults,
-                       functools.partial(vllm_or_transformers, trainer_module=MODULE)), auto_fit=True,
-           after_init=(attach_health_monitor,),
-           training_step=rloo_training_step_factory, patches=tuple(PATCHES), cli="online")
+SPEC = TrainerSpec(
+    "rloo", TRAINER, CONFIG,
+    layouts=PROMPT,
+    routes=(CAPTURE(), FUSED("_get_per_token_logps_and_entropies")),
+    workload=WORKLOAD,
+    fields=ONLINE_FIELDS,
+    config_init=rloo_config_init_factory,
+    init_hooks=(check_sequence_budget, apply_engine_defaults,
+        functools.partial(vllm_or_transformers, trainer_module=MODULE)),
+    auto_fit=True,
+    after_init=(attach_health_monitor,),
+    training_step=rloo_training_step_factory,
+    patches=tuple(PATCHES),
+    about=About(
+        note=FUSED.summary + " on TRL ≥ 1.15; " + CAPTURE.summary + " on 1.12",
+        parity_test="two steps with generation, old log-probs and KL, `tests/patching/trainers/test_rloo.py`",
+        cli="online",
+        scenario=scenario,
+        generation_check=True,
+    ),
+)

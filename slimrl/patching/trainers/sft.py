@@ -7,12 +7,11 @@ TRL 1.16's ``chunked_nll`` is TRL's own chunked path and is left alone; on TRL 1
 
 from __future__ import annotations
 
-from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.every_trainer.model_lengths import sft_lengths_from_model
 from slimrl.patching.every_trainer.validation import sft_layouts
 from slimrl.patching.routes.fused_head import ROUTE as FUSED
 from slimrl.patching.routes.fused_head import prediction_step_patch
-from slimrl.patching.spec import row
+from slimrl.patching.spec import About, TrainerSpec
 from slimrl.planning.settings import TrlStep, Workload
 
 TRAINER = "trl.trainer.sft_trainer:SFTTrainer"
@@ -35,11 +34,18 @@ def scenario(kit, loss_type: str):
 PATCHES = [prediction_step_patch("sft", TRAINER)]
 
 
-SPEC = row("sft", TRAINER, CONFIG, layouts=sft_layouts, routes=(FUSED("compute_loss"),),
-           loss_types="config",
-           scenario=scenario,
-           workload=WORKLOAD,
-           note=FUSED.summary + " on TRL ≥ 1.15; `chunked_nll` stays TRL's own",
-           parity_test="nll and dft, completion-only or not, `tests/patching/routes/test_fused_head.py`",
-           fields=CHUNK_FIELDS if FUSED.serves() else (), patches=tuple(PATCHES), cli="sft",
-           init_hooks=(sft_lengths_from_model,))
+SPEC = TrainerSpec(
+    "sft", TRAINER, CONFIG,
+    layouts=sft_layouts,
+    routes=(FUSED("compute_loss"),),
+    workload=WORKLOAD,
+    patches=tuple(PATCHES),
+    init_hooks=(sft_lengths_from_model,),
+    about=About(
+        note=FUSED.summary + " on TRL ≥ 1.15; `chunked_nll` stays TRL's own",
+        parity_test="nll and dft, completion-only or not, `tests/patching/routes/test_fused_head.py`",
+        cli="sft",
+        scenario=scenario,
+        loss_types="config",
+    ),
+)

@@ -12,11 +12,10 @@ from __future__ import annotations
 import torch
 
 from slimrl.compat.trl_info import UNTIL_1_13
-from slimrl.patching.every_trainer.config_fields import CHUNK_FIELDS
 from slimrl.patching.machinery.registry import Patch, original
 from slimrl.patching.routes.score_positions import ROUTE as POSITIONS
 from slimrl.patching.routes.score_positions import score_positions, servable_head
-from slimrl.patching.spec import PROMPT, row
+from slimrl.patching.spec import PROMPT, About, TrainerSpec
 
 TRAINER = "trl.experimental.xpo.xpo_trainer:XPOTrainer"
 
@@ -66,10 +65,16 @@ PATCHES = [
 ]
 
 
-SPEC = row("xpo", TRAINER, CONFIG,
-           instead="OnlineDPOTrainer or GRPOTrainer",
-           releases=UNTIL_1_13, last_release="1.13.0", layouts=PROMPT,
-           scenario=scenario,
-           routes=(POSITIONS(),), note="`_compute_logprobs`: " + POSITIONS.summary,
-           parity_test="two steps, `tests/patching/trainers/test_bco_and_xpo.py`", fields=CHUNK_FIELDS,
-           patches=tuple(PATCHES))
+SPEC = TrainerSpec(
+    "xpo", TRAINER, CONFIG,
+    instead="OnlineDPOTrainer or GRPOTrainer",
+    releases=UNTIL_1_13,
+    layouts=PROMPT,
+    routes=(POSITIONS(),),
+    patches=tuple(PATCHES),
+    about=About(
+        note="`_compute_logprobs`: " + POSITIONS.summary,
+        parity_test="two steps, `tests/patching/trainers/test_bco_and_xpo.py`",
+        scenario=scenario,
+    ),
+)

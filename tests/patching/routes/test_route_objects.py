@@ -51,7 +51,7 @@ def test_a_subclass_keeps_a_route_only_while_it_keeps_every_entry_method(monkeyp
                     for name, cls in (("keeps", "Keeps"), ("overrides", "Overrides")))
     dpo = table.TRAINERS["dpo"]
     assert "compute_ref_log_probs" in dpo.route_entries
-    found = derived.derive({"dpo": dpo}, shipped, table.spec_patches, table._config_layer, table._init_patch)
+    found = derived.derive({"dpo": dpo}, shipped)
     assert found.specs["keeps"].about.layer == MEMORY_PATHS and found.specs["keeps"].uses(fused_head.ROUTE)
     assert found.specs["overrides"].about.layer == FIRST_CONTACT and not found.specs["overrides"].routes
     assert found.users == {"dpo": {"keeps"}}
