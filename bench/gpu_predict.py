@@ -69,7 +69,7 @@ def validate() -> list[dict]:
     from slimrl.compat.gpus import CUDA_CONTEXT_BYTES
     from slimrl.patching.table import PLANNED
     from slimrl.planning.baseline import family_of, simulate
-    from slimrl.planning.reference import REFERENCE_DTYPE
+    from slimrl.planning.phases import REFERENCE_DTYPE
     from slimrl.planning.verdict import LIKELY
 
     config, usable = gemma3_1b(), CAPACITY - CUDA_CONTEXT_BYTES

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from slimrl.planning.reference import REFERENCE_DTYPE, reference_bytes
+from slimrl.planning.phases import REFERENCE_DTYPE, reference_bytes
 from slimrl.planning.settings import Workload
 from slimrl.planning.trace import LiveBytes, _base, _state, cuda_attention
 

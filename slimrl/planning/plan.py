@@ -12,7 +12,7 @@ Memory (bytes) = runtime + weights + adapter state + the largest phase, where
   fine-tuning (``lora_r=0``): AdamW's two moments in the weights' dtype (what ``torch.optim.AdamW`` keeps), the
   gradients being counted by the trace as the backward creates them;
 * **reference**: full fine-tuning with a reference model (DPO, KTO; GRPO/RLOO with ``beta > 0``): TRL's frozen copy,
-  in the float32 TRL builds it in (:mod:`slimrl.planning.reference`);
+  in the float32 TRL builds it in (:mod:`slimrl.planning.phases`);
 * **engine** (``fast_inference`` on CPU): what the started vLLM engine keeps for the rest of the run, its packed
   linear copies and LoRA slots computed, its runtime measured once per machine and shape
   (:mod:`slimrl.planning.engine_cpu`); on CUDA the engine shares every base weight and its KV cache is the phase;
@@ -51,9 +51,7 @@ from slimrl.errors import InputError
 from slimrl.planning.bounds import parse_budget
 from slimrl.planning.config import load_config
 from slimrl.planning.gpu import cuda_total
-from slimrl.planning.host import pinned_host_bytes
-from slimrl.planning.prefix import prefix_gather_bytes, shared_prefix_applies
-from slimrl.planning.reference import reference_bytes
+from slimrl.planning.phases import pinned_host_bytes, prefix_gather_bytes, reference_bytes, shared_prefix_applies
 from slimrl.planning.search import PERSISTENT, fastest_fitting, largest_phase, longest_fitting
 from slimrl.planning.settings import CHECKPOINTING, Settings, Workload, _check  # noqa: F401 - re-exported
 from slimrl.planning.tiling import tiled_default

@@ -219,7 +219,7 @@ def test_shared_prefix_is_planned_only_where_it_runs():
     from transformers import GPT2Config, MistralConfig
 
     from slimrl.patching.table import PLANNED
-    from slimrl.planning.prefix import shared_prefix_applies
+    from slimrl.planning.phases import shared_prefix_applies
 
     base = Settings(max_prompt_length=64, max_completion_length=64)
     config = _config()
@@ -283,7 +283,7 @@ def test_cuda_plan_keeps_offloaded_layer_inputs_off_the_gpu():
 
 
 def test_a_pool_past_its_share_of_host_ram_is_noted():
-    from slimrl.planning.host import pinned_host_bytes
+    from slimrl.planning.phases import pinned_host_bytes
 
     notes = []
     assert pinned_host_bytes(34 * 2**30, 34, notes, host_ram=int(12.7 * 2**30)) == 34 * 2**30
