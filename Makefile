@@ -66,6 +66,7 @@ test-full: envs-full
 
 lint:
 	.venv/bin/ruff check slimrl tests bench examples tools
+	.venv/bin/ruff format --check slimrl tests bench examples tools
 
 # The project's own .pyc, written once (PYTHONDONTWRITEBYTECODE keeps every test process from caching them;
 # tools/envs.py does the same for the installed packages)

@@ -30,9 +30,9 @@ def worker(mode: str, generations: int, length: int) -> dict:
     from slimrl import FastLanguageModel
 
     engine_mode = mode.startswith("engine")
-    model, tok = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=2048,
-                                                   dtype=torch.float32, fast_inference=engine_mode,
-                                                   max_lora_rank=16)
+    model, tok = FastLanguageModel.from_pretrained(
+        "SmolLM2-135M-Instruct", max_seq_length=2048, dtype=torch.float32, fast_inference=engine_mode, max_lora_rank=16
+    )
     model = FastLanguageModel.get_peft_model(model, r=16, lora_alpha=16)
     torch.manual_seed(0)
     with torch.no_grad():
@@ -68,9 +68,15 @@ def worker(mode: str, generations: int, length: int) -> dict:
         ids = torch.tensor([prompt] * generations)
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                 max_new_tokens=length, min_new_tokens=length, temperature=1.0)
-        result.update(seconds=time.perf_counter() - t0, tokens=int(out[:, len(prompt):].numel()))
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                max_new_tokens=length,
+                min_new_tokens=length,
+                temperature=1.0,
+            )
+        result.update(seconds=time.perf_counter() - t0, tokens=int(out[:, len(prompt) :].numel()))
     result["tokens_per_s"] = result["tokens"] / result["seconds"]
     return result
 
@@ -87,8 +93,16 @@ def main() -> None:
         return
     results = {}
     for mode in args.modes.split(","):
-        cmd = [sys.executable, __file__, "--worker", mode, "--generations", str(args.generations),
-               "--length", str(args.length)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            mode,
+            "--generations",
+            str(args.generations),
+            "--length",
+            str(args.length),
+        ]
         results[mode] = run_worker(cmd, mode)
     print(f"generation, SmolLM2-135M fp32 + LoRA r=16, {args.generations} x {args.length} tokens")
     print(f"{'mode':22} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'vs hf':>6}")

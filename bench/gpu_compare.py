@@ -37,17 +37,48 @@ def main(argv: list[str] | None = None) -> dict:
 
     path = model_dir("tiny" if a.tiny else a.shape, a.cache, a.device)
     record_file = os.path.join(tempfile.mkdtemp(prefix="slimrl-compare-"), "record.json")
-    rc = compare(["--model", path, "--sides", a.sides, "--num_generations", str(a.generations),
-                  "--max_prompt_length", str(a.prompt_length), "--max_completion_length", str(a.length),
-                  "--lora_r", str(a.lora_r), "--steps", str(a.steps), "--device", a.device, "--json", record_file])
+    rc = compare(
+        [
+            "--model",
+            path,
+            "--sides",
+            a.sides,
+            "--num_generations",
+            str(a.generations),
+            "--max_prompt_length",
+            str(a.prompt_length),
+            "--max_completion_length",
+            str(a.length),
+            "--lora_r",
+            str(a.lora_r),
+            "--steps",
+            str(a.steps),
+            "--device",
+            a.device,
+            "--json",
+            record_file,
+        ]
+    )
     record = json.loads(Path(record_file).read_text())
     predicted = record["predicted"]
-    result = {**record["sides"], "plan": {"peak_gb": predicted.get("slimrl", {}).get("peak_gb"),
-                                          "step_s": predicted.get("slimrl_step_s"),
-                                          "trl_peak_gb": predicted.get("trl", {}).get("peak_gb")},
-              "loss_agreement": record["loss_agreement"], "rc": rc,
-              "config": {"shape": "tiny" if a.tiny else a.shape, "length": a.length, "generations": a.generations,
-                         "prompt_length": a.prompt_length, "lora_r": a.lora_r, "device": a.device}}
+    result = {
+        **record["sides"],
+        "plan": {
+            "peak_gb": predicted.get("slimrl", {}).get("peak_gb"),
+            "step_s": predicted.get("slimrl_step_s"),
+            "trl_peak_gb": predicted.get("trl", {}).get("peak_gb"),
+        },
+        "loss_agreement": record["loss_agreement"],
+        "rc": rc,
+        "config": {
+            "shape": "tiny" if a.tiny else a.shape,
+            "length": a.length,
+            "generations": a.generations,
+            "prompt_length": a.prompt_length,
+            "lora_r": a.lora_r,
+            "device": a.device,
+        },
+    }
     print(RESULT_TAG + json.dumps(result), flush=True)
     return result
 

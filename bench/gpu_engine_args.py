@@ -56,11 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         if request_memory is not None:
             from types import SimpleNamespace
 
-            snapshot = SimpleNamespace(total_memory=start.total_bytes, free_memory=start.free_bytes_at_start,
-                                       device_="cuda:0")
+            snapshot = SimpleNamespace(
+                total_memory=start.total_bytes, free_memory=start.free_bytes_at_start, device_="cuda:0"
+            )
             try:
-                request_memory(snapshot, SimpleNamespace(gpu_memory_utilization=start.gpu_memory_utilization),
-                               start.external_weight_bytes)
+                request_memory(
+                    snapshot,
+                    SimpleNamespace(gpu_memory_utilization=start.gpu_memory_utilization),
+                    start.external_weight_bytes,
+                )
                 row["vllm"] = "starts"
             except ValueError as err:
                 row["vllm"] = str(err).splitlines()[0]

@@ -44,6 +44,7 @@ if sys.argv[1:3] == ["--worker", "unsloth"]:
     # Unsloth's worker: Unsloth before anything that imports transformers or PEFT (slimrl's package does), as
     # Unsloth requires; slimrl from this checkout, since the Unsloth process may not see this interpreter's packages
     import unsloth  # noqa: F401
+
     sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from gpu_shapes import SHAPES, model_dir  # noqa: E402 - the bench directory is not a package
 from grpo_step import RESULT_TAG  # noqa: E402
@@ -55,10 +56,28 @@ SIDES = ("trl", "trl-liger", "slimrl", "slimrl/resident", "slimrl/noshared", "sl
 
 def _worker_cmd(args: argparse.Namespace, side: str, lengths: list[int], steps: int | None = None) -> list[str]:
     python = unsloth_python() if side == "unsloth" else [sys.executable]
-    cmd = [*python, __file__, "--worker", side, "--lengths", ",".join(map(str, lengths)),
-           "--steps", str(steps or args.steps)]
-    for name in ("shape", "quant", "generations", "prompt_length", "device", "cache", "cap_gb", "model", "lora_r",
-                 "ckpt"):
+    cmd = [
+        *python,
+        __file__,
+        "--worker",
+        side,
+        "--lengths",
+        ",".join(map(str, lengths)),
+        "--steps",
+        str(steps or args.steps),
+    ]
+    for name in (
+        "shape",
+        "quant",
+        "generations",
+        "prompt_length",
+        "device",
+        "cache",
+        "cap_gb",
+        "model",
+        "lora_r",
+        "ckpt",
+    ):
         value = getattr(args, name, None)
         if value is not None:
             cmd += [f"--{name.replace('_', '-')}", str(value)]
@@ -67,8 +86,9 @@ def _worker_cmd(args: argparse.Namespace, side: str, lengths: list[int], steps: 
 
 def _start(args: argparse.Namespace, side: str, lengths: list[int], steps: int | None = None) -> subprocess.Popen:
     env = unsloth_env(args.device) if side == "unsloth" else None
-    return subprocess.Popen(_worker_cmd(args, side, lengths, steps), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    return subprocess.Popen(
+        _worker_cmd(args, side, lengths, steps), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
 
 
 def _collect(proc: subprocess.Popen, side: str) -> dict:
@@ -76,7 +96,7 @@ def _collect(proc: subprocess.Popen, side: str) -> dict:
     out, err = proc.communicate()
     lines = [ln for ln in out.splitlines() if ln.startswith(RESULT_TAG)]
     if proc.returncode == 0 and lines:
-        return json.loads(lines[-1][len(RESULT_TAG):])
+        return json.loads(lines[-1][len(RESULT_TAG) :])
     sys.stderr.write(f"--- {side} worker failed (exit {proc.returncode})\n{out[-3000:]}{err[-6000:]}\n")
     tail = [ln for ln in (err or out).strip().splitlines() if ln.strip()][-1:] or ["no output"]
     return {"side": side, "failed": f"exit {proc.returncode}: {tail[0][:300]}"}
@@ -139,8 +159,12 @@ def fit(args: argparse.Namespace, sides: list[str]) -> dict[str, dict]:
     out, probes = {}, []
     for side, r in measured.items():
         if "skipped" in r or "failed" in r or "oom" in r:
-            out[side] = {"side": side, "longest_fit": None, "measured": r,
-                         **{k: r[k] for k in ("skipped", "failed") if k in r}}
+            out[side] = {
+                "side": side,
+                "longest_fit": None,
+                "measured": r,
+                **{k: r[k] for k in ("skipped", "failed") if k in r},
+            }
             continue
         points = {lo: _fit_peak(r, lo, args.device), hi: _fit_peak(r, hi, args.device)}
         predicted = linear_fit(points, args.cap_gb, args.fit_margin, args.fit_step, args.fit_max)
@@ -149,8 +173,13 @@ def fit(args: argparse.Namespace, sides: list[str]) -> dict[str, dict]:
             probes.append((side, [predicted, predicted], 2))
     for side, probe in _side_by_side(probes, args, slots).items():
         fits = bool(probe.get("fits")) and "failed" not in probe
-        out[side].update(probe=probe, longest_fit=out[side]["predicted"] if fits else None,
-                         confirmed=fits, peak_gb=probe.get("peak_gb"), reserved_gb=probe.get("reserved_gb"))
+        out[side].update(
+            probe=probe,
+            longest_fit=out[side]["predicted"] if fits else None,
+            confirmed=fits,
+            peak_gb=probe.get("peak_gb"),
+            reserved_gb=probe.get("reserved_gb"),
+        )
     return out
 
 
@@ -161,27 +190,44 @@ def plan_prediction(args: argparse.Namespace, path: str, length: int) -> dict:
     try:
         from slimrl.planning import Settings, plan
 
-        settings = Settings(per_device_train_batch_size=args.generations, num_generations=args.generations,
-                            max_prompt_length=args.prompt_length, max_completion_length=length, lora_r=args.lora_r,
-                            load_in_4bit=args.quant == "qlora", gradient_checkpointing=args.ckpt, device=args.device)
+        settings = Settings(
+            per_device_train_batch_size=args.generations,
+            num_generations=args.generations,
+            max_prompt_length=args.prompt_length,
+            max_completion_length=length,
+            lora_r=args.lora_r,
+            load_in_4bit=args.quant == "qlora",
+            gradient_checkpointing=args.ckpt,
+            device=args.device,
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             p = plan(path, settings, budget=f"{args.cap_gb}GB" if args.cap_gb else None)
     except Exception as exc:  # noqa: BLE001 - a prediction that cannot be made is said, the measurement stays
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
-    return {"peak_gb": p.peak_bytes / 2**30, "step_s": p.step_seconds,
-            **({"longest_fit": p.max_completion_length_that_fits} if args.cap_gb else {})}
+    return {
+        "peak_gb": p.peak_bytes / 2**30,
+        "step_s": p.step_seconds,
+        **({"longest_fit": p.max_completion_length_that_fits} if args.cap_gb else {}),
+    }
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-1.5b")
     ap.add_argument("--tiny", action="store_true", help="the tiny shape, short lengths (smoke test)")
-    ap.add_argument("--model", default=None, help="a real model (path, hub id in the cache or the alias) instead of "
-                                                  "a random-init shape")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a real model (path, hub id in the cache or the alias) instead of a random-init shape",
+    )
     ap.add_argument("--lora-r", type=int, default=64)
-    ap.add_argument("--ckpt", choices=["slimrl", "selective", "true", "false"], default="slimrl",
-                    help="slimrl's use_gradient_checkpointing (slimrl sides); false also turns TRL's off")
+    ap.add_argument(
+        "--ckpt",
+        choices=["slimrl", "selective", "true", "false"],
+        default="slimrl",
+        help="slimrl's use_gradient_checkpointing (slimrl sides); false also turns TRL's off",
+    )
     ap.add_argument("--quant", choices=["bf16", "qlora"], default="bf16")
     ap.add_argument("--sides", default=",".join(SIDES[:3]))
     ap.add_argument("--generations", type=int, default=8)
@@ -197,10 +243,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--fit-lengths", default="1024,2048", help="lo,hi: the two measured lengths of --fit")
     ap.add_argument("--fit-step", type=int, default=256, help="the fitted length is a multiple of this")
     ap.add_argument("--fit-max", type=int, default=32768, help="the longest length --fit predicts")
-    ap.add_argument("--fit-margin", type=float, default=0.97, help="the fit aims at this share of the cap "
-                                                                   "(the allocator's fragmentation)")
-    ap.add_argument("--parallel", type=int, default=None, help="--fit's processes side by side (default: as many "
-                                                               "as the GPU holds at the cap)")
+    ap.add_argument(
+        "--fit-margin",
+        type=float,
+        default=0.97,
+        help="the fit aims at this share of the cap (the allocator's fragmentation)",
+    )
+    ap.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        help="--fit's processes side by side (default: as many as the GPU holds at the cap)",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     return ap
 
@@ -230,11 +284,19 @@ def main(argv: list[str] | None = None) -> dict:
     path = _path(args) if args.model else model_dir(args.shape, args.cache, args.device)  # before any side runs
     started = time.perf_counter()
     results: dict = fit(args, sides) if args.fit else {side: run_worker(args, side, args.length) for side in sides}
-    results["config"] = {"shape": args.shape, "quant": args.quant, "generations": args.generations,
-                         "prompt_length": args.prompt_length, "length": None if args.fit else args.length,
-                         "cap_gb": args.cap_gb, "lora_r": args.lora_r, "steps": args.steps, "device": args.device,
-                         "unsloth_site": UNSLOTH_SITE if "unsloth" in sides else None,
-                         "seconds": round(time.perf_counter() - started, 1)}
+    results["config"] = {
+        "shape": args.shape,
+        "quant": args.quant,
+        "generations": args.generations,
+        "prompt_length": args.prompt_length,
+        "length": None if args.fit else args.length,
+        "cap_gb": args.cap_gb,
+        "lora_r": args.lora_r,
+        "steps": args.steps,
+        "device": args.device,
+        "unsloth_site": UNSLOTH_SITE if "unsloth" in sides else None,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
     if any(s.startswith("slimrl") for s in sides):
         results["plan"] = plan_prediction(args, path, args.length)
     _print(args, results)
@@ -254,9 +316,11 @@ def _path(args: argparse.Namespace) -> str:
 
 def _print(args: argparse.Namespace, results: dict) -> None:
     base_dtype = "NF4" if args.quant == "qlora" else "bf16" if args.device == "cuda" else "fp32"
-    print(f"GRPO step, {args.shape} ({base_dtype} base, LoRA r={args.lora_r}), {args.generations} x "
-          f"{'fit under ' + str(args.cap_gb) + ' GB' if args.fit else args.length} tokens, prompt "
-          f"{args.prompt_length}, {'HF generate' if args.generate else 'random completions'}, device {args.device}")
+    print(
+        f"GRPO step, {args.shape} ({base_dtype} base, LoRA r={args.lora_r}), {args.generations} x "
+        f"{'fit under ' + str(args.cap_gb) + ' GB' if args.fit else args.length} tokens, prompt "
+        f"{args.prompt_length}, {'HF generate' if args.generate else 'random completions'}, device {args.device}"
+    )
     base = results.get("trl", {})
     for side, r in results.items():
         if not isinstance(r, dict) or "side" not in r:
@@ -264,18 +328,27 @@ def _print(args: argparse.Namespace, results: dict) -> None:
         if "skipped" in r or "failed" in r:
             print(f"{side:16} {'skipped' if 'skipped' in r else 'failed'}: {r.get('skipped') or r.get('failed')}")
         elif args.fit:
-            ratio = (f"  {r['longest_fit'] / base['longest_fit']:.2f}x trl" if side != "trl" and r["longest_fit"]
-                     and base.get("longest_fit") else "")
-            print(f"{side:16} points {r.get('points_gb')} -> {r.get('predicted')} tokens, probe "
-                  f"{'fits' if r.get('confirmed') else 'does not fit'}: longest {r['longest_fit']}{ratio}")
+            ratio = (
+                f"  {r['longest_fit'] / base['longest_fit']:.2f}x trl"
+                if side != "trl" and r["longest_fit"] and base.get("longest_fit")
+                else ""
+            )
+            print(
+                f"{side:16} points {r.get('points_gb')} -> {r.get('predicted')} tokens, probe "
+                f"{'fits' if r.get('confirmed') else 'does not fit'}: longest {r['longest_fit']}{ratio}"
+            )
         elif "oom" in r:
             print(f"{side:16} out of memory: {r['oom']}")
         else:
-            line = (f"{side:16} peak {r['peak_gb']:7.2f} GB (reserved {r['reserved_gb']:.2f})  "
-                    f"{r['step_s'][-1]:8.2f} s/step  loss {r['loss']}")
+            line = (
+                f"{side:16} peak {r['peak_gb']:7.2f} GB (reserved {r['reserved_gb']:.2f})  "
+                f"{r['step_s'][-1]:8.2f} s/step  loss {r['loss']}"
+            )
             if side != "trl" and base.get("peak_gb"):
-                line += (f"  (memory {r['peak_gb'] / base['peak_gb']:.2f}x, "
-                         f"time {r['step_s'][-1] / base['step_s'][-1]:.2f}x trl)")
+                line += (
+                    f"  (memory {r['peak_gb'] / base['peak_gb']:.2f}x, "
+                    f"time {r['step_s'][-1] / base['step_s'][-1]:.2f}x trl)"
+                )
             print(line)
     if "plan" in results:
         print(f"slimrl plan predicted: {results['plan']}")

@@ -90,13 +90,24 @@ def run(args: argparse.Namespace) -> dict:
     rows = {}
     for name, grad, cases in [
         ("policy (grad)", True, [("trl", trl, ("entropy",)), ("slimrl", slim, ("entropy",))]),
-        ("old/ref (no grad)", False, [("trl", trl, ("entropy",)), ("slimrl same outputs", slim, ("entropy",)),
-                                      ("slimrl as used", slim, ())]),
+        (
+            "old/ref (no grad)",
+            False,
+            [("trl", trl, ("entropy",)), ("slimrl same outputs", slim, ("entropy",)), ("slimrl as used", slim, ())],
+        ),
     ]:
-        rows[name] = {label: measure(lambda f=fn, o=outs, gr=grad: f(o, gr), device, args.repeats)
-                      for label, fn, outs in cases}
-    return {"shape": args.shape, "rows_n": n, "hidden": hidden_size, "vocab": vocab, "dtype": str(dtype),
-            "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "passes": rows}
+        rows[name] = {
+            label: measure(lambda f=fn, o=outs, gr=grad: f(o, gr), device, args.repeats) for label, fn, outs in cases
+        }
+    return {
+        "shape": args.shape,
+        "rows_n": n,
+        "hidden": hidden_size,
+        "vocab": vocab,
+        "dtype": str(dtype),
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+        "passes": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -119,8 +130,10 @@ def main(argv: list[str] | None = None) -> dict:
         if not torch.cuda.is_available():
             raise SystemExit("--device cuda: no CUDA device here; use --device cpu (with --tiny for a smoke test)")
     res = run(args)
-    print(f"log-prob op per pass, {res['shape']} head [{res['vocab']}, {res['hidden']}], N={res['rows_n']} rows, "
-          f"{res['dtype']}, {res['device']}")
+    print(
+        f"log-prob op per pass, {res['shape']} head [{res['vocab']}, {res['hidden']}], N={res['rows_n']} rows, "
+        f"{res['dtype']}, {res['device']}"
+    )
     for name, cases in res["passes"].items():
         t_trl, m_trl = cases["trl"]
         for label, (t, m) in cases.items():

@@ -23,10 +23,22 @@ import torch
 
 GIB = 2**30
 # gemma-3-1b (google/gemma-3-1b-it config.json); TRL's runs went past its 32k positions
-GEMMA3_1B = dict(model_type="gemma3_text", hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
-                 num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144, sliding_window=512,
-                 max_position_embeddings=131072, query_pre_attn_scalar=256, rope_theta=1e6,
-                 final_logit_softcapping=None, tie_word_embeddings=True)
+GEMMA3_1B = dict(
+    model_type="gemma3_text",
+    hidden_size=1152,
+    intermediate_size=6912,
+    num_hidden_layers=26,
+    num_attention_heads=4,
+    num_key_value_heads=1,
+    head_dim=256,
+    vocab_size=262144,
+    sliding_window=512,
+    max_position_embeddings=131072,
+    query_pre_attn_scalar=256,
+    rope_theta=1e6,
+    final_logit_softcapping=None,
+    tie_word_embeddings=True,
+)
 # TRL v1.15.0 release notes: trainer -> (rows, {release: (max trainable length, peak GiB at 8,192 tokens)})
 PUBLISHED = {
     "dpo": (1, {"1.14.2": (10240, 48.97), "1.15.0": (59392, 12.00)}),
@@ -80,38 +92,61 @@ def validate() -> list[dict]:
 
             @functools.cache
             def peak_at(tokens: int, trainer=trainer, batch=batch, family=family) -> int:
-                return simulate(config, PLANNED[trainer], tokens, family, rows=batch,
-                                reference_dtype=REFERENCE_DTYPES.get(trainer, REFERENCE_DTYPE)).peak_bytes
+                return simulate(
+                    config,
+                    PLANNED[trainer],
+                    tokens,
+                    family,
+                    rows=batch,
+                    reference_dtype=REFERENCE_DTYPES.get(trainer, REFERENCE_DTYPE),
+                ).peak_bytes
 
             sim_peak = peak_at(8192) / GIB
             sim_len = longest(peak_at, int(LIKELY * usable))
-            rows.append({"trainer": trainer, "trl": release, "published_peak_gib": peak,
-                         "simulated_peak_gib": round(sim_peak, 2), "peak_error": round(sim_peak / peak - 1, 3),
-                         "published_length": length, "simulated_length": sim_len,
-                         "length_error": round(sim_len / length - 1, 3),
-                         "length_error_no_margin": round(longest(peak_at, usable) / length - 1, 3),
-                         "share_trained": round(peak_at(length) / usable, 3),
-                         "share_ran_out": round(peak_at(length + 1024) / usable, 3)})
+            rows.append(
+                {
+                    "trainer": trainer,
+                    "trl": release,
+                    "published_peak_gib": peak,
+                    "simulated_peak_gib": round(sim_peak, 2),
+                    "peak_error": round(sim_peak / peak - 1, 3),
+                    "published_length": length,
+                    "simulated_length": sim_len,
+                    "length_error": round(sim_len / length - 1, 3),
+                    "length_error_no_margin": round(longest(peak_at, usable) / length - 1, 3),
+                    "share_trained": round(peak_at(length) / usable, 3),
+                    "share_ran_out": round(peak_at(length + 1024) / usable, 3),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| trainer | TRL | peak at 8,192 (GiB): published | simulated | error | longest length: published | "
-           "simulated | error |", "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| trainer | TRL | peak at 8,192 (GiB): published | simulated | error | longest length: published | "
+        "simulated | error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['trainer']} | {r['trl']} | {r['published_peak_gib']:.2f} | {r['simulated_peak_gib']:.2f} | "
-                   f"{100 * r['peak_error']:+.1f} % | {r['published_length']:,} | {r['simulated_length']:,} | "
-                   f"{100 * r['length_error']:+.1f} % |")
+        out.append(
+            f"| {r['trainer']} | {r['trl']} | {r['published_peak_gib']:.2f} | {r['simulated_peak_gib']:.2f} | "
+            f"{100 * r['peak_error']:+.1f} % | {r['published_length']:,} | {r['simulated_length']:,} | "
+            f"{100 * r['length_error']:+.1f} % |"
+        )
     within = sum(abs(r[k]) <= 0.10 for r in rows for k in ("peak_error", "length_error"))
     bare = sum(abs(r[k]) <= 0.10 for r in rows for k in ("peak_error", "length_error_no_margin"))
     worst = max(abs(r[k]) for r in rows for k in ("peak_error", "length_error"))
-    out.append(f"\n{within} of {2 * len(rows)} figures within ±10 %; the largest error {100 * worst:.1f} % "
-               f"(lengths at the verdict's likely share of usable memory; with no allocator margin: {bare} of "
-               f"{2 * len(rows)})")
+    out.append(
+        f"\n{within} of {2 * len(rows)} figures within ±10 %; the largest error {100 * worst:.1f} % "
+        f"(lengths at the verdict's likely share of usable memory; with no allocator margin: {bare} of "
+        f"{2 * len(rows)})"
+    )
     trained, ran_out = max(r["share_trained"] for r in rows), min(r["share_ran_out"] for r in rows)
-    out.append(f"band of slimrl.planning.verdict: every published run that ran out did so above {ran_out:.3f} of "
-               f"usable memory, every one that trained stayed under {trained:.3f}")
+    out.append(
+        f"band of slimrl.planning.verdict: every published run that ran out did so above {ran_out:.3f} of "
+        f"usable memory, every one that trained stayed under {trained:.3f}"
+    )
     return "\n".join(out)
 
 

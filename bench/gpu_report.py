@@ -15,10 +15,19 @@ import json
 import sys
 from pathlib import Path
 
-HEADER = ("| device | step | side | peak GB alloc / reserved | s/step | longest fit | vs TRL alone | vs Unsloth | "
-          "slimrl plan | command |\n|---|---|---|---|---|---|---|---|---|---|")
-CHECKS = ("doctor", "parity-grpo", "parity-dpo", "parity-dpo-chunked", "parity-4bit", "prefix-attention",
-          "unsloth-setup")
+HEADER = (
+    "| device | step | side | peak GB alloc / reserved | s/step | longest fit | vs TRL alone | vs Unsloth | "
+    "slimrl plan | command |\n|---|---|---|---|---|---|---|---|---|---|"
+)
+CHECKS = (
+    "doctor",
+    "parity-grpo",
+    "parity-dpo",
+    "parity-dpo-chunked",
+    "parity-4bit",
+    "prefix-attention",
+    "unsloth-setup",
+)
 
 
 def _versions(v: dict) -> str:
@@ -49,8 +58,11 @@ def _ratio(r: dict, base: dict | None, fit: bool) -> str:
     if not base or base is r:
         return ""
     if fit:
-        return f"{r['longest_fit'] / base['longest_fit']:.2f}x length" if r.get("longest_fit") and \
-            base.get("longest_fit") else ""
+        return (
+            f"{r['longest_fit'] / base['longest_fit']:.2f}x length"
+            if r.get("longest_fit") and base.get("longest_fit")
+            else ""
+        )
     if r.get("peak_gb") and base.get("peak_gb") and r.get("step_s") and base.get("step_s"):
         return f"{r['peak_gb'] / base['peak_gb']:.2f}x memory, {r['step_s'][-1] / base['step_s'][-1]:.2f}x time"
     return ""
@@ -64,18 +76,21 @@ def _plan(plan: dict | None, side: str, fit: bool) -> str:
     return f"longest {plan.get('longest_fit')}" if fit else f"{plan['peak_gb']:.2f} GB, {plan['step_s']:.2f} s"
 
 
-def _side_row(device: str, where: str, side: str, r: dict, group: dict, plan: dict | None, cmd: str,
-              fit: bool) -> str:
+def _side_row(device: str, where: str, side: str, r: dict, group: dict, plan: dict | None, cmd: str, fit: bool) -> str:
     if "skipped" in r or "failed" in r:
-        return f"| {device} | {where} | {side} | {'skipped' if 'skipped' in r else 'failed'}: " \
-               f"{r.get('skipped') or r.get('failed')} | | | | | | `{cmd}` |"
+        return (
+            f"| {device} | {where} | {side} | {'skipped' if 'skipped' in r else 'failed'}: "
+            f"{r.get('skipped') or r.get('failed')} | | | | | | `{cmd}` |"
+        )
     if "oom" in r:
         return f"| {device} | {where} | {side} | out of memory | | | | | {_plan(plan, side, fit)} | `{cmd}` |"
     peak = f"{r['peak_gb']:.2f} / {r['reserved_gb']:.2f}" if isinstance(r.get("peak_gb"), float) else ""
     step = f"{r['step_s'][-1]:.2f}" if r.get("step_s") else ""
     longest = str(r.get("longest_fit")) + ("" if r.get("confirmed", True) else " (probe failed)") if fit else ""
-    return (f"| {device} | {where} | {side} | {peak} | {step} | {longest} | {_ratio(r, group.get('trl'), fit)} | "
-            f"{_ratio(r, group.get('unsloth'), fit)} | {_plan(plan, side, fit)} | `{cmd}` |")
+    return (
+        f"| {device} | {where} | {side} | {peak} | {step} | {longest} | {_ratio(r, group.get('trl'), fit)} | "
+        f"{_ratio(r, group.get('unsloth'), fit)} | {_plan(plan, side, fit)} | `{cmd}` |"
+    )
 
 
 def rows(report: dict, table: dict[tuple, dict[str, dict]] | None = None) -> list[str]:
@@ -92,8 +107,9 @@ def rows(report: dict, table: dict[tuple, dict[str, dict]] | None = None) -> lis
         result = step.get("result")
         if step.get("timed_out") or step.get("rc") != 0:
             state = "timed out" if step.get("timed_out") else f"exit {step.get('rc')}"
-            out.append(f"| {device} | {where} | | {state}{'' if result else ', no result'} | | | | | | "
-                       f"`{step['cmd']}` |")
+            out.append(
+                f"| {device} | {where} | | {state}{'' if result else ', no result'} | | | | | | `{step['cmd']}` |"
+            )
         if step["name"] in CHECKS:
             if step.get("rc") == 0:
                 out.append(f"| {device} | {where} | | passed in {step['seconds']} s | | | | | | `{step['cmd']}` |")
@@ -121,8 +137,9 @@ def targets(reports: list[dict]) -> list[str]:
             lines.append(f"- {label}: not measured")
         else:
             ok = value <= limit if at_most else value >= limit
-            lines.append(f"- {label}: {value:.2f}x ({'met' if ok else 'NOT met'}, target {'<=' if at_most else '>='} "
-                         f"{limit}x)")
+            lines.append(
+                f"- {label}: {value:.2f}x ({'met' if ok else 'NOT met'}, target {'<=' if at_most else '>='} {limit}x)"
+            )
 
     def ratio(group: dict, side: str, base: str, key) -> float | None:
         a, b = group.get(side, {}), group.get(base, {})
@@ -130,29 +147,52 @@ def targets(reports: list[dict]) -> list[str]:
         return x / y if x and y else None
 
     for (device, key), group in sorted(table.items(), key=str):
-        name = f"{device}, {key[0]} {key[1]}, " + (f"fit under {key[5]} GB" if key[4] == "fit" else
-                                                    f"{key[3]} x {key[5]}")
+        name = f"{device}, {key[0]} {key[1]}, " + (
+            f"fit under {key[5]} GB" if key[4] == "fit" else f"{key[3]} x {key[5]}"
+        )
         if key[4] == "fit":
             for base, limit in (("trl", 2.0), ("trl-liger", 1.3), ("unsloth", 1.2)):
-                mark(f"{name}: slimrl's longest vs {base}", ratio(group, "slimrl", base,
-                                                                  lambda r: r.get("longest_fit")), limit, False)
+                mark(
+                    f"{name}: slimrl's longest vs {base}",
+                    ratio(group, "slimrl", base, lambda r: r.get("longest_fit")),
+                    limit,
+                    False,
+                )
         elif key[1] == "qlora":
-            fits = {s: ("out of memory" if "oom" in r else "skipped" if "skipped" in r else "failed" if "failed" in r
-                        else f"{r['peak_gb']:.2f} GB") for s, r in group.items()}
+            fits = {
+                s: (
+                    "out of memory"
+                    if "oom" in r
+                    else "skipped"
+                    if "skipped" in r
+                    else "failed"
+                    if "failed" in r
+                    else f"{r['peak_gb']:.2f} GB"
+                )
+                for s, r in group.items()
+            }
             peaks = {s: r["peak_gb"] for s, r in group.items() if isinstance(r.get("peak_gb"), float)}
             lowest = min(peaks, key=peaks.get) if peaks else None
-            lines.append(f"- {name}: {fits}; lowest peak: {lowest} "
-                         f"({'met' if lowest == 'slimrl' else 'NOT met' if lowest else 'not measured'})")
+            lines.append(
+                f"- {name}: {fits}; lowest peak: {lowest} "
+                f"({'met' if lowest == 'slimrl' else 'NOT met' if lowest else 'not measured'})"
+            )
         else:
             for base, mem, secs in (("trl", 0.6, 1.0), ("unsloth", 0.9, 1.0)):
-                mark(f"{name}: slimrl peak vs {base}", ratio(group, "slimrl", base, lambda r: r.get("peak_gb")),
-                     mem, True)
+                mark(
+                    f"{name}: slimrl peak vs {base}",
+                    ratio(group, "slimrl", base, lambda r: r.get("peak_gb")),
+                    mem,
+                    True,
+                )
                 mark(f"{name}: slimrl step time vs {base}", ratio(group, "slimrl", base, _last_step), secs, True)
     checks = [s for r in reports for s in r.get("steps", []) if s.get("name", "").startswith(("parity", "prefix"))]
     if checks:
         passed = all(s.get("rc") == 0 for s in checks)
-        lines.append(f"- CUDA correctness ({', '.join(s['name'] for s in checks)}): "
-                     f"{'every check passed (met)' if passed else 'NOT met'}")
+        lines.append(
+            f"- CUDA correctness ({', '.join(s['name'] for s in checks)}): "
+            f"{'every check passed (met)' if passed else 'NOT met'}"
+        )
     return lines
 
 

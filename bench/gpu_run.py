@@ -74,11 +74,29 @@ def _verify(*args: str) -> tuple[str, ...]:
 def steps(stage: str, tiny: bool) -> list[Step]:
     """The steps of ``stage``; ``tiny``: the rehearsal's shapes and lengths (same scripts, same flags otherwise)."""
     small = ("--device", "cpu", "--tiny", "--generations", "2", "--prompt-length", "16")
-    headline = (*small, "--length", "12") if tiny else \
-        ("--shape", "qwen2.5-1.5b", "--length", "4096", "--prompt-length", "256", "--generations", "8")
-    fit = (*small, "--cap-gb", "64", "--fit-lengths", "8,16", "--fit-step", "8", "--fit-max", "32") if tiny else \
-        ("--shape", "qwen2.5-1.5b", "--prompt-length", "256", "--generations", "8", "--cap-gb", "24",
-         "--fit-lengths", "1024,2048", "--fit-step", "256")
+    headline = (
+        (*small, "--length", "12")
+        if tiny
+        else ("--shape", "qwen2.5-1.5b", "--length", "4096", "--prompt-length", "256", "--generations", "8")
+    )
+    fit = (
+        (*small, "--cap-gb", "64", "--fit-lengths", "8,16", "--fit-step", "8", "--fit-max", "32")
+        if tiny
+        else (
+            "--shape",
+            "qwen2.5-1.5b",
+            "--prompt-length",
+            "256",
+            "--generations",
+            "8",
+            "--cap-gb",
+            "24",
+            "--fit-lengths",
+            "1024,2048",
+            "--fit-step",
+            "256",
+        )
+    )
     table = {
         "A": [
             Step("doctor", ("{py}", "-m", "slimrl", "doctor"), 25, 10),
@@ -86,26 +104,58 @@ def steps(stage: str, tiny: bool) -> list[Step]:
             Step("parity-grpo", _verify("--algorithm", "grpo", "--loss_type", "dapo"), 40, 15),
             # DPO on a GPU: TRL's Triton kernel serves its head by design; with a chunking chosen, slimrl's op does
             Step("parity-dpo", _verify("--algorithm", "dpo", "--loss_type", "sigmoid"), 30, 15),
-            Step("parity-dpo-chunked", _verify("--algorithm", "dpo", "--loss_type", "sigmoid",
-                                               "--unsloth_num_chunks", "4"), 30, 15),
-            Step("parity-4bit", _verify("--algorithm", "grpo", "--loss_type", "dapo", "--load_in_4bit"), 35, 20,
-                 needs_4bit=True),
+            Step(
+                "parity-dpo-chunked",
+                _verify("--algorithm", "dpo", "--loss_type", "sigmoid", "--unsloth_num_chunks", "4"),
+                30,
+                15,
+            ),
+            Step(
+                "parity-4bit",
+                _verify("--algorithm", "grpo", "--loss_type", "dapo", "--load_in_4bit"),
+                35,
+                20,
+                needs_4bit=True,
+            ),
             # every CUDA test: offloaded checkpointing's exactness, the shared-prefix kernels, PyTorch's dispatch
             Step("gpu-tests", ("{py}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"), 70, 20),
             # the Unsloth notebooks' engine arguments on this card's real free memory (vLLM's check where installed)
-            Step("engine-args", ("{py}", "bench/gpu_engine_args.py", *(("--device", "cpu", "--gpu", "t4") if tiny
-                                                                        else ())), 30, 5),
+            Step(
+                "engine-args",
+                ("{py}", "bench/gpu_engine_args.py", *(("--device", "cpu", "--gpu", "t4") if tiny else ())),
+                30,
+                5,
+            ),
             # slimrl compare (each side its own process, the plan's prediction beside), on the shape's copy
-            Step("headline", ("{py}", "bench/gpu_compare.py", *headline, "--sides", "trl,trl-liger,slimrl",
-                              "--steps", "2"), 160, 120),
+            Step(
+                "headline",
+                ("{py}", "bench/gpu_compare.py", *headline, "--sides", "trl,trl-liger,slimrl", "--steps", "2"),
+                160,
+                120,
+            ),
         ],
         "B": [
-            Step("unsloth-setup", ("{py}", "bench/gpu_unsloth.py", "--wheels", ".gpu-wheels/unsloth", "--target",
-                                   *(("{tmp}/unsloth-py312", "--python", "3.12") if tiny else ("{site}",))), 15, 5),
+            Step(
+                "unsloth-setup",
+                (
+                    "{py}",
+                    "bench/gpu_unsloth.py",
+                    "--wheels",
+                    ".gpu-wheels/unsloth",
+                    "--target",
+                    *(("{tmp}/unsloth-py312", "--python", "3.12") if tiny else ("{site}",)),
+                ),
+                15,
+                5,
+            ),
             Step("unsloth-headline", _grpo(*headline, "--sides", "unsloth", "--steps", "2"), 95, 60),
             # where slimrl's step time goes: each of its defaults turned off in turn, same config
-            Step("attribution", _grpo(*headline, "--sides", "slimrl/noshared,slimrl/resident,slimrl/untiled",
-                                      "--steps", "2"), 115, 60),
+            Step(
+                "attribution",
+                _grpo(*headline, "--sides", "slimrl/noshared,slimrl/resident,slimrl/untiled", "--steps", "2"),
+                115,
+                60,
+            ),
             Step("fit-24gb", _grpo(*fit, "--fit", "--sides", "trl,trl-liger,slimrl,unsloth"), 75, 50),
         ],
     }
@@ -115,22 +165,24 @@ def steps(stage: str, tiny: bool) -> list[Step]:
 def probe(py: str) -> dict:
     """What ``py`` sees, in one process: the modules of :data:`NEEDED` it cannot import (``missing``: then setup
     runs), torch, transformers, trl, peft, accelerate, slimrl versions and the device name."""
-    code = ("import json, importlib, importlib.metadata as m, torch\n"
-            "v = {'missing': []}\n"
-            f"for name in {NEEDED!r}:\n"
-            "    try: importlib.import_module(name)\n"
-            "    except Exception: v['missing'].append(name)\n"
-            "for p in ('torch', 'transformers', 'trl', 'peft', 'accelerate', 'slimrl'):\n"
-            "    try: v[p] = m.version(p)\n"
-            "    except m.PackageNotFoundError: v[p] = None\n"
-            "v['device'] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'\n"
-            "try:\n"
-            "    import bitsandbytes.cextension as c\n"
-            "    loaded = not isinstance(c.lib, c.ErrorHandlerMockBNBNativeLibrary)\n"
-            "    v['bnb'] = None if loaded else f'bitsandbytes has no build for CUDA {torch.version.cuda}'\n"
-            "except Exception as e:\n"
-            "    v['bnb'] = f'bitsandbytes does not import ({type(e).__name__}: {e})'\n"
-            "print(json.dumps(v))")
+    code = (
+        "import json, importlib, importlib.metadata as m, torch\n"
+        "v = {'missing': []}\n"
+        f"for name in {NEEDED!r}:\n"
+        "    try: importlib.import_module(name)\n"
+        "    except Exception: v['missing'].append(name)\n"
+        "for p in ('torch', 'transformers', 'trl', 'peft', 'accelerate', 'slimrl'):\n"
+        "    try: v[p] = m.version(p)\n"
+        "    except m.PackageNotFoundError: v[p] = None\n"
+        "v['device'] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'\n"
+        "try:\n"
+        "    import bitsandbytes.cextension as c\n"
+        "    loaded = not isinstance(c.lib, c.ErrorHandlerMockBNBNativeLibrary)\n"
+        "    v['bnb'] = None if loaded else f'bitsandbytes has no build for CUDA {torch.version.cuda}'\n"
+        "except Exception as e:\n"
+        "    v['bnb'] = f'bitsandbytes does not import ({type(e).__name__}: {e})'\n"
+        "print(json.dumps(v))"
+    )
     out = subprocess.run([py, "-c", code], capture_output=True, text=True)
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
@@ -156,7 +208,7 @@ def run_step(step: Step, fill: dict[str, str], log, limit_s: int) -> dict:
     record["seconds"] = round(time.perf_counter() - t0, 1)
     log.write(out[-200_000:])  # a runaway log cannot grow the stage's files past what comes back
     log.flush()
-    results = [ln[len(RESULT_TAG):] for ln in out.splitlines() if ln.startswith(RESULT_TAG)]
+    results = [ln[len(RESULT_TAG) :] for ln in out.splitlines() if ln.startswith(RESULT_TAG)]
     if results:
         try:
             record["result"] = json.loads(results[-1])
@@ -180,8 +232,12 @@ def run_stage(stage: str, out: Path, py: str, tiny: bool) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     report: dict = {"stage": stage, "tiny": tiny, "budget_s": BUDGET_S[stage], "steps": []}
-    fill = {"py": py, "device": "cpu" if tiny else "cuda", "tmp": tempfile.mkdtemp(prefix="slimrl-gpu-run-"),
-            "site": os.environ.get("SLIMRL_UNSLOTH_SITE", "/tmp/slimrl-unsloth-site")}
+    fill = {
+        "py": py,
+        "device": "cpu" if tiny else "cuda",
+        "tmp": tempfile.mkdtemp(prefix="slimrl-gpu-run-"),
+        "site": os.environ.get("SLIMRL_UNSLOTH_SITE", "/tmp/slimrl-unsloth-site"),
+    }
     path = out / f"{stage}.json"
     with open(out / f"{stage}.log", "w") as log:
         seen = probe(py)

@@ -28,8 +28,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_wheels import platform_args  # noqa: E402 - the bench directory is not a package
 
-SLIMRL_SET = {"trl": "1.16.0", "datasets": "5.2.0", "dill": "0.4.1", "multiprocess": "0.70.19", "fsspec": "2026.9.0",
-              "liger-kernel": "0.8.5", "bitsandbytes": "0.50.2"}  # what command A (or B on a cold machine) installs
+SLIMRL_SET = {
+    "trl": "1.16.0",
+    "datasets": "5.2.0",
+    "dill": "0.4.1",
+    "multiprocess": "0.70.19",
+    "fsspec": "2026.9.0",
+    "liger-kernel": "0.8.5",
+    "bitsandbytes": "0.50.2",
+}  # what command A (or B on a cold machine) installs
 
 
 def _norm(name: str) -> str:
@@ -52,9 +59,24 @@ NOT_CARRIED = {"xformers", "diffusers", "hf-transfer", "pydantic", "json5", "nes
 def install(wheels: Path, target: Path, python: str | None) -> None:
     """Every wheel of ``wheels`` into ``target`` (no index, no dependencies: the set is complete by itself)."""
     cross = ["--only-binary=:all:", *platform_args(python)] if python else []
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                    "--upgrade", "--target", str(target), *cross, *map(str, sorted(wheels.glob("*.whl")))],
-                   check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--upgrade",
+            "--target",
+            str(target),
+            *cross,
+            *map(str, sorted(wheels.glob("*.whl"))),
+        ],
+        check=True,
+    )
 
 
 def installed(target: Path) -> dict[str, tuple[str, list[str]]]:
@@ -76,9 +98,17 @@ def check(target: Path, python: str, rehearsal: bool) -> dict:
     """The check of the module docstring: {'ok', 'unmet', 'not_carried', 'from_machine', 'installed'}."""
     from packaging.requirements import Requirement
 
-    env = {"python_version": python, "python_full_version": python + ".0", "sys_platform": "linux",
-           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
-           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+    env = {
+        "python_version": python,
+        "python_full_version": python + ".0",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "extra": "",
+    }
     here, there = installed(target), machine(rehearsal)
     unmet, skipped, used = [], set(), set()
     for dist, (_, requires) in sorted(here.items()):
@@ -93,12 +123,20 @@ def check(target: Path, python: str, rehearsal: bool) -> dict:
             version = here[name][0] if name in here else there.get(name, "missing")
             if name not in here and name in there:
                 used.add(name)
-            if version == "missing" or (version is not None and req.specifier and
-                                        not req.specifier.contains(version, prereleases=True)):
-                unmet.append(f"{dist} needs {text.split(';')[0].strip()}: "
-                             f"{'absent' if version == 'missing' else 'found ' + version}")
-    return {"ok": not unmet, "unmet": unmet, "not_carried": sorted(skipped), "from_machine": sorted(used),
-            "installed": {k: v[0] for k, v in sorted(here.items())}}
+            if version == "missing" or (
+                version is not None and req.specifier and not req.specifier.contains(version, prereleases=True)
+            ):
+                unmet.append(
+                    f"{dist} needs {text.split(';')[0].strip()}: "
+                    f"{'absent' if version == 'missing' else 'found ' + version}"
+                )
+    return {
+        "ok": not unmet,
+        "unmet": unmet,
+        "not_carried": sorted(skipped),
+        "from_machine": sorted(used),
+        "installed": {k: v[0] for k, v in sorted(here.items())},
+    }
 
 
 def machine_view(view: Path, exclude: set[str]) -> int:
@@ -128,8 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheels", type=Path, required=True)
     ap.add_argument("--target", type=Path, required=True)
     ap.add_argument("--python", default=None, help="install another Python's wheels (the rehearsal: 3.12)")
-    ap.add_argument("--view", type=Path, default=None, help="the rehearsal: also build the machine view here "
-                                                            "(machine_view) for a target of this interpreter")
+    ap.add_argument(
+        "--view",
+        type=Path,
+        default=None,
+        help="the rehearsal: also build the machine view here (machine_view) for a target of this interpreter",
+    )
     args = ap.parse_args(argv)
     if not any(args.wheels.glob("*.whl")):
         raise SystemExit(f"--wheels {args.wheels}: no wheels (make gpu-wheels builds them)")
@@ -143,9 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     print("BENCH_RESULT " + json.dumps(report))
     for line in report["unmet"]:
         print("unmet: " + line)
-    print(f"unsloth set in {args.target}: {len(report['installed'])} distributions, "
-          f"{'every requirement met' if report['ok'] else str(len(report['unmet'])) + ' unmet'}; left out on "
-          f"purpose: {', '.join(report['not_carried']) or 'none'}")
+    print(
+        f"unsloth set in {args.target}: {len(report['installed'])} distributions, "
+        f"{'every requirement met' if report['ok'] else str(len(report['unmet'])) + ' unmet'}; left out on "
+        f"purpose: {', '.join(report['not_carried']) or 'none'}"
+    )
     return 0 if report["ok"] else 1
 
 

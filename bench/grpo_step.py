@@ -81,7 +81,7 @@ def run_worker(cmd: list[str], label: str) -> dict:
     if out.returncode != 0 or not lines:
         sys.stderr.write(out.stdout[-4000:] + out.stderr[-4000:])
         raise SystemExit(f"{label} worker failed (exit {out.returncode})")
-    return json.loads(lines[-1][len(RESULT_TAG):])
+    return json.loads(lines[-1][len(RESULT_TAG) :])
 
 
 def _hwm_mb() -> float:
@@ -144,8 +144,11 @@ def profile_phases(prof: PhaseProfiler, trainer) -> list[float]:
     """Label ``trainer``'s phases for ``prof`` (generation, no-grad log-probs, policy forward, backward) and time
     each optimizer step; returns the list the step times are appended to."""
     prof.wrap(trainer, "_generate", "generation")
-    prof.wrap(trainer, "_get_per_token_logps_and_entropies",
-              lambda grad: "policy forward (grad)" if grad else "old/ref log-probs (no grad)")
+    prof.wrap(
+        trainer,
+        "_get_per_token_logps_and_entropies",
+        lambda grad: "policy forward (grad)" if grad else "old/ref log-probs (no grad)",
+    )
     prof.wrap(trainer.accelerator, "backward", "backward")
     step_times: list[float] = []
     from transformers import TrainerCallback
@@ -250,8 +253,10 @@ def calculator(expression: str) -> str:
     return str(ev(ast.parse(expression, mode="eval").body))
 
 
-TOOL_MESSAGES = [{"role": "system", "content": "Use the calculator tool for arithmetic, then give the answer."},
-                 {"role": "user", "content": "What is 37*48+12?"}]
+TOOL_MESSAGES = [
+    {"role": "system", "content": "Use the calculator tool for arithmetic, then give the answer."},
+    {"role": "user", "content": "What is 37*48+12?"},
+]
 
 
 def force_tool_turns(tok, length: int) -> None:
@@ -310,8 +315,10 @@ def force_tool_turns_engine(engine, tok, length: int) -> None:
 
     from vllm.sampling_params import StructuredOutputsParams
 
-    calls = ["<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": e}}) + "\n</tool_call>"
-             for e in dict.fromkeys(CALLS)]
+    calls = [
+        "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": e}}) + "\n</tool_call>"
+        for e in dict.fromkeys(CALLS)
+    ]
     regex = "(?:" + "|".join(re.escape(c) for c in calls) + ")"
     orig = engine.generate_ids
 
@@ -329,8 +336,10 @@ def force_tool_turns_engine(engine, tok, length: int) -> None:
     engine.generate_ids = generate
 
 
-STORY = ("Once upon a time the number five lived in a small town of numbers, where every morning it counted the "
-         "houses on its street, greeted the fours and the sixes, and wondered what lay past the river of zeros. ")
+STORY = (
+    "Once upon a time the number five lived in a small town of numbers, where every morning it counted the "
+    "houses on its street, greeted the fours and the sixes, and wondered what lay past the river of zeros. "
+)
 
 
 def prompt_messages(tok, tokens: int) -> list[dict]:
@@ -342,8 +351,11 @@ def prompt_messages(tok, tokens: int) -> list[dict]:
     text = ask + " Continue this story, keeping its voice:\n"
 
     def length(content: str) -> int:
-        return len(tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=False))
+        return len(
+            tok.apply_chat_template(
+                [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
 
     while length(text) < tokens:
         text += STORY
@@ -369,8 +381,12 @@ def worker(args: argparse.Namespace) -> dict:
     from slimrl.models.loader import resolve_model_path
 
     path = str(resolve_model_path("SmolLM2-135M-Instruct"))
-    lora = dict(r=16, lora_alpha=16, lora_dropout=0.0,
-                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora = dict(
+        r=16,
+        lora_alpha=16,
+        lora_dropout=0.0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
     base, *flags = args.worker.split("/")
     slimrl_side = base in ("slimrl", "engine")
     if slimrl_side:
@@ -400,9 +416,13 @@ def worker(args: argparse.Namespace) -> dict:
         from slimrl import FastLanguageModel
 
         longest = max(2048, args.prompt_tokens + args.length + 64)  # the chat prompt plus the completion
-        model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=longest,
-                                                       fast_inference=base == "engine", max_lora_rank=16,
-                                                       unsloth_tiled_mlp="tiled" in flags)
+        model, tok = FastLanguageModel.from_pretrained(
+            path,
+            max_seq_length=longest,
+            fast_inference=base == "engine",
+            max_lora_rank=16,
+            unsloth_tiled_mlp="tiled" in flags,
+        )
         model = FastLanguageModel.get_peft_model(model, **lora)
         extra["unsloth_num_chunks"] = args.num_chunks
         if {"noreuse", "nolevers"} & set(flags):
@@ -426,23 +446,39 @@ def worker(args: argparse.Namespace) -> dict:
         tok.chat_template = qwen3_chat_template  # SmolLM2's own template has no tools; same ChatML markers
         prompt = TOOL_MESSAGES
         extra["max_tool_calling_iterations"] = 1
-    prompt_len = len(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False,
-                                             **({"tools": [calculator]} if args.tools else {})))
+    prompt_len = len(
+        tok.apply_chat_template(
+            prompt,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            **({"tools": [calculator]} if args.tools else {}),
+        )
+    )
     ds = Dataset.from_list([{"prompt": prompt}] * 16)
     cfg = config_cls(
-        output_dir="/tmp/slimrl-bench", per_device_train_batch_size=args.generations,
-        num_generations=args.generations, beta=0.04,
+        output_dir="/tmp/slimrl-bench",
+        per_device_train_batch_size=args.generations,
+        num_generations=args.generations,
+        beta=0.04,
         max_completion_length=args.length + (96 if args.tools else 0),  # tools: the call and its result too
-        generation_kwargs=force, max_steps=args.steps, report_to="none",
-        logging_steps=1, save_strategy="no", bf16=False, use_cpu=True, seed=0,
+        generation_kwargs=force,
+        max_steps=args.steps,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        bf16=False,
+        use_cpu=True,
+        seed=0,
         **({} if args.grad_ckpt == "default" else {"gradient_checkpointing": args.grad_ckpt == "on"}),
         **extra,
     )
     trainer_kwargs = {} if slimrl_side else {"peft_config": LoraConfig(task_type="CAUSAL_LM", **lora)}
     if args.tools:
         trainer_kwargs["tools"] = [calculator]
-    trainer = trainer_cls(model=model, args=cfg, reward_funcs=[_reward_len], train_dataset=ds,
-                          processing_class=tok, **trainer_kwargs)
+    trainer = trainer_cls(
+        model=model, args=cfg, reward_funcs=[_reward_len], train_dataset=ds, processing_class=tok, **trainer_kwargs
+    )
     sync_times: list[float] = []
     if args.tools and base == "engine":
         force_tool_turns_engine(model.vllm_engine, tok, args.length)
@@ -474,13 +510,19 @@ def worker(args: argparse.Namespace) -> dict:
     engine = getattr(getattr(trainer, "vllm_generation", None), "engine", None)
     return {
         "sync_s": engine.timings["last_sync_s"] if engine is not None else (sync_times[-1] if sync_times else None),
-        "mode": args.worker, "peak_rss_mb": _hwm_mb(), "rss_after_load_mb": rss_before,
-        "step_s": step_times, "phase_peak_rss_mb": prof.peaks,
-        "phase_s": prof.seconds, "loss": logs[-1]["loss"] if logs else None,
+        "mode": args.worker,
+        "peak_rss_mb": _hwm_mb(),
+        "rss_after_load_mb": rss_before,
+        "step_s": step_times,
+        "phase_peak_rss_mb": prof.peaks,
+        "phase_s": prof.seconds,
+        "loss": logs[-1]["loss"] if logs else None,
         "completion_len": logs[-1].get("completions/mean_length") if logs else None,
         "tool_calls": logs[-1].get("tools/call_frequency") if logs else None,
-        "grad_ckpt": cfg.gradient_checkpointing, "threads": torch.get_num_threads(),
-        "no_grad_rows": getattr(cfg, "unsloth_grpo_mini_batch", None), "prompt_tokens": prompt_len,
+        "grad_ckpt": cfg.gradient_checkpointing,
+        "threads": torch.get_num_threads(),
+        "no_grad_rows": getattr(cfg, "unsloth_grpo_mini_batch", None),
+        "prompt_tokens": prompt_len,
         "shared_prefix_forwards": trainer_state(trainer).shared_prefix_forwards if slimrl_side else None,
         "shared_prefills": trainer_state(trainer).shared_prefills if slimrl_side else None,
     }
@@ -499,8 +541,9 @@ def main() -> None:
     ap.add_argument("--budget", default="12GB", help="memory budget of the /autofit modes")
     ap.add_argument("--prompt-tokens", type=int, default=0, help="prompt of about this many tokens (0: short)")
     ap.add_argument("--algorithm", choices=["grpo", "rloo"], default="grpo")
-    ap.add_argument("--tools", action="store_true",
-                    help="a multi-turn tool task (GRPO, HF generate; see force_tool_turns)")
+    ap.add_argument(
+        "--tools", action="store_true", help="a multi-turn tool task (GRPO, HF generate; see force_tool_turns)"
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -508,20 +551,27 @@ def main() -> None:
         return
     results = {}
     for mode in args.modes.split(","):
-        forwarded = [a for i, a in enumerate(sys.argv[1:]) if not a.startswith("--modes")
-                     and not (i > 0 and sys.argv[i] == "--modes")]  # drop "--modes X" and "--modes=X"
+        forwarded = [
+            a
+            for i, a in enumerate(sys.argv[1:])
+            if not a.startswith("--modes") and not (i > 0 and sys.argv[i] == "--modes")
+        ]  # drop "--modes X" and "--modes=X"
         results[mode] = run_worker([sys.executable, __file__, "--worker", mode] + forwarded, mode)
     first = next(iter(results.values()))
-    print(f"{args.algorithm.upper()} step, SmolLM2-135M, LoRA r=16, beta=0.04, prompt {first['prompt_tokens']} tokens, "
-          f"{args.generations} x {args.length} tokens{' (mixed lengths)' if args.mixed else ''}, "
-          f"grad-ckpt={args.grad_ckpt}")
+    print(
+        f"{args.algorithm.upper()} step, SmolLM2-135M, LoRA r=16, beta=0.04, prompt {first['prompt_tokens']} tokens, "
+        f"{args.generations} x {args.length} tokens{' (mixed lengths)' if args.mixed else ''}, "
+        f"grad-ckpt={args.grad_ckpt}"
+    )
     print(f"{'mode':16} {'peak RSS MB':>12} {'s/step':>8} {'loss':>10} {'mean len':>9} {'grad-ckpt':>9}")
     for mode, r in results.items():
-        print(f"{mode:16} {r['peak_rss_mb']:12.0f} {r['step_s'][-1]:8.1f} {r['loss']!s:>10} "
-              f"{r['completion_len']!s:>9} {r['grad_ckpt']!s:>9}"
-              + (f"  shared-prefix forwards {r['shared_prefix_forwards']}" if r.get("shared_prefix_forwards") else "")
-              + (f", shared prefills {r['shared_prefills']}" if r.get("shared_prefills") else "")
-              + (f"  tool calls/completion {r['tool_calls']}" if r.get("tool_calls") is not None else ""))
+        print(
+            f"{mode:16} {r['peak_rss_mb']:12.0f} {r['step_s'][-1]:8.1f} {r['loss']!s:>10} "
+            f"{r['completion_len']!s:>9} {r['grad_ckpt']!s:>9}"
+            + (f"  shared-prefix forwards {r['shared_prefix_forwards']}" if r.get("shared_prefix_forwards") else "")
+            + (f", shared prefills {r['shared_prefills']}" if r.get("shared_prefills") else "")
+            + (f"  tool calls/completion {r['tool_calls']}" if r.get("tool_calls") is not None else "")
+        )
         if args.profile:
             for phase, mb in sorted(r["phase_peak_rss_mb"].items(), key=lambda kv: -kv[1]):
                 secs = r.get("phase_s", {}).get(phase)
@@ -530,8 +580,10 @@ def main() -> None:
         if mode == "trl" or "trl" not in results:
             continue
         t = results["trl"]
-        print(f"ratio {mode}/trl: peak RSS {s['peak_rss_mb'] / t['peak_rss_mb']:.2f}x, "
-              f"time {s['step_s'][-1] / t['step_s'][-1]:.2f}x")
+        print(
+            f"ratio {mode}/trl: peak RSS {s['peak_rss_mb'] / t['peak_rss_mb']:.2f}x, "
+            f"time {s['step_s'][-1] / t['step_s'][-1]:.2f}x"
+        )
         if s.get("sync_s") is not None:
             share = 100 * s["sync_s"] / s["step_s"][-1]
             print(f"    {mode}: adapter sync {s['sync_s']:.3f} s = {share:.1f} % of the step")

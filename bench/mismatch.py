@@ -19,8 +19,12 @@ import sys
 import tempfile
 
 SETTINGS = [(1.0, False), (0.8, False), (0.8, True)]  # (top_p, slimrl_truncated_sampling_fix)
-KEYS = {"kl": "sampling/kl_k3/mean", "masked": "sampling/is_masked_share/sequence",
-        "raw": "sampling/raw_importance_sampling_ratio/mean", "trl_ratio": "sampling/importance_sampling_ratio/mean"}
+KEYS = {
+    "kl": "sampling/kl_k3/mean",
+    "masked": "sampling/is_masked_share/sequence",
+    "raw": "sampling/raw_importance_sampling_ratio/mean",
+    "trl_ratio": "sampling/importance_sampling_ratio/mean",
+}
 
 
 def one(dtype: str, rank: int, steps: int) -> list[dict]:
@@ -33,9 +37,14 @@ def one(dtype: str, rank: int, steps: int) -> list[dict]:
     PatchFastRL("grpo", FastLanguageModel)
     from trl import GRPOConfig, GRPOTrainer
 
-    model, tok = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=256,
-                                                   dtype=getattr(torch, dtype), fast_inference=True,
-                                                   max_lora_rank=rank, gpu_memory_utilization="auto")
+    model, tok = FastLanguageModel.from_pretrained(
+        "SmolLM2-135M-Instruct",
+        max_seq_length=256,
+        dtype=getattr(torch, dtype),
+        fast_inference=True,
+        max_lora_rank=rank,
+        gpu_memory_utilization="auto",
+    )
     model = FastLanguageModel.get_peft_model(model, r=rank, lora_alpha=rank, use_gradient_checkpointing=False)
     start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     out = []
@@ -44,12 +53,32 @@ def one(dtype: str, rank: int, steps: int) -> list[dict]:
             for n, p in model.named_parameters():
                 if n in start:
                     p.copy_(start[n])
-        cfg = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=8, num_generations=4,
-                         max_completion_length=32, max_steps=steps, learning_rate=5e-4, beta=0.0, temperature=1.0,
-                         top_p=top_p, seed=3407, report_to="none", use_cpu=True, bf16=dtype == "bfloat16",
-                         save_strategy="no", logging_steps=1, slimrl_truncated_sampling_fix=fix, slimrl_health=False)
-        trainer = GRPOTrainer(model=model, args=cfg, train_dataset=make_arithmetic_dataset(64), processing_class=tok,
-                              reward_funcs=[correctness_reward, format_reward])
+        cfg = GRPOConfig(
+            output_dir=tempfile.mkdtemp(),
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=32,
+            max_steps=steps,
+            learning_rate=5e-4,
+            beta=0.0,
+            temperature=1.0,
+            top_p=top_p,
+            seed=3407,
+            report_to="none",
+            use_cpu=True,
+            bf16=dtype == "bfloat16",
+            save_strategy="no",
+            logging_steps=1,
+            slimrl_truncated_sampling_fix=fix,
+            slimrl_health=False,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            args=cfg,
+            train_dataset=make_arithmetic_dataset(64),
+            processing_class=tok,
+            reward_funcs=[correctness_reward, format_reward],
+        )
         trainer.train()
         logs = [h for h in trainer.state.log_history if "loss" in h][1:]
         row = {"dtype": dtype, "rank": rank, "top_p": top_p, "fix": fix, "steps": len(logs)}
@@ -71,18 +100,25 @@ def main() -> None:
     rows = []
     for dtype in ("float32", "bfloat16"):
         for rank in (16, 64):
-            done = subprocess.run([sys.executable, __file__, "--dtype", dtype, "--rank", str(rank), "--steps",
-                                   str(args.steps)], capture_output=True, text=True)
+            done = subprocess.run(
+                [sys.executable, __file__, "--dtype", dtype, "--rank", str(rank), "--steps", str(args.steps)],
+                capture_output=True,
+                text=True,
+            )
             lines = [line for line in done.stdout.splitlines() if line.startswith('{"dtype"')]
             if done.returncode or not lines:
                 print(f"{dtype} r={rank}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
             rows += [json.loads(line) for line in lines]
-    print("| engine + trainer dtype | LoRA r | top_p | slimrl_truncated_sampling_fix | KL k3 per token | "
-          "sequences masked | mean raw ratio | TRL's mean ratio (after masking) |")
+    print(
+        "| engine + trainer dtype | LoRA r | top_p | slimrl_truncated_sampling_fix | KL k3 per token | "
+        "sequences masked | mean raw ratio | TRL's mean ratio (after masking) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['dtype']} | {r['rank']} | {r['top_p']} | {'on' if r['fix'] else 'off'} | {r['kl']:.2e} | "
-              f"{r['masked']:.0%} | {r['raw']:.4f} | {r['trl_ratio']:.4f} |")
+        print(
+            f"| {r['dtype']} | {r['rank']} | {r['top_p']} | {'on' if r['fix'] else 'off'} | {r['kl']:.2e} | "
+            f"{r['masked']:.0%} | {r['raw']:.4f} | {r['trl_ratio']:.4f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -54,13 +54,27 @@ def worker(side: str, steps: int) -> None:
         def on_step_end(self, *args, **kwargs):
             times.append((time.process_time() - self.start[0], time.perf_counter() - self.start[1]))
 
-    args = OnlineDPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=2, max_new_tokens=48,
-                           max_steps=steps, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
-                           logging_steps=1, seed=3)
-    trainer = OnlineDPOTrainer(model=model, args=args, train_dataset=data, processing_class=tok,
-                               reward_funcs=[lambda completions, **k: [float(len(str(c)) % 7) for c in completions]],
-                               peft_config=LoraConfig(r=16, lora_alpha=16, target_modules="all-linear",
-                                                      task_type="CAUSAL_LM"), callbacks=[Clock()])
+    args = OnlineDPOConfig(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=2,
+        max_new_tokens=48,
+        max_steps=steps,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        logging_steps=1,
+        seed=3,
+    )
+    trainer = OnlineDPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        processing_class=tok,
+        reward_funcs=[lambda completions, **k: [float(len(str(c)) % 7) for c in completions]],
+        peft_config=LoraConfig(r=16, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"),
+        callbacks=[Clock()],
+    )
     trainer.train()
     print(TAG + json.dumps(times), flush=True)
 
@@ -77,9 +91,13 @@ def main() -> None:
     runs: dict[str, list[list[tuple[float, float]]]] = {"trl": [], "slimrl": []}
     for _ in range(a.repeats):
         for side in ("trl", "slimrl"):
-            out = subprocess.run([sys.executable, __file__, "--worker", side, "--steps", str(a.steps)],
-                                 capture_output=True, text=True, check=True).stdout
-            runs[side].append(json.loads(next(x for x in out.splitlines() if x.startswith(TAG))[len(TAG):]))
+            out = subprocess.run(
+                [sys.executable, __file__, "--worker", side, "--steps", str(a.steps)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            runs[side].append(json.loads(next(x for x in out.splitlines() if x.startswith(TAG))[len(TAG) :]))
     total = {side: sum(c for run in r for c, _ in run) for side, r in runs.items()}
     for side, r in runs.items():
         first = [round(run[0][0], 1) for run in r]

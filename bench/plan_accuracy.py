@@ -47,42 +47,84 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=None, help="comma-separated row numbers (default: all)")
     ap.add_argument("--model", default="SmolLM2-135M-Instruct")
-    ap.add_argument("--engine", metavar="PYTHON", default=None,
-                    help="also the engine rows, run by this Python (with vLLM), e.g. .venv-vllm/bin/python")
+    ap.add_argument(
+        "--engine",
+        metavar="PYTHON",
+        default=None,
+        help="also the engine rows, run by this Python (with vLLM), e.g. .venv-vllm/bin/python",
+    )
     args = ap.parse_args()
     import warnings
 
     from slimrl.planning import Settings, plan
 
     picked = [] if args.rows == "none" else [int(i) for i in args.rows.split(",")] if args.rows else range(len(ROWS))
-    print(f"{'#':>2} {'rows x len':>11} {'ckpt':>9} {'r':>3} {'sampling':>9} {'predicted':>10} {'measured':>10} "
-          f"{'error':>7}", flush=True)
+    print(
+        f"{'#':>2} {'rows x len':>11} {'ckpt':>9} {'r':>3} {'sampling':>9} {'predicted':>10} {'measured':>10} "
+        f"{'error':>7}",
+        flush=True,
+    )
     results = []
     for i in picked:
         rows, length, ckpt, r, sampling, *more = ROWS[i]
         prompt, side = more or (PROMPT, "slimrl")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            predicted = plan(args.model, Settings(per_device_train_batch_size=rows, num_generations=rows,
-                                                  max_prompt_length=prompt, max_completion_length=length, lora_r=r,
-                                                  gradient_checkpointing=ckpt, device="cpu",
-                                                  shared_prefix=side != "slimrl/noshared"), search=False)
-        worker_args = SimpleNamespace(shape="tiny", quant="bf16", generations=rows, prompt_length=prompt, steps=1,
-                                      device="cpu", cache="/tmp/slimrl-gpu-models", cap_gb=None, model=args.model,
-                                      lora_r=r, ckpt=ckpt, generate=sampling == "generate")
+            predicted = plan(
+                args.model,
+                Settings(
+                    per_device_train_batch_size=rows,
+                    num_generations=rows,
+                    max_prompt_length=prompt,
+                    max_completion_length=length,
+                    lora_r=r,
+                    gradient_checkpointing=ckpt,
+                    device="cpu",
+                    shared_prefix=side != "slimrl/noshared",
+                ),
+                search=False,
+            )
+        worker_args = SimpleNamespace(
+            shape="tiny",
+            quant="bf16",
+            generations=rows,
+            prompt_length=prompt,
+            steps=1,
+            device="cpu",
+            cache="/tmp/slimrl-gpu-models",
+            cap_gb=None,
+            model=args.model,
+            lora_r=r,
+            ckpt=ckpt,
+            generate=sampling == "generate",
+        )
         measured = run_worker(worker_args, side, length)
         assert measured["prompt_tokens"] == prompt, measured["prompt_tokens"]
         error = predicted.peak_bytes / measured["peak_bytes"] - 1
-        row = {"row": i, "rows": rows, "length": length, "ckpt": ckpt, "lora_r": r, "sampling": sampling,
-               "prompt": prompt, "shared_prefix": predicted.settings["shared_prefix"],
-               "predicted_mb": predicted.peak_bytes / 2**20, "measured_mb": measured["peak_bytes"] / 2**20,
-               "error": error, "phases_mb": {k: v / 2**20 for k, v in predicted.phases.items()},
-               "step_s": measured["step_s"][-1], "predicted_step_s": predicted.step_seconds}
+        row = {
+            "row": i,
+            "rows": rows,
+            "length": length,
+            "ckpt": ckpt,
+            "lora_r": r,
+            "sampling": sampling,
+            "prompt": prompt,
+            "shared_prefix": predicted.settings["shared_prefix"],
+            "predicted_mb": predicted.peak_bytes / 2**20,
+            "measured_mb": measured["peak_bytes"] / 2**20,
+            "error": error,
+            "phases_mb": {k: v / 2**20 for k, v in predicted.phases.items()},
+            "step_s": measured["step_s"][-1],
+            "predicted_step_s": predicted.step_seconds,
+        }
         results.append(row)
-        print(f"{i:2} {rows:>4} x {length:<5} {ckpt:>9} {r:>3} {sampling:>9} {row['predicted_mb']:8.0f} MB "
-              f"{row['measured_mb']:8.0f} MB {100 * error:+6.1f}%  prompt {prompt}"
-              f"{' shared prefix' if row['shared_prefix'] else ''}  {row['predicted_step_s']:.0f} s predicted, "
-              f"{row['step_s']:.0f} s measured", flush=True)
+        print(
+            f"{i:2} {rows:>4} x {length:<5} {ckpt:>9} {r:>3} {sampling:>9} {row['predicted_mb']:8.0f} MB "
+            f"{row['measured_mb']:8.0f} MB {100 * error:+6.1f}%  prompt {prompt}"
+            f"{' shared prefix' if row['shared_prefix'] else ''}  {row['predicted_step_s']:.0f} s predicted, "
+            f"{row['step_s']:.0f} s measured",
+            flush=True,
+        )
     if args.engine:
         results += engine_rows(args.engine, args.model)
     print(RESULT_TAG + json.dumps(results))
@@ -98,39 +140,70 @@ def engine_rows(python: str, model: str) -> list[dict]:
     from slimrl.models.loader import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model_path(model)))
-    prompt = len(tok.apply_chat_template([{"role": "user", "content": "Write a long story about the number five."}],
-                                         add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
+    prompt = len(
+        tok.apply_chat_template(
+            [{"role": "user", "content": "Write a long story about the number five."}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+    )
     out = []
     for rows, length in ENGINE_ROWS:
         # predicted in the engine's Python: the engine's runtime is measured (once) where vLLM runs
-        settings = dict(per_device_train_batch_size=rows, num_generations=rows, max_prompt_length=prompt,
-                        max_completion_length=length, lora_r=16, beta=0.04, fast_inference=True, device="cpu")
-        code = (f"import json; from slimrl.planning import Settings, plan; "
-                f"p = plan({model!r}, Settings(**{settings!r}), search=False); "
-                f"print({RESULT_TAG!r} + json.dumps(p.to_json()))")
+        settings = dict(
+            per_device_train_batch_size=rows,
+            num_generations=rows,
+            max_prompt_length=prompt,
+            max_completion_length=length,
+            lora_r=16,
+            beta=0.04,
+            fast_inference=True,
+            device="cpu",
+        )
+        code = (
+            f"import json; from slimrl.planning import Settings, plan; "
+            f"p = plan({model!r}, Settings(**{settings!r}), search=False); "
+            f"print({RESULT_TAG!r} + json.dumps(p.to_json()))"
+        )
         proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
         if proc.returncode != 0 or not lines:
             raise SystemExit(f"plan in the engine's Python failed: {proc.stderr[-3000:]}")
-        predicted = json.loads(lines[-1][len(RESULT_TAG):])
+        predicted = json.loads(lines[-1][len(RESULT_TAG) :])
         if predicted["notes"]:
             print("   plan notes:", predicted["notes"], flush=True)
         script = str(Path(__file__).resolve().parent / "grpo_step.py")
-        proc = subprocess.run([python, script, "--worker", "engine", "--generations", str(rows), "--length",
-                               str(length), "--steps", "2"], capture_output=True, text=True)
+        proc = subprocess.run(
+            [python, script, "--worker", "engine", "--generations", str(rows), "--length", str(length), "--steps", "2"],
+            capture_output=True,
+            text=True,
+        )
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG)]
         if proc.returncode != 0 or not lines:
             raise SystemExit(f"engine worker failed: {proc.stderr[-3000:]}")
-        measured = json.loads(lines[-1][len(RESULT_TAG):])
+        measured = json.loads(lines[-1][len(RESULT_TAG) :])
         error = predicted["peak_bytes"] / 2**20 / measured["peak_rss_mb"] - 1
-        row = {"rows": rows, "length": length, "ckpt": "slimrl", "lora_r": 16, "sampling": "engine",
-               "prompt": prompt, "predicted_mb": predicted["peak_bytes"] / 2**20,
-               "measured_mb": measured["peak_rss_mb"], "error": error,
-               "phases_mb": {k: v / 2**20 for k, v in predicted["phases"].items()},
-               "step_s": measured["step_s"][-1], "predicted_step_s": predicted["step_seconds"]}
+        row = {
+            "rows": rows,
+            "length": length,
+            "ckpt": "slimrl",
+            "lora_r": 16,
+            "sampling": "engine",
+            "prompt": prompt,
+            "predicted_mb": predicted["peak_bytes"] / 2**20,
+            "measured_mb": measured["peak_rss_mb"],
+            "error": error,
+            "phases_mb": {k: v / 2**20 for k, v in predicted["phases"].items()},
+            "step_s": measured["step_s"][-1],
+            "predicted_step_s": predicted["step_seconds"],
+        }
         out.append(row)
-        print(f"E  {rows:>4} x {length:<5} {'slimrl':>9} {16:>3} {'engine':>9} {row['predicted_mb']:8.0f} MB "
-              f"{row['measured_mb']:8.0f} MB {100 * error:+6.1f}%", flush=True)
+        print(
+            f"E  {rows:>4} x {length:<5} {'slimrl':>9} {16:>3} {'engine':>9} {row['predicted_mb']:8.0f} MB "
+            f"{row['measured_mb']:8.0f} MB {100 * error:+6.1f}%",
+            flush=True,
+        )
     return out
 
 

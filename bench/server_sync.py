@@ -32,9 +32,12 @@ def projection_7b(rank: int) -> dict:
     mlp = 3 * s["hidden"] * s["intermediate"]
     per_layer = q + o + 2 * kv + mlp + 2 * s["hidden"]
     weights = s["layers"] * per_layer + 2 * s["vocab"] * s["hidden"] + s["hidden"]
-    lora_per_layer = rank * (2 * s["hidden"] + 2 * s["hidden"]  # q, o: in + out
-                             + 2 * (s["hidden"] + s["kv_heads"] * head_dim)  # k, v
-                             + 3 * (s["hidden"] + s["intermediate"]))  # gate, up, down
+    lora_per_layer = rank * (
+        2 * s["hidden"]
+        + 2 * s["hidden"]  # q, o: in + out
+        + 2 * (s["hidden"] + s["kv_heads"] * head_dim)  # k, v
+        + 3 * (s["hidden"] + s["intermediate"])
+    )  # gate, up, down
     return {"weights_bytes_bf16": 2 * weights, "adapter_bytes_fp32": 4 * s["layers"] * lora_per_layer}
 
 
@@ -54,14 +57,14 @@ def main() -> None:
     from slimrl.models.loader import resolve_model_path
 
     model, tok = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=512, dtype=torch.float32)
-    model = FastLanguageModel.get_peft_model(model, r=args.rank, lora_alpha=args.rank,
-                                             use_gradient_checkpointing=False)
+    model = FastLanguageModel.get_peft_model(model, r=args.rank, lora_alpha=args.rank, use_gradient_checkpointing=False)
     lora = [p for n, p in model.named_parameters() if "lora_B" in n]
     accelerator = Accelerator(cpu=True)
     rows = {}
     with local_server(str(resolve_model_path("SmolLM2-135M-Instruct")), lora_rank=args.rank) as url:
-        backend = server_generation_class(VLLMGeneration)(model=model, accelerator=accelerator,
-                                                          processing_class=tok, mode="server", server_base_url=url)
+        backend = server_generation_class(VLLMGeneration)(
+            model=model, accelerator=accelerator, processing_class=tok, mode="server", server_base_url=url
+        )
         seconds, sizes = [], []
         for _ in range(args.syncs):
             with torch.no_grad():
@@ -88,15 +91,21 @@ def main() -> None:
 
     print(f"| side | bytes per sync | seconds per sync (median of {args.syncs}) |")
     print("|---|---|---|")
-    print(f"| slimrl (adapter saved + loaded by the server, HTTP included) | {rows['slimrl'][0] / 2**20:.1f} MiB | "
-          f"{rows['slimrl'][1]:.3f} s |")
-    print(f"| TRL (merge, every weight, unmerge; NCCL wire not run on CPU) | {rows['trl'][0] / 2**20:.1f} MiB | "
-          f"{rows['trl'][1]:.3f} s + transfer |")
+    print(
+        f"| slimrl (adapter saved + loaded by the server, HTTP included) | {rows['slimrl'][0] / 2**20:.1f} MiB | "
+        f"{rows['slimrl'][1]:.3f} s |"
+    )
+    print(
+        f"| TRL (merge, every weight, unmerge; NCCL wire not run on CPU) | {rows['trl'][0] / 2**20:.1f} MiB | "
+        f"{rows['trl'][1]:.3f} s + transfer |"
+    )
     print(f"bytes ratio slimrl/TRL: {rows['slimrl'][0] / rows['trl'][0]:.4f}")
     proj = projection_7b(args.rank)
-    print(f"computed, Qwen2.5-7B: TRL {proj['weights_bytes_bf16'] / 2**30:.2f} GiB per sync (bf16 weights) vs slimrl "
-          f"{proj['adapter_bytes_fp32'] / 2**20:.0f} MiB (LoRA r={args.rank}, fp32), ratio "
-          f"{proj['adapter_bytes_fp32'] / proj['weights_bytes_bf16']:.4f}")
+    print(
+        f"computed, Qwen2.5-7B: TRL {proj['weights_bytes_bf16'] / 2**30:.2f} GiB per sync (bf16 weights) vs slimrl "
+        f"{proj['adapter_bytes_fp32'] / 2**20:.0f} MiB (LoRA r={args.rank}, fp32), ratio "
+        f"{proj['adapter_bytes_fp32'] / proj['weights_bytes_bf16']:.4f}"
+    )
 
 
 if __name__ == "__main__":

@@ -25,10 +25,16 @@ import warnings
 from grpo_step import RESULT_TAG, _hwm_mb, run_worker  # same directory: peak RSS (VmHWM), one worker process
 
 PAIRED = {"dpo", "orpo", "cpo"}
-LORA = dict(r=16, lora_alpha=16, lora_dropout=0.0,
-            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-WORDS = ("the cat sat on a mat while seven birds sang about numbers rivers and old stone bridges near the sea "
-         "every morning people walked slowly to work thinking of bread coffee music and the long summer").split()
+LORA = dict(
+    r=16,
+    lora_alpha=16,
+    lora_dropout=0.0,
+    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+)
+WORDS = (
+    "the cat sat on a mat while seven birds sang about numbers rivers and old stone bridges near the sea "
+    "every morning people walked slowly to work thinking of bread coffee music and the long summer"
+).split()
 
 
 def _text(tok, n_tokens: int, seed: int) -> str:
@@ -62,21 +68,27 @@ def _classes(name: str):
         warnings.simplefilter("ignore")
         if name == "dpo":
             from trl import DPOConfig, DPOTrainer
+
             return DPOTrainer, DPOConfig
         if name == "kto":
             from trl import KTOConfig, KTOTrainer
+
             return KTOTrainer, KTOConfig
         if name == "sft":
             from trl import SFTConfig, SFTTrainer
+
             return SFTTrainer, SFTConfig
         if name == "orpo":
             from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
             return ORPOTrainer, ORPOConfig
         if name == "cpo":
             from trl.experimental.cpo import CPOConfig, CPOTrainer
+
             return CPOTrainer, CPOConfig
         if name == "bco":  # TRL <= 1.12.0
             from trl.experimental.bco import BCOConfig, BCOTrainer
+
             return BCOTrainer, BCOConfig
     raise SystemExit(f"unknown trainer {name!r}")
 
@@ -107,28 +119,54 @@ def worker(args: argparse.Namespace) -> dict:
     n = 4 if name in PAIRED else 8
     ds = _dataset(name, tok, args.length, args.prompt_length, n)
     fields = config_cls.__dataclass_fields__
-    cfg = dict(output_dir="/tmp/slimrl-bench-" + name, per_device_train_batch_size=n, max_steps=1, report_to="none",
-               logging_steps=1, save_strategy="no", bf16=False, use_cpu=True, seed=0, gradient_checkpointing=True,
-               learning_rate=1e-5, max_length=args.length)
+    cfg = dict(
+        output_dir="/tmp/slimrl-bench-" + name,
+        per_device_train_batch_size=n,
+        max_steps=1,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        bf16=False,
+        use_cpu=True,
+        seed=0,
+        gradient_checkpointing=True,
+        learning_rate=1e-5,
+        max_length=args.length,
+    )
     if "max_prompt_length" in fields:
         cfg["max_prompt_length"] = args.prompt_length
     if "max_completion_length" in fields and name != "sft":
         cfg["max_completion_length"] = args.length - args.prompt_length
     if name == "sft":
         cfg["loss_type"] = "nll"  # TRL's default on 1.16; the fused head path
-    trainer = trainer_cls(model=model, args=config_cls(**cfg), train_dataset=ds, processing_class=tok,
-                          **trainer_kwargs)
+    trainer = trainer_cls(model=model, args=config_cls(**cfg), train_dataset=ds, processing_class=tok, **trainer_kwargs)
     t0 = time.perf_counter()
     trainer.train()
     dt = time.perf_counter() - t0
     logs = [h for h in trainer.state.log_history if "loss" in h]
-    return {"mode": args.worker, "trainer": name, "peak_rss_mb": _hwm_mb(), "train_s": dt,
-            "loss": logs[-1]["loss"] if logs else None, "threads": torch.get_num_threads()}
+    return {
+        "mode": args.worker,
+        "trainer": name,
+        "peak_rss_mb": _hwm_mb(),
+        "train_s": dt,
+        "loss": logs[-1]["loss"] if logs else None,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def run_side(mode: str, trainer: str, args: argparse.Namespace) -> dict:
-    cmd = [sys.executable, __file__, "--worker", mode, "--trainer", trainer, "--length", str(args.length),
-           "--prompt-length", str(args.prompt_length)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        mode,
+        "--trainer",
+        trainer,
+        "--length",
+        str(args.length),
+        "--prompt-length",
+        str(args.prompt_length),
+    ]
     return run_worker(cmd, f"{trainer}/{mode}")
 
 
@@ -146,17 +184,23 @@ def main() -> None:
         return
     from importlib.metadata import version
 
-    print(f"one training step, SmolLM2-135M fp32, LoRA r=16, 8 x {args.length} tokens, grad-ckpt on, "
-          f"trl {version('trl')}")
-    print(f"{'trainer':8} {'TRL MB':>8} {'slimrl MB':>10} {'ratio':>6} {'TRL s':>7} {'slimrl s':>9} {'ratio':>6} "
-          f"{'TRL loss':>10} {'slimrl loss':>12}")
+    print(
+        f"one training step, SmolLM2-135M fp32, LoRA r=16, 8 x {args.length} tokens, grad-ckpt on, trl {version('trl')}"
+    )
+    print(
+        f"{'trainer':8} {'TRL MB':>8} {'slimrl MB':>10} {'ratio':>6} {'TRL s':>7} {'slimrl s':>9} {'ratio':>6} "
+        f"{'TRL loss':>10} {'slimrl loss':>12}"
+    )
     results = {}
     for trainer in args.trainers.split(","):
         res = {mode: run_side(mode, trainer, args) for mode in args.modes.split(",")}
         results[trainer] = res
         t, s = res.get("trl"), res.get("slimrl")
-        cells = [f"{trainer:8}", f"{t['peak_rss_mb']:8.0f}" if t else f"{'-':>8}",
-                 f"{s['peak_rss_mb']:10.0f}" if s else f"{'-':>10}"]
+        cells = [
+            f"{trainer:8}",
+            f"{t['peak_rss_mb']:8.0f}" if t else f"{'-':>8}",
+            f"{s['peak_rss_mb']:10.0f}" if s else f"{'-':>10}",
+        ]
         cells.append(f"{s['peak_rss_mb'] / t['peak_rss_mb']:5.2f}x" if t and s else f"{'-':>6}")
         cells += [f"{t['train_s']:7.1f}" if t else f"{'-':>7}", f"{s['train_s']:9.1f}" if s else f"{'-':>9}"]
         cells.append(f"{s['train_s'] / t['train_s']:5.2f}x" if t and s else f"{'-':>6}")

@@ -32,10 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_step import RESULT_TAG, PhaseProfiler, _hwm_mb, profile_phases, run_worker  # noqa: E402  (bench/ is not a package)
 
 SHAPES = {
-    "3b": dict(text_width=dict(hidden_size=2048, intermediate_size=11008, num_attention_heads=16,
-                               num_key_value_heads=2),
-               vision_width=dict(hidden_size=1280, intermediate_size=3420, num_attention_heads=16),
-               vocab_size=151936),
+    "3b": dict(
+        text_width=dict(hidden_size=2048, intermediate_size=11008, num_attention_heads=16, num_key_value_heads=2),
+        vision_width=dict(hidden_size=1280, intermediate_size=3420, num_attention_heads=16),
+        vocab_size=151936,
+    ),
     "tiny": dict(text_width=None, vision_width=None, vocab_size=None),
 }
 LORA_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
@@ -49,8 +50,15 @@ def model_dir(args: argparse.Namespace) -> Path:
 
         shape = SHAPES[args.shape]
         text = {**(shape["text_width"] or {}), "num_hidden_layers": args.text_layers}
-        tv = build("qwen2.5-vl", seed=0, image_size=args.image, vocab_size=shape["vocab_size"], text_width=text,
-                   vision_width=shape["vision_width"], vision_layers=args.vision_layers)
+        tv = build(
+            "qwen2.5-vl",
+            seed=0,
+            image_size=args.image,
+            vocab_size=shape["vocab_size"],
+            text_width=text,
+            vision_width=shape["vision_width"],
+            vision_layers=args.vision_layers,
+        )
         tv.model.save_pretrained(path)
         tv.processor.save_pretrained(path)
     return path
@@ -90,14 +98,36 @@ def worker(args: argparse.Namespace) -> dict:
         trainer_kwargs = {"peft_config": LoraConfig(task_type="CAUSAL_LM", **lora)}
     from trl import GRPOConfig, GRPOTrainer
 
-    rows = [{"prompt": [{"role": "user", "content": "How many dots are in the picture? Answer with a number."}],
-             "image": im} for im in images(16, args.image, seed=3)]
-    cfg = GRPOConfig(output_dir="/tmp/slimrl-bench", per_device_train_batch_size=args.generations,
-                     num_generations=args.generations, beta=0.04, max_completion_length=args.length,
-                     generation_kwargs={"min_new_tokens": args.length}, max_steps=args.steps, report_to="none",
-                     logging_steps=1, save_strategy="no", bf16=False, use_cpu=True, seed=0)
-    trainer = GRPOTrainer(model=model, args=cfg, reward_funcs=[_reward], train_dataset=Dataset.from_list(rows),
-                          processing_class=processor, **trainer_kwargs)
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "How many dots are in the picture? Answer with a number."}],
+            "image": im,
+        }
+        for im in images(16, args.image, seed=3)
+    ]
+    cfg = GRPOConfig(
+        output_dir="/tmp/slimrl-bench",
+        per_device_train_batch_size=args.generations,
+        num_generations=args.generations,
+        beta=0.04,
+        max_completion_length=args.length,
+        generation_kwargs={"min_new_tokens": args.length},
+        max_steps=args.steps,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        bf16=False,
+        use_cpu=True,
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        args=cfg,
+        reward_funcs=[_reward],
+        train_dataset=Dataset.from_list(rows),
+        processing_class=processor,
+        **trainer_kwargs,
+    )
     step_times = profile_phases(prof, trainer)
     with prof.phase("other (train loop, optimizer)"):
         trainer.train()
@@ -105,10 +135,16 @@ def worker(args: argparse.Namespace) -> dict:
     logs = [h for h in trainer.state.log_history if "loss" in h]
     from slimrl.patching.routes import served
 
-    return {"mode": args.worker, "peak_rss_mb": _hwm_mb(), "step_s": step_times, "phase_peak_rss_mb": prof.peaks,
-            "phase_s": prof.seconds, "loss": logs[-1]["loss"] if logs else None,
-            "completion_len": logs[-1].get("completions/mean_length") if logs else None,
-            "slimrl_calls": served(trainer) if args.worker == "slimrl" else None}
+    return {
+        "mode": args.worker,
+        "peak_rss_mb": _hwm_mb(),
+        "step_s": step_times,
+        "phase_peak_rss_mb": prof.peaks,
+        "phase_s": prof.seconds,
+        "loss": logs[-1]["loss"] if logs else None,
+        "completion_len": logs[-1].get("completions/mean_length") if logs else None,
+        "slimrl_calls": served(trainer) if args.worker == "slimrl" else None,
+    }
 
 
 def main() -> None:
@@ -132,21 +168,29 @@ def main() -> None:
     if "--modes" in sys.argv:
         i = sys.argv.index("--modes")
         forwarded = [a for j, a in enumerate(sys.argv[1:], 1) if j not in (i, i + 1)]
-    results = {mode: run_worker([sys.executable, __file__, "--worker", mode] + forwarded, mode)
-               for mode in args.modes.split(",")}
-    print(f"GRPO step with images: Qwen2.5-VL shape {args.shape}, {args.text_layers} text + {args.vision_layers} "
-          f"vision layers, {args.image}px images, {args.generations} x {args.length} tokens, LoRA r=16, beta=0.04")
+    results = {
+        mode: run_worker([sys.executable, __file__, "--worker", mode] + forwarded, mode)
+        for mode in args.modes.split(",")
+    }
+    print(
+        f"GRPO step with images: Qwen2.5-VL shape {args.shape}, {args.text_layers} text + {args.vision_layers} "
+        f"vision layers, {args.image}px images, {args.generations} x {args.length} tokens, LoRA r=16, beta=0.04"
+    )
     print(f"{'mode':8} {'peak RSS MB':>12} {'s/step':>8} {'loss':>10} {'mean len':>9}")
     for mode, r in results.items():
-        print(f"{mode:8} {r['peak_rss_mb']:12.0f} {r['step_s'][-1]:8.1f} {r['loss']!s:>10} {r['completion_len']!s:>9}"
-              + (f"  slimrl log-prob calls {r['slimrl_calls']}" if r.get("slimrl_calls") else ""))
+        print(
+            f"{mode:8} {r['peak_rss_mb']:12.0f} {r['step_s'][-1]:8.1f} {r['loss']!s:>10} {r['completion_len']!s:>9}"
+            + (f"  slimrl log-prob calls {r['slimrl_calls']}" if r.get("slimrl_calls") else "")
+        )
         if args.profile:
             for phase, mb in sorted(r["phase_peak_rss_mb"].items(), key=lambda kv: -kv[1]):
                 print(f"    {phase:34} {mb:8.0f} MB {r['phase_s'].get(phase, 0.0):8.1f} s")
     if {"trl", "slimrl"} <= results.keys():
         s, t = results["slimrl"], results["trl"]
-        print(f"ratio slimrl/trl: peak RSS {s['peak_rss_mb'] / t['peak_rss_mb']:.2f}x, "
-              f"time {s['step_s'][-1] / t['step_s'][-1]:.2f}x")
+        print(
+            f"ratio slimrl/trl: peak RSS {s['peak_rss_mb'] / t['peak_rss_mb']:.2f}x, "
+            f"time {s['step_s'][-1] / t['step_s'][-1]:.2f}x"
+        )
     print(RESULT_TAG + json.dumps(results))
 
 

@@ -24,8 +24,12 @@ def make_dataset(n: int, seed: int = 3407) -> Dataset:
     rows = []
     for _ in range(n):
         a, b = rng.randint(1, 20), rng.randint(1, 20)
-        rows.append({"prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer with the number only."}],
-                     "answer": str(a + b)})
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer with the number only."}],
+                "answer": str(a + b),
+            }
+        )
     return Dataset.from_list(rows)
 
 
@@ -48,23 +52,42 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     args = ap.parse_args()
 
-    model, tokenizer = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=512,
-                                                         load_in_4bit=False, fast_inference=False)
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        "SmolLM2-135M-Instruct", max_seq_length=512, load_in_4bit=False, fast_inference=False
+    )
     model = FastLanguageModel.get_peft_model(model, r=16, lora_alpha=32)
     config = GRPOConfig(
-        output_dir="outputs/quickstart", per_device_train_batch_size=8, num_generations=8,
-        max_completion_length=24, learning_rate=5e-5, max_steps=args.steps, logging_steps=1, beta=0.04,
-        temperature=1.0, report_to="none", save_strategy="no", bf16=False, use_cpu=True, seed=3407,
+        output_dir="outputs/quickstart",
+        per_device_train_batch_size=8,
+        num_generations=8,
+        max_completion_length=24,
+        learning_rate=5e-5,
+        max_steps=args.steps,
+        logging_steps=1,
+        beta=0.04,
+        temperature=1.0,
+        report_to="none",
+        save_strategy="no",
+        bf16=False,
+        use_cpu=True,
+        seed=3407,
         unsloth_num_chunks=-1,
     )
-    trainer = GRPOTrainer(model=model, args=config, reward_funcs=[correct_reward, short_reward],
-                          train_dataset=make_dataset(64), processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model,
+        args=config,
+        reward_funcs=[correct_reward, short_reward],
+        train_dataset=make_dataset(64),
+        processing_class=tokenizer,
+    )
     trainer.train()
     print("\nstep  reward  correct  peak_MB  tokens/s")
     for row in trainer.state.log_history:
         if "reward" in row:
-            print(f"{row['step']:4d}  {row['reward']:6.3f}  {row['rewards/correct_reward/mean']:7.3f}  "
-                  f"{row['memory/peak_mb']:7.0f}  {row['tokens_per_s']:8.1f}")
+            print(
+                f"{row['step']:4d}  {row['reward']:6.3f}  {row['rewards/correct_reward/mean']:7.3f}  "
+                f"{row['memory/peak_mb']:7.0f}  {row['tokens_per_s']:8.1f}"
+            )
 
 
 if __name__ == "__main__":

@@ -29,25 +29,42 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
 
-    model, tokenizer = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=256,
-                                                         load_in_4bit=False, max_lora_rank=8)
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        "SmolLM2-135M-Instruct", max_seq_length=256, load_in_4bit=False, max_lora_rank=8
+    )
     model = FastLanguageModel.get_peft_model(model, r=8, lora_alpha=16, random_state=3407)
-    trainer = GRPOTrainer(model=model, processing_class=tokenizer,
-                          reward_funcs=[correctness_reward, format_reward],
-                          train_dataset=make_arithmetic_dataset(32),
-                          args=GRPOConfig(output_dir=str(out / "run"), per_device_train_batch_size=4,
-                                          num_generations=4, max_completion_length=16, max_steps=args.steps,
-                                          learning_rate=5e-5, report_to="none", save_strategy="no",
-                                          logging_steps=1))
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=[correctness_reward, format_reward],
+        train_dataset=make_arithmetic_dataset(32),
+        args=GRPOConfig(
+            output_dir=str(out / "run"),
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=16,
+            max_steps=args.steps,
+            learning_rate=5e-5,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1,
+        ),
+    )
     trainer.train()
 
     # the notebook's last cells
     model.save_lora(str(out / "grpo_saved_lora"))
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12 + 30?"}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 12 + 30?"}], tokenize=False, add_generation_prompt=True
+    )
     sampling = vLLMSamplingParams(temperature=0.8, top_p=0.95, max_tokens=24)
-    reply = model.fast_generate(text, sampling_params=sampling,
-                                lora_request=model.load_lora(str(out / "grpo_saved_lora")))[0].outputs[0].text
+    reply = (
+        model.fast_generate(text, sampling_params=sampling, lora_request=model.load_lora(str(out / "grpo_saved_lora")))[
+            0
+        ]
+        .outputs[0]
+        .text
+    )
     print("with the trained adapter:", repr(reply))
     model.save_pretrained_merged(str(out / "model"), tokenizer, save_method="merged_16bit")
     model.save_pretrained_gguf(str(out / "gguf"), tokenizer, quantization_method="q4_k_m")

@@ -54,26 +54,55 @@ def main() -> None:
     # The tiny random model trains every weight (LoRA on a width-32 model with near-uniform outputs moves them too
     # little to see in 40 steps); a real model gets LoRA on both towers, as Unsloth's vision notebooks do.
     tiny_run = args.model is None
-    model, processor = FastVisionModel.from_pretrained(path, max_seq_length=1024, load_in_4bit=not tiny_run,
-                                                       full_finetuning=tiny_run)
-    model = FastVisionModel.get_peft_model(model, r=16, lora_alpha=16, finetune_vision_layers=True,
-                                           finetune_language_layers=True, use_gradient_checkpointing=False)
+    model, processor = FastVisionModel.from_pretrained(
+        path, max_seq_length=1024, load_in_4bit=not tiny_run, full_finetuning=tiny_run
+    )
+    model = FastVisionModel.get_peft_model(
+        model,
+        r=16,
+        lora_alpha=16,
+        finetune_vision_layers=True,
+        finetune_language_layers=True,
+        use_gradient_checkpointing=False,
+    )
     pics = images(64, args.image, seed=0)
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "How many dots? Answer with a digit."}],
-                                  "image": im, "dots": im.info["dots"]} for im in pics])
-    trainer = GRPOTrainer(model=model, processing_class=processor, reward_funcs=[answer_reward],
-                          train_dataset=dataset,
-                          args=GRPOConfig(output_dir=tempfile.mkdtemp(prefix="slimrl-vision-run-"),
-                                          per_device_train_batch_size=8, num_generations=8,
-                                          max_completion_length=4, max_steps=args.steps,
-                                          learning_rate=1e-2 if tiny_run else 5e-5,
-                                          temperature=1.0, beta=0.0, logging_steps=1, report_to="none",
-                                          save_strategy="no", seed=0))
+    dataset = Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "user", "content": "How many dots? Answer with a digit."}],
+                "image": im,
+                "dots": im.info["dots"],
+            }
+            for im in pics
+        ]
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=processor,
+        reward_funcs=[answer_reward],
+        train_dataset=dataset,
+        args=GRPOConfig(
+            output_dir=tempfile.mkdtemp(prefix="slimrl-vision-run-"),
+            per_device_train_batch_size=8,
+            num_generations=8,
+            max_completion_length=4,
+            max_steps=args.steps,
+            learning_rate=1e-2 if tiny_run else 5e-5,
+            temperature=1.0,
+            beta=0.0,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            seed=0,
+        ),
+    )
     trainer.train()
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     first, last = rewards[:5], rewards[-5:]
-    print(f"mean reward, first 5 steps {sum(first) / len(first):.3f} -> last 5 steps {sum(last) / len(last):.3f} "
-          f"({len(rewards)} steps)")
+    print(
+        f"mean reward, first 5 steps {sum(first) / len(first):.3f} -> last 5 steps {sum(last) / len(last):.3f} "
+        f"({len(rewards)} steps)"
+    )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,23 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'slimrl' has no attribute {name!r}")
 
 
-__all__ = ["FastLanguageModel", "FastModel", "FastVisionModel", "PatchFastRL", "PatchDPOTrainer", "unpatch",
-           "vLLMSamplingParams", "is_bfloat16_supported", "verify", "check_python_modules",
-           "create_locked_down_function", "execute_with_time_limit", "run_sandboxed", "SandboxLimits", "Version",
-           "launch_openenv", "is_port_open"]
+__all__ = [
+    "FastLanguageModel",
+    "FastModel",
+    "FastVisionModel",
+    "PatchFastRL",
+    "PatchDPOTrainer",
+    "unpatch",
+    "vLLMSamplingParams",
+    "is_bfloat16_supported",
+    "verify",
+    "check_python_modules",
+    "create_locked_down_function",
+    "execute_with_time_limit",
+    "run_sandboxed",
+    "SandboxLimits",
+    "Version",
+    "launch_openenv",
+    "is_port_open",
+]
 __version__ = "0.1.0"

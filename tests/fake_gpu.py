@@ -49,8 +49,14 @@ class FakeGpu:
 
     def properties(self) -> SimpleNamespace:
         major, minor = self.gpu.capability
-        return SimpleNamespace(name=self.gpu.name, major=major, minor=minor, total_memory=self.gpu.total_bytes,
-                               multi_processor_count=40, is_integrated=False)
+        return SimpleNamespace(
+            name=self.gpu.name,
+            major=major,
+            minor=minor,
+            total_memory=self.gpu.total_bytes,
+            multi_processor_count=40,
+            is_integrated=False,
+        )
 
     def _reset(self, *_a, **_k) -> None:
         self.resets += 1

@@ -21,7 +21,7 @@ def _sections(text: str) -> str:
     for heading in SECTIONS:
         start = text.index(heading)
         nxt = text.find("\n## ", start + len(heading))
-        parts.append(text[start:nxt if nxt != -1 else len(text)])
+        parts.append(text[start : nxt if nxt != -1 else len(text)])
     return "\n".join(parts)
 
 
@@ -48,7 +48,7 @@ def _path_exists(token: str) -> bool:
     ``module.Name`` suffix for an attribute of the module."""
     token = token.rstrip("/")
     if "<" in token:
-        token = token[:token.index("<")].rpartition("/")[0]
+        token = token[: token.index("<")].rpartition("/")[0]
     module, _, attribute = token.partition(".") if not token.endswith((".py", ".md", ".json")) else (token, "", "")
     for base in (ROOT, ROOT / "slimrl", ROOT / "slimrl" / "patching"):
         for candidate in (base / token, base / f"{module}.py"):
@@ -105,9 +105,17 @@ def test_the_adding_guides_cite_only_what_exists():
     assert not missing(cited)
 
 
-@pytest.mark.parametrize("planted", ["`slimrl/patching/gone.py`", "`slimrl.patching.table.no_such_thing()`",
-                                     "`SPEC = TrainerSpec(..., lost_field=1)`", "`ROUTE.vanished()`",
-                                     "`routes=(GONE(\"x\"),)`", "`python -m slimrl.no_such_module --x`",
-                                     "`verify/scenarios.NoKit`"])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "`slimrl/patching/gone.py`",
+        "`slimrl.patching.table.no_such_thing()`",
+        "`SPEC = TrainerSpec(..., lost_field=1)`",
+        "`ROUTE.vanished()`",
+        '`routes=(GONE("x"),)`',
+        "`python -m slimrl.no_such_module --x`",
+        "`verify/scenarios.NoKit`",
+    ],
+)
 def test_a_stale_name_is_seen(planted):
     assert missing(planted) != []

@@ -110,8 +110,11 @@ def test_patching_never_imports_verify():
         bad = {m for m in imported if m.startswith(("slimrl.verify", "slimrl.cli"))}
         assert not bad, (path, bad)
     # nor by a string a child process imports (the self-check's child runs `slimrl verify --self-check-rows`)
-    strung = [str(p.relative_to(SRC)) for p in (SRC / "patching").rglob("*.py")
-              if re.search(r"(from|import) slimrl\.(verify|cli)", p.read_text().split('"""', 2)[-1])]
+    strung = [
+        str(p.relative_to(SRC))
+        for p in (SRC / "patching").rglob("*.py")
+        if re.search(r"(from|import) slimrl\.(verify|cli)", p.read_text().split('"""', 2)[-1])
+    ]
     assert not strung, strung
 
 
@@ -129,8 +132,11 @@ def test_patching_layers():
         bad = {m for m in imported if m.startswith("slimrl.patching") and not m.startswith("slimrl.patching.machinery")}
         assert not bad, (path, bad)
     top = {"slimrl.patching", "slimrl.patching.table", "slimrl.patching.doc_tables", "slimrl.patching.__main__"}
-    layers = {"routes": ("slimrl.patching.online", "slimrl.patching.trainers"),
-              "online": ("slimrl.patching.trainers",), "trainers": ()}
+    layers = {
+        "routes": ("slimrl.patching.online", "slimrl.patching.trainers"),
+        "online": ("slimrl.patching.trainers",),
+        "trainers": (),
+    }
     for path, imported in _modules("patching").items():
         module = _module(path)
         assert not imported & top or module in top, (path, imported & top)
@@ -175,7 +181,7 @@ def test_no_import_cycles():
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycle = path[path.index(nxt):] + [nxt]
+                cycle = path[path.index(nxt) :] + [nxt]
                 raise AssertionError("import cycle: " + " -> ".join(cycle))
             if nxt not in state:
                 visit(nxt, path + [nxt])
@@ -204,8 +210,13 @@ def _trainer_name_lists(path: Path, names: set[str]) -> list[tuple[int, list[str
     """(line, names) of each tuple, list, set or dict-keys literal in ``path`` holding two or more of ``names``."""
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
-        elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else \
-            node.keys if isinstance(node, ast.Dict) else None
+        elts = (
+            node.elts
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set))
+            else node.keys
+            if isinstance(node, ast.Dict)
+            else None
+        )
         found = sorted({e.value for e in elts or () if isinstance(e, ast.Constant) and e.value in names})
         if len(found) >= 2:
             out.append((node.lineno, found))
@@ -219,8 +230,13 @@ def test_only_the_trainer_table_spells_lists_of_trainer_names(tmp_path):
     from slimrl.patching.table import every_trainer
 
     names = set(every_trainer())
-    spelled = {name: found for name, path in MODULES.items() if _outside({name}, *TABLE)
-               for found in [_trainer_name_lists(path, names)] if found}
+    spelled = {
+        name: found
+        for name, path in MODULES.items()
+        if _outside({name}, *TABLE)
+        for found in [_trainer_name_lists(path, names)]
+        if found
+    }
     assert not spelled, spelled
     planted = tmp_path / "planted.py"  # the check sees such a list where there is one
     planted.write_text('PROBED = ("grpo", "rloo")\nif name in ["dpo", "kto"]:\n    pass\nX = {"sft": 1, "cpo": 2}\n')
@@ -249,8 +265,14 @@ def _module_rebinds(path: Path) -> list[tuple[int, str]]:
             for sub in ast.walk(t):
                 if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in modules:
                     out.append((node.lineno, ast.unparse(sub)))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
-                and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in modules:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("setattr", "delattr")
+            and node.args
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id in modules
+        ):
             out.append((node.lineno, ast.unparse(node)))
     return out
 
@@ -260,12 +282,16 @@ def test_attributes_of_other_modules_are_swapped_one_way(tmp_path):
     ``slimrl.compat.runtime.swaps`` (which the patch registry installs through), never a hand-kept original."""
     allowed = {SRC / "compat" / "runtime" / "swaps.py"}
     hooks = {"sys.excepthook", "warnings.showwarning"}  # Python's documented hooks, set by assignment
-    found = {str(p.relative_to(SRC)): hits for p in SRC.rglob("*.py") if p not in allowed
-             and (hits := [h for h in _module_rebinds(p) if h[1] not in hooks])}
+    found = {
+        str(p.relative_to(SRC)): hits
+        for p in SRC.rglob("*.py")
+        if p not in allowed and (hits := [h for h in _module_rebinds(p) if h[1] not in hooks])
+    }
     assert not found, found
     planted = tmp_path / "planted.py"
-    planted.write_text("from slimrl.ops import chunked_logprob as op\nimport trl\n"
-                       "op.auto_chunk_rows = None\nsetattr(trl, 'X', 1)\n")
+    planted.write_text(
+        "from slimrl.ops import chunked_logprob as op\nimport trl\nop.auto_chunk_rows = None\nsetattr(trl, 'X', 1)\n"
+    )
     assert [line for line, _ in _module_rebinds(planted)] == [3, 4]
 
 

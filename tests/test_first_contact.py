@@ -51,11 +51,22 @@ def test_slimrl_calls_no_deprecated_transformers_api(tmp_path):
 
             model, tok = FastLanguageModel.from_pretrained(str(tmp_path / "m"), max_seq_length=64)
             model = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8)
-            cfg = GRPOConfig(output_dir=str(tmp_path / "o"), per_device_train_batch_size=2, num_generations=2,
-                             max_completion_length=4, max_steps=1, report_to="none", save_strategy="no")
-            trainer = GRPOTrainer(model=model, args=cfg, processing_class=tok,
-                                  reward_funcs=[lambda completions, **k: [1.0] * len(completions)],
-                                  train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 2))
+            cfg = GRPOConfig(
+                output_dir=str(tmp_path / "o"),
+                per_device_train_batch_size=2,
+                num_generations=2,
+                max_completion_length=4,
+                max_steps=1,
+                report_to="none",
+                save_strategy="no",
+            )
+            trainer = GRPOTrainer(
+                model=model,
+                args=cfg,
+                processing_class=tok,
+                reward_funcs=[lambda completions, **k: [1.0] * len(completions)],
+                train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 2),
+            )
             trainer.train()
             FastLanguageModel.for_inference(model)
             FastLanguageModel.for_training(model)

@@ -23,8 +23,9 @@ print("after", sys.excepthook is not hook, len(registry._REGISTRY) > 0)
 
 def _run(step: str) -> list[str]:
     env = dict(os.environ, SLIMRL_AUTOPATCH="1")  # the suite turns the patch-on-first-use off; a user has it on
-    out = subprocess.run([sys.executable, "-c", CHECK.replace("STEP", step)], capture_output=True, text=True,
-                         timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK.replace("STEP", step)], capture_output=True, text=True, timeout=300, env=env
+    )
     return [ln for ln in out.stdout.splitlines() if ln.startswith(("hook", "after"))] or [out.stderr[-2000:]]
 
 

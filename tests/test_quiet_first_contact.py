@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 BIN = Path(sys.executable).parent
-NOTICE = ("import logging; logging.getLogger('bitsandbytes.backends.cpu.ops').warning("
-          "'Failed to load CPU gemm_4bit_forward from kernels-community: %s', 'no kernels')")
+NOTICE = (
+    "import logging; logging.getLogger('bitsandbytes.backends.cpu.ops').warning("
+    "'Failed to load CPU gemm_4bit_forward from kernels-community: %s', 'no kernels')"
+)
 
 
 def _run(argv: list[str]) -> list[str]:
@@ -24,8 +26,10 @@ def _run(argv: list[str]) -> list[str]:
     return [ln for ln in (out.stderr + out.stdout).splitlines() if ln.strip()]
 
 
-@pytest.mark.parametrize("code", ["import slimrl", "from slimrl import PatchFastRL; PatchFastRL()",
-                                  "import slimrl, transformers.trainer, peft"])
+@pytest.mark.parametrize(
+    "code",
+    ["import slimrl", "from slimrl import PatchFastRL; PatchFastRL()", "import slimrl, transformers.trainer, peft"],
+)
 def test_importing_and_patching_print_no_third_party_line(code):
     lines = _run([sys.executable, "-c", f"{code}\n{NOTICE}"])
     assert not any("gemm_4bit_forward" in ln for ln in lines), lines
@@ -39,5 +43,5 @@ def test_the_commands_first_line_is_slimrls():
 
 
 def test_other_bitsandbytes_records_still_show():
-    code = ("import slimrl, logging; logging.getLogger('bitsandbytes.backends.cpu.ops').warning('another problem')")
+    code = "import slimrl, logging; logging.getLogger('bitsandbytes.backends.cpu.ops').warning('another problem')"
     assert "another problem" in "\n".join(_run([sys.executable, "-c", code]))

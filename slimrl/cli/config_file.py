@@ -19,13 +19,17 @@ def read_yaml(path: str) -> dict[str, Any]:
     if not p.is_file():  # a FIFO or a device would block the read: a regular file only
         raise InputError(f"--config {path}: file not found; pass an existing YAML file")
     if p.stat().st_size > MAX_CONFIG_BYTES:
-        raise InputError(f"--config {path}: {p.stat().st_size} bytes; an options file is a few kB (at most "
-                         f"{MAX_CONFIG_BYTES // 2**20} MB)")
+        raise InputError(
+            f"--config {path}: {p.stat().st_size} bytes; an options file is a few kB (at most "
+            f"{MAX_CONFIG_BYTES // 2**20} MB)"
+        )
     try:
         text = p.read_text()
         if "*" in text and _expanded_size(yaml.compose(text, Loader=yaml.SafeLoader)) > MAX_VALUES:
-            raise InputError(f"--config {path}: its aliases expand to more than {MAX_VALUES} values; an options "
-                             f"file holds a few dozen (write them out)")
+            raise InputError(
+                f"--config {path}: its aliases expand to more than {MAX_VALUES} values; an options "
+                f"file holds a few dozen (write them out)"
+            )
         data = yaml.safe_load(text)
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"--config {path}: cannot read it ({err})") from None
@@ -73,35 +77,47 @@ def check_yaml_values(parser, data: dict[str, Any], path: str) -> None:
     options = _option_map(parser)
     for key, value in data.items():
         if not isinstance(key, str):
-            raise InputError(f"--config {path}: key {shown(key)} is not an option name (keys are names such as "
-                             "learning_rate)")
+            raise InputError(
+                f"--config {path}: key {shown(key)} is not an option name (keys are names such as learning_rate)"
+            )
         action = options.get(key)
         if action is None:
             close = difflib.get_close_matches(key, list(options), n=1)
             hint = f"did you mean {close[0]}? " if close else ""
-            raise InputError(f"--config {path}: unknown key {key!r}: {hint}remove it or see `slimrl train --help` "
-                             f"for the keys")
+            raise InputError(
+                f"--config {path}: unknown key {key!r}: {hint}remove it or see `slimrl train --help` for the keys"
+            )
         convert = action.type
-        if isinstance(value, dict | list) and not (isinstance(value, list) and action.nargs in ("+", "*")) \
-                and convert in (str, None):
+        if (
+            isinstance(value, dict | list)
+            and not (isinstance(value, list) and action.nargs in ("+", "*"))
+            and convert in (str, None)
+        ):
             if not _takes_mappings(action):
-                raise InputError(f"--config {path}: key {key}: {shown(value)} is a {type(value).__name__}; this "
-                                 f"option takes one value")
+                raise InputError(
+                    f"--config {path}: key {key}: {shown(value)} is a {type(value).__name__}; this "
+                    f"option takes one value"
+                )
         for v in value if isinstance(value, list) else [value]:
             if isinstance(v, datetime.date):  # YAML reads an unquoted 2026-12-02 as a date
-                raise InputError(f"--config {path}: key {key}: YAML read {v} as a date; this option takes a string "
-                                 f"(quote it: '{v}')")
+                raise InputError(
+                    f"--config {path}: key {key}: YAML read {v} as a date; this option takes a string (quote it: '{v}')"
+                )
             if isinstance(v, str) and "\0" in v:
-                raise InputError(f"--config {path}: key {key}: {shown(v)} holds a NUL character, which no path or "
-                                 f"name can; remove it")
+                raise InputError(
+                    f"--config {path}: key {key}: {shown(v)} holds a NUL character, which no path or "
+                    f"name can; remove it"
+                )
         if value is None or convert is None or not callable(convert):
             continue
         values = value if isinstance(value, list) and action.nargs in ("+", "*") else [value]
         for v in values:
             if getattr(convert, "__name__", "") == "str" and isinstance(v, bool | int | float):
                 kind = "a boolean" if isinstance(v, bool) else "a number"
-                raise InputError(f"--config {path}: key {key}: YAML read {shown(v)} as {kind}; this option takes "
-                                 f"a string (quote it: '{v}')")
+                raise InputError(
+                    f"--config {path}: key {key}: YAML read {shown(v)} as {kind}; this option takes "
+                    f"a string (quote it: '{v}')"
+                )
             try:
                 converted = convert(v) if isinstance(v, str) else v
                 if convert in (int, float) and (isinstance(v, bool) or not isinstance(converted, int | float)):
@@ -114,8 +130,9 @@ def check_yaml_values(parser, data: dict[str, Any], path: str) -> None:
             if isinstance(v, dict | list) and convert is not None and getattr(convert, "__name__", "") == "str":
                 raise InputError(f"--config {path}: key {key}: {shown(v)} is a {type(v).__name__}; pass a string")
             if action.choices and converted not in action.choices:
-                raise InputError(f"--config {path}: key {key}: {shown(v)} is not one of "
-                                 f"{', '.join(map(str, action.choices))}")
+                raise InputError(
+                    f"--config {path}: key {key}: {shown(v)} is not one of {', '.join(map(str, action.choices))}"
+                )
 
 
 def _takes_mappings(action) -> bool:

@@ -34,14 +34,18 @@ def load_rewards(specs: list[str] | None, task: str = "arithmetic") -> list[Call
             sys.path.insert(0, os.getcwd())
             module = importlib.import_module(module_name)
         except Exception as err:  # noqa: BLE001  (any import failure is the user's module)
-            raise InputError(f"--reward {spec!r}: cannot import module {module_name!r} ({err}); check the name "
-                             f"and that it is on PYTHONPATH") from None
+            raise InputError(
+                f"--reward {spec!r}: cannot import module {module_name!r} ({err}); check the name "
+                f"and that it is on PYTHONPATH"
+            ) from None
         finally:
             sys.path.pop(0)
         fn = getattr(module, attr, None)
         if not callable(fn):
-            raise InputError(f"--reward {spec!r}: {module_name}.{attr} is missing or not callable; pass a function "
-                             f"f(prompts, completions, **kwargs) -> list[float]")
+            raise InputError(
+                f"--reward {spec!r}: {module_name}.{attr} is missing or not callable; pass a function "
+                f"f(prompts, completions, **kwargs) -> list[float]"
+            )
         funcs.append(fn)
     return funcs
 
@@ -55,10 +59,11 @@ def _check_json_lines(path: Path, name: str) -> None:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise InputError(f"--dataset {name}: line {number} is not valid JSON ({err.msg}); fix or remove "
-                                 f"that line") from None
+                raise InputError(
+                    f"--dataset {name}: line {number} is not valid JSON ({err.msg}); fix or remove that line"
+                ) from None
             if not isinstance(row, dict):
-                raise InputError(f"--dataset {name}: line {number} is not a JSON object ({{\"prompt\": ...}})")
+                raise InputError(f'--dataset {name}: line {number} is not a JSON object ({{"prompt": ...}})')
 
 
 def _read_file(path: Path, name: str):
@@ -97,8 +102,10 @@ def load_dataset_arg(targs: TrainArguments, seed: int, trainer_cls: type, cfg: A
     path = Path(targs.dataset).expanduser()
     if path.suffix.lower() in DATA_SUFFIXES:
         if not path.is_file():
-            raise InputError(f"--dataset {targs.dataset}: file not found; pass an existing "
-                             f"{'/'.join(sorted(set(DATA_SUFFIXES)))} file")
+            raise InputError(
+                f"--dataset {targs.dataset}: file not found; pass an existing "
+                f"{'/'.join(sorted(set(DATA_SUFFIXES)))} file"
+            )
         if path.stat().st_size == 0:
             raise InputError(f"--dataset {targs.dataset}: the file is empty; it needs at least one row")
         ds = _read_file(path, targs.dataset)
@@ -107,8 +114,10 @@ def load_dataset_arg(targs: TrainArguments, seed: int, trainer_cls: type, cfg: A
         try:
             ds = datasets.load_dataset(targs.dataset, split="train")
         except Exception as err:  # noqa: BLE001
-            raise InputError(f"--dataset {targs.dataset}: not a JSON/JSONL/CSV/parquet file nor a dataset in the "
-                             f"local cache ({type(err).__name__}); pass a file path") from None
+            raise InputError(
+                f"--dataset {targs.dataset}: not a JSON/JSONL/CSV/parquet file nor a dataset in the "
+                f"local cache ({type(err).__name__}); pass a file path"
+            ) from None
     if len(ds) == 0:
         raise InputError(f"--dataset {targs.dataset}: the dataset has no rows; it needs at least one")
     try:
@@ -138,7 +147,7 @@ def _shorten(tokenizer, prompt, budget: int):
     if isinstance(prompt, str):  # cut the text where its last `budget` tokens start (no decode round trip)
         if getattr(tokenizer, "is_fast", False):
             offsets = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-            return prompt[offsets[-budget][0]:]
+            return prompt[offsets[-budget][0] :]
         return tokenizer.decode(_prompt_ids(tokenizer, prompt)[-budget:])
     messages = list(prompt)
     while len(_prompt_ids(tokenizer, messages)) > budget:
@@ -159,9 +168,11 @@ def fit_prompts(ds, tokenizer, targs: TrainArguments, completion: int, name: str
     if not long_rows:
         return ds
     worst = max(long_rows, key=lambda i: lengths[i])
-    what = (f"{len(long_rows)} of {len(ds)} prompts are longer than the {budget} tokens that --max_seq_length "
-            f"{targs.max_seq_length} - --max_completion_length {completion} leave (longest: {lengths[worst]} "
-            f"tokens, row {worst})")
+    what = (
+        f"{len(long_rows)} of {len(ds)} prompts are longer than the {budget} tokens that --max_seq_length "
+        f"{targs.max_seq_length} - --max_completion_length {completion} leave (longest: {lengths[worst]} "
+        f"tokens, row {worst})"
+    )
     if targs.drop_long_prompts:
         if len(long_rows) == len(ds):
             raise InputError(f"--dataset {name}: every prompt is too long ({what}); raise --max_seq_length")
@@ -171,9 +182,12 @@ def fit_prompts(ds, tokenizer, targs: TrainArguments, completion: int, name: str
     if targs.truncate_prompts:
         short = {i: _shorten(tokenizer, ds[i]["prompt"], budget) for i in long_rows}
         if any(p is None for p in short.values()):
-            raise InputError(f"--dataset {name}: {what}; a conversation's last message alone is over the budget: "
-                             f"use --drop_long_prompts true or raise --max_seq_length")
+            raise InputError(
+                f"--dataset {name}: {what}; a conversation's last message alone is over the budget: "
+                f"use --drop_long_prompts true or raise --max_seq_length"
+            )
         print(f"slimrl train: truncated {len(long_rows)} prompts to {budget} tokens", flush=True)
         return ds.map(lambda row, i: {"prompt": short.get(i, row["prompt"])}, with_indices=True)
-    raise InputError(f"--dataset {name}: {what}; pass --truncate_prompts true, --drop_long_prompts true, or raise "
-                     f"--max_seq_length")
+    raise InputError(
+        f"--dataset {name}: {what}; pass --truncate_prompts true, --drop_long_prompts true, or raise --max_seq_length"
+    )

@@ -15,8 +15,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast_inference", action="store_true", help="check what fast_inference=True needs")
     p.add_argument("--load_in_4bit", action="store_true", help="check what load_in_4bit=True needs")
     p.add_argument("--device", choices=("cpu", "cuda"), help="check that this device can be used")
-    p.add_argument("--model", help="a model (directory, hub id in the cache or the alias): what its config takes "
-                   "(the shared-prefix layout); its config only is read")
+    p.add_argument(
+        "--model",
+        help="a model (directory, hub id in the cache or the alias): what its config takes "
+        "(the shared-prefix layout); its config only is read",
+    )
     args = parse(p, argv)
     if isinstance(args, int):  # --help (0) or a parse error (2, one line)
         return args

@@ -9,9 +9,18 @@ import math
 from collections.abc import Callable
 
 
-def held_out_eval(model, tokenizer, dataset, reward_funcs: list[Callable], max_new_tokens: int,
-                batch_size: int = 16, tools: list[Callable] | None = None,
-                max_tool_rounds: int = 1, temperature: float | None = None, seed: int = 0) -> dict[str, float]:
+def held_out_eval(
+    model,
+    tokenizer,
+    dataset,
+    reward_funcs: list[Callable],
+    max_new_tokens: int,
+    batch_size: int = 16,
+    tools: list[Callable] | None = None,
+    max_tool_rounds: int = 1,
+    temperature: float | None = None,
+    seed: int = 0,
+) -> dict[str, float]:
     """Greedy completions for ``dataset`` (or sampled at ``temperature``, from ``seed``, the caller's random state
     left as it was); mean of each reward function (``<name>``) and of their sum. With ``tools`` (conversational
     prompts): up to ``max_tool_rounds`` tool rounds per completion, ``max_new_tokens`` per turn; the completion is
@@ -25,8 +34,9 @@ def held_out_eval(model, tokenizer, dataset, reward_funcs: list[Callable], max_n
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
-            completions, rows = _complete(model, tokenizer, dataset, batch_size, tools, max_new_tokens,
-                                          max_tool_rounds, sample)
+            completions, rows = _complete(
+                model, tokenizer, dataset, batch_size, tools, max_new_tokens, max_tool_rounds, sample
+            )
         finally:
             for_training(model)
     return _scores(reward_funcs, rows, completions)
@@ -40,11 +50,16 @@ def _complete(model, tokenizer, dataset, batch_size, tools, max_new_tokens, roun
         if tools:
             completions += _tool_loop(model, tokenizer, batch["prompt"], tools, max_new_tokens, rounds, sample)
         else:
-            prompts = [p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False,
-                                                                                   add_generation_prompt=True)
-                       for p in batch["prompt"]]
-            texts = [tokenizer.decode(ids, skip_special_tokens=True)
-                     for ids in _generate(model, tokenizer, prompts, max_new_tokens, sample)]
+            prompts = [
+                p
+                if isinstance(p, str)
+                else tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+                for p in batch["prompt"]
+            ]
+            texts = [
+                tokenizer.decode(ids, skip_special_tokens=True)
+                for ids in _generate(model, tokenizer, prompts, max_new_tokens, sample)
+            ]
             conversational = not isinstance(batch["prompt"][0], str)
             completions += [[{"role": "assistant", "content": t}] if conversational else t for t in texts]
         rows += list(batch)
@@ -75,14 +90,15 @@ def _generate(model, tokenizer, texts: list[str], max_new_tokens: int, sample: d
     eos = model.generation_config.eos_token_id
     stops = {*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id}
     result = []
-    for ids in out[:, enc["input_ids"].shape[1]:].tolist():
+    for ids in out[:, enc["input_ids"].shape[1] :].tolist():
         end = next((i + 1 for i, t in enumerate(ids) if t in stops), len(ids))
         result.append(ids[:end])
     return result
 
 
-def _tool_loop(model, tokenizer, prompts: list, tools: list[Callable], max_new_tokens: int,
-               rounds: int, sample: dict) -> list[list[dict]]:
+def _tool_loop(
+    model, tokenizer, prompts: list, tools: list[Callable], max_new_tokens: int, rounds: int, sample: dict
+) -> list[list[dict]]:
     """Each prompt's completion as TRL's GRPO builds it: assistant turn (tool calls parsed by TRL's
     ``parse_response``), each call's result as a tool message (``{'error': ...}`` when it fails), the next turn."""
     from trl.chat_template_utils import parse_response
@@ -93,8 +109,12 @@ def _tool_loop(model, tokenizer, prompts: list, tools: list[Callable], max_new_t
     for turn in range(rounds + 1):
         if not active:
             break
-        texts = [tokenizer.apply_chat_template([*prompts[i], *completions[i]], tools=tools, tokenize=False,
-                                               add_generation_prompt=True) for i in active]
+        texts = [
+            tokenizer.apply_chat_template(
+                [*prompts[i], *completions[i]], tools=tools, tokenize=False, add_generation_prompt=True
+            )
+            for i in active
+        ]
         new_ids = _generate(model, tokenizer, texts, max_new_tokens, sample)
         still = []
         for i, text, ids in zip(active, texts, new_ids):

@@ -14,22 +14,43 @@ from slimrl.compat.model_state import attach_state, model_state
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="slimrl export", description=(
-        "Write a trained LoRA adapter as the adapter, the merged model and/or GGUF files for llama.cpp / Ollama."))
-    p.add_argument("--adapter", required=True, help="a slimrl train --output_dir (its adapter/) or an adapter "
-                   "directory (adapter_config.json)")
+    p = argparse.ArgumentParser(
+        prog="slimrl export",
+        description=(
+            "Write a trained LoRA adapter as the adapter, the merged model and/or GGUF files for llama.cpp / Ollama."
+        ),
+    )
+    p.add_argument(
+        "--adapter",
+        required=True,
+        help="a slimrl train --output_dir (its adapter/) or an adapter directory (adapter_config.json)",
+    )
     p.add_argument("--model", help="the base model (default: the one the adapter records)")
-    p.add_argument("--output", help="where to write (default: <adapter's run>/export; a checkpoint's: "
-                   "<run>/exports/checkpoint-N, out of the checkpoints' rotation; <adapter>-export beside a plain "
-                   "adapter folder); never inside the adapter")
-    p.add_argument("--formats", default="merged_16bit,gguf:q8_0", help="comma-separated: lora, merged_16bit, "
-                   "merged_4bit, gguf:<type> (gguf:q8_0, gguf:f16, gguf:q4_k_m, ...); default merged_16bit,gguf:q8_0")
+    p.add_argument(
+        "--output",
+        help="where to write (default: <adapter's run>/export; a checkpoint's: "
+        "<run>/exports/checkpoint-N, out of the checkpoints' rotation; <adapter>-export beside a plain "
+        "adapter folder); never inside the adapter",
+    )
+    p.add_argument(
+        "--formats",
+        default="merged_16bit,gguf:q8_0",
+        help="comma-separated: lora, merged_16bit, "
+        "merged_4bit, gguf:<type> (gguf:q8_0, gguf:f16, gguf:q4_k_m, ...); default merged_16bit,gguf:q8_0",
+    )
     p.add_argument("--load_in_4bit", action="store_true", help="load the base in 4-bit (the merge dequantizes it)")
-    p.add_argument("--push_to_hub", metavar="REPO", help="then upload what was written to this Hub model repo "
-                   "(user/name; created if missing; HF_TOKEN and HF_ENDPOINT honoured)")
+    p.add_argument(
+        "--push_to_hub",
+        metavar="REPO",
+        help="then upload what was written to this Hub model repo "
+        "(user/name; created if missing; HF_TOKEN and HF_ENDPOINT honoured)",
+    )
     p.add_argument("--private", action="store_true", help="with --push_to_hub: a new repo is private")
-    p.add_argument("--overwrite", action="store_true", help="replace files in --output that no slimrl export wrote "
-                   "(default: refuse, naming them)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace files in --output that no slimrl export wrote (default: refuse, naming them)",
+    )
     return p
 
 
@@ -40,8 +61,10 @@ def adapter_directory(path: str) -> Path:
     for candidate in (p, p / "adapter"):
         if (candidate / "adapter_config.json").is_file():
             return candidate
-    raise FileNotFoundError(f"--adapter {path}: no adapter_config.json there nor in {p / 'adapter'}; pass a slimrl "
-                            f"train --output_dir or an adapter directory")
+    raise FileNotFoundError(
+        f"--adapter {path}: no adapter_config.json there nor in {p / 'adapter'}; pass a slimrl "
+        f"train --output_dir or an adapter directory"
+    )
 
 
 def _config(adapter: Path) -> dict:
@@ -49,8 +72,9 @@ def _config(adapter: Path) -> dict:
     try:
         config = json.loads((adapter / "adapter_config.json").read_text())
     except ValueError as err:
-        raise ValueError(f"--adapter {adapter}: adapter_config.json is not valid JSON ({err}); re-save the adapter") \
-            from None
+        raise ValueError(
+            f"--adapter {adapter}: adapter_config.json is not valid JSON ({err}); re-save the adapter"
+        ) from None
     if not isinstance(config, dict):
         raise ValueError(f"--adapter {adapter}: adapter_config.json holds no settings; re-save the adapter")
     weights = [adapter / n for n in ("adapter_model.safetensors", "adapter_model.bin") if (adapter / n).is_file()]
@@ -69,15 +93,21 @@ def output_folder(args: argparse.Namespace, adapter: Path) -> Path:
     if args.output:
         out = Path(args.output).expanduser()
     else:
-        out = (adapter.parent / "export" if adapter.name == "adapter" else
-               # a checkpoint's export: "checkpoint-N-export" beside it would be taken for a checkpoint and deleted
-               # by the rotation of a resumed run (transformers globs checkpoint-*)
-               adapter.parent / "exports" / adapter.name if CHECKPOINT.match(adapter.name) else
-               adapter.parent / f"{adapter.name}-export")
+        out = (
+            adapter.parent / "export"
+            if adapter.name == "adapter"
+            # a checkpoint's export: "checkpoint-N-export" beside it would be taken for a checkpoint and deleted
+            # by the rotation of a resumed run (transformers globs checkpoint-*)
+            else adapter.parent / "exports" / adapter.name
+            if CHECKPOINT.match(adapter.name)
+            else adapter.parent / f"{adapter.name}-export"
+        )
     resolved, source = out.resolve(), adapter.resolve()
     if resolved == source or source in resolved.parents:
-        raise ValueError(f"--output {out}: inside the adapter folder {adapter}, which the export would change; "
-                         f"choose a folder outside it")
+        raise ValueError(
+            f"--output {out}: inside the adapter folder {adapter}, which the export would change; "
+            f"choose a folder outside it"
+        )
     if out.exists() and not out.is_dir():
         raise ValueError(f"--output {out}: is a file; choose a folder")
     return out
@@ -88,8 +118,10 @@ def clear_of_adapter(folder: Path, adapter: Path) -> None:
     resolved: the export would rewrite the adapter it reads (ValueError, one line)."""
     resolved, source = folder.resolve(), adapter.resolve()
     if resolved == source or source in resolved.parents or resolved in source.parents:
-        raise ValueError(f"--output: {folder} is the adapter folder {adapter} or holds it (links resolved), which "
-                         f"the export would rewrite; choose an --output outside it")
+        raise ValueError(
+            f"--output: {folder} is the adapter folder {adapter} or holds it (links resolved), which "
+            f"the export would rewrite; choose an --output outside it"
+        )
 
 
 def _load(base: str, adapter: Path, load_in_4bit: bool):
@@ -106,11 +138,14 @@ def _load(base: str, adapter: Path, load_in_4bit: bool):
         model = attach(PeftModel.from_pretrained(model, str(adapter)))
     except RuntimeError as err:  # size mismatches: the adapter was trained on another base
         lines = [ln.strip() for ln in str(err).splitlines() if "size mismatch" in ln] or [str(err).splitlines()[0]]
-        raise ValueError(f"--adapter {adapter}: its weights do not fit {base} ({lines[0][:240]}); pass the --model "
-                         f"it was trained on") from None
+        raise ValueError(
+            f"--adapter {adapter}: its weights do not fit {base} ({lines[0][:240]}); pass the --model it was trained on"
+        ) from None
     except Exception as err:  # noqa: BLE001 - a truncated or damaged weights file (safetensors' own error type too)
-        raise ValueError(f"--adapter {adapter}: its weights cannot be read ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0][:160]}); re-save the adapter") from None
+        raise ValueError(
+            f"--adapter {adapter}: its weights cannot be read ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:160]}); re-save the adapter"
+        ) from None
     state = model_state(model)
     state.tokenizer = tokenizer  # the export's tokenizer
     attach_state(model, state)
@@ -157,14 +192,18 @@ def main(argv: list[str] | None = None) -> int:
         except (ExportError, ExportConflictError) as err:
             return fail("slimrl export", str(err))
         except OSError as err:  # unwritable folder, full disk: nothing partial is left (staged writes)
-            return fail("slimrl export", f"--output {out}: {err.strerror or err} while writing "
-                                         f"({err.filename or out}); free space or choose another folder")
+            return fail(
+                "slimrl export",
+                f"--output {out}: {err.strerror or err} while writing "
+                f"({err.filename or out}); free space or choose another folder",
+            )
     if args.push_to_hub:
         from slimrl.export.hub import HubError, upload_folder
 
         try:
-            url = upload_folder(out, args.push_to_hub, private=args.private or None,
-                                commit_message="Upload with slimrl export")
+            url = upload_folder(
+                out, args.push_to_hub, private=args.private or None, commit_message="Upload with slimrl export"
+            )
         except HubError as err:
             return fail("slimrl export", f"--push_to_hub {args.push_to_hub}: {err} (the export stays in {out})")
         print(f"slimrl export: uploaded {out} to {args.push_to_hub}: {url}", flush=True)

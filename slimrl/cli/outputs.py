@@ -42,15 +42,19 @@ def check_output_dir(path: str) -> Path:
     out = Path(path).expanduser()
     longest = max((len(part.encode()) for part in out.parts), default=0)
     if longest > 255 or len(str(out).encode()) >= 4096:  # NAME_MAX / PATH_MAX on Linux filesystems
-        raise InputError(f"--output_dir {path[:60]}...: too long for the filesystem (a name of at most 255 bytes, a "
-                         f"path under 4096); pass a shorter directory")
+        raise InputError(
+            f"--output_dir {path[:60]}...: too long for the filesystem (a name of at most 255 bytes, a "
+            f"path under 4096); pass a shorter directory"
+        )
     if out.exists() and not out.is_dir():
         raise InputError(f"--output_dir {path}: is a file; pass a directory (it is created if missing)")
     for parent in out.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise InputError(f"--output_dir {path}: {parent} is a file, so nothing can be created under it; "
-                                 f"pass another directory")
+                raise InputError(
+                    f"--output_dir {path}: {parent} is a file, so nothing can be created under it; "
+                    f"pass another directory"
+                )
             break
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -58,8 +62,9 @@ def check_output_dir(path: str) -> Path:
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
-        raise InputError(f"--output_dir {path}: cannot write there ({err.strerror or err}); pass a writable "
-                         f"directory") from None
+        raise InputError(
+            f"--output_dir {path}: cannot write there ({err.strerror or err}); pass a writable directory"
+        ) from None
     return out
 
 
@@ -78,14 +83,19 @@ def run_lock(out: Path) -> Iterator[None]:
                 held = {}
             pid, host = held.get("pid"), held.get("host")
             if isinstance(pid, int) and host == me["host"] and not pid_alive(pid):
-                warn(f"{lock}: the run that held it (pid {pid}, started {held.get('started')}) is gone; "
-                              f"taking the directory over", UserWarning)
+                warn(
+                    f"{lock}: the run that held it (pid {pid}, started {held.get('started')}) is gone; "
+                    f"taking the directory over",
+                    UserWarning,
+                )
                 lock.unlink(missing_ok=True)
                 continue
             who = f"pid {pid} on {host}" if pid else "another process"
-            raise InputError(f"--output_dir {out}: another slimrl train ({who}, started {held.get('started', '?')})"
-                             f" is writing there; wait for it, pick another --output_dir, or delete {lock} if that "
-                             f"run is gone") from None
+            raise InputError(
+                f"--output_dir {out}: another slimrl train ({who}, started {held.get('started', '?')})"
+                f" is writing there; wait for it, pick another --output_dir, or delete {lock} if that "
+                f"run is gone"
+            ) from None
         with os.fdopen(fd, "w") as f:
             json.dump(me, f)
         break
@@ -121,8 +131,10 @@ def refuse_earlier_run(out: Path, resume: bool, overwrite: bool) -> None:
                 target.unlink()
         return
     shown = ", ".join(sorted(earlier)[:3]) + (" ..." if len(earlier) > 3 else "")
-    raise InputError(f"--output_dir {out} already holds an earlier run ({shown}): continue it with --resume, or "
-                     f"pass --overwrite_output_dir true to replace it")
+    raise InputError(
+        f"--output_dir {out} already holds an earlier run ({shown}): continue it with --resume, or "
+        f"pass --overwrite_output_dir true to replace it"
+    )
 
 
 def damaged_file(ckpt: Path) -> str | None:
@@ -142,8 +154,11 @@ def damaged_file(ckpt: Path) -> str | None:
                 with safe_open(str(path), framework="pt") as f:
                     for key in f.keys():
                         tensor = f.get_slice(key)[:]  # every tensor's bytes are there
-                        if path.name.startswith("adapter_model") and tensor.is_floating_point() \
-                                and not bool(tensor.isfinite().all()):
+                        if (
+                            path.name.startswith("adapter_model")
+                            and tensor.is_floating_point()
+                            and not bool(tensor.isfinite().all())
+                        ):
                             raise ValueError(f"{key} holds NaN or inf")
             elif path.suffix in (".pt", ".pth", ".bin"):
                 with zipfile.ZipFile(path) as archive:
@@ -163,14 +178,20 @@ def _check_shape(name: str, data: Any) -> None:
     """What the trainer reads from the archive is there, of the kind it reads: the optimizer's ``state`` and
     ``param_groups``, a scheduler's mapping, the RNG states (each set on a fresh generator, not the global ones)."""
     if name == "optimizer.pt":
-        if not isinstance(data, dict) or not isinstance(data.get("state"), dict) \
-                or not isinstance(data.get("param_groups"), list):
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("state"), dict)
+            or not isinstance(data.get("param_groups"), list)
+        ):
             raise TypeError("not an optimizer state (state, param_groups)")
         groups = data["param_groups"]
         # a group may be empty (the Trainer's no-decay group under LoRA), the list of groups may not
-        if not groups or not all(isinstance(g, dict) and isinstance(g.get("params"), list)
-                                 and all(isinstance(i, int) and not isinstance(i, bool) for i in g["params"])
-                                 for g in groups):
+        if not groups or not all(
+            isinstance(g, dict)
+            and isinstance(g.get("params"), list)
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in g["params"])
+            for g in groups
+        ):
             raise TypeError("it has no parameter groups, or a group holds something other than parameter ids")
     elif name == "scheduler.pt":
         if not isinstance(data, dict):
@@ -200,8 +221,11 @@ def _check_shape(name: str, data: Any) -> None:
 NOT_LOADED_ON_RESUME = {"training_args.bin"}
 
 # the fields a resume reads from each JSON file of a checkpoint, with their types
-JSON_FIELDS = {"trainer_state.json": {"global_step": int, "log_history": list},
-               "adapter_config.json": {"r": int}, RUN_FILE: {"algorithm": str, "lora_r": int, "model": str}}
+JSON_FIELDS = {
+    "trainer_state.json": {"global_step": int, "log_history": list},
+    "adapter_config.json": {"r": int},
+    RUN_FILE: {"algorithm": str, "lora_r": int, "model": str},
+}
 
 
 def _check_json(path: Path) -> None:
@@ -228,8 +252,9 @@ def _check_json(path: Path) -> None:
             raise TypeError("log_history holds a non-mapping")
     if path.name == "adapter_config.json":
         modules = data.get("target_modules")
-        if modules is not None and not (isinstance(modules, str) or (isinstance(modules, list)
-                                                                     and all(isinstance(m, str) for m in modules))):
+        if modules is not None and not (
+            isinstance(modules, str) or (isinstance(modules, list) and all(isinstance(m, str) for m in modules))
+        ):
             raise TypeError(f"target_modules is {modules!r}, not module names")
         if "r" in data and isinstance(data["r"], int) and data["r"] < 1:
             raise ValueError(f"r {data['r']} is not a rank")
@@ -259,8 +284,7 @@ def pick_checkpoint(resume: str, out: Path) -> Path:
         bad = damaged_file(ckpt)
         if bad is None:
             return ckpt
-        warn(f"--resume: {ckpt.name} is damaged ({bad} does not load); trying an older checkpoint",
-                      UserWarning)
+        warn(f"--resume: {ckpt.name} is damaged ({bad} does not load); trying an older checkpoint", UserWarning)
     raise InputError(f"--resume: no intact checkpoint in {out}; run without --resume to start over")
 
 

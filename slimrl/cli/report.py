@@ -16,25 +16,56 @@ from slimrl.health.checks import reward_keys, reward_name
 
 NO_PLOT = "not drawn: matplotlib not installed (pip install 'slimrl[cli]')"
 # Columns written to metrics.csv (metrics.jsonl keeps every key TRL logs).
-CSV_COLUMNS = ("step", "loss", "reward", "reward_std", "kl", "entropy", "completions/mean_length",
-               "tools/call_frequency", "tools/failure_frequency", "rewards/margins", "rewards/accuracies",
-               "memory/peak_mb", "tokens_per_s", "step_time",
-               "learning_rate", "grad_norm", "frac_reward_zero_std", "completions/clipped_ratio",
-               "sampling/kl_k3/mean", "sampling/is_masked_share/sequence")
-PLOTTED = (("reward", "reward"), ("kl", "KL"), ("completions/mean_length", "completion length (tokens)"),
-           ("memory/peak_mb", "peak memory (MB)"), ("frac_reward_zero_std", "groups without reward spread (no signal)"),
-           ("entropy", "entropy (nats per token)"), ("completions/clipped_ratio", "completions truncated"))
+CSV_COLUMNS = (
+    "step",
+    "loss",
+    "reward",
+    "reward_std",
+    "kl",
+    "entropy",
+    "completions/mean_length",
+    "tools/call_frequency",
+    "tools/failure_frequency",
+    "rewards/margins",
+    "rewards/accuracies",
+    "memory/peak_mb",
+    "tokens_per_s",
+    "step_time",
+    "learning_rate",
+    "grad_norm",
+    "frac_reward_zero_std",
+    "completions/clipped_ratio",
+    "sampling/kl_k3/mean",
+    "sampling/is_masked_share/sequence",
+)
+PLOTTED = (
+    ("reward", "reward"),
+    ("kl", "KL"),
+    ("completions/mean_length", "completion length (tokens)"),
+    ("memory/peak_mb", "peak memory (MB)"),
+    ("frac_reward_zero_std", "groups without reward spread (no signal)"),
+    ("entropy", "entropy (nats per token)"),
+    ("completions/clipped_ratio", "completions truncated"),
+)
 # Tool-loop runs (TRL logs these when the trainer has tools): their panels, added when logged.
-TOOL_PANELS = (("tools/call_frequency", "tool calls per completion"),
-               ("tools/failure_frequency", "failed tool calls (share of calls)"))
+TOOL_PANELS = (
+    ("tools/call_frequency", "tool calls per completion"),
+    ("tools/failure_frequency", "failed tool calls (share of calls)"),
+)
 # A generator other than the trained model (vLLM, slimrl's engine, a server): its disagreement with the trainer.
-SAMPLER_PANELS = (("sampling/kl_k3/mean", "sampler-trainer KL (k3, nats per token)"),
-                  ("sampling/is_masked_share/sequence", "sequences masked by the IS correction"))
+SAMPLER_PANELS = (
+    ("sampling/kl_k3/mean", "sampler-trainer KL (k3, nats per token)"),
+    ("sampling/is_masked_share/sequence", "sequences masked by the IS correction"),
+)
 # Panels with a moving average drawn over the per-step points (noisy per step: the trend is what a user reads).
 SMOOTHED = ("reward",)
 # Offline (preference / SFT) trainers log no reward: their panels.
-PLOTTED_OFFLINE = (("loss", "loss"), ("rewards/margins", "reward margin (chosen - rejected)"),
-                   ("rewards/accuracies", "preference accuracy"), ("grad_norm", "gradient norm"))
+PLOTTED_OFFLINE = (
+    ("loss", "loss"),
+    ("rewards/margins", "reward margin (chosen - rejected)"),
+    ("rewards/accuracies", "preference accuracy"),
+    ("grad_norm", "gradient norm"),
+)
 
 
 class MetricsFileCallback(TrainerCallback):
@@ -72,10 +103,17 @@ class MetricsFileCallback(TrainerCallback):
 
 
 # (log key, label, format) of the compact line `slimrl train` prints per step, in this order, when logged.
-STEP_LINE = (("loss", "loss", "{:.4f}"), ("reward", "reward", "{:.3f}"), ("kl", "kl", "{:.4f}"),
-             ("completions/mean_length", "len", "{:.1f}"), ("tools/call_frequency", "calls", "{:.2f}"),
-             ("tools/failure_frequency", "failed", "{:.2f}"), ("rewards/margins", "margin", "{:.3f}"),
-             ("rewards/accuracies", "acc", "{:.2f}"), ("grad_norm", "grad", "{:.3f}"))
+STEP_LINE = (
+    ("loss", "loss", "{:.4f}"),
+    ("reward", "reward", "{:.3f}"),
+    ("kl", "kl", "{:.4f}"),
+    ("completions/mean_length", "len", "{:.1f}"),
+    ("tools/call_frequency", "calls", "{:.2f}"),
+    ("tools/failure_frequency", "failed", "{:.2f}"),
+    ("rewards/margins", "margin", "{:.3f}"),
+    ("rewards/accuracies", "acc", "{:.2f}"),
+    ("grad_norm", "grad", "{:.3f}"),
+)
 
 
 class StepLineCallback(TrainerCallback):
@@ -98,8 +136,11 @@ class StepLineCallback(TrainerCallback):
         self._last = (now, state.global_step)
         per_step = (now - then) / max(1, state.global_step - step)
         parts = [f"step {state.global_step}/{state.max_steps}"]
-        parts += [f"{label} {fmt.format(logs[key])}" for key, label, fmt in STEP_LINE
-                  if isinstance(logs.get(key), int | float)]
+        parts += [
+            f"{label} {fmt.format(logs[key])}"
+            for key, label, fmt in STEP_LINE
+            if isinstance(logs.get(key), int | float)
+        ]
         if isinstance(logs.get("frac_reward_zero_std"), int | float):  # groups whose rewards differ: they teach
             parts.append(f"signal {1 - logs['frac_reward_zero_std']:.0%}")
         if logs.get("sampling/kl_k3/mean"):  # a separate generator that disagrees with the trainer
@@ -159,8 +200,11 @@ def plot_metrics(rows: list[dict], path: str | Path, panels: tuple = PLOTTED) ->
     except ImportError:
         return None
     if panels is PLOTTED:
-        panels = panels + reward_panels(rows) + tuple((k, title) for k, title in TOOL_PANELS + SAMPLER_PANELS
-                                                      if any(k in r for r in rows))
+        panels = (
+            panels
+            + reward_panels(rows)
+            + tuple((k, title) for k, title in TOOL_PANELS + SAMPLER_PANELS if any(k in r for r in rows))
+        )
     cols = 2 if len(panels) <= 4 else 3
     nrows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.25 * nrows), squeeze=False)
@@ -177,7 +221,7 @@ def plot_metrics(rows: list[dict], path: str | Path, panels: tuple = PLOTTED) ->
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -208,47 +252,87 @@ def fmt_change(before: float | None, after: float | None, digits: int = 3) -> st
 
 def plot_for(out: Path, online: bool) -> Path | None:
     """``metrics.png`` of the run in ``out`` (online: reward panels; offline: loss/preference panels)."""
-    return plot_metrics(read_metrics(out / "metrics.jsonl"), out / "metrics.png",
-                        PLOTTED if online else PLOTTED_OFFLINE)
+    return plot_metrics(
+        read_metrics(out / "metrics.jsonl"), out / "metrics.png", PLOTTED if online else PLOTTED_OFFLINE
+    )
 
 
-def print_summary(algorithm: str, steps: int, seconds: float, peak_mb: float, out: Path, plot: Path | None,
-                  before: dict | None, after: dict | None, eval_rows: int,
-                  resume_from: Path | None, health: dict[str, str] | None = None,
-                  warmed: dict | None = None, eval_how: str = "greedy") -> dict[str, Any]:
+def print_summary(
+    algorithm: str,
+    steps: int,
+    seconds: float,
+    peak_mb: float,
+    out: Path,
+    plot: Path | None,
+    before: dict | None,
+    after: dict | None,
+    eval_rows: int,
+    resume_from: Path | None,
+    health: dict[str, str] | None = None,
+    warmed: dict | None = None,
+    eval_how: str = "greedy",
+) -> dict[str, Any]:
     """The summary table `slimrl train` prints at the end; returns the same facts as a dict. ``warmed``: the
     held-out scores after a warm start (printed between before and after); ``eval_how``: how the held-out
     completions were decoded."""
     rows = read_metrics(out / "metrics.jsonl")
     summary = {
-        "steps": steps, "time_s": seconds, "peak_memory_mb": peak_mb, "algorithm": algorithm,
+        "steps": steps,
+        "time_s": seconds,
+        "peak_memory_mb": peak_mb,
+        "algorithm": algorithm,
         "train_reward_start": mean_of(rows, "reward", first=True),
         "train_reward_end": mean_of(rows, "reward", first=False),
-        "train_loss_start": mean_of(rows, "loss", first=True), "train_loss_end": mean_of(rows, "loss", first=False),
-        "eval_decoding": eval_how, "eval_before": before, "eval_after_warm_start": warmed, "eval_after": after,
+        "train_loss_start": mean_of(rows, "loss", first=True),
+        "train_loss_end": mean_of(rows, "loss", first=False),
+        "eval_decoding": eval_how,
+        "eval_before": before,
+        "eval_after_warm_start": warmed,
+        "eval_after": after,
         "adapter": str(out / "adapter"),
-        "metrics": str(out / "metrics.jsonl"), "plot": str(plot) if plot else None,
+        "metrics": str(out / "metrics.jsonl"),
+        "plot": str(plot) if plot else None,
         "resumed_from": str(resume_from) if resume_from else None,
     }
-    items = [("algorithm", algorithm), ("steps", steps), ("time", f"{seconds:.0f} s"),
-             ("peak memory", f"{peak_mb:.0f} MB")]
+    items = [
+        ("algorithm", algorithm),
+        ("steps", steps),
+        ("time", f"{seconds:.0f} s"),
+        ("peak memory", f"{peak_mb:.0f} MB"),
+    ]
     if summary["train_reward_start"] is not None:
-        items.append(("train reward (first 5 -> last 5 steps)", fmt_change(summary["train_reward_start"],
-                                                                           summary["train_reward_end"])))
+        items.append(
+            (
+                "train reward (first 5 -> last 5 steps)",
+                fmt_change(summary["train_reward_start"], summary["train_reward_end"]),
+            )
+        )
     else:
-        items.append(("train loss (first 5 -> last 5 steps)", fmt_change(summary["train_loss_start"],
-                                                                         summary["train_loss_end"])))
+        items.append(
+            ("train loss (first 5 -> last 5 steps)", fmt_change(summary["train_loss_start"], summary["train_loss_end"]))
+        )
     if before and after and warmed:
-        items += [(f"held-out {name} ({eval_how}, {eval_rows} rows)",
-                   f"{before[name]:.3f} -> {warmed[name]:.3f} after warm start -> {after[name]:.3f}")
-                  for name in before]
+        items += [
+            (
+                f"held-out {name} ({eval_how}, {eval_rows} rows)",
+                f"{before[name]:.3f} -> {warmed[name]:.3f} after warm start -> {after[name]:.3f}",
+            )
+            for name in before
+        ]
     elif before and after:
-        items += [(f"held-out {name} ({eval_how}, {eval_rows} rows)", fmt_change(before[name], after[name]))
-                  for name in before if name != "reward"]
+        items += [
+            (f"held-out {name} ({eval_how}, {eval_rows} rows)", fmt_change(before[name], after[name]))
+            for name in before
+            if name != "reward"
+        ]
         items.append((f"held-out total reward ({eval_how})", fmt_change(before["reward"], after["reward"])))
     summary["health"] = health
-    items += [("adapter + tokenizer", out / "adapter"), ("checkpoints", f"{out}/checkpoint-*"),
-              ("metrics", f"{out}/metrics.jsonl, metrics.csv"), ("plot", plot or NO_PLOT)]
+    items += [
+        ("adapter + tokenizer", out / "adapter"),
+        ("checkpoints", f"{out}/checkpoint-*"),
+        ("metrics", f"{out}/metrics.jsonl, metrics.csv"),
+        ("plot", plot or NO_PLOT),
+    ]
     if resume_from:
         items.append(("resumed from", resume_from))
     items.append(("export (merged model, GGUF)", f"slimrl export --adapter {out} --formats merged_16bit,gguf:q8_0"))

@@ -35,8 +35,11 @@ def train_or_finish(trainer: Any, resume_from: Path | None) -> bool:
 
     trainer._load_from_checkpoint(str(resume_from))
     trainer.state = TrainerState.load_from_json(str(resume_from / "trainer_state.json"))
-    print(f"slimrl train: {resume_from.name} is at step {trainer.state.global_step}, --max_steps {max_steps}: "
-          f"nothing left to train (raise --max_steps to train on); saving its adapter", flush=True)
+    print(
+        f"slimrl train: {resume_from.name} is at step {trainer.state.global_step}, --max_steps {max_steps}: "
+        f"nothing left to train (raise --max_steps to train on); saving its adapter",
+        flush=True,
+    )
     return False
 
 
@@ -48,8 +51,7 @@ def check_resume_matches(ckpt: Path, record: dict[str, Any], model: Any = None) 
     from slimrl.errors import InputError
 
     saved = json.loads((ckpt / RUN_FILE).read_text()) if (ckpt / RUN_FILE).is_file() else {}
-    adapter = json.loads((ckpt / "adapter_config.json").read_text()) if (ckpt / "adapter_config.json").is_file() \
-        else {}
+    adapter = json.loads((ckpt / "adapter_config.json").read_text()) if (ckpt / "adapter_config.json").is_file() else {}
     mismatches = []
     if saved.get("algorithm") not in (None, record["algorithm"]):
         mismatches.append(f"--algorithm {saved['algorithm']} there, {record['algorithm']} now")
@@ -57,16 +59,23 @@ def check_resume_matches(ckpt: Path, record: dict[str, Any], model: Any = None) 
     if rank is not None and rank != record["lora_r"]:
         mismatches.append(f"--lora_r {rank} there, {record['lora_r']} now")
     targets = sorted(model.peft_config["default"].target_modules) if model is not None else None
-    if targets is not None and adapter.get("target_modules") is not None and sorted(adapter["target_modules"]) != \
-            targets:
+    if (
+        targets is not None
+        and adapter.get("target_modules") is not None
+        and sorted(adapter["target_modules"]) != targets
+    ):
         mismatches.append(f"LoRA target modules {sorted(adapter['target_modules'])} there, {targets} now")
     if mismatches:
-        raise InputError(f"--resume {ckpt}: the checkpoint is from a different run ({'; '.join(mismatches)}); "
-                         f"resume with the same options, or start over with --overwrite_output_dir true")
+        raise InputError(
+            f"--resume {ckpt}: the checkpoint is from a different run ({'; '.join(mismatches)}); "
+            f"resume with the same options, or start over with --overwrite_output_dir true"
+        )
     differences = adapter_differences(ckpt, model) if model is not None else None
     if differences:
-        raise InputError(f"--resume {ckpt}: its adapter does not fit this model ({differences}); resume from "
-                         f"another checkpoint, or start over with --overwrite_output_dir true")
+        raise InputError(
+            f"--resume {ckpt}: its adapter does not fit this model ({differences}); resume from "
+            f"another checkpoint, or start over with --overwrite_output_dir true"
+        )
 
 
 def adapter_differences(ckpt: Path, model: Any) -> str | None:
@@ -91,6 +100,8 @@ def adapter_differences(ckpt: Path, model: Any) -> str | None:
     if extra:
         parts.append(f"{len(extra)} tensors this model has no place for, e.g. {extra[0]}")
     if shapes:
-        parts.append(f"{len(shapes)} of another shape, e.g. {shapes[0]}: {list(saved[shapes[0]])} there, "
-                     f"{list(wanted[shapes[0]])} now")
+        parts.append(
+            f"{len(shapes)} of another shape, e.g. {shapes[0]}: {list(saved[shapes[0]])} there, "
+            f"{list(wanted[shapes[0]])} now"
+        )
     return "; ".join(parts) or None

@@ -70,10 +70,24 @@ BUILT_IN = {
     # the held-out eval gives each turn 64 tokens (a call alone is over the arithmetic task's 32) and samples as
     # training does: after the warm start greedy decoding already calls the tool (the most likely first token is
     # the call's), while sampled completions call it about 1 time in 5 — what GRPO changes is the sampled behaviour.
-    "calculator": Task("calculator", _calculator_rewards, _calculator_problems, _calculator_tools, algorithms=("grpo",),
-                       sampled_eval=True, defaults={
-        "per_device_train_batch_size": 16, "num_generations": 8, "max_completion_length": 96, "temperature": 1.0,
-        "max_tool_calling_iterations": 1, "max_steps": 16, "eval_max_new_tokens": 64, "learning_rate": 3e-4}),
+    "calculator": Task(
+        "calculator",
+        _calculator_rewards,
+        _calculator_problems,
+        _calculator_tools,
+        algorithms=("grpo",),
+        sampled_eval=True,
+        defaults={
+            "per_device_train_batch_size": 16,
+            "num_generations": 8,
+            "max_completion_length": 96,
+            "temperature": 1.0,
+            "max_tool_calling_iterations": 1,
+            "max_steps": 16,
+            "eval_max_new_tokens": 64,
+            "learning_rate": 3e-4,
+        },
+    ),
 }
 
 
@@ -99,12 +113,28 @@ def warm_start(model, tokenizer, steps: int, cfg: Any, max_length: int) -> list[
     from trl import SFTConfig, SFTTrainer
 
     scratch = tempfile.mkdtemp(prefix="slimrl-warm-start-")  # nothing of it is saved: the adapter trains on
-    sft_cfg = SFTConfig(output_dir=scratch, per_device_train_batch_size=8, max_steps=steps,
-                        learning_rate=5e-4, lr_scheduler_type="constant", assistant_only_loss=True, logging_steps=1,
-                        save_strategy="no", report_to="none", seed=cfg.seed, use_cpu=cfg.use_cpu, bf16=cfg.bf16,
-                        max_length=max_length, gradient_checkpointing=bool(cfg.gradient_checkpointing))
-    trainer = SFTTrainer(model=model, args=sft_cfg, processing_class=tokenizer,
-                         train_dataset=make_tool_demonstrations(8 * steps, seed=cfg.seed))
+    sft_cfg = SFTConfig(
+        output_dir=scratch,
+        per_device_train_batch_size=8,
+        max_steps=steps,
+        learning_rate=5e-4,
+        lr_scheduler_type="constant",
+        assistant_only_loss=True,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=cfg.seed,
+        use_cpu=cfg.use_cpu,
+        bf16=cfg.bf16,
+        max_length=max_length,
+        gradient_checkpointing=bool(cfg.gradient_checkpointing),
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_cfg,
+        processing_class=tokenizer,
+        train_dataset=make_tool_demonstrations(8 * steps, seed=cfg.seed),
+    )
     use_step_lines(trainer)
     try:
         trainer.train()

@@ -68,18 +68,24 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
     check_task(targs.task, TASKS)  # first: the checks below look it up
     algorithm = targs.algorithm
     if targs.use_gradient_checkpointing.lower() not in ("slimrl", "unsloth", "selective", "true", "false"):
-        raise InputError(f"--use_gradient_checkpointing {targs.use_gradient_checkpointing}: use slimrl, selective, "
-                         f"true or false")
+        raise InputError(
+            f"--use_gradient_checkpointing {targs.use_gradient_checkpointing}: use slimrl, selective, true or false"
+        )
     if targs.reward and algorithm not in ONLINE:
-        raise InputError(f"--reward: --algorithm {algorithm} learns from its dataset, not from reward functions; "
-                         f"drop --reward or use --algorithm {' / '.join(ONLINE)}")
+        raise InputError(
+            f"--reward: --algorithm {algorithm} learns from its dataset, not from reward functions; "
+            f"drop --reward or use --algorithm {' / '.join(ONLINE)}"
+        )
     task = task_of(targs.task)
     if targs.task != "arithmetic" and targs.dataset is not None:
-        raise InputError(f"--task {targs.task} and --dataset: the built-in task brings its own problems; pass one "
-                         f"of them")
+        raise InputError(
+            f"--task {targs.task} and --dataset: the built-in task brings its own problems; pass one of them"
+        )
     if task.algorithms and algorithm not in task.algorithms:
-        raise InputError(f"--task {targs.task}: runs with --algorithm {' / '.join(task.algorithms)} (TRL's tool "
-                         f"loop is GRPO's), not {algorithm}")
+        raise InputError(
+            f"--task {targs.task}: runs with --algorithm {' / '.join(task.algorithms)} (TRL's tool "
+            f"loop is GRPO's), not {algorithm}"
+        )
     if targs.warm_start_steps is not None and (targs.task != "calculator" or targs.warm_start_steps < 0):
         raise InputError(f"--warm_start_steps {targs.warm_start_steps}: a count >= 0, for --task calculator only")
     if targs.dataset is None and targs.train_size < 1:
@@ -87,12 +93,14 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
     if targs.eval_size < 0:
         raise InputError(f"--eval_size {targs.eval_size}: must be >= 0 (0: no held-out evaluation)")
     if targs.eval_max_new_tokens < 1:
-        raise InputError(f"--eval_max_new_tokens {targs.eval_max_new_tokens}: must be >= 1 (--eval_size 0 skips the "
-                         f"evaluation)")
+        raise InputError(
+            f"--eval_max_new_tokens {targs.eval_max_new_tokens}: must be >= 1 (--eval_size 0 skips the evaluation)"
+        )
     iterations = getattr(cfg, "max_tool_calling_iterations", None)
     if iterations is not None and iterations < 0:
-        raise InputError(f"--max_tool_calling_iterations {iterations}: must be >= 0 (a negative count would turn "
-                         f"the tool loop off)")
+        raise InputError(
+            f"--max_tool_calling_iterations {iterations}: must be >= 0 (a negative count would turn the tool loop off)"
+        )
     if targs.lora_r < 1:
         raise InputError(f"--lora_r {targs.lora_r}: the LoRA rank must be >= 1")
     if targs.threads is not None and targs.threads < 1:
@@ -102,12 +110,16 @@ def validate(targs: TrainArguments, cfg: Any) -> None:
     if targs.truncate_prompts and targs.drop_long_prompts:
         raise InputError("--truncate_prompts and --drop_long_prompts: pass one of them")
     if algorithm in ONLINE and cfg.max_completion_length >= targs.max_seq_length:
-        raise InputError(f"--max_completion_length {cfg.max_completion_length} leaves no room for the prompt in "
-                         f"--max_seq_length {targs.max_seq_length}; lower the first or raise the second")
+        raise InputError(
+            f"--max_completion_length {cfg.max_completion_length} leaves no room for the prompt in "
+            f"--max_seq_length {targs.max_seq_length}; lower the first or raise the second"
+        )
     max_length = getattr(cfg, "max_length", None)
     if algorithm not in ONLINE and max_length is not None and max_length > targs.max_seq_length:
-        raise InputError(f"--max_length {max_length} is over --max_seq_length {targs.max_seq_length}; lower the "
-                         f"first or raise the second")
+        raise InputError(
+            f"--max_length {max_length} is over --max_seq_length {targs.max_seq_length}; lower the "
+            f"first or raise the second"
+        )
     memory_fraction(targs.gpu_memory_utilization)
     check_options(targs)
     check_config(cfg, type(cfg))
@@ -169,17 +181,29 @@ def run(targs: TrainArguments, cfg: Any, deferred: list | None = None) -> dict[s
             tokenizer = AutoTokenizer.from_pretrained(str(model_path))
             if built_in_tools(targs):  # the tool template fits, checked before the model loads
                 tool_template(tokenizer, targs)
-            train_ds = fit_prompts(train_ds, tokenizer, targs, cfg.max_completion_length,
-                                   targs.dataset or "built-in task")
+            train_ds = fit_prompts(
+                train_ds, tokenizer, targs, cfg.max_completion_length, targs.dataset or "built-in task"
+            )
         from slimrl.compat.runtime.threads import apply_threads
 
         print(apply_threads(targs.threads), flush=True)
-        return train_and_report(targs, cfg, trainer_cls, out, model_path, rewards, train_ds, eval_ds, resume_from,
-                                record)
+        return train_and_report(
+            targs, cfg, trainer_cls, out, model_path, rewards, train_ds, eval_ds, resume_from, record
+        )
 
 
-def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewards, train_ds, eval_ds,
-                     resume_from: Path | None, record: dict) -> dict[str, Any]:
+def train_and_report(
+    targs,
+    cfg,
+    trainer_cls,
+    out: Path,
+    model_path: Path,
+    rewards,
+    train_ds,
+    eval_ds,
+    resume_from: Path | None,
+    record: dict,
+) -> dict[str, Any]:
     """Load, evaluate, train, evaluate, save, report (every input already checked)."""
     import torch
 
@@ -192,14 +216,24 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
     t_start = time.time()
     with peak_window(torch.device("cuda" if torch.cuda.is_available() else "cpu")) as window:
         model, tokenizer = FastLanguageModel.from_pretrained(
-            str(model_path), max_seq_length=targs.max_seq_length, load_in_4bit=targs.load_in_4bit,
-            fast_inference=targs.fast_inference, max_lora_rank=targs.lora_r,
-            gpu_memory_utilization=memory_fraction(targs.gpu_memory_utilization))
-        gc_mode: str | bool = {"true": True, "false": False}.get(targs.use_gradient_checkpointing.lower(),
-                                                                  targs.use_gradient_checkpointing.lower())
-        model = FastLanguageModel.get_peft_model(model, r=targs.lora_r, lora_alpha=targs.lora_alpha,
-                                                 lora_dropout=targs.lora_dropout, use_gradient_checkpointing=gc_mode,
-                                                 random_state=cfg.seed)
+            str(model_path),
+            max_seq_length=targs.max_seq_length,
+            load_in_4bit=targs.load_in_4bit,
+            fast_inference=targs.fast_inference,
+            max_lora_rank=targs.lora_r,
+            gpu_memory_utilization=memory_fraction(targs.gpu_memory_utilization),
+        )
+        gc_mode: str | bool = {"true": True, "false": False}.get(
+            targs.use_gradient_checkpointing.lower(), targs.use_gradient_checkpointing.lower()
+        )
+        model = FastLanguageModel.get_peft_model(
+            model,
+            r=targs.lora_r,
+            lora_alpha=targs.lora_alpha,
+            lora_dropout=targs.lora_dropout,
+            use_gradient_checkpointing=gc_mode,
+            random_state=cfg.seed,
+        )
         if resume_from is not None:
             check_resume_matches(resume_from, record, model)
         tools = built_in_tools(targs)
@@ -210,8 +244,20 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
         temperature = cfg.temperature if sampled else None
 
         def evaluate():
-            return (held_out_eval(model, tokenizer, eval_ds, rewards, targs.eval_max_new_tokens, tools=tools,
-                                  temperature=temperature, seed=cfg.seed) if eval_ds else None)
+            return (
+                held_out_eval(
+                    model,
+                    tokenizer,
+                    eval_ds,
+                    rewards,
+                    targs.eval_max_new_tokens,
+                    tools=tools,
+                    temperature=temperature,
+                    seed=cfg.seed,
+                )
+                if eval_ds
+                else None
+            )
 
         before, warmed = evaluate(), None
         steps = WARM_START_STEPS if targs.warm_start_steps is None else targs.warm_start_steps
@@ -220,12 +266,20 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
             warm_start(model, tokenizer, steps, cfg, targs.max_seq_length)
             warmed = evaluate()
         online = ({"reward_funcs": rewards} if targs.algorithm in ONLINE else {}) | ({"tools": tools} if tools else {})
-        trainer = trainer_cls(model=model, args=cfg, train_dataset=train_ds, processing_class=tokenizer,
-                              callbacks=[MetricsFileCallback(out), RunRecordCallback(record)], **online)
+        trainer = trainer_cls(
+            model=model,
+            args=cfg,
+            train_dataset=train_ds,
+            processing_class=tokenizer,
+            callbacks=[MetricsFileCallback(out), RunRecordCallback(record)],
+            **online,
+        )
         if len(trainer.train_dataset) == 0:  # TRL dropped every row (e.g. all longer than max_length)
-            raise InputError(f"--dataset {targs.dataset or 'built-in task'}: no row is left after TRL's "
-                             f"preprocessing (every row is longer than --max_length {getattr(cfg, 'max_length', '?')}"
-                             f"?); raise --max_length")
+            raise InputError(
+                f"--dataset {targs.dataset or 'built-in task'}: no row is left after TRL's "
+                f"preprocessing (every row is longer than --max_length {getattr(cfg, 'max_length', '?')}"
+                f"?); raise --max_length"
+            )
         use_step_lines(trainer)
         train_or_finish(trainer, resume_from)
         after = evaluate()
@@ -239,19 +293,31 @@ def train_and_report(targs, cfg, trainer_cls, out: Path, model_path: Path, rewar
             export_all(model, tokenizer, out / "export", *parse_formats(targs.export, "--export"))
         plot = plot_for(out, targs.algorithm in ONLINE)
         monitor = monitor_of(trainer)
-        return print_summary(targs.algorithm, trainer.state.global_step, time.time() - t_start,
-                             window.peak_bytes() / 2**20, out, plot, before, after,
-                             len(eval_ds) if eval_ds else 0, resume_from,
-                             health=monitor.report() if monitor is not None else None, warmed=warmed,
-                             eval_how=f"sampled at T={temperature}" if sampled else "greedy")
+        return print_summary(
+            targs.algorithm,
+            trainer.state.global_step,
+            time.time() - t_start,
+            window.peak_bytes() / 2**20,
+            out,
+            plot,
+            before,
+            after,
+            len(eval_ds) if eval_ds else 0,
+            resume_from,
+            health=monitor.report() if monitor is not None else None,
+            warmed=warmed,
+            eval_how=f"sampled at T={temperature}" if sampled else "greedy",
+        )
 
 
 def _interrupted_message(cfg: Any) -> str:
     out = Path(getattr(cfg, "output_dir", "") or ".")
     saved = [c for c in checkpoints(out) if (c / "trainer_state.json").is_file()] if out.is_dir() else []
     if saved:
-        return (f"slimrl train: interrupted; the checkpoints written so far are intact (newest: {saved[0]}): "
-                f"continue with `slimrl train --resume` (same options)")
+        return (
+            f"slimrl train: interrupted; the checkpoints written so far are intact (newest: {saved[0]}): "
+            f"continue with `slimrl train --resume` (same options)"
+        )
     return "slimrl train: interrupted before the first checkpoint; nothing was saved yet (run again to start over)"
 
 

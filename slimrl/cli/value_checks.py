@@ -27,8 +27,15 @@ MAX_GENERATIONS = 2**16
 FIXED_AFTER = ("per_device_train_batch_size",)  # counts the library may change before the command line sees them
 # values TRL checks only when the step runs (its help text lists none): GRPO/RLOO's reward scaling
 RUNTIME_CHOICES = {"scale_rewards": ("group", "batch", "none")}
-COUNTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "num_iterations",
-          "max_completion_length", "max_length", "max_steps")  # config fields that are counts >= 1 where set
+COUNTS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_generations",
+    "num_iterations",
+    "max_completion_length",
+    "max_length",
+    "max_steps",
+)  # config fields that are counts >= 1 where set
 
 
 def _count(flag: str, value: Any, upper: int | None = None, why: str = "") -> None:
@@ -43,8 +50,12 @@ def _count(flag: str, value: Any, upper: int | None = None, why: str = "") -> No
 def _number(flag: str, value: Any, low: float, high: float, low_open: bool = False, what: str = "") -> None:
     if value is None:
         return
-    ok = isinstance(value, int | float) and math.isfinite(value) and (value > low if low_open else value >= low) \
+    ok = (
+        isinstance(value, int | float)
+        and math.isfinite(value)
+        and (value > low if low_open else value >= low)
         and value <= high
+    )
     if not ok:
         bound = f"{'(' if low_open else '['}{low:g}, {high:g}]"
         raise InputError(f"--{flag} {value}: {what or 'a number'} in {bound}")
@@ -58,8 +69,14 @@ def check_task(task: str, tasks: tuple[str, ...]) -> None:
 def check_options(targs: Any) -> None:
     """slimrl's own options (:class:`slimrl.cli.args.TrainArguments`)."""
     _count("lora_r", targs.lora_r, MAX_RANK, " (the LoRA rank)")
-    _number("lora_alpha", targs.lora_alpha, 0, 1e6, low_open=True,
-            what="the LoRA scale's numerator (alpha / r; <= 0 reverses or erases the adapter's update), a number")
+    _number(
+        "lora_alpha",
+        targs.lora_alpha,
+        0,
+        1e6,
+        low_open=True,
+        what="the LoRA scale's numerator (alpha / r; <= 0 reverses or erases the adapter's update), a number",
+    )
     _number("lora_dropout", targs.lora_dropout, 0, 1, what="a dropout probability (1 drops everything: < 1),")
     if targs.lora_dropout == 1:
         raise InputError("--lora_dropout 1.0: every adapter input would be dropped; a probability below 1")
@@ -79,29 +96,50 @@ def check_config(cfg: Any, config_cls: type) -> None:
         raise InputError("--output_dir '': an empty path; pass the folder to write the run to")
     from slimrl.patching.every_trainer.validation import unsloth_refusals
 
-    refused = unsloth_refusals({name: getattr(cfg, name, None) for name in
-                                ("learning_rate", "temperature", "max_completion_length")})
+    refused = unsloth_refusals(
+        {name: getattr(cfg, name, None) for name in ("learning_rate", "temperature", "max_completion_length")}
+    )
     if refused:  # the library accepts what TRL accepts; the command runs only what makes sense
         raise InputError(refused[0])
     for name in COUNTS:
         if hasattr(cfg, name) and not (name == "max_steps" and cfg.max_steps == -1):
             _count(name, getattr(cfg, name), MAX_GENERATIONS if name == "num_generations" else None)
     if cfg.save_strategy == "steps" or str(cfg.save_strategy).endswith("STEPS"):
-        _number("save_steps", cfg.save_steps, 0, math.inf, low_open=True,
-                what="steps between checkpoints (--save_strategy no saves none),")
-    _number("learning_rate", cfg.learning_rate, 0, 1, low_open=True,
-            what="a learning rate (above 1 every step overshoots: weights go to inf/NaN),")
-    for name, low, high, low_open in (("top_p", 0, 1, True), ("min_p", 0, 1, False), ("epsilon", 0, 10, False),
-                                      ("epsilon_high", 0, 10, False), ("temperature", 0, 100, True),
-                                      ("beta", 0, 1e6, False)):
+        _number(
+            "save_steps",
+            cfg.save_steps,
+            0,
+            math.inf,
+            low_open=True,
+            what="steps between checkpoints (--save_strategy no saves none),",
+        )
+    _number(
+        "learning_rate",
+        cfg.learning_rate,
+        0,
+        1,
+        low_open=True,
+        what="a learning rate (above 1 every step overshoots: weights go to inf/NaN),",
+    )
+    for name, low, high, low_open in (
+        ("top_p", 0, 1, True),
+        ("min_p", 0, 1, False),
+        ("epsilon", 0, 10, False),
+        ("epsilon_high", 0, 10, False),
+        ("temperature", 0, 100, True),
+        ("beta", 0, 1e6, False),
+    ):
         if getattr(cfg, name, None) is not None:
             _number(name, getattr(cfg, name), low, high, low_open)
     if getattr(cfg, "top_k", None) is not None and cfg.top_k < -1:
         raise InputError(f"--top_k {cfg.top_k}: a count of tokens >= 0 (0 or -1: no top-k)")
     for name in ("loss_type", "scale_rewards", "importance_sampling_level"):
         value = getattr(cfg, name, None)
-        choices = (config_choices(config_cls, name) or list(RUNTIME_CHOICES.get(name, ()))) \
-            if name in config_cls.__dataclass_fields__ else []
+        choices = (
+            (config_choices(config_cls, name) or list(RUNTIME_CHOICES.get(name, ())))
+            if name in config_cls.__dataclass_fields__
+            else []
+        )
         if isinstance(value, str) and choices and value not in choices:
             raise InputError(f"--{name} {value}: {config_cls.__name__} takes {', '.join(choices)}")
     kwargs = getattr(cfg, "generation_kwargs", None)
@@ -176,5 +214,6 @@ def check_raw_paths(argv: list[str], yaml_data: dict[str, Any]) -> None:
         except OSError as err:
             raise InputError(f"--{name} {value}: {err.strerror.lower()}; pass a JSON file or a JSON object") from None
         if not stat.S_ISREG(mode):
-            raise InputError(f"--{name} {value}: not a regular file (a pipe or a device would block the run); pass "
-                             f"a JSON file")
+            raise InputError(
+                f"--{name} {value}: not a regular file (a pipe or a device would block the run); pass a JSON file"
+            )

@@ -41,8 +41,9 @@ class EngineStart:
         return asdict(self)
 
 
-def cuda_engine_start(utilization: float | str, free: int, total: int, external: int,
-                      kv_bytes: int | None = None) -> EngineStart:
+def cuda_engine_start(
+    utilization: float | str, free: int, total: int, external: int, kv_bytes: int | None = None
+) -> EngineStart:
     """The arguments for ``utilization`` (a float, or ``"auto"`` with the KV cache's ``kv_bytes`` already sized)
     on a GPU of ``total`` bytes with ``free`` bytes free and ``external`` bytes of shared weights (module
     docstring)."""
@@ -70,8 +71,7 @@ def startup_problem(start: EngineStart) -> str | None:
         from vllm.v1.worker.utils import request_memory
     except ImportError:
         request_memory = None
-    snapshot = SimpleNamespace(total_memory=start.total_bytes, free_memory=start.free_bytes_at_start,
-                               device_="cuda")
+    snapshot = SimpleNamespace(total_memory=start.total_bytes, free_memory=start.free_bytes_at_start, device_="cuda")
     cache = SimpleNamespace(gpu_memory_utilization=start.gpu_memory_utilization)
     if request_memory is not None:
         try:
@@ -91,11 +91,15 @@ def fix_for(start: EngineStart) -> str:
     """What to change when :func:`startup_problem` says no (one sentence)."""
     room = start.free_bytes_at_start + start.external_weight_bytes
     if start.free_bytes_at_start < 0:
-        return (f"the model's weights alone ({start.external_weight_bytes / GiB:.1f} GiB) leave this GPU no room: "
-                f"load_in_4bit=True, a smaller model or a larger GPU (gpu_memory_utilization cannot help)")
+        return (
+            f"the model's weights alone ({start.external_weight_bytes / GiB:.1f} GiB) leave this GPU no room: "
+            f"load_in_4bit=True, a smaller model or a larger GPU (gpu_memory_utilization cannot help)"
+        )
     if start.external_weight_bytes >= start.gpu_memory_utilization * start.total_bytes:
         low = math.ceil((start.external_weight_bytes + ENGINE_RESERVE) / start.total_bytes * 100) / 100
         return f"raise gpu_memory_utilization to at least {low:.2f} (the engine's share holds its weights)"
     high = math.floor(room / start.total_bytes * 100) / 100
-    return (f"lower gpu_memory_utilization to {high:.2f} or below, or pass gpu_memory_utilization='auto', "
-            f"load_in_4bit=True or a smaller max_seq_length")
+    return (
+        f"lower gpu_memory_utilization to {high:.2f} or below, or pass gpu_memory_utilization='auto', "
+        f"load_in_4bit=True or a smaller max_seq_length"
+    )

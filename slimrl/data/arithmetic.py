@@ -17,8 +17,10 @@ _NUMBER = re.compile(r"-?\d+")
 _QUESTIONS = ("What is {a} + {b}?", "What is {a} plus {b}?", "Compute {a} + {b}.", "Add {a} and {b}.")
 # One worked example in the chat history shows the answer format: SmolLM2-135M then uses the tag in about a
 # sixth of sampled answers (none with an instruction alone), which gives GRPO a signal to reinforce.
-EXAMPLE = [{"role": "user", "content": "What is 3 + 4?"},
-           {"role": "assistant", "content": f"3 + 4 = 7. <{ANSWER_TAG}>7</{ANSWER_TAG}>"}]
+EXAMPLE = [
+    {"role": "user", "content": "What is 3 + 4?"},
+    {"role": "assistant", "content": f"3 + 4 = 7. <{ANSWER_TAG}>7</{ANSWER_TAG}>"},
+]
 
 
 def make_arithmetic_dataset(n: int, seed: int = 3407, max_operand: int = 20) -> Any:
@@ -90,8 +92,11 @@ def make_preference_dataset(n: int, kind: str = "paired", seed: int = 3407, max_
         a, b = (int(x) for x in _NUMBER.findall(question)[:2])
         right = f"{a} + {b} = {a + b}. <{ANSWER_TAG}>{a + b}</{ANSWER_TAG}>"
         wrong_sum = a + b + rng.choice([-5, -4, -3, -2, -1, 1, 2, 3, 4, 5])
-        wrong = (f"{a} + {b} = {wrong_sum}. <{ANSWER_TAG}>{wrong_sum}</{ANSWER_TAG}>" if rng.random() < 0.75
-                 else f"{a} + {b} = {a + b}.")
+        wrong = (
+            f"{a} + {b} = {wrong_sum}. <{ANSWER_TAG}>{wrong_sum}</{ANSWER_TAG}>"
+            if rng.random() < 0.75
+            else f"{a} + {b} = {a + b}."
+        )
         chosen = [{"role": "assistant", "content": right}]
         rejected = [{"role": "assistant", "content": wrong}]
         if kind == "paired":

@@ -40,7 +40,7 @@ TOOL_CHAT_TEMPLATE = (
     "{%- for tool in tools %}{%- set f = tool.function if tool.function is defined else tool %}"
     "{{- '\\n- ' + f.name + '(' + (f.parameters.properties | list | join(', ')) + '): ' + f.description }}"
     "{%- endfor %}"
-    "{{- '\\nCall a tool as <tool_call>\\n{\"name\": ..., \"arguments\": {...}}\\n</tool_call>' }}"
+    '{{- \'\\nCall a tool as <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>\' }}'
     "{%- endif %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- for message in messages %}"
     "{%- set content = message.content if message.content is string else '' %}"
@@ -50,7 +50,7 @@ TOOL_CHAT_TEMPLATE = (
     "{{- '<|im_start|>assistant\\n' }}{%- generation %}{{- content }}"
     "{%- for call in message.tool_calls or [] %}{%- set call = call.function if call.function is defined else call %}"
     "{%- if content or not loop.first %}{{- '\\n' }}{%- endif %}"
-    "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+    '{{- \'<tool_call>\\n{"name": "\' + call.name + \'", "arguments": \' }}'
     "{%- if call.arguments is string %}{{- call.arguments }}{%- else %}{{- call.arguments | tojson }}{%- endif %}"
     "{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>' }}{%- endgeneration %}{{- '\\n' }}"
     "{%- elif message.role == 'tool' %}"
@@ -61,8 +61,14 @@ TOOL_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
 
 
 def calculator(expression: str) -> str:
@@ -71,6 +77,7 @@ def calculator(expression: str) -> str:
     Args:
         expression: the expression, e.g. "12*7"
     """
+
     def value(node: ast.AST) -> float:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
             return node.value
@@ -100,8 +107,10 @@ def use_tool_template(tokenizer) -> str | None:
     if "tools" in template:
         return None
     if "<|im_start|>" not in template:
-        raise ValueError("the model's chat template shows no tools and is not ChatML (<|im_start|>); give the "
-                         "tokenizer a tool-capable chat_template")
+        raise ValueError(
+            "the model's chat template shows no tools and is not ChatML (<|im_start|>); give the "
+            "tokenizer a tool-capable chat_template"
+        )
     tokenizer.chat_template = qwen3_chat_template  # TRL knows its parser by the template's text ...
     add_response_schema(tokenizer)
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE  # ... and ours writes calls the same way
@@ -122,8 +131,12 @@ def make_calculator_dataset(n: int, seed: int = 3407, low: int = 11, high: int =
     rows = []
     for _ in range(n):
         question, a, b = _question(rng, low, high)
-        rows.append({"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
-                     "answer": str(a * b)})
+        rows.append(
+            {
+                "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+                "answer": str(a * b),
+            }
+        )
     return Dataset.from_list(rows)
 
 
@@ -140,11 +153,18 @@ def make_tool_demonstrations(n: int, seed: int = 3407) -> Any:
         question, a, b = _question(rng, 11, 99)
         expression = f"{a}*{b}"
         call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
-        rows.append({"messages": [
-            {"role": "system", "content": SYSTEM}, {"role": "user", "content": question},
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "name": "calculator", "content": calculator(expression)},
-            {"role": "assistant", "content": f"<{ANSWER_TAG}>{a * b}</{ANSWER_TAG}>"}], "tools": tools})
+        rows.append(
+            {
+                "messages": [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": question},
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "name": "calculator", "content": calculator(expression)},
+                    {"role": "assistant", "content": f"<{ANSWER_TAG}>{a * b}</{ANSWER_TAG}>"},
+                ],
+                "tools": tools,
+            }
+        )
     return Dataset.from_list(rows)
 
 
@@ -170,11 +190,16 @@ def tool_call_reward(completions: list, answer: list[str], **kwargs: Any) -> lis
     for c, a in zip(completions, answer):
         score = 0.0
         if not isinstance(c, str):
-            calls = [call.get("function", call) for m in c if m.get("role") == "assistant"
-                     for call in m.get("tool_calls") or []]
+            calls = [
+                call.get("function", call)
+                for m in c
+                if m.get("role") == "assistant"
+                for call in m.get("tool_calls") or []
+            ]
             results = [str(m.get("content", "")) for m in c if m.get("role") == "tool"]
-            well_formed = any(call.get("name") == "calculator" and "expression" in (call.get("arguments") or {})
-                              for call in calls)
+            well_formed = any(
+                call.get("name") == "calculator" and "expression" in (call.get("arguments") or {}) for call in calls
+            )
             if well_formed and results and not any(r.startswith("{'error'") for r in results):
                 score = 0.5 if a in results else 0.25
         out.append(score)

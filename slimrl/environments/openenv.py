@@ -100,8 +100,9 @@ def _free_port() -> int:
 def _pythonpath(working_directory: Path, inherited: str | None) -> str:
     """The OpenEnv checkout's import roots: the directory itself (``envs/`` at the root) and ``src/`` (the
     ``openenv`` package, or ``envs/`` in older layouts), before whatever was set."""
-    roots = [str(working_directory)] + ([str(working_directory / "src")] if (working_directory / "src").is_dir()
-                                        else [])
+    roots = [str(working_directory)] + (
+        [str(working_directory / "src")] if (working_directory / "src").is_dir() else []
+    )
     return os.pathsep.join(roots + ([inherited] if inherited else []))
 
 
@@ -133,26 +134,39 @@ def _last_line(log: Path) -> str:
     return lines[-1][:200] if lines else ""
 
 
-def launch_openenv(port: int = 8111, openenv_process: Any = None, working_directory: str | None = None,
-                   server: str = "envs.openspiel_env.server.app:app", environment: dict | None = None,
-                   openenv_class: Any = None, timeout: float = 60.0) -> tuple[int, Any]:
+def launch_openenv(
+    port: int = 8111,
+    openenv_process: Any = None,
+    working_directory: str | None = None,
+    server: str = "envs.openspiel_env.server.app:app",
+    environment: dict | None = None,
+    openenv_class: Any = None,
+    timeout: float = 60.0,
+) -> tuple[int, Any]:
     """Unsloth's ``launch_openenv``: ``(port, client)`` of a running OpenEnv server (module docstring)."""
     if openenv_class is None or not callable(openenv_class):
-        raise ValueError("launch_openenv(openenv_class=...): pass the environment's client class (an OpenEnv "
-                         "EnvClient subclass, e.g. OpenSpielEnv)")
+        raise ValueError(
+            "launch_openenv(openenv_class=...): pass the environment's client class (an OpenEnv "
+            "EnvClient subclass, e.g. OpenSpielEnv)"
+        )
     if not isinstance(server, str) or ":" not in server:
-        raise ValueError(f"launch_openenv(server={server!r}): pass the app as 'module.path:attribute', e.g. "
-                         f"'envs.openspiel_env.server.app:app'")
+        raise ValueError(
+            f"launch_openenv(server={server!r}): pass the app as 'module.path:attribute', e.g. "
+            f"'envs.openspiel_env.server.app:app'"
+        )
     if working_directory is None or not Path(working_directory).is_dir():
-        raise ValueError(f"launch_openenv(working_directory={working_directory!r}): pass the OpenEnv checkout (or "
-                         f"the folder holding the environment's package)")
+        raise ValueError(
+            f"launch_openenv(working_directory={working_directory!r}): pass the OpenEnv checkout (or "
+            f"the folder holding the environment's package)"
+        )
     if environment is not None and not isinstance(environment, dict):
-        raise ValueError(f"launch_openenv(environment={type(environment).__name__}): pass a dict of environment "
-                         f"variables")
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout) or \
-            timeout <= 0:
-        raise ValueError(f"launch_openenv(timeout={timeout!r}): pass the seconds to wait for the server, a positive "
-                         f"number")
+        raise ValueError(
+            f"launch_openenv(environment={type(environment).__name__}): pass a dict of environment variables"
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(
+            f"launch_openenv(timeout={timeout!r}): pass the seconds to wait for the server, a positive number"
+        )
     if openenv_process is not None:
         base = _base_url(openenv_process)
         if base and healthy(base):
@@ -167,15 +181,19 @@ def launch_openenv(port: int = 8111, openenv_process: Any = None, working_direct
     if mine and healthy(f"http://{HOST}:{port}"):
         return port, openenv_class(base_url=f"http://{HOST}:{port}")  # a server of this run still answers there
     if isinstance(port, int) and 0 < port < 65536 and is_port_open(HOST, port):
-        print(f"slimrl: launch_openenv: port {port} is taken by a server this run did not start (another user's or "
-              f"program's): this run starts its own on a free port", flush=True)
+        print(
+            f"slimrl: launch_openenv: port {port} is taken by a server this run did not start (another user's or "
+            f"program's): this run starts its own on a free port",
+            flush=True,
+        )
     return _start(Path(working_directory), server, environment or {}, openenv_class, timeout)
 
 
 def _guarded(server: list[str], **popen: Any) -> subprocess.Popen:
     """``server`` started under its guard (module docstring), one of this run's children."""
-    child = spawn_for_process(server_guard.command(server), **popen,
-                              preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
+    child = spawn_for_process(
+        server_guard.command(server), **popen, preexec_fn=functools.partial(die_with_parent, signal.SIGTERM)
+    )
     _CHILDREN.append(child)
     return child
 
@@ -186,24 +204,35 @@ def _start(directory: Path, server: str, environment: dict, openenv_class: Any, 
     env["PYTHONPATH"] = _pythonpath(directory.resolve(), env.get("PYTHONPATH"))
     log = Path(tempfile.mkstemp(prefix=f"slimrl-openenv-{port}-", suffix=".log")[1])
     with open(log, "w") as out:
-        child = _guarded([sys.executable, "-m", "uvicorn", server, "--host", HOST, "--port", str(port)],
-                         cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT)
+        child = _guarded(
+            [sys.executable, "-m", "uvicorn", server, "--host", HOST, "--port", str(port)],
+            cwd=directory,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://{HOST}:{port}"
     deadline = time.monotonic() + timeout
     while not is_port_open(HOST, port):
         if child.poll() is not None:
-            raise RuntimeError(f"launch_openenv: the server {server!r} exited ({child.returncode}) before listening "
-                               f"on {base}: {_last_line(log)} (log: {log})")
+            raise RuntimeError(
+                f"launch_openenv: the server {server!r} exited ({child.returncode}) before listening "
+                f"on {base}: {_last_line(log)} (log: {log})"
+            )
         if time.monotonic() > deadline:
             _end(child)
-            raise RuntimeError(f"launch_openenv: the server {server!r} did not listen on {base} within {timeout:.0f} "
-                               f"s: {_last_line(log)} (log: {log})")
+            raise RuntimeError(
+                f"launch_openenv: the server {server!r} did not listen on {base} within {timeout:.0f} "
+                f"s: {_last_line(log)} (log: {log})"
+            )
         time.sleep(0.05)
     while not healthy(base):
         if time.monotonic() > deadline or child.poll() is not None:
             _end(child)
-            raise RuntimeError(f"launch_openenv: the server {server!r} on {base} does not answer /health as healthy: "
-                               f"{_last_line(log)} (log: {log})")
+            raise RuntimeError(
+                f"launch_openenv: the server {server!r} on {base} does not answer /health as healthy: "
+                f"{_last_line(log)} (log: {log})"
+            )
         time.sleep(0.2)
     print(f"slimrl: OpenEnv server {server} on {base} (ended with this run; log {log})", flush=True)
     return port, openenv_class(base_url=base)

@@ -35,8 +35,11 @@ def _save_tokenizer(model: Any, tok: Any, directory: Path) -> None:
 
     tok.save_pretrained(str(directory))
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    sources = [model_state(model).model_path, getattr(tok, "name_or_path", None),
-               getattr(getattr(base, "config", None), "_name_or_path", None)]
+    sources = [
+        model_state(model).model_path,
+        getattr(tok, "name_or_path", None),
+        getattr(getattr(base, "config", None), "_name_or_path", None),
+    ]
     for name in SENTENCEPIECE_FILES:
         if (Path(directory) / name).exists():
             continue
@@ -57,8 +60,9 @@ def _dtype(dtype: Any) -> Any:
     import torch
 
     value = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-    if (value is None and dtype is not None) or \
-            (value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point)):
+    if (value is None and dtype is not None) or (
+        value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point)
+    ):
         raise ValueError(f"dtype={dtype!r}: pass a floating torch dtype, e.g. 'bfloat16', 'float16' or 'float32'")
     return value
 
@@ -71,8 +75,10 @@ def save_lora(model: Any, save_directory: str | Path, tokenizer: Any = None, ove
     """The LoRA adapter (PEFT's ``adapter_model.safetensors`` + ``adapter_config.json``) and the tokenizer."""
     save_directory = _folder(save_directory, "save_lora")
     if not _is_peft(model):
-        raise ValueError("save_lora: the model has no LoRA adapter (add one with FastLanguageModel.get_peft_model); "
-                         "save the whole model with save_pretrained_merged")
+        raise ValueError(
+            "save_lora: the model has no LoRA adapter (add one with FastLanguageModel.get_peft_model); "
+            "save the whole model with save_pretrained_merged"
+        )
     with staged_directory(save_directory, overwrite, kind="lora") as stage:
         model.save_pretrained(str(stage))
         tok = _tokenizer(model, tokenizer)
@@ -81,9 +87,15 @@ def save_lora(model: Any, save_directory: str | Path, tokenizer: Any = None, ove
     return Path(save_directory)
 
 
-def save_pretrained_merged(model: Any, save_directory: str | Path, tokenizer: Any = None,
-                           save_method: str = "merged_16bit", dtype: Any = None, overwrite: bool = False,
-                           **kwargs: Any) -> Path:
+def save_pretrained_merged(
+    model: Any,
+    save_directory: str | Path,
+    tokenizer: Any = None,
+    save_method: str = "merged_16bit",
+    dtype: Any = None,
+    overwrite: bool = False,
+    **kwargs: Any,
+) -> Path:
     """The model with its adapter merged (:mod:`slimrl.export.merge`) as a plain transformers model directory
     (safetensors, config without quantization, generation config, tokenizer). ``save_method``: ``"merged_16bit"``
     (the model's own floating dtype: 16-bit for 16-bit and 4-bit bases, an fp32 base stays fp32; ``dtype=``
@@ -115,22 +127,30 @@ def _save_4bit(merged: Any, stage: Path, **kwargs: Any) -> None:
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    warn("save_method='merged_4bit' quantizes the merged weights to NF4 again: every weight gets 4-bit "
-                  "rounding (the merged model no longer equals the trained one exactly); merged_16bit keeps them",
-                  UserWarning)
+    warn(
+        "save_method='merged_4bit' quantizes the merged weights to NF4 again: every weight gets 4-bit "
+        "rounding (the merged model no longer equals the trained one exactly); merged_16bit keeps them",
+        UserWarning,
+    )
     with temp_directory("merged") as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
         dtype = merged.dtype if merged.dtype != torch.float32 else torch.bfloat16
-        config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
-                                    bnb_4bit_use_double_quant=True)
+        config = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype, bnb_4bit_use_double_quant=True
+        )
         device = "cuda" if torch.cuda.is_available() else "cpu"
         quantized = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=config, device_map=device)
         quantized.save_pretrained(str(stage), safe_serialization=True, **kwargs)
 
 
-def save_pretrained_gguf(model: Any, save_directory: str | Path, tokenizer: Any = None,
-                         quantization_method: str | list[str] = "fast_quantized", overwrite: bool = False,
-                         **kwargs: Any) -> list[Path]:
+def save_pretrained_gguf(
+    model: Any,
+    save_directory: str | Path,
+    tokenizer: Any = None,
+    quantization_method: str | list[str] = "fast_quantized",
+    overwrite: bool = False,
+    **kwargs: Any,
+) -> list[Path]:
     """One GGUF per ``quantization_method`` (Unsloth's default ``"fast_quantized"`` = q8_0; ``"quantized"`` =
     q4_k_m; any llama.cpp type name, or a list) of the merged model, plus an Ollama ``Modelfile``, in
     ``save_directory`` (:mod:`slimrl.export.gguf`). Checked before anything is written: the types, the converter,
@@ -157,28 +177,45 @@ def save_pretrained_gguf(model: Any, save_directory: str | Path, tokenizer: Any 
     return [Path(save_directory) / name for name in names]
 
 
-def push_to_hub_merged(model: Any, repo_id: str, tokenizer: Any = None, save_method: str = "merged_16bit",
-                       token: str | None = None, private: bool | None = None, revision: str | None = None,
-                       commit_message: str = "Upload model trained with slimrl", **kwargs: Any) -> str:
+def push_to_hub_merged(
+    model: Any,
+    repo_id: str,
+    tokenizer: Any = None,
+    save_method: str = "merged_16bit",
+    token: str | None = None,
+    private: bool | None = None,
+    revision: str | None = None,
+    commit_message: str = "Upload model trained with slimrl",
+    **kwargs: Any,
+) -> str:
     """:func:`save_pretrained_merged` into a temporary directory, uploaded to ``repo_id`` on the Hub (created if
     missing; ``HF_ENDPOINT`` honoured). Returns the commit URL."""
     from slimrl.export import hub
 
     with temp_directory("push") as tmp:
         save_pretrained_merged(model, tmp, tokenizer, save_method=save_method, **kwargs)
-        return hub.upload_folder(tmp, repo_id, token=token, private=private, revision=revision,
-                                 commit_message=commit_message)
+        return hub.upload_folder(
+            tmp, repo_id, token=token, private=private, revision=revision, commit_message=commit_message
+        )
 
 
-def push_to_hub_gguf(model: Any, repo_id: str, tokenizer: Any = None,
-                     quantization_method: str | list[str] = "fast_quantized", token: str | None = None,
-                     private: bool | None = None, revision: str | None = None,
-                     commit_message: str = "Upload GGUF trained with slimrl", **kwargs: Any) -> str:
+def push_to_hub_gguf(
+    model: Any,
+    repo_id: str,
+    tokenizer: Any = None,
+    quantization_method: str | list[str] = "fast_quantized",
+    token: str | None = None,
+    private: bool | None = None,
+    revision: str | None = None,
+    commit_message: str = "Upload GGUF trained with slimrl",
+    **kwargs: Any,
+) -> str:
     """:func:`save_pretrained_gguf` into a temporary directory, uploaded to ``repo_id`` on the Hub. Returns the
     commit URL."""
     from slimrl.export import hub
 
     with temp_directory("push") as tmp:
         save_pretrained_gguf(model, tmp, tokenizer, quantization_method=quantization_method)
-        return hub.upload_folder(tmp, repo_id, token=token, private=private, revision=revision,
-                                 commit_message=commit_message)
+        return hub.upload_folder(
+            tmp, repo_id, token=token, private=private, revision=revision, commit_message=commit_message
+        )

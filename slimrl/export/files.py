@@ -28,12 +28,16 @@ __all__ = ["MANIFEST", "ExportConflictError", "ExportWriteError", "check_target"
 
 MANIFEST = ".slimrl-export.json"
 # what an export of any kind may write; a same-named file not in the manifest is the user's
-EXPORT_NAMES = re.compile(r"^(config\.json|generation_config\.json|model.*\.safetensors(\.index\.json)?|"
-                          r"pytorch_model.*\.bin(\.index\.json)?|tokenizer.*|special_tokens_map\.json|vocab\.json|"
-                          r"merges\.txt|chat_template\.(jinja|json)|added_tokens\.json|README\.md|adapter_.*|"
-                          r".*\.gguf|Modelfile|preprocessor_config\.json|processor_config\.json)$")
-WEIGHTS = re.compile(r"^(model.*\.safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?|"
-                     r"adapter_model\.(safetensors|bin))$")
+EXPORT_NAMES = re.compile(
+    r"^(config\.json|generation_config\.json|model.*\.safetensors(\.index\.json)?|"
+    r"pytorch_model.*\.bin(\.index\.json)?|tokenizer.*|special_tokens_map\.json|vocab\.json|"
+    r"merges\.txt|chat_template\.(jinja|json)|added_tokens\.json|README\.md|adapter_.*|"
+    r".*\.gguf|Modelfile|preprocessor_config\.json|processor_config\.json)$"
+)
+WEIGHTS = re.compile(
+    r"^(model.*\.safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?|"
+    r"adapter_model\.(safetensors|bin))$"
+)
 
 
 class ExportConflictError(FileExistsError):
@@ -85,28 +89,35 @@ def _foreign(target: Path, names: set[str] | None) -> list[str]:
     return out
 
 
-def check_target(target: str | Path, overwrite: bool = False, names: set[str] | None = None,
-                 kind: str | None = None) -> None:
+def check_target(
+    target: str | Path, overwrite: bool = False, names: set[str] | None = None, kind: str | None = None
+) -> None:
     """Refuse (one line) an export into ``target`` that would replace or shadow files it does not own: a file
     there of a name the export writes, edited since an earlier export wrote it, or another kind of export's files
     (``kind``: this one's); a symbolic link (it would write wherever the link points: an adapter folder, say)."""
     target = Path(target)
     if target.is_symlink():
-        raise ExportConflictError(f"{target} is a symbolic link (to {os.readlink(target)}): an export writes into a "
-                                  f"folder of its own; remove the link or choose another output folder")
+        raise ExportConflictError(
+            f"{target} is a symbolic link (to {os.readlink(target)}): an export writes into a "
+            f"folder of its own; remove the link or choose another output folder"
+        )
     if target.exists() and not target.is_dir():
         raise ExportConflictError(f"{target} is a file, not a folder: choose another output folder")
     if overwrite:
         return
     before = export_kind(target) if target.is_dir() else None
     if kind is not None and before is not None and before != kind and owned(target):
-        raise ExportConflictError(f"{target} holds a {before} export; a {kind} export there would remove it: choose "
-                                  f"another folder, or pass overwrite=True (slimrl export --overwrite)")
+        raise ExportConflictError(
+            f"{target} holds a {before} export; a {kind} export there would remove it: choose "
+            f"another folder, or pass overwrite=True (slimrl export --overwrite)"
+        )
     foreign = _foreign(target, names)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise ExportConflictError(f"{target} holds {shown}, not written by a slimrl export: choose an empty folder, "
-                                  f"or pass overwrite=True (slimrl export --overwrite) to replace them")
+        raise ExportConflictError(
+            f"{target} holds {shown}, not written by a slimrl export: choose an empty folder, "
+            f"or pass overwrite=True (slimrl export --overwrite) to replace them"
+        )
 
 
 def temp_directory(kind: str) -> tempfile.TemporaryDirectory:
@@ -122,8 +133,10 @@ class ExportWriteError(OSError):
 def _write_error(exc: BaseException, target: Path) -> ExportWriteError | None:
     text = str(exc)
     if getattr(exc, "errno", None) == 28 or "No space left" in text or "StorageFull" in text:
-        error = ExportWriteError(f"{target}: no space left on the device while writing the export; free space or "
-                                 f"choose another folder (nothing was changed there)")
+        error = ExportWriteError(
+            f"{target}: no space left on the device while writing the export; free space or "
+            f"choose another folder (nothing was changed there)"
+        )
         error.errno = 28
         return error
     return None
@@ -153,20 +166,26 @@ def _exclusive(target: Path) -> Iterator[None]:
     try:  # never through a link, and only a file of this user's that nothing else names (a hard link would)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise ExportConflictError(f"{target}: the export's lock file {lock} cannot be opened ({exc.strerror}: a "
-                                  f"link or another user's file); remove it or choose another output folder") from None
+        raise ExportConflictError(
+            f"{target}: the export's lock file {lock} cannot be opened ({exc.strerror}: a "
+            f"link or another user's file); remove it or choose another output folder"
+        ) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_nlink != 1:
         os.close(fd)
-        raise ExportConflictError(f"{target}: the export's lock file {lock} is not a file of yours alone (owner uid "
-                                  f"{st.st_uid}, {st.st_nlink} names); remove it or choose another output folder")
+        raise ExportConflictError(
+            f"{target}: the export's lock file {lock} is not a file of yours alone (owner uid "
+            f"{st.st_uid}, {st.st_nlink} names); remove it or choose another output folder"
+        )
     with os.fdopen(fd, "r+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = f.read().strip() or "another process"
-            raise ExportConflictError(f"{target}: another export is writing there now (pid {holder}); wait for it "
-                                      f"or choose another output folder") from None
+            raise ExportConflictError(
+                f"{target}: another export is writing there now (pid {holder}); wait for it "
+                f"or choose another output folder"
+            ) from None
         f.seek(0), f.truncate(), f.write(str(os.getpid())), f.flush()
         try:
             yield
@@ -189,8 +208,10 @@ def _staged(target: Path, overwrite: bool, kind: str | None) -> Iterator[Path]:
         check_target(target, overwrite, names=new, kind=kind)
         blocked = [rel for rel in sorted(new) if (target / rel).is_dir() or (target / rel).is_symlink()]
         if blocked:
-            raise ExportConflictError(f"{target}: {blocked[0]} is a folder or a link where the export writes a file; "
-                                      f"move it away or choose another output folder (nothing was changed)")
+            raise ExportConflictError(
+                f"{target}: {blocked[0]} is a folder or a link where the export writes a file; "
+                f"move it away or choose another output folder (nothing was changed)"
+            )
         target.mkdir(parents=True, exist_ok=True)
         stale = owned(target) - new
         if overwrite:  # the weights of another save beside the new ones would be loaded instead of them

@@ -27,15 +27,21 @@ def parse_formats(text: str, option: str = "--formats") -> tuple[list[str], list
         elif item in PLAIN:
             plain.append(item)
         else:
-            raise ValueError(f"{option} {item!r}: use {', '.join(PLAIN)} or gguf:<type> (e.g. gguf:q8_0, "
-                             f"gguf:q4_k_m)")
+            raise ValueError(f"{option} {item!r}: use {', '.join(PLAIN)} or gguf:<type> (e.g. gguf:q8_0, gguf:q4_k_m)")
     if not plain and not types:
         raise ValueError(f"{option}: name at least one format ({', '.join(PLAIN)}, gguf:<type>)")
     return list(dict.fromkeys(plain)), list(dict.fromkeys(types))
 
 
-def export_all(model: Any, tokenizer: Any, out: str | Path, plain: list[str], types: list[str],
-               report=print, overwrite: bool = False) -> list[Path]:
+def export_all(
+    model: Any,
+    tokenizer: Any,
+    out: str | Path,
+    plain: list[str],
+    types: list[str],
+    report=print,
+    overwrite: bool = False,
+) -> list[Path]:
     """Each format under ``out``: ``lora/``, ``merged_16bit/``, ``merged_4bit/``, ``gguf/`` (all GGUF types and the
     Modelfile); ``report(line)`` gets one line per thing written, with its size. Returns the paths."""
     out = Path(out)
@@ -46,13 +52,17 @@ def export_all(model: Any, tokenizer: Any, out: str | Path, plain: list[str], ty
         check_target(out / kind, overwrite)
     written = []
     for kind in plain:
-        path = api.save_lora(model, out / kind, tokenizer, overwrite) if kind == "lora" else \
-            api.save_pretrained_merged(model, out / kind, tokenizer, save_method=kind, overwrite=overwrite)
+        path = (
+            api.save_lora(model, out / kind, tokenizer, overwrite)
+            if kind == "lora"
+            else api.save_pretrained_merged(model, out / kind, tokenizer, save_method=kind, overwrite=overwrite)
+        )
         report(f"  {kind:<14} {path}  {size_text(path)}")
         written.append(path)
     if types:
-        for path in api.save_pretrained_gguf(model, out / "gguf", tokenizer, quantization_method=types,
-                                             overwrite=overwrite):
+        for path in api.save_pretrained_gguf(
+            model, out / "gguf", tokenizer, quantization_method=types, overwrite=overwrite
+        ):
             report(f"  {'gguf':<14} {path}  {size_text(path)}")
             written.append(path)
         report(f"  {'ollama':<14} {out / 'gguf' / 'Modelfile'}  (ollama create NAME -f Modelfile)")

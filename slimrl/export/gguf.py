@@ -21,8 +21,14 @@ from pathlib import Path
 from typing import Any
 
 NATIVE = ("f32", "f16", "bf16", "q8_0")  # written by the converter itself
-ALIASES = {"not_quantized": "f16", "fast_quantized": "q8_0", "quantized": "q4_k_m", "q4_k": "q4_k_m",
-           "q5_k": "q5_k_m", "q3_k": "q3_k_m"}  # Unsloth's names
+ALIASES = {
+    "not_quantized": "f16",
+    "fast_quantized": "q8_0",
+    "quantized": "q4_k_m",
+    "q4_k": "q4_k_m",
+    "q5_k": "q5_k_m",
+    "q3_k": "q3_k_m",
+}  # Unsloth's names
 INSTALL = "pip install 'slimrl[gguf]'"
 
 
@@ -35,24 +41,29 @@ def quantize_types() -> dict[str, int]:
     llama.cpp file types."""
     import gguf
 
-    return {m.name.removeprefix("MOSTLY_").lower(): int(m.value) for m in gguf.LlamaFileType
-            if m.name.startswith("MOSTLY_")} | {"f32": int(gguf.LlamaFileType.ALL_F32)}
+    return {
+        m.name.removeprefix("MOSTLY_").lower(): int(m.value) for m in gguf.LlamaFileType if m.name.startswith("MOSTLY_")
+    } | {"f32": int(gguf.LlamaFileType.ALL_F32)}
 
 
 def normalise_methods(methods: str | list[str] | tuple[str, ...]) -> list[str]:
     """``quantization_method`` (one name or a list; Unsloth's aliases accepted) as known lower-case types, or an
     :class:`ExportError` naming the unknown one and the choices."""
     if not isinstance(methods, str | list | tuple) or not methods:
-        raise ExportError(f"quantization_method={methods!r}: pass a GGUF type name such as 'q8_0', or a list of "
-                          f"them (Unsloth's 'fast_quantized' = q8_0, 'quantized' = q4_k_m)")
+        raise ExportError(
+            f"quantization_method={methods!r}: pass a GGUF type name such as 'q8_0', or a list of "
+            f"them (Unsloth's 'fast_quantized' = q8_0, 'quantized' = q4_k_m)"
+        )
     names = [methods] if isinstance(methods, str) else list(methods)
     known = quantize_types()
     out = []
     for name in names:
         key = ALIASES.get(str(name).lower(), str(name).lower())
         if key not in known:
-            raise ExportError(f"quantization_method={name!r} is not a GGUF type; choose from "
-                              f"{', '.join(sorted(set(known) | set(ALIASES)))}")
+            raise ExportError(
+                f"quantization_method={name!r} is not a GGUF type; choose from "
+                f"{', '.join(sorted(set(known) | set(ALIASES)))}"
+            )
         out.append(key)
     return list(dict.fromkeys(out))
 
@@ -73,18 +84,21 @@ def check_can_export(architecture: str, methods: list[str]) -> None:
     from conversion import TEXT_MODEL_MAP  # the converter's registry of architectures
 
     if architecture not in TEXT_MODEL_MAP:
-        raise ExportError(f"GGUF export: llama.cpp's converter does not know the architecture {architecture!r}; "
-                          f"save_pretrained_merged works for any model")
+        raise ExportError(
+            f"GGUF export: llama.cpp's converter does not know the architecture {architecture!r}; "
+            f"save_pretrained_merged works for any model"
+        )
     needs_quantizer = [m for m in methods if m not in NATIVE]
     if needs_quantizer and not quantizer_available():
-        raise ExportError(f"quantization_method {', '.join(needs_quantizer)} needs llama.cpp's quantizer "
-                          f"(llama-cpp-python): {INSTALL}; without it: {', '.join(NATIVE)}")
+        raise ExportError(
+            f"quantization_method {', '.join(needs_quantizer)} needs llama.cpp's quantizer "
+            f"(llama-cpp-python): {INSTALL}; without it: {', '.join(NATIVE)}"
+        )
 
 
 def convert(model_dir: Path, out_file: Path, outtype: str) -> None:
     """llama.cpp's converter on a model directory (safetensors + tokenizer) -> one GGUF file of ``outtype``."""
-    cmd = [sys.executable, "-m", "convert_hf_to_gguf", str(model_dir), "--outfile", str(out_file), "--outtype",
-           outtype]
+    cmd = [sys.executable, "-m", "convert_hf_to_gguf", str(model_dir), "--outfile", str(out_file), "--outtype", outtype]
     from slimrl.compat.runtime.processes import die_with_parent
 
     proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=die_with_parent)  # noqa: PLW1509
@@ -111,8 +125,9 @@ def modelfile(gguf_name: str, eos_tokens: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_gguf(model_dir: Path, out_dir: Path, methods: list[str], base_name: str = "model",
-               source_dtype: str = "f16") -> list[Path]:
+def write_gguf(
+    model_dir: Path, out_dir: Path, methods: list[str], base_name: str = "model", source_dtype: str = "f16"
+) -> list[Path]:
     """``model_dir`` (a merged model) as one GGUF per method in ``out_dir`` (``{base_name}.{METHOD}.gguf``);
     returns the files in ``methods``' order."""
     written = []

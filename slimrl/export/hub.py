@@ -16,13 +16,25 @@ def check_repo_id(repo_id: object) -> None:
     anything is written or computed (HubError, one line)."""
     import re
 
-    if not isinstance(repo_id, str) or not re.fullmatch(r"([\w.-]+/)?[\w.-]+", repo_id.strip()) \
-            or repo_id.strip().startswith(("-", ".")) or ".." in repo_id or len(repo_id) > 96:
+    if (
+        not isinstance(repo_id, str)
+        or not re.fullmatch(r"([\w.-]+/)?[\w.-]+", repo_id.strip())
+        or repo_id.strip().startswith(("-", "."))
+        or ".." in repo_id
+        or len(repo_id) > 96
+    ):
         raise HubError(f"repo_id={repo_id!r}: pass 'name' or 'user/name' (letters, digits, '-', '_', '.')")
 
 
-def upload_folder(folder: str | Path, repo_id: str, *, token: str | None = None, private: bool | None = None,
-                  revision: str | None = None, commit_message: str = "Upload with slimrl") -> str:
+def upload_folder(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
+    revision: str | None = None,
+    commit_message: str = "Upload with slimrl",
+) -> str:
     """Every file of ``folder`` to model repo ``repo_id`` (created if missing, ``private`` as given) at
     ``revision`` (default the main branch), in one commit; returns the commit URL."""
     from huggingface_hub import CommitOperationAdd, HfApi, constants
@@ -31,8 +43,9 @@ def upload_folder(folder: str | Path, repo_id: str, *, token: str | None = None,
     check_repo_id(repo_id)
     api = HfApi(token=token)
     files = sorted(p for p in Path(folder).rglob("*") if p.is_file())
-    operations = [CommitOperationAdd(path_in_repo=p.relative_to(folder).as_posix(), path_or_fileobj=str(p))
-                  for p in files]
+    operations = [
+        CommitOperationAdd(path_in_repo=p.relative_to(folder).as_posix(), path_or_fileobj=str(p)) for p in files
+    ]
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
         if revision:
@@ -41,13 +54,17 @@ def upload_folder(folder: str | Path, repo_id: str, *, token: str | None = None,
     except HfHubHTTPError as err:
         status = getattr(getattr(err, "response", None), "status_code", None)
         if status in (401, 403):
-            raise HubError(f"the Hub at {constants.ENDPOINT} refused the token for {repo_id!r} (HTTP {status}): "
-                           f"pass token= with write access (or run `hf auth login`)") from None
-        raise HubError(f"uploading to {repo_id!r} at {constants.ENDPOINT} failed (HTTP {status}): "
-                       f"{str(err).splitlines()[0][:160]}") from None
+            raise HubError(
+                f"the Hub at {constants.ENDPOINT} refused the token for {repo_id!r} (HTTP {status}): "
+                f"pass token= with write access (or run `hf auth login`)"
+            ) from None
+        raise HubError(
+            f"uploading to {repo_id!r} at {constants.ENDPOINT} failed (HTTP {status}): {str(err).splitlines()[0][:160]}"
+        ) from None
     except (OSError, *_transport_errors()) as err:  # connection refused, DNS, timeouts
-        raise HubError(f"could not reach the Hub at {constants.ENDPOINT} ({type(err).__name__}); check the network "
-                       f"or HF_ENDPOINT") from None
+        raise HubError(
+            f"could not reach the Hub at {constants.ENDPOINT} ({type(err).__name__}); check the network or HF_ENDPOINT"
+        ) from None
     return info.commit_url
 
 

@@ -130,9 +130,11 @@ def repair(target: Path, backup: Path) -> None:
 def _set_aside(backup: Path, target: Path, why: str) -> Path:
     aside = backup.with_name(backup.name.replace(".backup-", ".set-aside-", 1))
     os.replace(backup, aside)
-    warn(f"slimrl export: the backup of an interrupted export into {target} was not used: {why}; it is kept as "
-         f"{aside} and nothing was deleted or restored from it, so {target} may mix two exports: check it, then "
-         f"remove {aside}")
+    warn(
+        f"slimrl export: the backup of an interrupted export into {target} was not used: {why}; it is kept as "
+        f"{aside} and nothing was deleted or restored from it, so {target} may mix two exports: check it, then "
+        f"remove {aside}"
+    )
     return aside
 
 

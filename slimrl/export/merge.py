@@ -23,8 +23,9 @@ import torch
 
 def _quantized_weight(module: torch.nn.Module) -> bool:
     weight = getattr(module, "weight", None)
-    return weight is not None and (getattr(weight, "quant_state", None) is not None
-                                   or type(weight).__name__ in ("Params4bit", "Int8Params"))
+    return weight is not None and (
+        getattr(weight, "quant_state", None) is not None or type(weight).__name__ in ("Params4bit", "Int8Params")
+    )
 
 
 def _dequantized(module: torch.nn.Module) -> torch.Tensor:
@@ -33,8 +34,9 @@ def _dequantized(module: torch.nn.Module) -> torch.Tensor:
     if _quantized_weight(module):
         from peft.utils.integrations import dequantize_bnb_weight
 
-        return dequantize_bnb_weight(weight, state=getattr(weight, "quant_state", None) or getattr(module, "state",
-                                                                                                     None)).float()
+        return dequantize_bnb_weight(
+            weight, state=getattr(weight, "quant_state", None) or getattr(module, "state", None)
+        ).float()
     return weight.detach().float()
 
 
@@ -162,8 +164,10 @@ def merged_model(model: torch.nn.Module, dtype: torch.dtype | None = None) -> to
     missing, unexpected = merged.load_state_dict(state, strict=False, assign=True)
     tied = {k for k in missing if "lm_head" in k and getattr(config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
-        raise ValueError(f"the merged weights do not match the {type(merged).__name__} architecture (missing "
-                         f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]})")
+        raise ValueError(
+            f"the merged weights do not match the {type(merged).__name__} architecture (missing "
+            f"{sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]})"
+        )
     if tied:
         merged.tie_weights()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

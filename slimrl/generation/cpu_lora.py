@@ -71,23 +71,35 @@ def _one_adapter(weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor |
     return None if first is None else _slot_matrix(weights, first)
 
 
-def fast_bgmv_shrink(inputs: torch.Tensor, lora_a_weights: torch.Tensor, output_tensor: torch.Tensor,
-                     lora_indices_tensor: torch.Tensor, scaling: float = 1.0) -> None:
+def fast_bgmv_shrink(
+    inputs: torch.Tensor,
+    lora_a_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    scaling: float = 1.0,
+) -> None:
     w = _one_adapter(lora_a_weights, lora_indices_tensor)
     if w is None:
-        return _SWAPS[(_MODULES[0], "bgmv_shrink")].seen(inputs, lora_a_weights, output_tensor, lora_indices_tensor,
-                                                        scaling)
+        return _SWAPS[(_MODULES[0], "bgmv_shrink")].seen(
+            inputs, lora_a_weights, output_tensor, lora_indices_tensor, scaling
+        )
     dtype = output_tensor.dtype
     out = inputs.to(dtype) @ w.to(dtype).T  # [N, r]
     output_tensor[:, : out.shape[1]] = scaling * out
 
 
-def fast_bgmv_expand(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_tensor: torch.Tensor,
-                     lora_indices_tensor: torch.Tensor, add_inputs: bool = True) -> None:
+def fast_bgmv_expand(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    add_inputs: bool = True,
+) -> None:
     w = _one_adapter(lora_b_weights, lora_indices_tensor)
     if w is None:
-        return _SWAPS[(_MODULES[0], "bgmv_expand")].seen(inputs, lora_b_weights, output_tensor, lora_indices_tensor,
-                                                        add_inputs)
+        return _SWAPS[(_MODULES[0], "bgmv_expand")].seen(
+            inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs
+        )
     dtype = output_tensor.dtype
     out = inputs.to(dtype) @ w.to(dtype).T  # [N, out]
     limit = 1 if out.shape[0] == 1 and output_tensor.shape[0] != 1 else output_tensor.shape[0]  # as vLLM's op
@@ -98,29 +110,44 @@ def fast_bgmv_expand(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_
         output_tensor[:, :common] = out[:limit, :common]
 
 
-def fast_bgmv_expand_slice(inputs: torch.Tensor, lora_b_weights: torch.Tensor, output_tensor: torch.Tensor,
-                           lora_indices_tensor: torch.Tensor, slice_offset: int, slice_size: int,
-                           add_inputs: bool = True) -> None:
+def fast_bgmv_expand_slice(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    slice_offset: int,
+    slice_size: int,
+    add_inputs: bool = True,
+) -> None:
     w = _one_adapter(lora_b_weights, lora_indices_tensor)
     if w is None:
-        return _SWAPS[(_MODULES[0], "bgmv_expand_slice")].seen(inputs, lora_b_weights, output_tensor,
-                                                              lora_indices_tensor, slice_offset, slice_size,
-                                                              add_inputs)
+        return _SWAPS[(_MODULES[0], "bgmv_expand_slice")].seen(
+            inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset, slice_size, add_inputs
+        )
     dtype = output_tensor.dtype
     out = inputs.to(dtype) @ w.to(dtype).T  # [N, slice_size]
     if add_inputs:
-        output_tensor[:, slice_offset: slice_offset + slice_size] += out
+        output_tensor[:, slice_offset : slice_offset + slice_size] += out
     else:
-        output_tensor[:, slice_offset: slice_offset + slice_size] = out
+        output_tensor[:, slice_offset : slice_offset + slice_size] = out
 
 
-_FAST = {"bgmv_shrink": fast_bgmv_shrink, "bgmv_expand": fast_bgmv_expand,
-         "bgmv_expand_slice": fast_bgmv_expand_slice}
+_FAST = {"bgmv_shrink": fast_bgmv_shrink, "bgmv_expand": fast_bgmv_expand, "bgmv_expand_slice": fast_bgmv_expand_slice}
 _WRAPPER = ("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU", "add_lora_linear")
 
 
-def fast_add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor, lora_a_stacked: tuple, lora_b_stacked: tuple,
-                         scale: float, output_slices: tuple, *, buffer: Any = None, **kwargs: Any) -> None:
+def fast_add_lora_linear(
+    self: Any,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a_stacked: tuple,
+    lora_b_stacked: tuple,
+    scale: float,
+    output_slices: tuple,
+    *,
+    buffer: Any = None,
+    **kwargs: Any,
+) -> None:
     """``PunicaWrapperCPU.add_lora_linear`` for one adapter: two GEMMs whatever the number of slices.
 
         h  = x @ (scale * [A_1; ...; A_S]^T)        [N, S*r]  (float32, as vLLM's buffer)
@@ -134,8 +161,9 @@ def fast_add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor, lora_a_sta
     indices = self.token_lora_indices
     slot = _uniform_slot(indices) if indices.shape[0] == x2.shape[0] else None
     if slot is None or buffer is not None:
-        return _SWAPS[_WRAPPER].seen(self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer,
-                                    **kwargs)
+        return _SWAPS[_WRAPPER].seen(
+            self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs
+        )
     a_t, b_block = _packed(lora_a_stacked, lora_b_stacked, slot, scale, tuple(output_slices), y.dtype)
     h = x2.to(torch.float32) @ a_t  # [N, S*r]
     y2 = y.view(-1, y.shape[-1])
@@ -145,8 +173,9 @@ def fast_add_lora_linear(self: Any, y: torch.Tensor, x: torch.Tensor, lora_a_sta
 _PACKS: dict[int, tuple] = {}  # id(layer's first A tensor) -> (weak reference to it, {key: packed})
 
 
-def _packed(lora_a_stacked: tuple, lora_b_stacked: tuple, i: int, scale: float, output_slices: tuple,
-            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _packed(
+    lora_a_stacked: tuple, lora_b_stacked: tuple, i: int, scale: float, output_slices: tuple, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(``scale * [A_1; ...; A_S]^T`` [in, S*r] float32, ``blockdiag(B_s^T)`` [S*r, sum n_s] ``dtype``) of adapter
     slot ``i``, rebuilt when vLLM writes a new adapter into the slot (the stacked tensors' version counters).
 
@@ -171,8 +200,9 @@ def _packed(lora_a_stacked: tuple, lora_b_stacked: tuple, i: int, scale: float, 
     return a_t, b_block
 
 
-def _pack(lora_a_stacked: tuple, lora_b_stacked: tuple, i: int, scale: float, output_slices: tuple,
-          dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def _pack(
+    lora_a_stacked: tuple, lora_b_stacked: tuple, i: int, scale: float, output_slices: tuple, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The two matrices of :func:`_packed`, built from the stacked weights."""
     a = torch.cat([_slot_matrix(w, i) for w in lora_a_stacked])  # [S*r, in]
     a_t = (scale * a.to(torch.float32)).T.contiguous()  # [in, S*r]
@@ -181,7 +211,7 @@ def _pack(lora_a_stacked: tuple, lora_b_stacked: tuple, i: int, scale: float, ou
     offset = 0
     for s, (w, size) in enumerate(zip(lora_b_stacked, output_slices)):
         b = _slot_matrix(w, i)  # [n_s, r]
-        b_block[s * r:(s + 1) * r, offset: offset + size] = b[:size].to(dtype).T
+        b_block[s * r : (s + 1) * r, offset : offset + size] = b[:size].to(dtype).T
         offset += size
     return a_t, b_block
 

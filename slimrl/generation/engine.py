@@ -54,10 +54,15 @@ def _install_adapter(worker: Any, lora_id: int, tensors: dict, config: dict) -> 
     model = manager._adapter_manager.model
     mapper = getattr(model, "hf_to_vllm_mapper", None)
     lora = manager._lora_model_cls.from_lora_tensors(
-        lora_model_id=lora_id, tensors=tensors, peft_helper=helper, device="cpu",
-        dtype=manager.lora_config.lora_dtype, model_vocab_size=manager.vocab_size,
+        lora_model_id=lora_id,
+        tensors=tensors,
+        peft_helper=helper,
+        device="cpu",
+        dtype=manager.lora_config.lora_dtype,
+        model_vocab_size=manager.vocab_size,
         weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
-        skip_prefixes=getattr(model, "lora_skip_prefixes", None))
+        skip_prefixes=getattr(model, "lora_skip_prefixes", None),
+    )
     manager.remove_all_adapters()
     return manager._adapter_manager.add_adapter(lora)
 
@@ -70,8 +75,11 @@ def rank_args(seed: int) -> dict[str, Any]:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return {}
-    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1,
-            "seed": seed + dist.get_rank()}
+    return {
+        "distributed_executor_backend": "external_launcher",
+        "tensor_parallel_size": 1,
+        "seed": seed + dist.get_rank(),
+    }
 
 
 def _kv_cache_tensors(worker: Any) -> list[torch.Tensor]:
@@ -86,9 +94,18 @@ class SlimrlEngine(LLMFacade):
     """Colocated vLLM engine for one base model (see the module docstring); notebooks call it as vLLM's ``LLM``
     (:class:`slimrl.generation.llm_facade.LLMFacade`)."""
 
-    def __init__(self, model_path: str, dtype: torch.dtype, max_seq_length: int, max_lora_rank: int,
-                 gpu_memory_utilization: float | str, seed: int = 0, max_num_seqs: int = MAX_NUM_SEQS,
-                 kv_cache_dtype: str = "auto", quantization: str | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        dtype: torch.dtype,
+        max_seq_length: int,
+        max_lora_rank: int,
+        gpu_memory_utilization: float | str,
+        seed: int = 0,
+        max_num_seqs: int = MAX_NUM_SEQS,
+        kv_cache_dtype: str = "auto",
+        quantization: str | None = None,
+    ) -> None:
         self.model_path = model_path
         self.dtype = dtype
         self.max_seq_length = max_seq_length
@@ -144,22 +161,32 @@ class SlimrlEngine(LLMFacade):
         kv_dtype = torch.float8_e4m3fn if self.kv_cache_dtype == "fp8" else self.dtype
         hf_config = AutoConfig.from_pretrained(self.model_path)
         per_token = kv_bytes_per_token(hf_config, kv_dtype)
-        self.kv_cache_bytes = kv_cache_bytes(self.gpu_memory_utilization, self.device, per_token,
-                                             self.max_num_seqs * self.max_seq_length, trainable)
+        self.kv_cache_bytes = kv_cache_bytes(
+            self.gpu_memory_utilization, self.device, per_token, self.max_num_seqs * self.max_seq_length, trainable
+        )
         kwargs: dict[str, Any] = {
-            "model": self.model_path, "dtype": str(self.dtype).removeprefix("torch."), "enable_lora": True,
-            "max_lora_rank": self.max_lora_rank, "max_loras": 1, "max_cpu_loras": 1,
-            "max_model_len": self.max_seq_length, "max_num_seqs": self.max_num_seqs, "seed": self.seed,
-            "logprobs_mode": "processed_logprobs", "trust_remote_code": False,
+            "model": self.model_path,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "enable_lora": True,
+            "max_lora_rank": self.max_lora_rank,
+            "max_loras": 1,
+            "max_cpu_loras": 1,
+            "max_model_len": self.max_seq_length,
+            "max_num_seqs": self.max_num_seqs,
+            "seed": self.seed,
+            "logprobs_mode": "processed_logprobs",
+            "trust_remote_code": False,
         }
         if self.kv_cache_dtype != "auto":
             kwargs["kv_cache_dtype"] = self.kv_cache_dtype
         kwargs.update(rank_args(self.seed))
         if shared_loader.saved_in_bitsandbytes(hf_config):
             if training_model is None:
-                raise ValueError(f"fast_inference: {self.model_path} is saved in bitsandbytes 4-bit, which vLLM "
-                                 "cannot load itself; start the engine from its model (FastLanguageModel."
-                                 "from_pretrained(..., fast_inference=True) does)")
+                raise ValueError(
+                    f"fast_inference: {self.model_path} is saved in bitsandbytes 4-bit, which vLLM "
+                    "cannot load itself; start the engine from its model (FastLanguageModel."
+                    "from_pretrained(..., fast_inference=True) does)"
+                )
             kwargs["hf_overrides"] = {"quantization_config": None}  # served by the trainer's 4-bit modules
         if self.quantization is not None:  # vLLM quantizes its own copy as it loads: nothing to share
             kwargs["quantization"] = self.quantization
@@ -170,8 +197,11 @@ class SlimrlEngine(LLMFacade):
         if self.device.type == "cuda":
             kwargs.update(self._cuda_memory_args(training_model), enable_sleep_mode=True)
         else:
-            kwargs.update({"kv_cache_memory_bytes": self.kv_cache_bytes} if self.kv_cache_bytes is not None else
-                          {"gpu_memory_utilization": float(self.gpu_memory_utilization)})
+            kwargs.update(
+                {"kv_cache_memory_bytes": self.kv_cache_bytes}
+                if self.kv_cache_bytes is not None
+                else {"gpu_memory_utilization": float(self.gpu_memory_utilization)}
+            )
             kwargs["enforce_eager"] = True  # no graph capture on CPU: faster start, same tok/s (measured)
             cpu_lora.install()  # one GEMM per LoRA op instead of a per-token weight gather (slimrl.generation.cpu_lora)
         t0 = time.perf_counter()
@@ -194,12 +224,19 @@ class SlimrlEngine(LLMFacade):
         (:mod:`slimrl.compat.engine_memory`); a one-line MemoryError where it would not."""
         shares = training_model is not None and self.quantization is None  # else vLLM's weights are its own
         external = shared_loader.external_bytes(training_model, self.device) if shares else 0
-        self.start_args = cuda_engine_start(self.gpu_memory_utilization, free_bytes_as_vllm_measures(self.device),
-                                            total_bytes(self.device), external, self.kv_cache_bytes)
+        self.start_args = cuda_engine_start(
+            self.gpu_memory_utilization,
+            free_bytes_as_vllm_measures(self.device),
+            total_bytes(self.device),
+            external,
+            self.kv_cache_bytes,
+        )
         problem = startup_problem(self.start_args)
         if problem:
-            raise MemoryError(f"fast_inference: vLLM cannot start on this GPU beside the training model ({problem}); "
-                              f"{fix_for(self.start_args)}")
+            raise MemoryError(
+                f"fast_inference: vLLM cannot start on this GPU beside the training model ({problem}); "
+                f"{fix_for(self.start_args)}"
+            )
         args: dict[str, Any] = {"gpu_memory_utilization": self.start_args.gpu_memory_utilization}
         if self.start_args.kv_cache_memory_bytes is not None:
             args["kv_cache_memory_bytes"] = self.start_args.kv_cache_memory_bytes
@@ -233,9 +270,12 @@ class SlimrlEngine(LLMFacade):
         self.start()
         self.resume()
         t0 = time.perf_counter()
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_token_ids],
-                                    sampling_params=sampling_params, use_tqdm=False,
-                                    lora_request=lora_request if lora_request is not None else self.lora_request)
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompt_token_ids],
+            sampling_params=sampling_params,
+            use_tqdm=False,
+            lora_request=lora_request if lora_request is not None else self.lora_request,
+        )
         self.timings["generate_s"] += time.perf_counter() - t0
         return outputs
 

@@ -18,9 +18,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-REFUSAL = ("slimrl's engine runs on the training model's own base weights: vLLM's load_weights would write into "
-           "them. The engine takes the adapter instead (model.vllm_engine.load_adapter(peft_model), what the "
-           "trainers call every step); for TRL's own merge-and-load sync, load the model without fast_inference")
+REFUSAL = (
+    "slimrl's engine runs on the training model's own base weights: vLLM's load_weights would write into "
+    "them. The engine takes the adapter instead (model.vllm_engine.load_adapter(peft_model), what the "
+    "trainers call every step); for TRL's own merge-and-load sync, load the model without fast_inference"
+)
 
 
 def guard(engine: Any, vllm_model: Any) -> None:

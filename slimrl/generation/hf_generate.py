@@ -21,8 +21,15 @@ from typing import Any
 import torch
 
 # vLLM SamplingParams field -> transformers generate keyword
-_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-             "repetition_penalty": "repetition_penalty", "max_tokens": "max_new_tokens", "n": "num_return_sequences"}
+_SAMPLING = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_tokens": "max_new_tokens",
+    "n": "num_return_sequences",
+}
 
 
 @dataclass
@@ -110,19 +117,24 @@ def _encode(item: Any, tokenizer: Any, device: Any) -> tuple[str | None, list[in
         return None, ids, {"input_ids": torch.tensor([ids], device=device)}
     if isinstance(item, dict):
         if "prompt" not in item:
-            raise ValueError(f"fast_generate: a prompt dict needs 'prompt' or 'prompt_token_ids' (got keys "
-                             f"{sorted(item)})")
+            raise ValueError(
+                f"fast_generate: a prompt dict needs 'prompt' or 'prompt_token_ids' (got keys {sorted(item)})"
+            )
         text, media = item["prompt"], dict(item.get("multi_modal_data") or {})
     else:
         text, media = item, {}
     unknown = sorted(set(media) - set(MODALITIES))
     if unknown:
-        raise ValueError(f"fast_generate: multi_modal_data key {unknown[0]!r} is not taken here; pass "
-                         f"{', '.join(repr(m) for m in MODALITIES)}")
+        raise ValueError(
+            f"fast_generate: multi_modal_data key {unknown[0]!r} is not taken here; pass "
+            f"{', '.join(repr(m) for m in MODALITIES)}"
+        )
     if media:
         if getattr(tokenizer, "image_processor", None) is None:
-            raise ValueError("fast_generate: an image was given but this model has no image processor (a text-only "
-                             "model); drop multi_modal_data or load a vision-language model with FastVisionModel")
+            raise ValueError(
+                "fast_generate: an image was given but this model has no image processor (a text-only "
+                "model); drop multi_modal_data or load a vision-language model with FastVisionModel"
+            )
         images = media["image"] if isinstance(media["image"], list | tuple) else [media["image"]]
         inputs = tokenizer(text=[text], images=[images], return_tensors="pt")
         inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
@@ -131,9 +143,15 @@ def _encode(item: Any, tokenizer: Any, device: Any) -> tuple[str | None, list[in
     return text, ids, {"input_ids": torch.tensor([ids], device=device)}
 
 
-def hf_fast_generate(model: Any, tokenizer: Any, prompts: str | dict | list, sampling_params: Any = None,
-                     lora_request: Any = None, use_tqdm: bool = False,
-                     inference: Callable[[Any], AbstractContextManager] | None = None) -> list[RequestOutput]:
+def hf_fast_generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: str | dict | list,
+    sampling_params: Any = None,
+    lora_request: Any = None,
+    use_tqdm: bool = False,
+    inference: Callable[[Any], AbstractContextManager] | None = None,
+) -> list[RequestOutput]:
     """vLLM's ``LLM.generate`` surface over ``model.generate`` (see the module docstring); every input form vLLM takes
     (:func:`_encode`); ``inference(model)``: the context the model generates in (its owner's switch to inference mode
     and back; none by default)."""
@@ -155,15 +173,22 @@ def hf_fast_generate(model: Any, tokenizer: Any, prompts: str | dict | list, sam
             if seed is not None:
                 torch.manual_seed(seed)
             with torch.no_grad():
-                out = model.generate(**inputs, tokenizer=text_tok if stop else None,
-                                     pad_token_id=text_tok.pad_token_id, **kwargs)  # [n, P + C]
+                out = model.generate(
+                    **inputs, tokenizer=text_tok if stop else None, pad_token_id=text_tok.pad_token_id, **kwargs
+                )  # [n, P + C]
             completions = []
-            for index, row in enumerate(out[:, len(ids):].tolist()):
+            for index, row in enumerate(out[:, len(ids) :].tolist()):
                 eos = text_tok.eos_token_id
                 cut = row.index(eos) + 1 if eos in row else len(row)
                 tokens = [t for t in row[:cut] if t != text_tok.pad_token_id or t == eos]
-                completions.append(CompletionOutput(index, text_tok.decode(tokens, skip_special_tokens=True),
-                                                    tokens, "stop" if eos in row else "length"))
+                completions.append(
+                    CompletionOutput(
+                        index,
+                        text_tok.decode(tokens, skip_special_tokens=True),
+                        tokens,
+                        "stop" if eos in row else "length",
+                    )
+                )
             results.append(RequestOutput(text, ids, completions))
     finally:
         mode.__exit__(None, None, None)

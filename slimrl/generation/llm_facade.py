@@ -19,8 +19,11 @@ from typing import Any
 
 
 def _token_lists(prompts: Any) -> bool:
-    return isinstance(prompts, list) and bool(prompts) and all(
-        isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompts)
+    return (
+        isinstance(prompts, list)
+        and bool(prompts)
+        and all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompts)
+    )
 
 
 class LLMFacade:
@@ -33,8 +36,11 @@ class LLMFacade:
         """vLLM's ``LLM.sleep``: the KV cache is released; the weights stay (they are the training model's)."""
         if level and not LLMFacade._said_weights_stay:
             LLMFacade._said_weights_stay = True
-            print(f"slimrl: model.vllm_engine.sleep(level={level}) released the engine's KV cache; its weights are the "
-                  f"training model's own, so they stay (nothing to offload)", flush=True)
+            print(
+                f"slimrl: model.vllm_engine.sleep(level={level}) released the engine's KV cache; its weights are the "
+                f"training model's own, so they stay (nothing to offload)",
+                flush=True,
+            )
         self.standby()
 
     def wake_up(self, tags: list[str] | None = None) -> bool:
@@ -42,8 +48,15 @@ class LLMFacade:
         self.resume()
         return True
 
-    def generate(self, prompts: Any, sampling_params: Any = None, *, use_tqdm: Any = False, lora_request: Any = None,
-                 **kwargs: Any) -> list:
+    def generate(
+        self,
+        prompts: Any,
+        sampling_params: Any = None,
+        *,
+        use_tqdm: Any = False,
+        lora_request: Any = None,
+        **kwargs: Any,
+    ) -> list:
         """vLLM's ``LLM.generate`` on the started engine, woken first."""
         self.start()
         self.resume()
@@ -51,16 +64,25 @@ class LLMFacade:
             prompts = [prompts]
         if _token_lists(prompts):
             prompts = [{"prompt_token_ids": p} for p in prompts]
-        return self.llm.generate(prompts, sampling_params=sampling_params, use_tqdm=use_tqdm,
-                                 lora_request=lora_request, **kwargs)
+        return self.llm.generate(
+            prompts, sampling_params=sampling_params, use_tqdm=use_tqdm, lora_request=lora_request, **kwargs
+        )
 
-    def chat(self, messages: Any, sampling_params: Any = None, *, use_tqdm: Any = False, lora_request: Any = None,
-             **kwargs: Any) -> list:
+    def chat(
+        self,
+        messages: Any,
+        sampling_params: Any = None,
+        *,
+        use_tqdm: Any = False,
+        lora_request: Any = None,
+        **kwargs: Any,
+    ) -> list:
         """vLLM's ``LLM.chat`` (the model's chat template applied by vLLM) on the started engine, woken first."""
         self.start()
         self.resume()
-        return self.llm.chat(messages, sampling_params=sampling_params, use_tqdm=use_tqdm,
-                             lora_request=lora_request, **kwargs)
+        return self.llm.chat(
+            messages, sampling_params=sampling_params, use_tqdm=use_tqdm, lora_request=lora_request, **kwargs
+        )
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
         return bool(self.start().reset_prefix_cache(*args, **kwargs))

@@ -31,15 +31,42 @@ def free_port() -> int:
 
 
 @contextmanager
-def local_server(model: str, *, lora_rank: int = 16, enable_lora: bool = True, runtime_lora: bool = True,
-                 dtype: str = "float32", max_model_len: int = 512, kv_cache_bytes: int = 300 * 2**20,
-                 max_num_seqs: int = 16, startup_timeout: float = 300.0) -> Iterator[str]:
+def local_server(
+    model: str,
+    *,
+    lora_rank: int = 16,
+    enable_lora: bool = True,
+    runtime_lora: bool = True,
+    dtype: str = "float32",
+    max_model_len: int = 512,
+    kv_cache_bytes: int = 300 * 2**20,
+    max_num_seqs: int = 16,
+    startup_timeout: float = 300.0,
+) -> Iterator[str]:
     """Run vLLM's server for ``model`` (a local directory) on 127.0.0.1; yields its base URL."""
     port = free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", HOST,
-           "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len), "--enforce-eager",
-           "--logprobs-mode", "processed_logprobs", "--max-num-seqs", str(max_num_seqs),
-           "--kv-cache-memory-bytes", str(kv_cache_bytes)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(max_model_len),
+        "--enforce-eager",
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--kv-cache-memory-bytes",
+        str(kv_cache_bytes),
+    ]
     if enable_lora:
         cmd += ["--enable-lora", "--max-lora-rank", str(lora_rank), "--max-loras", "1"]
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")

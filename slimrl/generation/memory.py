@@ -26,8 +26,9 @@ from slimrl.compat.memory import free_bytes_as_vllm_measures, total_bytes
 _MADV_DONTNEED = 4
 
 
-def kv_cache_bytes(utilization: float | str, device: torch.device, per_token: int, max_tokens: int,
-                   trainable_bytes: int) -> int | None:
+def kv_cache_bytes(
+    utilization: float | str, device: torch.device, per_token: int, max_tokens: int, trainable_bytes: int
+) -> int | None:
     """Bytes for the engine's KV cache (see the module docstring), or None where vLLM takes the fraction itself
     (a float on CUDA)."""
     wanted = per_token * max_tokens
@@ -37,7 +38,8 @@ def kv_cache_bytes(utilization: float | str, device: torch.device, per_token: in
             raise MemoryError(
                 "gpu_memory_utilization='auto': too little memory left for the generation KV cache after the model, "
                 "the adapter and its optimizer state; free memory, lower max_seq_length, or pass "
-                "fast_inference=False")
+                "fast_inference=False"
+            )
         return kv
     if not isinstance(utilization, int | float) or not 0 < utilization < 1:
         raise ValueError(f"gpu_memory_utilization must be a float in (0, 1) or 'auto', got {utilization!r}")

@@ -53,8 +53,10 @@ PROBE_TOLERANCE = 0.5
 
 def serve_command(model: str, host: str, port: int, rank: int) -> str:
     """The command that starts a vLLM server slimrl can sync adapters to."""
-    return (f"VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve {model} --host {host} "
-            f"--port {port} --enable-lora --max-lora-rank {rank} --logprobs-mode processed_logprobs")
+    return (
+        f"VLLM_SERVER_DEV_MODE=1 VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve {model} --host {host} "
+        f"--port {port} --enable-lora --max-lora-rank {rank} --logprobs-mode processed_logprobs"
+    )
 
 
 def _lora_rank(peft_model: Any) -> int:
@@ -90,8 +92,9 @@ class AdapterPusher:
         peft_model.save_pretrained(str(path), selected_adapters=[adapter])
         if adapter != "default":  # PEFT writes a named adapter into a subfolder
             path = path / adapter
-        response = self.client.session.post(f"{self.client.base_url}/v1/load_lora_adapter",
-                                            json={"lora_name": name, "lora_path": str(path)})
+        response = self.client.session.post(
+            f"{self.client.base_url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}
+        )
         if response.status_code != 200:
             shutil.rmtree(self.directory / name, ignore_errors=True)
             raise AdapterLoadError(response.status_code, response.text)
@@ -146,30 +149,41 @@ class AdapterServerSync:
         host, port = _host_port(base_url)
         command = serve_command(_model_name(peft_model), host, port, rank)
         try:
-            self.vllm_client = VLLMClient(base_url=base_url, group_port=self.group_port,
-                                          connection_timeout=self.server_timeout)
+            self.vllm_client = VLLMClient(
+                base_url=base_url, group_port=self.group_port, connection_timeout=self.server_timeout
+            )
         except OSError:  # TRL raises requests' ConnectionError (an OSError) once its wait for the server ends
-            raise ConnectionError(f"vllm_mode='server': no vLLM server answers at {host}:{port} (waited "
-                                  f"{self.server_timeout:g} s, vllm_server_timeout); start one with `{command}`, or "
-                                  f"point vllm_server_base_url / vllm_server_host / vllm_server_port at it") from None
-        fallback = ("; TRL's own path runs instead (it merges the adapter and pushes every base weight each step). "
-                    f"For adapter-only sync start the server with `{command}`")
+            raise ConnectionError(
+                f"vllm_mode='server': no vLLM server answers at {host}:{port} (waited "
+                f"{self.server_timeout:g} s, vllm_server_timeout); start one with `{command}`, or "
+                f"point vllm_server_base_url / vllm_server_host / vllm_server_port at it"
+            ) from None
+        fallback = (
+            "; TRL's own path runs instead (it merges the adapter and pushes every base weight each step). "
+            f"For adapter-only sync start the server with `{command}`"
+        )
         lora = _server_lora_config(self.vllm_client)
         if lora is False:
             return f"the vLLM server at {host}:{port} was started without --enable-lora{fallback}"
         if lora and int(lora.get("max_lora_rank") or 0) < rank:
-            return (f"the vLLM server at {host}:{port} has --max-lora-rank {lora.get('max_lora_rank')}, below the "
-                    f"adapter's r={rank}{fallback}")
+            return (
+                f"the vLLM server at {host}:{port} has --max-lora-rank {lora.get('max_lora_rank')}, below the "
+                f"adapter's r={rank}{fallback}"
+            )
         self.adapter_pusher = AdapterPusher(self.vllm_client, os.environ.get("SLIMRL_ADAPTER_DIR"))
         try:
             self.adapter_pusher.push(peft_model)
         except AdapterLoadError as err:
             if err.status == 404 and "Not Found" in err.text:  # the route is absent: runtime loading not allowed
                 self.adapter_pusher = None
-                return (f"the vLLM server at {host}:{port} does not load LoRA adapters at run time (start it with "
-                        f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True){fallback}")
-            raise RuntimeError(f"vllm_mode='server': {err}; the server must serve the training model's base "
-                               f"({_model_name(peft_model)}), started with `{command}`") from None
+                return (
+                    f"the vLLM server at {host}:{port} does not load LoRA adapters at run time (start it with "
+                    f"VLLM_ALLOW_RUNTIME_LORA_UPDATING=True){fallback}"
+                )
+            raise RuntimeError(
+                f"vllm_mode='server': {err}; the server must serve the training model's base "
+                f"({_model_name(peft_model)}), started with `{command}`"
+            ) from None
         self._check_same_model(peft_model, host, port)
         return None
 
@@ -179,8 +193,14 @@ class AdapterServerSync:
 
         tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
         prompt = tokenizer("The capital of France is", add_special_tokens=False)["input_ids"]
-        out = self.vllm_client.generate([prompt], n=1, max_tokens=PROBE_TOKENS, temperature=1.0, logprobs=0,
-                                        generation_kwargs={"seed": 0, "ignore_eos": True})
+        out = self.vllm_client.generate(
+            [prompt],
+            n=1,
+            max_tokens=PROBE_TOKENS,
+            temperature=1.0,
+            logprobs=0,
+            generation_kwargs={"seed": 0, "ignore_eos": True},
+        )
         completion = out["completion_ids"][0]
         served = torch.tensor([step[0] for step in out["logprobs"][0]], dtype=torch.float64)  # [L]
         device = next(peft_model.parameters()).device
@@ -189,7 +209,7 @@ class AdapterServerSync:
         peft_model.eval()
         try:
             with torch.no_grad():
-                logits = peft_model(input_ids=ids).logits[0, len(prompt) - 1:-1].double()  # [L, V]
+                logits = peft_model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double()  # [L, V]
         finally:
             peft_model.train(training)
         mine = logits.log_softmax(-1).gather(-1, torch.tensor(completion, device=device)[:, None])[:, 0].cpu()  # [L]
@@ -198,7 +218,8 @@ class AdapterServerSync:
             raise RuntimeError(
                 f"vllm_mode='server': the server at {host}:{port} serves {self.adapter_pusher.base_model!r}, whose "
                 f"log-probs differ from the training model's by {gap:.2f} nats per token on a probe (tolerance "
-                f"{PROBE_TOLERANCE}); start it with the training model's base ({_model_name(peft_model)})")
+                f"{PROBE_TOLERANCE}); start it with the training model's base ({_model_name(peft_model)})"
+            )
 
     def sync_weights(self) -> None:
         """The adapter to the server under a new name (TRL's merge-and-push where the server cannot take it)."""

@@ -156,8 +156,7 @@ def _loader_class() -> type:
 
                 _forget_since(vllm_config, before)
                 print(f"slimrl: the engine loads its own copy of the weights ({err})", flush=True)
-                return DefaultModelLoader(LoadConfig(load_format="auto")).load_model(vllm_config, model_config,
-                                                                                     prefix)
+                return DefaultModelLoader(LoadConfig(load_format="auto")).load_model(vllm_config, model_config, prefix)
 
     return SharedWeightsLoader
 
@@ -182,8 +181,7 @@ def _forget_since(vllm_config: Any, before: tuple[set, set]) -> None:
         del rotary_embedding._ROPE_DICT[key]
 
 
-def build(source: torch.nn.Module, vllm_config: Any, model_config: Any, prefix: str, method: type
-          ) -> torch.nn.Module:
+def build(source: torch.nn.Module, vllm_config: Any, model_config: Any, prefix: str, method: type) -> torch.nn.Module:
     """The vLLM model of ``vllm_config`` on ``source``'s weights (the module docstring)."""
     from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
     from vllm.utils.torch_utils import set_default_torch_dtype
@@ -232,7 +230,7 @@ def _joined(params: list[torch.Tensor], dtype: torch.dtype, device: torch.device
     joined = torch.cat([p.data for p in params])  # [sum rows, in]
     start = 0
     for p in params:
-        p.data = joined[start:start + p.shape[0]]
+        p.data = joined[start : start + p.shape[0]]
         start += p.shape[0]
     return joined
 
@@ -265,7 +263,7 @@ def _rebuild_buffers(model: torch.nn.Module, device: torch.device, hidden_size: 
             if leaf == "cos_sin_cache" and hasattr(module, "_compute_cos_sin_cache"):
                 module._buffers[leaf] = module._compute_cos_sin_cache().to(device, module.dtype)
             elif leaf == "normalizer" and buf.dim() == 0:  # the Gemma family's embedding scale, sqrt(hidden)
-                module._buffers[leaf] = torch.tensor(hidden_size ** 0.5, dtype=buf.dtype, device=device)
+                module._buffers[leaf] = torch.tensor(hidden_size**0.5, dtype=buf.dtype, device=device)
             elif leaf in _SCALES:
                 with device:
                     set_default_quant_scales(module, register_buffer=True)

@@ -93,8 +93,12 @@ def _layers_without_row_selection(config: Any) -> str:
         layers = DynamicCache(config=config).layers
     except Exception:  # noqa: BLE001 - a config transformers builds no cache from: the prefill finds out itself
         return ""
-    kinds = {type(layer).__name__ for layer in layers if isinstance(layer, LinearAttentionCacheLayerMixin)
-             or not callable(getattr(layer, "batch_select_indices", None))}
+    kinds = {
+        type(layer).__name__
+        for layer in layers
+        if isinstance(layer, LinearAttentionCacheLayerMixin)
+        or not callable(getattr(layer, "batch_select_indices", None))
+    }
     return ", ".join(sorted(kinds))
 
 
@@ -161,8 +165,9 @@ def prefill_once(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tens
     return cache
 
 
-def shared_prefill_generate(generate: Any, model: Any, trainer: Any = None,
-                            on_prefill: Callable[[], None] | None = None) -> Any:
+def shared_prefill_generate(
+    generate: Any, model: Any, trainer: Any = None, on_prefill: Callable[[], None] | None = None
+) -> Any:
     """``model.generate`` with the prefill of repeated prompts done once (module docstring); with a ``trainer``, the
     prefill is timed as TRL times its phases (``profiling/Time taken: <Trainer>.slimrl.shared_prefill``);
     ``on_prefill()`` runs after each shared prefill (the caller's count)."""

@@ -54,8 +54,10 @@ def sampling_kwargs(trainer_kwargs: dict, user_params: Any, max_completion_lengt
     user = user_sampling_kwargs(user_params)
     for key in _FIXED:
         if key in user and user[key] != _FIXED[key]:
-            warn(f"vllm_sampling_params: {key}={user[key]!r} is ignored (slimrl sets {key}={_FIXED[key]}: "
-                          f"TRL repeats each prompt num_generations times and needs the sampled token's log-prob)")
+            warn(
+                f"vllm_sampling_params: {key}={user[key]!r} is ignored (slimrl sets {key}={_FIXED[key]}: "
+                f"TRL repeats each prompt num_generations times and needs the sampled token's log-prob)"
+            )
         user.pop(key, None)
     kwargs.update(user)
     kwargs.update(_FIXED)
@@ -102,17 +104,36 @@ class SlimrlVLLMGeneration:
 
     said_identical = False  # the all-identical-groups line is said once per process
 
-    def __init__(self, engine: Any, model: Any, accelerator: Any, *, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, min_p: float | None = 0.0, repetition_penalty: float = 1.0,
-                 max_completion_length: int = 16, generation_kwargs: dict | None = None,
-                 structured_outputs_regex: str | None = None, sampling_params: Any = None, **_ignored: Any) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        model: Any,
+        accelerator: Any,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float | None = 0.0,
+        repetition_penalty: float = 1.0,
+        max_completion_length: int = 16,
+        generation_kwargs: dict | None = None,
+        structured_outputs_regex: str | None = None,
+        sampling_params: Any = None,
+        **_ignored: Any,
+    ) -> None:
         self.engine = engine
         self.model = model
         self.accelerator = accelerator
         self.mode = "colocate"
         self.max_completion_length = max_completion_length
-        base = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": 0.0 if min_p is None else min_p,
-                "repetition_penalty": repetition_penalty, **(generation_kwargs or {})}
+        base = {
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "min_p": 0.0 if min_p is None else min_p,
+            "repetition_penalty": repetition_penalty,
+            **(generation_kwargs or {}),
+        }
         if structured_outputs_regex is not None:
             base["structured_outputs"] = {"regex": structured_outputs_regex}
         self.sampling = sampling_kwargs(base, sampling_params, max_completion_length)
@@ -134,8 +155,10 @@ class SlimrlVLLMGeneration:
         from vllm.sampling_params import StructuredOutputsParams
 
         if images is not None and any(img is not None for img in images):
-            raise NotImplementedError("slimrl's engine generates from text prompts only; for a vision-language "
-                                      "model pass fast_inference=False (TRL's own vLLM path then applies)")
+            raise NotImplementedError(
+                "slimrl's engine generates from text prompts only; for a vision-language "
+                "model pass fast_inference=False (TRL's own vLLM path then applies)"
+            )
         if self.engine.lora_request is None:
             self.sync_weights()
         kwargs = dict(self.sampling)
@@ -151,8 +174,10 @@ class SlimrlVLLMGeneration:
         if not SlimrlVLLMGeneration.said_identical and all_groups_identical(prompt_ids, completion_ids):
             SlimrlVLLMGeneration.said_identical = True
             shown = {k: self.sampling.get(k) for k in ("temperature", "top_k", "top_p", "min_p", "seed")}
-            warn(f"every prompt's {num_generations} completions in this generation batch were identical, so each group "
-                 f"has reward_std 0 and teaches nothing; these sampling settings draw one completion ({shown}): raise "
-                 f"temperature, set top_k=0 (or above 1), and check vllm_sampling_params")
+            warn(
+                f"every prompt's {num_generations} completions in this generation batch were identical, so each group "
+                f"has reward_std 0 and teaches nothing; these sampling settings draw one completion ({shown}): raise "
+                f"temperature, set top_k=0 (or above 1), and check vllm_sampling_params"
+            )
         logprobs, logprob_token_ids = extract_logprobs(outputs)
         return prompt_ids, completion_ids, logprobs, logprob_token_ids

@@ -21,7 +21,7 @@ _PEFT_PREFIX = "base_model.model."
 
 def _normalize(name: str) -> str:
     if name.startswith(_PEFT_PREFIX):
-        name = name[len(_PEFT_PREFIX):]
+        name = name[len(_PEFT_PREFIX) :]
     return name.replace(".base_layer.", ".")
 
 
@@ -82,13 +82,16 @@ def _engine_view(name: str, hf: dict, engine: dict, packed: dict, member_of: dic
             return None
         start += sib.shape[0]
     rows = hf[name].shape[0]
-    return target.data[start:start + rows] if start + rows <= target.shape[0] else None
+    return target.data[start : start + rows] if start + rows <= target.shape[0] else None
 
 
 def shared_storage_bytes(hf_model: torch.nn.Module, engine_model: torch.nn.Module) -> int:
     """Bytes of ``hf_model``'s frozen parameters whose memory the engine's model uses too (the same storage)."""
-    engine = {t.untyped_storage().data_ptr() for t in (*engine_model.parameters(), *engine_model.buffers())
-              if t.device.type != "meta" and t.numel()}
+    engine = {
+        t.untyped_storage().data_ptr()
+        for t in (*engine_model.parameters(), *engine_model.buffers())
+        if t.device.type != "meta" and t.numel()
+    }
     seen: set[int] = set()
     total = 0
     for p in hf_model.parameters():

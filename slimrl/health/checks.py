@@ -69,12 +69,27 @@ class Thresholds:
         """The thresholds of a run: ``limits`` (:data:`LIMITS` -> value: the config's ``slimrl_health_<name>``,
         read by the caller through slimrl's typed config fields; a limit not given keeps the default above, which
         equals the field's), the rest from TRL's own config fields."""
-        return cls(**limits, max_completion_length=getattr(args, "max_completion_length", None),
-                   groups_per_row=groups_per_row(args), sampler=SamplerFacts.from_args(args, fix))
+        return cls(
+            **limits,
+            max_completion_length=getattr(args, "max_completion_length", None),
+            groups_per_row=groups_per_row(args),
+            sampler=SamplerFacts.from_args(args, fix),
+        )
 
 
-LIMITS = ("window", "zero_std", "min_groups", "truncated", "entropy_drop", "kl_max", "clip_max", "reward_z",
-          "mismatch_kl", "mismatch_masked", "mismatch_ratio")  # each the config field slimrl_health_<name>
+LIMITS = (
+    "window",
+    "zero_std",
+    "min_groups",
+    "truncated",
+    "entropy_drop",
+    "kl_max",
+    "clip_max",
+    "reward_z",
+    "mismatch_kl",
+    "mismatch_masked",
+    "mismatch_ratio",
+)  # each the config field slimrl_health_<name>
 
 
 def groups_per_row(args: Any) -> float:
@@ -104,7 +119,7 @@ def reward_keys(rows: Sequence[Row]) -> list[str]:
 
 def reward_name(key: str) -> str:
     """``rewards/<fn>/mean`` -> ``<fn>``."""
-    return key[len("rewards/"):-len("/mean")]
+    return key[len("rewards/") : -len("/mean")]
 
 
 def mean(values: Sequence[float]) -> float:
@@ -132,48 +147,79 @@ def _steps(rows: Sequence[Row], window: int) -> str:
 
 def no_signal(rows: Sequence[Row], t: Thresholds) -> Verdict:
     window = max(t.window, math.ceil(t.min_groups / t.groups_per_row))
-    return _at_least(rows, "frac_reward_zero_std", window, t.zero_std, lambda m: (
-        f"no learning signal: in {m:.0%} of groups every completion got the same reward ({_steps(rows, window)}, "
-        f"frac_reward_zero_std), so their advantages are 0 and they teach nothing; the rewards are too easy or too "
-        f"hard for this model: give partial credit, choose prompts of matching difficulty, or raise num_generations "
-        f"or temperature"))
+    return _at_least(
+        rows,
+        "frac_reward_zero_std",
+        window,
+        t.zero_std,
+        lambda m: (
+            f"no learning signal: in {m:.0%} of groups every completion got the same reward "
+            f"({_steps(rows, window)}, frac_reward_zero_std), so their advantages are 0 and they teach nothing; the "
+            f"rewards are too easy or too hard for this model: give partial credit, choose prompts of matching "
+            f"difficulty, or raise num_generations or temperature"
+        ),
+    )
 
 
 def truncated(rows: Sequence[Row], t: Thresholds) -> Verdict:
-    limit = f"max_completion_length={t.max_completion_length}" if t.max_completion_length else \
-        "max_completion_length"
-    return _at_least(rows, "completions/clipped_ratio", t.window, t.truncated, lambda m: (
-        f"completions truncated: {m:.0%} of completions were cut off at {limit} ({_steps(rows, t.window)}, "
-        f"completions/clipped_ratio), so the rewards judge unfinished text; raise max_completion_length, or reward "
-        f"answers that finish (a closing tag or format) within it"))
+    limit = f"max_completion_length={t.max_completion_length}" if t.max_completion_length else "max_completion_length"
+    return _at_least(
+        rows,
+        "completions/clipped_ratio",
+        t.window,
+        t.truncated,
+        lambda m: (
+            f"completions truncated: {m:.0%} of completions were cut off at {limit} ({_steps(rows, t.window)}, "
+            f"completions/clipped_ratio), so the rewards judge unfinished text; raise max_completion_length, or reward "
+            f"answers that finish (a closing tag or format) within it"
+        ),
+    )
 
 
 def entropy(rows: Sequence[Row], t: Thresholds) -> Verdict:
     values = series(rows, "entropy")
     if len(values) < 2 * t.window:
         return None
-    first, last = mean(values[:t.window]), mean(values[-t.window:])
+    first, last = mean(values[: t.window]), mean(values[-t.window :])
     return first > 0 and last < t.entropy_drop * first, (
         f"entropy collapsed: mean per-token entropy fell from {first:.3g} (first {t.window} logged steps) to "
         f"{last:.3g} ({_steps(rows, t.window)}): the policy samples almost deterministically and a group's "
         f"completions stop differing; lower the learning rate, raise temperature, or add an entropy bonus "
-        f"(entropy_coef) or a KL penalty (beta)")
+        f"(entropy_coef) or a KL penalty (beta)"
+    )
 
 
 def kl(rows: Sequence[Row], t: Thresholds) -> Verdict:
-    return _at_least(rows, "kl", t.window, t.kl_max, lambda m: (
-        f"KL runaway: the KL to the reference model averaged {m:.3g} nats per token ({_steps(rows, t.window)}, "
-        f"kl; limit slimrl_health_kl_max={t.kl_max:g}): the policy is moving far from where it started; lower "
-        f"the learning rate, raise beta, and check that no reward can be gamed"))
+    return _at_least(
+        rows,
+        "kl",
+        t.window,
+        t.kl_max,
+        lambda m: (
+            f"KL runaway: the KL to the reference model averaged {m:.3g} nats per token ({_steps(rows, t.window)}, "
+            f"kl; limit slimrl_health_kl_max={t.kl_max:g}): the policy is moving far from where it started; lower "
+            f"the learning rate, raise beta, and check that no reward can be gamed"
+        ),
+    )
 
 
 def clip(rows: Sequence[Row], t: Thresholds) -> Verdict:
-    key = "clip_ratio/region_mean" if any(finite(r.get("clip_ratio/region_mean")) for r in rows[-t.window:]) \
+    key = (
+        "clip_ratio/region_mean"
+        if any(finite(r.get("clip_ratio/region_mean")) for r in rows[-t.window :])
         else "cispo_clip_ratio"
-    return _at_least(rows, key, t.window, t.clip_max, lambda m: (
-        f"clip ratio runaway: {m:.0%} of completion tokens fell outside the trust region ({_steps(rows, t.window)}, "
-        f"{key}; limit slimrl_health_clip_max={t.clip_max:g}): each update moves the policy too far from the one "
-        f"that generated; lower the learning rate or num_iterations"))
+    )
+    return _at_least(
+        rows,
+        key,
+        t.window,
+        t.clip_max,
+        lambda m: (
+            f"clip ratio runaway: {m:.0%} of completion tokens fell outside the trust region "
+            f"({_steps(rows, t.window)}, {key}; limit slimrl_health_clip_max={t.clip_max:g}): each update moves the "
+            f"policy too far from the one that generated; lower the learning rate or num_iterations"
+        ),
+    )
 
 
 def not_finite(rows: Sequence[Row], t: Thresholds) -> Verdict:
@@ -181,17 +227,21 @@ def not_finite(rows: Sequence[Row], t: Thresholds) -> Verdict:
         return None
     newest = rows[-1]
     if "loss" in newest and not finite(newest["loss"]):
-        return True, (f"loss is {newest['loss']} at step {newest.get('step', '?')}: lower the learning rate, train "
-                      f"in bf16 or fp32 instead of fp16, and bound the rewards")
-    last = rows[-t.window:]
+        return True, (
+            f"loss is {newest['loss']} at step {newest.get('step', '?')}: lower the learning rate, train "
+            f"in bf16 or fp32 instead of fp16, and bound the rewards"
+        )
+    last = rows[-t.window :]
     if len(last) < t.window:
         return False, ""
     dead = [k for k in sorted(reward_keys(last)) if all(k in r and not finite(r[k]) for r in last)]
     if dead:
         fn = reward_name(dead[0])
-        return True, (f"reward function {fn!r} gave no finite reward to any completion ({_steps(rows, t.window)}, "
-                      f"{dead[0]} is NaN): make it return a float for every completion (None only where it does "
-                      f"not apply)")
+        return True, (
+            f"reward function {fn!r} gave no finite reward to any completion ({_steps(rows, t.window)}, "
+            f"{dead[0]} is NaN): make it return a float for every completion (None only where it does "
+            f"not apply)"
+        )
     return False, ""
 
 
@@ -206,7 +256,7 @@ def _corr(a: Sequence[float], b: Sequence[float]) -> float:
 
 def _shift(values: Sequence[float], window: int) -> tuple[float, float, float]:
     """(mean of the window before, mean of the last window, standard error of their difference)."""
-    prev, last = values[-2 * window:-window], values[-window:]
+    prev, last = values[-2 * window : -window], values[-window:]
 
     def var(v: Sequence[float]) -> float:
         m = mean(v)
@@ -242,7 +292,8 @@ def reward_conflict(rows: Sequence[Row], t: Thresholds) -> Verdict:
                     f"rewards disagree: {name_up!r} rose ({b_up:.3g} -> {n_up:.3g}) while {name_dn!r}, which moved "
                     f"with it before, fell ({b_dn:.3g} -> {n_dn:.3g}) ({_steps(paired, w)} vs the {w} before): "
                     f"the policy may be gaming {name_up!r} at the expense of {name_dn!r} (reward hacking); read "
-                    f"completions where {name_up!r} is high, then tighten it or lower its reward_weights")
+                    f"completions where {name_up!r} is high, then tighten it or lower its reward_weights"
+                )
     return False, ""
 
 

@@ -37,8 +37,7 @@ class HealthCallback(TrainerCallback):
     """The monitor (module docstring). ``thresholds``: None reads them from the trainer's config at each log, with
     ``read(args)`` (the patched trainers': their typed config fields) or the defaults."""
 
-    def __init__(self, thresholds: Thresholds | None = None,
-                 read: Callable[[Any], Thresholds] | None = None) -> None:
+    def __init__(self, thresholds: Thresholds | None = None, read: Callable[[Any], Thresholds] | None = None) -> None:
         self.thresholds = thresholds
         self.read = read or (lambda args: Thresholds.from_args(args, {}))
         self.history: list[Row] = []
@@ -53,8 +52,11 @@ class HealthCallback(TrainerCallback):
             return
         row = {**logs, "step": state.global_step}
         self.history.append(row)
-        health = self.evaluate(self.read(args) if self.thresholds is None else self.thresholds,
-                               state.global_step, warn_now=state.is_world_process_zero)
+        health = self.evaluate(
+            self.read(args) if self.thresholds is None else self.thresholds,
+            state.global_step,
+            warn_now=state.is_world_process_zero,
+        )
         logs.update(health)
         row.update(health)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
@@ -73,8 +75,10 @@ class HealthCallback(TrainerCallback):
             if holds and name not in self.warned:
                 self.warned[name] = step
                 if warn_now:
-                    warn(f"slimrl health (step {step}): {message} [slimrl_health=False turns these checks off]",
-                         RunHealthWarning)
+                    warn(
+                        f"slimrl health (step {step}): {message} [slimrl_health=False turns these checks off]",
+                        RunHealthWarning,
+                    )
         return metrics
 
     def report(self) -> dict[str, str]:
@@ -91,8 +95,14 @@ class HealthCallback(TrainerCallback):
 
 
 def _why_not(name: str, history: list[Row]) -> str:
-    key = {"no_signal": "frac_reward_zero_std", "truncated": "completions/clipped_ratio", "entropy": "entropy",
-           "kl": "kl", "clip": "clip_ratio/region_mean", "sampler_mismatch": "sampling/kl_k3/mean"}.get(name)
+    key = {
+        "no_signal": "frac_reward_zero_std",
+        "truncated": "completions/clipped_ratio",
+        "entropy": "entropy",
+        "kl": "kl",
+        "clip": "clip_ratio/region_mean",
+        "sampler_mismatch": "sampling/kl_k3/mean",
+    }.get(name)
     if name == "sampler_mismatch" and not any(finite(r.get(key)) for r in history):
         return f"{key} not logged: no separate generator"
     if key is not None and not any(finite(r.get(key)) for r in history):

@@ -54,9 +54,11 @@ class SamplerFacts:
         from slimrl.compat.trl_info import trl_version
 
         settings = effective_sampling(args)
-        parts = [f"top_p={settings['top_p']:g}" if settings["top_p"] < 1 else "",
-                 f"top_k={settings['top_k']}" if settings["top_k"] > 0 else "",
-                 f"min_p={settings['min_p']:g}" if settings["min_p"] > 0 else ""]
+        parts = [
+            f"top_p={settings['top_p']:g}" if settings["top_p"] < 1 else "",
+            f"top_k={settings['top_k']}" if settings["top_k"] > 0 else "",
+            f"min_p={settings['min_p']:g}" if settings["min_p"] > 0 else "",
+        ]
         truncation = ", ".join(p for p in parts if p)
         version = trl_version()
         old_trl = (version.major, version.minor) < (1, 17)
@@ -75,11 +77,12 @@ def _window_mean(rows: Sequence[dict], key: str, window: int) -> float | None:
 def sampler_mismatch(rows: Sequence[dict], t: Any) -> tuple[bool, str] | None:
     """The check (module docstring); ``t``: :class:`slimrl.health.checks.Thresholds`."""
     facts: SamplerFacts = t.sampler or SamplerFacts()
-    if facts.biased_ratio and rows and _window_mean(rows, RATIO_KEY, 1) is not None \
-            and rows[-1][RATIO_KEY] < COLLAPSED:
-        return True, (f"the generator disagrees with the trained model: the importance ratio collapsed at step "
-                      f"{rows[-1].get('step', '?')} (mean {rows[-1][RATIO_KEY]:.3g}, below {COLLAPSED:g}); likely "
-                      f"cause: {_truncation_cause(facts)}")
+    if facts.biased_ratio and rows and _window_mean(rows, RATIO_KEY, 1) is not None and rows[-1][RATIO_KEY] < COLLAPSED:
+        return True, (
+            f"the generator disagrees with the trained model: the importance ratio collapsed at step "
+            f"{rows[-1].get('step', '?')} (mean {rows[-1][RATIO_KEY]:.3g}, below {COLLAPSED:g}); likely "
+            f"cause: {_truncation_cause(facts)}"
+        )
     kl = _window_mean(rows, KL_KEY, t.window)
     masked = _window_mean(rows, MASKED_KEY, t.window)
     ratio = _window_mean(rows, RATIO_KEY, t.window)
@@ -90,28 +93,36 @@ def sampler_mismatch(rows: Sequence[dict], t: Any) -> tuple[bool, str] | None:
     off_ratio = ratio is not None and not (1 - t.mismatch_ratio <= ratio <= 1 / (1 - t.mismatch_ratio))
     if not (high_kl or high_masked or off_ratio):
         return False, ""
-    last = rows[-t.window:]
+    last = rows[-t.window :]
     span = f"steps {last[0].get('step', '?')}-{last[-1].get('step', '?')}"
-    seen = (f"the generator disagrees with the trained model ({span}: KL {kl or 0.0:.3g} nats per token, "
-            f"{masked or 0.0:.0%} of sequences masked or clamped by the importance-sampling correction, mean ratio "
-            f"{ratio if ratio is not None else float('nan'):.3g}; limits slimrl_health_mismatch_kl={t.mismatch_kl:g}, "
-            f"slimrl_health_mismatch_masked={t.mismatch_masked:g}, slimrl_health_mismatch_ratio={t.mismatch_ratio:g})")
+    seen = (
+        f"the generator disagrees with the trained model ({span}: KL {kl or 0.0:.3g} nats per token, "
+        f"{masked or 0.0:.0%} of sequences masked or clamped by the importance-sampling correction, mean ratio "
+        f"{ratio if ratio is not None else float('nan'):.3g}; limits slimrl_health_mismatch_kl={t.mismatch_kl:g}, "
+        f"slimrl_health_mismatch_masked={t.mismatch_masked:g}, slimrl_health_mismatch_ratio={t.mismatch_ratio:g})"
+    )
     logged = [r[KL_KEY] for r in rows if isinstance(r.get(KL_KEY), int | float) and math.isfinite(r[KL_KEY])]
     first = logged[0] if len(logged) >= 2 else None
     if first is not None and first < JUMP * logged[-1]:
-        return True, (f"{seen}; likely cause: the adapter is not synced — the KL was {first:.3g} at the first "
-                      f"logged step, before any update reached the generator: check that the generator gets "
-                      f"the new weights every step (a vLLM server needs the trainer's sync; `slimrl verify` "
-                      f"with your generator finds a stale adapter)")
+        return True, (
+            f"{seen}; likely cause: the adapter is not synced — the KL was {first:.3g} at the first "
+            f"logged step, before any update reached the generator: check that the generator gets "
+            f"the new weights every step (a vLLM server needs the trainer's sync; `slimrl verify` "
+            f"with your generator finds a stale adapter)"
+        )
     if facts.biased_ratio:
         return True, f"{seen}; likely cause: {_truncation_cause(facts)}"
-    return True, (f"{seen}; likely cause: precision — the generator computes in other precision or kernels than "
-                  f"the trainer ({facts.trainer_precision}): run the generator in the trainer's dtype (or train "
-                  f"in bf16 with a bf16 generator), or use vllm_importance_sampling_mode='token_truncate' so a few "
-                  f"disagreeing tokens do not drop whole sequences")
+    return True, (
+        f"{seen}; likely cause: precision — the generator computes in other precision or kernels than "
+        f"the trainer ({facts.trainer_precision}): run the generator in the trainer's dtype (or train "
+        f"in bf16 with a bf16 generator), or use vllm_importance_sampling_mode='token_truncate' so a few "
+        f"disagreeing tokens do not drop whole sequences"
+    )
 
 
 def _truncation_cause(facts: SamplerFacts) -> str:
-    return (f"truncated sampling ({facts.truncation}) — TRL {facts.trl} compares the sampler's log-probs over the "
-            f"kept tokens with the trainer's over the whole vocabulary (the ratio carries the kept mass, TRL issue "
-            f"6789): set {FIX}=True (TRL 1.17's correction) or sample with top_p=1.0, top_k=0, min_p=0")
+    return (
+        f"truncated sampling ({facts.truncation}) — TRL {facts.trl} compares the sampler's log-probs over the "
+        f"kept tokens with the trainer's over the whole vocabulary (the ratio carries the kept mass, TRL issue "
+        f"6789): set {FIX}=True (TRL 1.17's correction) or sample with top_p=1.0, top_k=0, min_p=0"
+    )

@@ -23,8 +23,7 @@ _SUBCLASSES: dict[type, type] = {}
 
 def is_conversation(value: Any) -> bool:
     """A non-empty list of chat messages (dicts with a ``role``)."""
-    return isinstance(value, list | tuple) and bool(value) and all(isinstance(m, dict) and "role" in m
-                                                                   for m in value)
+    return isinstance(value, list | tuple) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
 
 
 def render(processor: Any, text: Any) -> Any:
@@ -61,12 +60,20 @@ def _subclass(cls: type) -> type:
             if "text" in kwargs:
                 kwargs["text"] = render(self, kwargs["text"])
             elif position is not None and len(args) > position:
-                args = (*args[:position], render(self, args[position]), *args[position + 1:])
+                args = (*args[:position], render(self, args[position]), *args[position + 1 :])
             return original(self, *args, **kwargs)
 
-        _SUBCLASSES[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
-                                                        "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
-                                                        "slimrl_chat_messages": True})
+        _SUBCLASSES[cls] = type(
+            cls.__name__,
+            (cls,),
+            {
+                "__call__": __call__,
+                "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__,
+                "__doc__": cls.__doc__,
+                "slimrl_chat_messages": True,
+            },
+        )
     return _SUBCLASSES[cls]
 
 

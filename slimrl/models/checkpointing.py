@@ -55,8 +55,11 @@ def enable_checkpointing(model: Any, mode: str | bool, every_n_layers: int = 2) 
     if wants_offload(mode) or every > 1:
         install_policy(base, offload=wants_offload(mode), every_n_layers=every)
     if mode in OFFLOAD_MODES and not wants_offload(mode):
-        logger.info("use_gradient_checkpointing=%r: plain checkpointing (no CUDA device: activations already live "
-                    "in host memory)", mode)
+        logger.info(
+            "use_gradient_checkpointing=%r: plain checkpointing (no CUDA device: activations already live "
+            "in host memory)",
+            mode,
+        )
     turn_on(base, every)
     if hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()
@@ -91,8 +94,7 @@ def install_policy(base: Any, *, offload: bool, every_n_layers: int = 1) -> offl
     original = base._set_gradient_checkpointing  # bound method of the class
 
     @functools.wraps(original)
-    def set_gradient_checkpointing(enable: bool = True, gradient_checkpointing_func: Any = None,
-                                   **kwargs: Any) -> Any:
+    def set_gradient_checkpointing(enable: bool = True, gradient_checkpointing_func: Any = None, **kwargs: Any) -> Any:
         if enable and gradient_checkpointing_func is not None and offloader is not None:
             gradient_checkpointing_func = offload_module.offloaded(gradient_checkpointing_func, offloader)
         if gradient_checkpointing_func is None:
@@ -116,8 +118,9 @@ def uninstall_policy(base: Any) -> None:
 def is_on(base: Any) -> bool:
     """Whether ``base`` (a transformers model) checkpoints, asked by the name the installed transformers keeps
     (``is_activation_checkpointing``; ``is_gradient_checkpointing`` before it had one, deprecated since)."""
-    return bool(base.is_activation_checkpointing if has_activation_checkpointing_enable()
-                else base.is_gradient_checkpointing)
+    return bool(
+        base.is_activation_checkpointing if has_activation_checkpointing_enable() else base.is_gradient_checkpointing
+    )
 
 
 def _disable(base: Any) -> None:

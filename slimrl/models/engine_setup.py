@@ -60,15 +60,27 @@ def kv_cache_dtype(float8_kv_cache: bool, engine: bool) -> str:
     if float8_kv_cache and engine and gpu is not None and gpu.fp8:
         return "fp8"
     if float8_kv_cache:
-        why = ("there is no vLLM engine (fast_inference)" if not engine else "vLLM's CPU backend has no fp8 KV cache"
-               if gpu is None else f"the {gpu.name} has no fp8 (compute capability {gpu.capability})")
+        why = (
+            "there is no vLLM engine (fast_inference)"
+            if not engine
+            else "vLLM's CPU backend has no fp8 KV cache"
+            if gpu is None
+            else f"the {gpu.name} has no fp8 (compute capability {gpu.capability})"
+        )
         unsloth_keywords.note(f"from_pretrained(float8_kv_cache=True) ignored: {why}")
     return "auto"
 
 
-def start_on_gpu(gpu: Gpu, config: Any, utilization: float | str, max_seq_length: int, load_in_4bit: bool,
-                 max_lora_rank: int, free: int | None = None, dtype: torch.dtype | None = None
-                 ) -> tuple[EngineStart, str | None, int]:
+def start_on_gpu(
+    gpu: Gpu,
+    config: Any,
+    utilization: float | str,
+    max_seq_length: int,
+    load_in_4bit: bool,
+    max_lora_rank: int,
+    free: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[EngineStart, str | None, int]:
     """(the engine's arguments, vLLM's start-up verdict — None: it starts — and the base weights' bytes on the card,
     held once) for a model of ``config`` on ``gpu``; ``free``: what is free before the model loads (default: the
     card less the CUDA context)."""
@@ -87,8 +99,9 @@ def start_on_gpu(gpu: Gpu, config: Any, utilization: float | str, max_seq_length
     return start, startup_problem(start), weights
 
 
-def check_before_loading(path: str, utilization: float | str, max_seq_length: int, load_in_4bit: bool,
-                         max_lora_rank: int, dtype: torch.dtype) -> None:
+def check_before_loading(
+    path: str, utilization: float | str, max_seq_length: int, load_in_4bit: bool, max_lora_rank: int, dtype: torch.dtype
+) -> None:
     """On a GPU: vLLM's start-up check for this load, before any weight loads; one-line ValueError when it fails."""
     gpu = current_gpu()
     if gpu is None:
@@ -99,11 +112,12 @@ def check_before_loading(path: str, utilization: float | str, max_seq_length: in
 
     config = AutoConfig.from_pretrained(path)
     free = free_bytes_as_vllm_measures(torch.device("cuda", torch.cuda.current_device()))
-    start, problem, _ = start_on_gpu(gpu, config, utilization, max_seq_length, load_in_4bit, max_lora_rank, free,
-                                     dtype)
+    start, problem, _ = start_on_gpu(gpu, config, utilization, max_seq_length, load_in_4bit, max_lora_rank, free, dtype)
     if problem:
-        raise ValueError(f"fast_inference=True with gpu_memory_utilization={utilization!r} cannot start vLLM on this "
-                         f"{gpu.name} beside the model ({problem}); {fix_for(start)}")
+        raise ValueError(
+            f"fast_inference=True with gpu_memory_utilization={utilization!r} cannot start vLLM on this "
+            f"{gpu.name} beside the model ({problem}); {fix_for(start)}"
+        )
 
 
 # vLLM's fp8 linear method runs from this compute capability (its Fp8Config.get_min_capability(), 75 in 0.32: the
@@ -119,36 +133,72 @@ def engine_quantization(load_in_fp8: bool, engine: bool) -> str | None:
     gpu = current_gpu()
     if engine and gpu is not None and gpu.capability >= FP8_MIN_CAPABILITY:
         if not gpu.fp8:
-            unsloth_keywords.note(f"from_pretrained(load_in_fp8=True): the {gpu.name} has no fp8 arithmetic (compute "
-                                  f"capability {gpu.capability}): vLLM runs weight-only FP8 (its Marlin kernel)")
+            unsloth_keywords.note(
+                f"from_pretrained(load_in_fp8=True): the {gpu.name} has no fp8 arithmetic (compute "
+                f"capability {gpu.capability}): vLLM runs weight-only FP8 (its Marlin kernel)"
+            )
         return "fp8"
-    why = ("there is no vLLM engine (fast_inference)" if not engine else "vLLM's CPU backend runs no fp8 weights"
-           if gpu is None else f"vLLM's FP8 needs compute capability >= 7.5 (the {gpu.name}: {gpu.capability})")
+    why = (
+        "there is no vLLM engine (fast_inference)"
+        if not engine
+        else "vLLM's CPU backend runs no fp8 weights"
+        if gpu is None
+        else f"vLLM's FP8 needs compute capability >= 7.5 (the {gpu.name}: {gpu.capability})"
+    )
     unsloth_keywords.note(f"from_pretrained(load_in_fp8=True): {why}; the engine runs in 16-bit")
     return None
 
 
-def attach_engine(model: Any, path: str, max_seq_length: int, max_lora_rank: int, utilization: float | str,
-                  seed: int, kv_dtype: str, full_finetuning: bool = False,
-                  quantization: str | None = None) -> SlimrlEngine:
+def attach_engine(
+    model: Any,
+    path: str,
+    max_seq_length: int,
+    max_lora_rank: int,
+    utilization: float | str,
+    seed: int,
+    kv_dtype: str,
+    full_finetuning: bool = False,
+    quantization: str | None = None,
+) -> SlimrlEngine:
     """``model.vllm_engine``: the engine of this process for these settings (module docstring), bound to ``model``
     (a generation before any trainer runs on its weights); ``quantization``: vLLM's for the engine's weights
     (``"fp8"``: :func:`engine_quantization`)."""
     base_quant = getattr(getattr(model, "config", None), "quantization_config", None)  # a 4-bit base is another
-    key = (path, str(model.dtype), str(base_quant), quantization, max_seq_length, max_lora_rank, str(utilization),
-           kv_dtype)
+    key = (
+        path,
+        str(model.dtype),
+        str(base_quant),
+        quantization,
+        max_seq_length,
+        max_lora_rank,
+        str(utilization),
+        kv_dtype,
+    )
     engine = _LIVE.get(key) if torch.cuda.is_available() else None  # vLLM's CPU back end runs several
     if engine is None:
         started = [e for e in _LIVE.values() if e.llm is not None and e.device.type == "cuda"]
         if started:
-            raise ValueError(f"fast_inference=True: this process already runs vLLM's engine for "
-                             f"{started[0].model_path!r} (vLLM's memory pool allows one per process); restart the "
-                             f"runtime, or load that model again with the same settings to reuse its engine")
-        engine = SlimrlEngine(path, model.dtype, max_seq_length, max_lora_rank, utilization, seed=seed,
-                              kv_cache_dtype=kv_dtype, quantization=quantization)
+            raise ValueError(
+                f"fast_inference=True: this process already runs vLLM's engine for "
+                f"{started[0].model_path!r} (vLLM's memory pool allows one per process); restart the "
+                f"runtime, or load that model again with the same settings to reuse its engine"
+            )
+        engine = SlimrlEngine(
+            path,
+            model.dtype,
+            max_seq_length,
+            max_lora_rank,
+            utilization,
+            seed=seed,
+            kv_cache_dtype=kv_dtype,
+            quantization=quantization,
+        )
         _LIVE[key] = engine
-    trainable = (sum(p.numel() * p.element_size() for p in model.parameters()) if full_finetuning
-                 else adapter_bytes(model.config, max_lora_rank))
+    trainable = (
+        sum(p.numel() * p.element_size() for p in model.parameters())
+        if full_finetuning
+        else adapter_bytes(model.config, max_lora_rank)
+    )
     engine.bind(model, trainable)
     model.vllm_engine = engine
     return engine

@@ -84,49 +84,76 @@ class FastLanguageModel:
         load_in_fp8 = kwargs.pop("load_in_fp8", False)
         tiled = kwargs.pop("unsloth_tiled_mlp", None)  # None: slimrl's default (patching/online/lean_default.py)
         if tiled is not None and (not isinstance(tiled, bool | int) or tiled < 0):
-            raise ValueError(f"unsloth_tiled_mlp={tiled!r}: True (tiles of hidden_size tokens), False, or the tokens "
-                             "of one tile (an int)")
+            raise ValueError(
+                f"unsloth_tiled_mlp={tiled!r}: True (tiles of hidden_size tokens), False, or the tokens "
+                "of one tile (an int)"
+            )
         if full_finetuning and (load_in_4bit or load_in_8bit):
-            unsloth_keywords.note("from_pretrained(full_finetuning=True): the model loads unquantized (load_in_4bit/"
-                                  "load_in_8bit ignored: a quantized base cannot train in full)")
+            unsloth_keywords.note(
+                "from_pretrained(full_finetuning=True): the model loads unquantized (load_in_4bit/"
+                "load_in_8bit ignored: a quantized base cannot train in full)"
+            )
             load_in_4bit = load_in_8bit = False
         del load_in_16bit  # unquantized, in `dtype`: what load_in_4bit=load_in_8bit=False loads
         hub = {k: kwargs.pop(k) for k in ("revision", "token", "cache_dir", "local_files_only") if k in kwargs}
-        path = resolve_model_path(model_name, gguf_file, **hub,
-                                  use_safetensors=kwargs.get("use_safetensors", True) is not False,
-                                  trust_remote_code=bool(kwargs.get("trust_remote_code", False)))
+        path = resolve_model_path(
+            model_name,
+            gguf_file,
+            **hub,
+            use_safetensors=kwargs.get("use_safetensors", True) is not False,
+            trust_remote_code=bool(kwargs.get("trust_remote_code", False)),
+        )
         torch_dtype = _default_dtype() if dtype is None else dtype
         if isinstance(torch_dtype, str):
             torch_dtype = getattr(torch, torch_dtype)
         load_kwargs: dict[str, Any] = {"dtype": torch_dtype, **kwargs}
         if load_in_4bit and load_in_8bit:
-            raise ValueError("load_in_4bit=True and load_in_8bit=True: pass one of them (4-bit NF4 is the usual "
-                             "choice for QLoRA)")
+            raise ValueError(
+                "load_in_4bit=True and load_in_8bit=True: pass one of them (4-bit NF4 is the usual choice for QLoRA)"
+            )
         if load_in_4bit or load_in_8bit:
             bits = "load_in_4bit" if load_in_4bit else "load_in_8bit"
             if _bitsandbytes_works():
                 from transformers import BitsAndBytesConfig
 
-                load_kwargs["quantization_config"] = BitsAndBytesConfig(
-                    load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch_dtype,
-                    bnb_4bit_use_double_quant=True) if load_in_4bit else BitsAndBytesConfig(load_in_8bit=True)
+                load_kwargs["quantization_config"] = (
+                    BitsAndBytesConfig(
+                        load_in_4bit=True,
+                        bnb_4bit_quant_type="nf4",
+                        bnb_4bit_compute_dtype=torch_dtype,
+                        bnb_4bit_use_double_quant=True,
+                    )
+                    if load_in_4bit
+                    else BitsAndBytesConfig(load_in_8bit=True)
+                )
             else:
-                warn(f"{bits}=True needs bitsandbytes (CUDA, or CPU with bitsandbytes>="
-                              f"{BNB_CPU_MIN}: pip install 'slimrl[quant]'); loading {model_name!r} unquantized "
-                              f"in {torch_dtype} instead")
-        if not (gpu_memory_utilization == "auto" or isinstance(gpu_memory_utilization, int | float)
-                and 0 < gpu_memory_utilization < 1):
-            raise ValueError(f"gpu_memory_utilization must be a float in (0, 1) or 'auto', got "
-                             f"{gpu_memory_utilization!r}")
+                warn(
+                    f"{bits}=True needs bitsandbytes (CUDA, or CPU with bitsandbytes>="
+                    f"{BNB_CPU_MIN}: pip install 'slimrl[quant]'); loading {model_name!r} unquantized "
+                    f"in {torch_dtype} instead"
+                )
+        if not (
+            gpu_memory_utilization == "auto"
+            or isinstance(gpu_memory_utilization, int | float)
+            and 0 < gpu_memory_utilization < 1
+        ):
+            raise ValueError(
+                f"gpu_memory_utilization must be a float in (0, 1) or 'auto', got {gpu_memory_utilization!r}"
+            )
         vision = cls._loads_vision(str(path), bool(load_kwargs.get("trust_remote_code", False)))
         problem = engine_setup.engine_problem(fast_inference, vision)
         if problem is not None:
             warn(f"fast_inference=True: {problem}; generation will use Hugging Face generate")
         engine = fast_inference and problem is None
         if engine:  # on a GPU: vLLM's start-up check, before any weight loads
-            engine_setup.check_before_loading(str(path), gpu_memory_utilization, max_seq_length,
-                                              "quantization_config" in load_kwargs and load_in_4bit, max_lora_rank,
-                                              torch_dtype)
+            engine_setup.check_before_loading(
+                str(path),
+                gpu_memory_utilization,
+                max_seq_length,
+                "quantization_config" in load_kwargs and load_in_4bit,
+                max_lora_rank,
+                torch_dtype,
+            )
         on_cpu = "cpu" if "quantization_config" in load_kwargs else None  # bitsandbytes needs it named
         device_map = load_device_map() or on_cpu  # on CUDA: on the GPU as it loads, shard by shard
         if device_map is not None:
@@ -134,10 +161,12 @@ class FastLanguageModel:
         load_kwargs.setdefault("use_safetensors", True)  # safe defaults: no pickle, no remote code unless asked
         load_kwargs.setdefault("trust_remote_code", False)
         if load_kwargs["use_safetensors"] and Path(path).is_dir() and not any(Path(path).glob("*.safetensors")):
-            raise ValueError(f"{model_name!r} has no .safetensors weights (only pickle-based files such as "
-                             f"pytorch_model.bin): slimrl loads safetensors only by default; convert the checkpoint "
-                             f"(model.save_pretrained(dir, safe_serialization=True)) or, for a file you trust, pass "
-                             f"use_safetensors=False")
+            raise ValueError(
+                f"{model_name!r} has no .safetensors weights (only pickle-based files such as "
+                f"pytorch_model.bin): slimrl loads safetensors only by default; convert the checkpoint "
+                f"(model.save_pretrained(dir, safe_serialization=True)) or, for a file you trust, pass "
+                f"use_safetensors=False"
+            )
         model, tokenizer = _load(str(path), load_kwargs, vision)
         keep_quantized_trainable(model)
         text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a vision model's processor holds one
@@ -148,16 +177,33 @@ class FastLanguageModel:
         model.max_seq_length = max_seq_length
         if resize_model_vocab is not None:
             model.resize_token_embeddings(int(resize_model_vocab))
-        attach_state(model, ModelState(model_path=str(path), max_lora_rank=max_lora_rank,
-                                       full_finetuning=bool(full_finetuning), vision=vision, tiled_mlp=tiled,
-                                       checkpointing_default=use_gradient_checkpointing, tokenizer=text_tokenizer,
-                                       processor=tokenizer if tokenizer is not text_tokenizer else None))
+        attach_state(
+            model,
+            ModelState(
+                model_path=str(path),
+                max_lora_rank=max_lora_rank,
+                full_finetuning=bool(full_finetuning),
+                vision=vision,
+                tiled_mlp=tiled,
+                checkpointing_default=use_gradient_checkpointing,
+                tokenizer=text_tokenizer,
+                processor=tokenizer if tokenizer is not text_tokenizer else None,
+            ),
+        )
         kv_dtype = engine_setup.kv_cache_dtype(bool(float8_kv_cache), engine)
         fp8 = engine_setup.engine_quantization(bool(load_in_fp8), engine)
         if engine:
-            engine_setup.attach_engine(model, str(path), max_seq_length, max_lora_rank, gpu_memory_utilization,
-                                       0 if random_state is None else random_state, kv_dtype,
-                                       bool(full_finetuning), quantization=fp8)
+            engine_setup.attach_engine(
+                model,
+                str(path),
+                max_seq_length,
+                max_lora_rank,
+                gpu_memory_utilization,
+                0 if random_state is None else random_state,
+                kv_dtype,
+                bool(full_finetuning),
+                quantization=fp8,
+            )
         if tiled:
             tile_mlp(model, None if tiled is True else int(tiled))
         attach(model)  # Unsloth's model methods: fast_generate, save_lora / load_lora, the export calls
@@ -219,33 +265,52 @@ class FastLanguageModel:
         if not isinstance(r, int) or r < 1:
             raise ValueError(f"r must be a positive int, got {r!r}")
         if max_rank is not None and r > max_rank:
-            raise ValueError(f"r={r} is larger than max_lora_rank={max_rank} given to from_pretrained; "
-                             f"raise max_lora_rank to at least {r} or lower r")
+            raise ValueError(
+                f"r={r} is larger than max_lora_rank={max_rank} given to from_pretrained; "
+                f"raise max_lora_rank to at least {r} or lower r"
+            )
         if use_gradient_checkpointing not in CHECKPOINTING_MODES:
-            raise ValueError(f"use_gradient_checkpointing must be 'slimrl', 'selective', True or False, got "
-                             f"{use_gradient_checkpointing!r}")
+            raise ValueError(
+                f"use_gradient_checkpointing must be 'slimrl', 'selective', True or False, got "
+                f"{use_gradient_checkpointing!r}"
+            )
         every = kwargs.pop("checkpoint_every_n_layers", 2)
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"checkpoint_every_n_layers must be a positive int, got {every!r}")
         if loaded.full_finetuning:
-            unsloth_keywords.note("get_peft_model: the model was loaded with full_finetuning=True: no adapter added, "
-                                  "every weight trains")
+            unsloth_keywords.note(
+                "get_peft_model: the model was loaded with full_finetuning=True: no adapter added, every weight trains"
+            )
             enable_checkpointing(model, use_gradient_checkpointing, every)
             return attach(model)
         if loaded.vision or is_vision_language(getattr(model, "config", None)):
             targets = target_modules or vision_target_modules(
-                model, vision=finetune_vision_layers, language=finetune_language_layers,
-                attention=finetune_attention_modules, mlp=finetune_mlp_modules)
+                model,
+                vision=finetune_vision_layers,
+                language=finetune_language_layers,
+                attention=finetune_attention_modules,
+                mlp=finetune_mlp_modules,
+            )
         elif not finetune_language_layers:
-            raise ValueError("get_peft_model(finetune_language_layers=False): a text model has nothing else to put "
-                             "an adapter on; pass finetune_language_layers=True")
+            raise ValueError(
+                "get_peft_model(finetune_language_layers=False): a text model has nothing else to put "
+                "an adapter on; pass finetune_language_layers=True"
+            )
         else:
             targets = target_modules or default_target_modules(
-                model, attention=finetune_attention_modules, mlp=finetune_mlp_modules)
+                model, attention=finetune_attention_modules, mlp=finetune_mlp_modules
+            )
         keep_quantized_trainable(model)  # a quantized base loaded elsewhere, maybe run in eval mode already
         torch.manual_seed(random_state)
-        config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias,
-                            target_modules=targets, task_type="CAUSAL_LM", **kwargs)
+        config = LoraConfig(
+            r=r,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            bias=bias,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+            **kwargs,
+        )
         peft_model = get_peft_model(model, config)
         enable_checkpointing(peft_model, use_gradient_checkpointing, every)
         loaded.checkpointing = use_gradient_checkpointing

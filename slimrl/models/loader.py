@@ -103,8 +103,10 @@ def check_gguf(path: Path) -> None:
     except (ValueError, IndexError, KeyError, OSError, EOFError) as err:
         problem = f"reading it failed ({type(err).__name__})"
     if problem:
-        raise ValueError(f"{path} is not a complete GGUF file: {problem}; download it again (a truncated download "
-                         f"or copy is the usual cause)")
+        raise ValueError(
+            f"{path} is not a complete GGUF file: {problem}; download it again (a truncated download "
+            f"or copy is the usual cause)"
+        )
 
 
 def materialize_gguf(gguf: Path) -> Path:
@@ -139,10 +141,17 @@ def materialize_gguf(gguf: Path) -> Path:
     return out
 
 
-def resolve_model_path(model_name: str, gguf_file: str | None = None, *, revision: str | None = None,
-                       token: str | bool | None = None, cache_dir: str | Path | None = None,
-                       local_files_only: bool = False, use_safetensors: bool = True,
-                       trust_remote_code: bool = False) -> Path:
+def resolve_model_path(
+    model_name: str,
+    gguf_file: str | None = None,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | Path | None = None,
+    local_files_only: bool = False,
+    use_safetensors: bool = True,
+    trust_remote_code: bool = False,
+) -> Path:
     """Return a local directory holding ``config.json`` + weights for ``model_name`` (see the module docstring)."""
     if not isinstance(model_name, str) or not model_name:
         raise ValueError(f"model_name must be a non-empty string, got {model_name!r}")
@@ -153,27 +162,36 @@ def resolve_model_path(model_name: str, gguf_file: str | None = None, *, revisio
         gguf = path / gguf_file if path.is_dir() else Path(gguf_file)
         if not gguf.is_file():
             raise FileNotFoundError(
-                f"gguf_file={gguf_file!r} not found (looked in {gguf}); pass an existing .gguf file")
+                f"gguf_file={gguf_file!r} not found (looked in {gguf}); pass an existing .gguf file"
+            )
         return materialize_gguf(gguf)
     if path.is_file() and path.suffix == ".gguf":
         return materialize_gguf(path)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
-                f"model_name={model_name!r} is a directory without config.json; pass a model directory")
+                f"model_name={model_name!r} is a directory without config.json; pass a model directory"
+            )
         return path
     if _looks_like_a_path(model_name):
-        raise FileNotFoundError(f"model_name={model_name!r}: no such file or directory; pass an existing model "
-                                f"directory or .gguf file, a Hugging Face hub id (org/name), or {SMOLLM2_ALIAS!r}")
-    return hub_snapshot(model_name, revision=revision, token=token, cache_dir=cache_dir,
-                        local_files_only=local_files_only, use_safetensors=use_safetensors,
-                        trust_remote_code=trust_remote_code)
+        raise FileNotFoundError(
+            f"model_name={model_name!r}: no such file or directory; pass an existing model "
+            f"directory or .gguf file, a Hugging Face hub id (org/name), or {SMOLLM2_ALIAS!r}"
+        )
+    return hub_snapshot(
+        model_name,
+        revision=revision,
+        token=token,
+        cache_dir=cache_dir,
+        local_files_only=local_files_only,
+        use_safetensors=use_safetensors,
+        trust_remote_code=trust_remote_code,
+    )
 
 
 def is_builtin_alias(name: str) -> bool:
     """``name`` means the embedded SmolLM2 (its alias or hub id), unless a local path of that name exists."""
-    return name.lower() in (SMOLLM2_ALIAS.lower(), f"huggingfacetb/{SMOLLM2_ALIAS.lower()}") \
-        and not Path(name).exists()
+    return name.lower() in (SMOLLM2_ALIAS.lower(), f"huggingfacetb/{SMOLLM2_ALIAS.lower()}") and not Path(name).exists()
 
 
 def _looks_like_a_path(name: str) -> bool:
@@ -191,9 +209,16 @@ def download_patterns(use_safetensors: bool, trust_remote_code: bool) -> list[st
     return patterns
 
 
-def hub_snapshot(repo_id: str, *, revision: str | None = None, token: str | bool | None = None,
-                 cache_dir: str | Path | None = None, local_files_only: bool = False, use_safetensors: bool = True,
-                 trust_remote_code: bool = False) -> Path:
+def hub_snapshot(
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | Path | None = None,
+    local_files_only: bool = False,
+    use_safetensors: bool = True,
+    trust_remote_code: bool = False,
+) -> Path:
     """The local snapshot of ``repo_id``: from the cache when it is there, else downloaded (one clear error for
     offline mode, a missing or private repo, a bad revision, an unreachable Hub)."""
     from huggingface_hub import constants, snapshot_download
@@ -207,21 +232,25 @@ def hub_snapshot(repo_id: str, *, revision: str | None = None, token: str | bool
 
     # the same file patterns for the cache lookup and the download: huggingface_hub checks a cached snapshot for
     # completeness against them
-    common = {"revision": revision, "cache_dir": cache_dir, "token": token,
-              "allow_patterns": download_patterns(use_safetensors, trust_remote_code)}
+    common = {
+        "revision": revision,
+        "cache_dir": cache_dir,
+        "token": token,
+        "allow_patterns": download_patterns(use_safetensors, trust_remote_code),
+    }
     try:
         return Path(snapshot_download(repo_id, local_files_only=True, **common))
     except (LocalEntryNotFoundError, ValueError, OSError):
         pass
-    offline = local_files_only or constants.is_offline_mode() or \
-        env_flag("HF_HUB_OFFLINE")
+    offline = local_files_only or constants.is_offline_mode() or env_flag("HF_HUB_OFFLINE")
     where = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
     if offline:
         why = "local_files_only=True" if local_files_only else "HF_HUB_OFFLINE is set"
         raise FileNotFoundError(
             f"model_name={where} is not a local directory, a .gguf file, nor in the local Hugging Face cache, and "
             f"downloads are off ({why}): download it first (`hf download {repo_id}`) or pass a local path; the "
-            f"built-in model is {SMOLLM2_ALIAS!r}")
+            f"built-in model is {SMOLLM2_ALIAS!r}"
+        )
     try:
         return Path(snapshot_download(repo_id, **common))
     except GatedRepoError:
@@ -232,6 +261,8 @@ def hub_snapshot(repo_id: str, *, revision: str | None = None, token: str | bool
         problem = f"has no revision {revision!r}: pass an existing branch, tag or commit"
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        problem = (f"could not be downloaded from {constants.ENDPOINT} ({first[:160]}); check the network, or set "
-                   f"HF_HUB_OFFLINE=1 and pass a local path")
+        problem = (
+            f"could not be downloaded from {constants.ENDPOINT} ({first[:160]}); check the network, or set "
+            f"HF_HUB_OFFLINE=1 and pass a local path"
+        )
     raise FileNotFoundError(f"model_name={where} {problem}")

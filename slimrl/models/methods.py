@@ -25,8 +25,9 @@ def _engine(model: Any) -> Any:
     return engine_of(model)
 
 
-def fast_generate(self: Any, prompts: str | list, sampling_params: Any = None, lora_request: Any = None,
-                  use_tqdm: bool = False) -> list:
+def fast_generate(
+    self: Any, prompts: str | list, sampling_params: Any = None, lora_request: Any = None, use_tqdm: bool = False
+) -> list:
     """vLLM's ``LLM.generate``: through the engine when the model has one, else HF ``generate`` with the same
     sampling settings and adapter (:func:`slimrl.generation.hf_generate.hf_fast_generate`)."""
     engine = _engine(self)
@@ -35,8 +36,15 @@ def fast_generate(self: Any, prompts: str | list, sampling_params: Any = None, l
     from slimrl.generation.hf_generate import hf_fast_generate
 
     processor = model_state(self).processor
-    return hf_fast_generate(self, processor or api._tokenizer(self, None), prompts, sampling_params, lora_request,
-                            use_tqdm, inference=_inference)
+    return hf_fast_generate(
+        self,
+        processor or api._tokenizer(self, None),
+        prompts,
+        sampling_params,
+        lora_request,
+        use_tqdm,
+        inference=_inference,
+    )
 
 
 @contextmanager
@@ -77,8 +85,10 @@ def load_lora(self: Any, save_directory: str | Path, load_tensors: bool = False)
     tensors now) changes nothing here: both load the adapter on its first use."""
     path = Path(save_directory)
     if not (path / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"load_lora({str(save_directory)!r}): no adapter_config.json there; pass a directory "
-                                f"written by model.save_lora")
+        raise FileNotFoundError(
+            f"load_lora({str(save_directory)!r}): no adapter_config.json there; pass a directory "
+            f"written by model.save_lora"
+        )
     lora_id = next(_LORA_IDS)
     if _engine(self) is not None:
         from vllm.lora.request import LoRARequest as VLLMLoRARequest

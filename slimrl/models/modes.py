@@ -93,8 +93,10 @@ def capture(model: torch.nn.Module) -> TrainingState:
         training={n: m.training for n, m in model.named_modules()},
         requires_grad={n: p.requires_grad for n, p in model.named_parameters()},
         use_cache=getattr(_base(model).config, "use_cache", None),
-        checkpointing={n: (bool(m.gradient_checkpointing), getattr(m, "_gradient_checkpointing_func", None))
-                       for n, m in _checkpointing_modules(model).items()},
+        checkpointing={
+            n: (bool(m.gradient_checkpointing), getattr(m, "_gradient_checkpointing_func", None))
+            for n, m in _checkpointing_modules(model).items()
+        },
         padding_side=getattr(tok, "padding_side", None),
     )
 

@@ -83,9 +83,11 @@ class CudaCopies(HostCopies):
         if error == 0:
             return buf, True
         self.lock_error = error  # a VM or a locked-memory limit can refuse it: said once, not retried per buffer
-        warn(f"offloaded checkpointing: page-locking host memory failed (cudaHostRegister error {error}); layer "
-             f"inputs are copied through pageable memory, which is slower and waits for each copy. "
-             f"use_gradient_checkpointing=True keeps them on the GPU instead")
+        warn(
+            f"offloaded checkpointing: page-locking host memory failed (cudaHostRegister error {error}); layer "
+            f"inputs are copied through pageable memory, which is slower and waits for each copy. "
+            f"use_gradient_checkpointing=True keeps them on the GPU instead"
+        )
         return buf, False
 
     def free_buffer(self, buf: torch.Tensor, pinned: bool) -> None:
@@ -134,10 +136,12 @@ class HostPool:
         self.pinned_bytes += size if pinned else 0
         if not pin and not self.warned:
             self.warned = True
-            warn(f"offloaded checkpointing: the layer inputs of this step need more than {self.cap / 2**30:.2f} GiB "
-                 f"of pinned host memory, the most slimrl page-locks ({PINNED_SHARE:.0%} of this machine's RAM); the "
-                 f"rest go to pageable memory (slower copies). Shorter completions or fewer rows per device keep "
-                 f"them pinned; `slimrl plan` counts them")
+            warn(
+                f"offloaded checkpointing: the layer inputs of this step need more than {self.cap / 2**30:.2f} GiB "
+                f"of pinned host memory, the most slimrl page-locks ({PINNED_SHARE:.0%} of this machine's RAM); the "
+                f"rest go to pageable memory (slower copies). Shorter completions or fewer rows per device keep "
+                f"them pinned; `slimrl plan` counts them"
+            )
         return buf, pinned
 
     def give(self, entry: tuple[torch.Tensor, bool]) -> None:

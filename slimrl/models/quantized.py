@@ -102,7 +102,8 @@ def keep_quantized_trainable(model: torch.nn.Module | None) -> int:
             f"inference kernel (the model ran in eval mode before slimrl saw it), which has no gradient; slimrl "
             f"unpacked them for training, their block scales keep the bf16 rounding that repacking applied. Load the "
             f"model with FastLanguageModel.from_pretrained (or pass it to the trainer before any eval-mode forward) to "
-            f"keep the original scales")
+            f"keep the original scales"
+        )
     return len(unpacked)
 
 

@@ -36,8 +36,11 @@ ATTR = "slimrl_tiled_rows"  # set on a tiled module: the rows of a tile
 
 def tiled_modules(model: Any) -> list[torch.nn.Module]:
     """The dense MLP modules of ``model`` that tiling applies to (module docstring)."""
-    return [m for name, m in model.named_modules()
-            if name.rsplit(".", 1)[-1] == "mlp" and type(m).__name__.endswith("MLP") and not hasattr(m, "experts")]
+    return [
+        m
+        for name, m in model.named_modules()
+        if name.rsplit(".", 1)[-1] == "mlp" and type(m).__name__.endswith("MLP") and not hasattr(m, "experts")
+    ]
 
 
 def tile_rows(model: Any) -> int:
@@ -76,7 +79,7 @@ def _position_wise(module: torch.nn.Module) -> bool:
     with torch.no_grad():
         try:
             together = _own(module)(x)  # [3, H]
-            alone = torch.cat([_own(module)(x[i:i + 1]) for i in range(3)])  # [3, H]
+            alone = torch.cat([_own(module)(x[i : i + 1]) for i in range(3)])  # [3, H]
         except Exception:  # noqa: BLE001 - a module that cannot take rows: judged at its first call
             return True
     if not isinstance(together, torch.Tensor) or together.shape != alone.shape:
@@ -85,8 +88,10 @@ def _position_wise(module: torch.nn.Module) -> bool:
     tolerance = (1e-2 if params[0].element_size() < 4 else 1e-4) * max(scale, 1.0)
     if float((together - alone).abs().max()) <= tolerance:
         return True
-    warn(f"unsloth_tiled_mlp: {type(module).__name__} does not compute each row on its own (a probe of 3 rows "
-         f"together differs from each row alone): it runs untiled")
+    warn(
+        f"unsloth_tiled_mlp: {type(module).__name__} does not compute each row on its own (a probe of 3 rows "
+        f"together differs from each row alone): it runs untiled"
+    )
     return False
 
 
@@ -131,8 +136,10 @@ def tiled_forward(self: torch.nn.Module, x: Any = None, *args: Any, **kwargs: An
     if not isinstance(first, torch.Tensor) or first.dim() != 2 or first.shape[0] != tiles[0].shape[0]:
         _untile(self)
         what = f"shape {tuple(first.shape)}" if isinstance(first, torch.Tensor) else type(first).__name__
-        warn(f"unsloth_tiled_mlp: {type(self).__name__} returns {what} for a tile of {tiles[0].shape[0]} rows, not "
-             f"one row per row (not position-wise): it runs untiled")
+        warn(
+            f"unsloth_tiled_mlp: {type(self).__name__} returns {what} for a tile of {tiles[0].shape[0]} rows, not "
+            f"one row per row (not position-wise): it runs untiled"
+        )
         return own(x)
     outs = [first] + [checkpoint(own, tile, use_reentrant=False) if grad else own(tile) for tile in tiles[1:]]
     out = torch.cat(outs)  # [N, H]

@@ -72,10 +72,15 @@ def image_only_processor(path: str, trust_remote_code: bool, reason: BaseExcepti
     if cls is None:
         raise reason
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    processor = image_only(cls)(image_processor=AutoImageProcessor.from_pretrained(path), tokenizer=tokenizer,
-                                chat_template=getattr(tokenizer, "chat_template", None))
-    warn(f"{name}: loaded without its video processor ({first_line(reason)}); image prompts work, "
-         f"video prompts need torchvision")
+    processor = image_only(cls)(
+        image_processor=AutoImageProcessor.from_pretrained(path),
+        tokenizer=tokenizer,
+        chat_template=getattr(tokenizer, "chat_template", None),
+    )
+    warn(
+        f"{name}: loaded without its video processor ({first_line(reason)}); image prompts work, "
+        f"video prompts need torchvision"
+    )
     return processor
 
 
@@ -99,19 +104,24 @@ def _processor_class_name(path: str) -> str | None:
     return None
 
 
-def vision_target_modules(model: torch.nn.Module, vision: bool, language: bool, attention: bool,
-                          mlp: bool) -> list[str]:
+def vision_target_modules(
+    model: torch.nn.Module, vision: bool, language: bool, attention: bool, mlp: bool
+) -> list[str]:
     """Full paths of the ``nn.Linear`` layers LoRA goes on in a vision-language model: those of the vision tower
     (a path part naming ``vision`` / ``visual`` / ``image`` / ``patch``) when ``vision``, of the language model
     (the rest) when ``language``, inside an attention block (``attn`` / ``attention``) when ``attention``, inside an
     MLP (``mlp`` / ``feed_forward`` / ``ffn``) when ``mlp``. The LM head, embeddings and the projector between the
     two towers (no attention or MLP block on its path) get none, as with Unsloth's defaults."""
     if not (vision or language):
-        raise ValueError("finetune_vision_layers=False and finetune_language_layers=False: no layer left to put an "
-                         "adapter on; set one of them to True")
+        raise ValueError(
+            "finetune_vision_layers=False and finetune_language_layers=False: no layer left to put an "
+            "adapter on; set one of them to True"
+        )
     if not (attention or mlp):
-        raise ValueError("finetune_attention_modules=False and finetune_mlp_modules=False: no projection left to "
-                         "put an adapter on; set one of them to True")
+        raise ValueError(
+            "finetune_attention_modules=False and finetune_mlp_modules=False: no projection left to "
+            "put an adapter on; set one of them to True"
+        )
     out = []
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear) or "lm_head" in name:
@@ -122,6 +132,7 @@ def vision_target_modules(model: torch.nn.Module, vision: bool, language: bool, 
         if (vision if in_vision else language) and ((attention and is_attention) or (mlp and is_mlp)):
             out.append(name)
     if not out:
-        raise ValueError("found no attention/MLP projection for the finetune_* choices given; pass "
-                         "target_modules=[...]")
+        raise ValueError(
+            "found no attention/MLP projection for the finetune_* choices given; pass target_modules=[...]"
+        )
     return out

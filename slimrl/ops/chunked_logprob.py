@@ -61,8 +61,9 @@ def auto_chunk_rows(n_rows: int, vocab_size: int, device: torch.device, free: in
     return int(max(1, min(n_rows, rows)))
 
 
-def rows_per_chunk(n_rows: int, vocab_size: int, device: torch.device, num_chunks: int = -1,
-                   multiplier: int | None = None) -> int:
+def rows_per_chunk(
+    n_rows: int, vocab_size: int, device: torch.device, num_chunks: int = -1, multiplier: int | None = None
+) -> int:
     """Translate ``unsloth_num_chunks`` (N >= 1: split the rows in N chunks; -1: automatic) to rows per chunk.
 
     ``multiplier`` (``unsloth_logit_chunk_multiplier``) divides the automatic chunk size: more, smaller blocks.
@@ -84,8 +85,14 @@ def compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return torch.promote_types(hidden.dtype, weight.dtype)
 
 
-def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, scale: float,
-            softcap: float | None, temperature: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _logits(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    scale: float,
+    softcap: float | None,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """fp32 ``z = g(h W^T + b) / T`` for one chunk (``h``, ``weight``, ``bias`` already in the compute dtype, run
     with autocast off); also returns ``tanh`` (soft-cap) for the backward."""
     x = torch.nn.functional.linear(h, weight, bias).float()  # [R, V]
@@ -116,12 +123,14 @@ class ChunkedLogProb(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_rows, scale, softcap, with_entropy, stats=()):
         dtype = compute_dtype(hidden, weight)
         with autocast_off(hidden.device):
-            return ChunkedLogProb._forward(ctx, dtype, hidden, weight, bias, targets, temperature, chunk_rows, scale,
-                                           softcap, with_entropy, stats)
+            return ChunkedLogProb._forward(
+                ctx, dtype, hidden, weight, bias, targets, temperature, chunk_rows, scale, softcap, with_entropy, stats
+            )
 
     @staticmethod
-    def _forward(ctx, dtype, hidden, weight, bias, targets, temperature, chunk_rows, scale, softcap, with_entropy,
-                 stats):
+    def _forward(
+        ctx, dtype, hidden, weight, bias, targets, temperature, chunk_rows, scale, softcap, with_entropy, stats
+    ):
         n = hidden.size(0)
         w, b = weight.to(dtype), bias.to(dtype) if bias is not None else None  # no copy when already in dtype
         logps = hidden.new_empty(n, dtype=torch.float32)  # [N]
@@ -228,7 +237,8 @@ def chunked_logprob_outputs(
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.size(1) != weight.size(1):
         raise ValueError(
-            f"hidden must be [N, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+            f"hidden must be [N, H] and weight [V, H]; got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
     if targets.shape != hidden.shape[:1]:
         raise ValueError(f"targets must be [N]={hidden.size(0)}, got {tuple(targets.shape)}")
     if temperature <= 0:
@@ -237,12 +247,27 @@ def chunked_logprob_outputs(
     n = hidden.size(0)
     if n == 0:
         zero = (hidden.sum() * 0.0).float().expand(0)  # keep the graph connected for an all-masked batch
-        return (zero, zero if "entropy" in outputs else None,
-                *(hidden.new_empty(0, dtype=torch.bool if s == "is_top1" else torch.float32) if s in stats else None
-                  for s in STATS))
+        return (
+            zero,
+            zero if "entropy" in outputs else None,
+            *(
+                hidden.new_empty(0, dtype=torch.bool if s == "is_top1" else torch.float32) if s in stats else None
+                for s in STATS
+            ),
+        )
     rows = chunk_rows or rows_per_chunk(n, weight.size(0), hidden.device, num_chunks, chunk_multiplier)
-    return ChunkedLogProb.apply(hidden, weight, bias, targets.long(), float(temperature), int(rows),
-                                float(logit_scale), softcap, "entropy" in outputs, stats)
+    return ChunkedLogProb.apply(
+        hidden,
+        weight,
+        bias,
+        targets.long(),
+        float(temperature),
+        int(rows),
+        float(logit_scale),
+        softcap,
+        "entropy" in outputs,
+        stats,
+    )
 
 
 def chunked_logprobs(

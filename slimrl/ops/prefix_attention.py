@@ -106,18 +106,32 @@ class PackedLayout:
         # ([S * L] after), padding reads its row's first prompt output (finite, never read by a real query)
         source = (torch.arange(rows)[:, None] * pw).expand(rows, width).clone()  # [R, T]
         for r in range(rows):
-            source[r, :prefix_lens[r]] = r * pw + torch.arange(prefix_lens[r])
+            source[r, : prefix_lens[r]] = r * pw + torch.arange(prefix_lens[r])
         for s in range(n_seg):
             a = seg_start[s]
-            source[seg_row[s], a:a + seg_len[s]] = rows * pw + s * lw + torch.arange(seg_len[s])
+            source[seg_row[s], a : a + seg_len[s]] = rows * pw + s * lw + torch.arange(seg_len[s])
         move = {"device": device}
         one = len(distinct) == 1
         by_prefix = tuple((p, None if one else torch.tensor(m, **long).to(**move)) for p, m in zip(distinct, members))
         order = [s for m in members for s in m]  # the batches' segments, concatenated
-        unsort = None if one else torch.empty(n_seg, **long).scatter_(0, torch.tensor(order, **long),
-                                                                         torch.arange(n_seg)).to(**move)
-        return cls(prefix.to(**move), row_t.to(**move), start_t.to(**move), len_t.to(**move), width, pw, lw,
-                   seg_index.to(**move), source.to(**move), by_prefix, unsort)
+        unsort = (
+            None
+            if one
+            else torch.empty(n_seg, **long).scatter_(0, torch.tensor(order, **long), torch.arange(n_seg)).to(**move)
+        )
+        return cls(
+            prefix.to(**move),
+            row_t.to(**move),
+            start_t.to(**move),
+            len_t.to(**move),
+            width,
+            pw,
+            lw,
+            seg_index.to(**move),
+            source.to(**move),
+            by_prefix,
+            unsort,
+        )
 
 
 def _repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -130,8 +144,14 @@ def _pick(x: torch.Tensor, sel: torch.Tensor | None) -> torch.Tensor:
     return x if sel is None else x.index_select(0, sel)
 
 
-def shared_prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
-                            scaling: float | None = None, dropout: float = 0.0) -> torch.Tensor:
+def shared_prefix_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: PackedLayout,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
     """``query [R, h, T, d]``, ``key/value [R, kv, T, d]`` of packed rows -> attention output ``[R, T, h, d]`` (the
     layout transformers' attention functions return), computed as the module docstring says."""
     rows, heads, _, dim = query.shape
@@ -139,8 +159,13 @@ def shared_prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     pw, lw, n_seg = layout.prefix_width, layout.seg_width, layout.seg_len.numel()
     # prompt queries: causal over the first P positions of each row
     prompt = sdpa(
-        query[:, :, :pw], _repeat_heads(key[:, :, :pw], groups), _repeat_heads(value[:, :, :pw], groups),
-        dropout_p=dropout, is_causal=True, scale=scaling)  # [R, h, P, d]
+        query[:, :, :pw],
+        _repeat_heads(key[:, :, :pw], groups),
+        _repeat_heads(value[:, :, :pw], groups),
+        dropout_p=dropout,
+        is_causal=True,
+        scale=scaling,
+    )  # [R, h, P, d]
     # completion queries: the segment's own tokens, gathered, over [prompt keys of its row | its own keys]
     rows_idx = layout.seg_row[:, None]  # [S, 1]
 
@@ -159,16 +184,19 @@ def shared_prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch
         q, k, v = _pick(q_seg, sel), _repeat_heads(keys, groups), _repeat_heads(vals, groups)
         if cast is not None:
             q, k, v = q.to(cast), k.to(cast), v.to(cast)
-        outs.append(sdpa(q, k, v, attn_mask=causal_lower_right(lw, p + lw), dropout_p=dropout,
-                         scale=scaling))  # [s, h, L, d]
+        outs.append(
+            sdpa(q, k, v, attn_mask=causal_lower_right(lw, p + lw), dropout_p=dropout, scale=scaling)
+        )  # [s, h, L, d]
     own = outs[0] if layout.seg_unsort is None else torch.cat(outs).index_select(0, layout.seg_unsort)  # [S, h, L, d]
-    flat = torch.cat([prompt.transpose(1, 2).reshape(rows * pw, heads, dim),
-                      own.transpose(1, 2).reshape(n_seg * lw, heads, dim)])  # [R*P + S*L, h, d]
+    flat = torch.cat(
+        [prompt.transpose(1, 2).reshape(rows * pw, heads, dim), own.transpose(1, 2).reshape(n_seg * lw, heads, dim)]
+    )  # [R*P + S*L, h, d]
     return flat[layout.source]  # [R, T, h, d]
 
 
-def reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
-                        scaling: float | None = None) -> torch.Tensor:
+def reference_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout, scaling: float | None = None
+) -> torch.Tensor:
     """The same attention with an explicit ``[R, T, T]`` mask and plain softmax (for tests, in any dtype); padding
     queries attend to nothing real and return their row's first prompt output, as the op does."""
     rows, heads, width, dim = query.shape
@@ -177,7 +205,7 @@ def reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     seg_of = torch.full((rows, width), -1, dtype=torch.long, device=query.device)  # [R, T]: segment id, -1 prompt
     for s in range(layout.seg_len.numel()):
         r, a, n = int(layout.seg_row[s]), int(layout.seg_start[s]), int(layout.seg_len[s])
-        seg_of[r, a:a + n] = s
+        seg_of[r, a : a + n] = s
     pos = torch.arange(width, device=query.device)
     prompt = pos[None, :] < layout.prefix_len[:, None]  # [R, T]
     real = prompt | (seg_of >= 0)  # [R, T]
@@ -185,7 +213,7 @@ def reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     same = seg_of[:, :, None] == seg_of[:, None, :]  # [R, T, T]
     allowed = causal & (prompt[:, None, :] | (same & (seg_of[:, :, None] >= 0)))  # [R, T(q), T(k)]
     allowed &= real[:, :, None] & real[:, None, :]
-    scores = query @ k.transpose(-1, -2) * (scaling if scaling is not None else dim ** -0.5)  # [R, h, T, T]
+    scores = query @ k.transpose(-1, -2) * (scaling if scaling is not None else dim**-0.5)  # [R, h, T, T]
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     out = torch.nan_to_num(scores.softmax(-1)) @ v  # [R, h, T, d]
     out = out.transpose(1, 2)  # [R, T, h, d]

@@ -38,8 +38,9 @@ def kept_support(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0, min_p: flo
     return keep
 
 
-def log_kept_mass(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                  min_p: float = 0.0) -> torch.Tensor:
+def log_kept_mass(
+    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+) -> torch.Tensor:
     """``[N]``: ``log S``, the log of the trainer's probability (``softmax(logits / T)``) on the kept support, for
     ``logits`` ``[N, V]``; 0 where nothing is truncated. Computed in fp32."""
     z = logits.float() / temperature  # [N, V]

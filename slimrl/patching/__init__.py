@@ -80,8 +80,10 @@ def _removed_line(name: str) -> str:
     last = spec.last_release or TESTED_TRL[-1]  # removed after slimrl's tests: the newest tested release has it
     when = f"TRL removed it after {last}" + ("" if spec.last_release else " (the newest release slimrl tests)")
     instead = f"use {spec.instead}, or " if spec.instead else ""
-    return (f"{spec.trainer_class_name} is not in the installed trl {trl_version()}: {when}; {instead}pin "
-            f"pip install 'trl=={last}'")
+    return (
+        f"{spec.trainer_class_name} is not in the installed trl {trl_version()}: {when}; {instead}pin "
+        f"pip install 'trl=={last}'"
+    )
 
 
 def _removed_since_tests() -> list[str]:
@@ -89,8 +91,11 @@ def _removed_since_tests() -> list[str]:
     return [n for n, spec in TRAINERS.items() if spec.last_release is None and not trainer_available(n)]
 
 
-def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None = None,  # noqa: N802, N803
-                strict: bool = False) -> None:
+def PatchFastRL(
+    algorithm: str | None = None,
+    FastLanguageModel: object | None = None,  # noqa: N802, N803
+    strict: bool = False,
+) -> None:
     """Patch TRL's trainer classes in place so they train through slimrl's memory-lean paths.
 
     ``algorithm``: one of ``grpo, dpo, kto, orpo, cpo, sft, reward, rloo, online_dpo, ppo, bco, xpo, prm`` or the
@@ -148,8 +153,9 @@ def PatchFastRL(algorithm: str | None = None, FastLanguageModel: object | None =
 
 def _missing_targets(name: str) -> list[str]:
     """The TRL attributes ``name``'s patches replace that the installed TRL does not have."""
-    return [f"{p.target}.{p.attribute}" for p in patches(name)
-            if p.applies() and not p.optional and not p.target_exists()]
+    return [
+        f"{p.target}.{p.attribute}" for p in patches(name) if p.applies() and not p.optional and not p.target_exists()
+    ]
 
 
 def _users_code(name: str) -> list[str]:
@@ -175,16 +181,20 @@ def _users_code(name: str) -> list[str]:
 
 def _wrapped_line(wrapped: dict[str, list[str]]) -> str:
     which = "; ".join(", ".join(found) for found in wrapped.values())
-    return (f"slimrl leaves {', '.join(wrapped)} unpatched: your code replaced the TRL methods slimrl would replace "
-            f"({which}) before PatchFastRL, and slimrl would overwrite it; they run as TRL with your code")
+    return (
+        f"slimrl leaves {', '.join(wrapped)} unpatched: your code replaced the TRL methods slimrl would replace "
+        f"({which}) before PatchFastRL, and slimrl would overwrite it; they run as TRL with your code"
+    )
 
 
 def _refusal(refused: dict[str, list[str]]) -> str:
     from slimrl.compat.trl_info import trl_version
 
     which = "; ".join(f"{every_trainer()[n].trainer_class_name}: {', '.join(gone)}" for n, gone in refused.items())
-    return (f"slimrl cannot patch these trainers of trl {trl_version()}, whose methods it replaces are gone "
-            f"({which}): they run as TRL alone, unpatched; install a tested TRL or report it")
+    return (
+        f"slimrl cannot patch these trainers of trl {trl_version()}, whose methods it replaces are gone "
+        f"({which}): they run as TRL alone, unpatched; install a tested TRL or report it"
+    )
 
 
 def unpatch(algorithm: str | None = None) -> None:
@@ -231,9 +241,22 @@ def patch_on_first_use() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TRL's experimental-import notices
         PatchFastRL()
-    print("slimrl: TRL's trainers are patched (SLIMRL_AUTOPATCH=0 turns this off; slimrl.unpatch() restores TRL)",
-          file=sys.stderr, flush=True)
+    print(
+        "slimrl: TRL's trainers are patched (SLIMRL_AUTOPATCH=0 turns this off; slimrl.unpatch() restores TRL)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
-__all__ = ["PatchFastRL", "PatchDPOTrainer", "patch_on_first_use", "unpatch", "describe", "TRAINERS", "TrainerSpec",
-           "TrainerNotAvailableError", "trainer_available", "trainer_and_config"]
+__all__ = [
+    "PatchFastRL",
+    "PatchDPOTrainer",
+    "patch_on_first_use",
+    "unpatch",
+    "describe",
+    "TRAINERS",
+    "TrainerSpec",
+    "TrainerNotAvailableError",
+    "trainer_available",
+    "trainer_and_config",
+]

@@ -17,8 +17,10 @@ if __name__ == "__main__":
         write(data)
         codes = fingerprints.record(patches(), str(trl_version()))
         fingerprints.write(codes)
-        print(f"{RECORD}: {len(data)} contracts, {fingerprints.RECORD.name}: {len(codes)} fingerprints, trl "
-              f"{trl_version()} recorded")
+        print(
+            f"{RECORD}: {len(data)} contracts, {fingerprints.RECORD.name}: {len(codes)} fingerprints, trl "
+            f"{trl_version()} recorded"
+        )
         sys.exit(0)
     rows = describe()
     cols = ["algorithm", "target", "attribute", "replacement", "trl", "installed"]

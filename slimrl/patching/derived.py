@@ -37,28 +37,30 @@ from slimrl.patching.spec import FIRST_CONTACT, About, TrainerSpec
 # why a first-contact trainer has no memory path (docs/compatibility.md); the default says it in general terms
 WHY_NOT = {
     "distillation": "its loss is a divergence over the whole vocabulary, already chunked by TRL's "
-                    "`ChunkedDivergenceFunction`; no log-prob route of slimrl's applies",
+    "`ChunkedDivergenceFunction`; no log-prob route of slimrl's applies",
     "gkd": "`compute_loss` builds the student's and the teacher's full logits for a divergence over the whole "
-           "vocabulary (no per-token log-prob for slimrl's kernel to serve)",
+    "vocabulary (no per-token log-prob for slimrl's kernel to serve)",
     "async_grpo": "its log-probs go through TRL's fused head and therefore through slimrl's kernel whenever GRPO, "
-                  "RLOO, DPO, KTO or SFT is patched, but its forward needs TRL's FlashAttention-3 tree kernel (CUDA) "
-                  "and a vLLM server, so no parity test runs here; the kernel swap is not installed for it alone",
+    "RLOO, DPO, KTO or SFT is patched, but its forward needs TRL's FlashAttention-3 tree kernel (CUDA) "
+    "and a vLLM server, so no parity test runs here; the kernel swap is not installed for it alone",
     "tpo": "`_compute_loss` reads full `outputs.logits` in its own method",
     "a2po": "`_get_sequence_logps` reads full logits in its own method",
     "gold": "its loss is a generalized JSD / ULD over the student's and the teacher's full logits",
     "iwopd": "its importance-weighted distillation loss reads the student's and the teacher's full logits",
     "sdft": "`_forward_logits` builds full logits for a divergence against the model's own teacher context (top-k "
-            "over the whole vocabulary)",
+    "over the whole vocabulary)",
     "sdpo": "`_forward_logits` builds full logits for a divergence against the model's own teacher context (top-k "
-            "over the whole vocabulary)",
+    "over the whole vocabulary)",
     "async_distillation": "its student forward and divergence run in its own `_compute_loss`, against a teacher "
-                          "served by another process",
+    "served by another process",
 }
 # subclasses that keep their base's route and whose parity with TRL alone is checked (each also has its `slimrl
 # verify` row); one that keeps a route but is not listed here gets the first-contact layer (its constructor needs what
 # its base's verify scenario does not build: TRL 1.12's MiniLLM a teacher, Nash-MD a reward model)
-VERIFIED_ROUTES = {"gmpo": "two steps with generation, old log-probs and KL, `tests/patching/trainers/test_gmpo.py`",
-                   "grpo_with_replay_buffer": "its `slimrl verify --tiny` row (TRL 1.12)"}
+VERIFIED_ROUTES = {
+    "gmpo": "two steps with generation, old log-probs and KL, `tests/patching/trainers/test_gmpo.py`",
+    "grpo_with_replay_buffer": "its `slimrl verify --tiny` row (TRL 1.12)",
+}
 _GENERIC = "computes its loss from full logits (or a divergence) in methods of its own that slimrl does not serve"
 
 
@@ -121,19 +123,25 @@ def derive(table: dict[str, TrainerSpec], shipped: tuple[Shipped, ...]) -> Deriv
         base_name = classes.get(base_cls)
         base = table.get(base_name) or out.specs.get(base_name)
         if base is not None and found.name == base_name:  # alias
-            out.treatments.append(Treatment(base_name, found.trainer, found.config, base, base,
-                                            frozenset(_overrides(cls, base_cls))))
+            out.treatments.append(
+                Treatment(base_name, found.trainer, found.config, base, base, frozenset(_overrides(cls, base_cls)))
+            )
             out.aliases.setdefault(base_name, []).append(found.trainer)
             classes[cls] = base_name
             continue
         if found.name in table or found.name in out.specs:
             continue  # an unrelated class under a taken name: left to TRL
-        keeps_route = base is not None and base_name in table and bool(base.routes) and \
-            not _overrides(cls, base_cls) & _entries(base)
+        keeps_route = (
+            base is not None
+            and base_name in table
+            and bool(base.routes)
+            and not _overrides(cls, base_cls) & _entries(base)
+        )
         if keeps_route and found.name in VERIFIED_ROUTES:
             spec = _inherited(found, base, base_name)
-            out.treatments.append(Treatment(found.name, found.trainer, spec.config, spec, base,
-                                            frozenset(_overrides(cls, base_cls))))
+            out.treatments.append(
+                Treatment(found.name, found.trainer, spec.config, spec, base, frozenset(_overrides(cls, base_cls)))
+            )
             out.users.setdefault(base_name, set()).add(found.name)
         else:
             spec = _first_contact(found, base, keeps_route)
@@ -144,14 +152,27 @@ def derive(table: dict[str, TrainerSpec], shipped: tuple[Shipped, ...]) -> Deriv
 
 
 def _inherited(found: Shipped, base: TrainerSpec, base_name: str) -> TrainerSpec:
-    note = (f"inherits {base.trainer_class_name}'s route (a subclass that keeps the methods its log-probs go "
-            f"through): {base.about.note}")
-    return dataclasses.replace(base, name=found.name, trainer=found.trainer, config=found.config or base.config,
-                               patches=(), base=base_name, instead="",
-                               about=About(note, VERIFIED_ROUTES[found.name], None,
-                                           functools.partial(_inherited_scenario, base.about.scenario)
-                                           if base.about.scenario else None,
-                                           base.about.not_verified, base.about.layer))
+    note = (
+        f"inherits {base.trainer_class_name}'s route (a subclass that keeps the methods its log-probs go "
+        f"through): {base.about.note}"
+    )
+    return dataclasses.replace(
+        base,
+        name=found.name,
+        trainer=found.trainer,
+        config=found.config or base.config,
+        patches=(),
+        base=base_name,
+        instead="",
+        about=About(
+            note,
+            VERIFIED_ROUTES[found.name],
+            None,
+            functools.partial(_inherited_scenario, base.about.scenario) if base.about.scenario else None,
+            base.about.not_verified,
+            base.about.layer,
+        ),
+    )
 
 
 def _inherited_scenario(scenario: Callable, kit, loss_type: str):
@@ -166,11 +187,20 @@ def _inherited_scenario(scenario: Callable, kit, loss_type: str):
 def _first_contact(found: Shipped, base: TrainerSpec | None, keeps_route: bool = False) -> TrainerSpec:
     why = WHY_NOT.get(found.name) or (WHY_NOT.get(base.name) if base is not None else None) or _GENERIC
     if keeps_route and base is not None:
-        why = (f"not verified: it keeps {base.trainer_class_name}'s methods, which run through slimrl's route while "
-               f"`{base.name}` is patched, but its constructor needs more than {base.name}'s verify scenario builds")
+        why = (
+            f"not verified: it keeps {base.trainer_class_name}'s methods, which run through slimrl's route while "
+            f"`{base.name}` is patched, but its constructor needs more than {base.name}'s verify scenario builds"
+        )
     config = found.config or (base.config if base is not None else None)
-    note = f"precision default, offline push, Unsloth's and legacy keywords, warnings at the user's line; " \
-           f"no memory path: {why}"
-    return TrainerSpec(found.name, found.trainer, config, training_step=None, guard_rewards=False,
-                       about=About(note, layer=FIRST_CONTACT,
-                                   not_verified="first contact only: its training is TRL's own"))
+    note = (
+        f"precision default, offline push, Unsloth's and legacy keywords, warnings at the user's line; "
+        f"no memory path: {why}"
+    )
+    return TrainerSpec(
+        found.name,
+        found.trainer,
+        config,
+        training_step=None,
+        guard_rewards=False,
+        about=About(note, layer=FIRST_CONTACT, not_verified="first contact only: its training is TRL's own"),
+    )

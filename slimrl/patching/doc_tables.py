@@ -11,12 +11,17 @@ from slimrl.patching.table import ALIASES, EXTRA, TRAINERS, every_trainer, field
 
 def readme_table() -> str:
     """docs/compatibility.md's trainer table (Markdown), from :data:`TRAINERS`."""
-    rows = ["| trainer | TRL | what slimrl does | parity test (loss + gradients vs TRL alone, ≤ 1e-4) |",
-            "|---|---|---|---|"]
+    rows = [
+        "| trainer | TRL | what slimrl does | parity test (loss + gradients vs TRL alone, ≤ 1e-4) |",
+        "|---|---|---|---|",
+    ]
     first, last = (".".join(TESTED_TRL[i].split(".")[:2]) for i in (0, -1))
     for spec in TRAINERS.values():
-        releases = f"{first} – {spec.last_release.rsplit('.', 1)[0]} (removed after)" if spec.last_release else \
-            f"{first} – {last}"
+        releases = (
+            f"{first} – {spec.last_release.rsplit('.', 1)[0]} (removed after)"
+            if spec.last_release
+            else f"{first} – {last}"
+        )
         rows.append(f"| {spec.trainer_class_name} | {releases} | {spec.about.note} | {spec.about.parity_test} |")
     return "\n".join(rows)
 
@@ -27,15 +32,19 @@ def every_trainer_table() -> str:
     every_trainer()
     rows = ["| trainer (`PatchFastRL` name) | defined in | what slimrl gives | parity test |", "|---|---|---|---|"]
     for spec in EXTRA.values():
-        rows.append(f"| {spec.trainer_class_name} (`{spec.name}`) | `{spec.trainer_module}` | **{spec.about.layer}**: "
-                    f"{spec.about.note} | {spec.about.parity_test} |")
+        rows.append(
+            f"| {spec.trainer_class_name} (`{spec.name}`) | `{spec.trainer_module}` | **{spec.about.layer}**: "
+            f"{spec.about.note} | {spec.about.parity_test} |"
+        )
     every = every_trainer()
     for name, targets in ALIASES.items():
         for target in targets:
             module, _, cls = target.partition(":")
-            rows.append(f"| {cls} (`{name}`) | `{module}` | **alias**: TRL's subclass of "
-                        f"{every[name].trainer_class_name} under its name, patched with it: the same layer | as "
-                        f"{name} |")
+            rows.append(
+                f"| {cls} (`{name}`) | `{module}` | **alias**: TRL's subclass of "
+                f"{every[name].trainer_class_name} under its name, patched with it: the same layer | as "
+                f"{name} |"
+            )
     return "\n".join(rows)
 
 

@@ -41,10 +41,24 @@ from slimrl.patching.trainers import bco, cpo, dpo, grpo, kto, online_dpo, orpo,
 from slimrl.planning.settings import Workload
 
 # each trainer's row is its module's SPEC (slimrl/patching/trainers/<name>.py); this is their order in the docs
-TRAINERS: dict[str, TrainerSpec] = {s.name: s for s in (
-    grpo.SPEC, dpo.SPEC, kto.SPEC, orpo.SPEC, cpo.SPEC, sft.SPEC, reward.SPEC, rloo.SPEC, online_dpo.SPEC, ppo.SPEC,
-    bco.SPEC, xpo.SPEC, prm.SPEC,
-)}
+TRAINERS: dict[str, TrainerSpec] = {
+    s.name: s
+    for s in (
+        grpo.SPEC,
+        dpo.SPEC,
+        kto.SPEC,
+        orpo.SPEC,
+        cpo.SPEC,
+        sft.SPEC,
+        reward.SPEC,
+        rloo.SPEC,
+        online_dpo.SPEC,
+        ppo.SPEC,
+        bco.SPEC,
+        xpo.SPEC,
+        prm.SPEC,
+    )
+}
 
 EXTRA: dict[str, TrainerSpec] = {}  # the installed TRL's other trainers (slimrl.patching.derived), at first use
 ALIASES: dict[str, list[str]] = {}  # table name -> TRL's other classes patched under it ("module:Class")
@@ -79,13 +93,13 @@ def users_of(route: Route) -> tuple[str, ...]:
     return tuple(name for name, spec in TRAINERS.items() if spec.uses(route))
 
 
-
 def spec_patches(spec: TrainerSpec) -> list[Patch]:
     """Every patch of one trainer: the shared ones (``__init__``, ``training_step``, config fields and
     ``__init__``) and its own; all limited to the TRL releases that have it."""
-    out = [Patch(spec.name, spec.trainer, "__init__", _init_factory(spec), wrap=True),
-           Patch(spec.name, spec.trainer, "push_to_hub", push_to_hub_factory, wrap=True,
-                 passthrough=True)]
+    out = [
+        Patch(spec.name, spec.trainer, "__init__", _init_factory(spec), wrap=True),
+        Patch(spec.name, spec.trainer, "push_to_hub", push_to_hub_factory, wrap=True, passthrough=True),
+    ]
     if spec.training_step is not None:
         out.append(Patch(spec.name, spec.trainer, "training_step", spec.training_step, wrap=True, passthrough=True))
     if spec.config:
@@ -117,9 +131,11 @@ def treatment_patches(t: Treatment) -> list[Patch]:
     out = [Patch(t.name, t.trainer, "__init__", _init_factory(t.spec), wrap=True)]
     if t.config:
         out += _config_layer(t.name, t.config, t.spec)
-    return out + [dataclasses.replace(p, algorithm=t.name, target=t.trainer) for p in spec_patches(t.base)
-                  if p.wrap and p.target == t.base.trainer and p.attribute in t.overridden
-                  and p.attribute != "__init__"]
+    return out + [
+        dataclasses.replace(p, algorithm=t.name, target=t.trainer)
+        for p in spec_patches(t.base)
+        if p.wrap and p.target == t.base.trainer and p.attribute in t.overridden and p.attribute != "__init__"
+    ]
 
 
 def _init_factory(spec: TrainerSpec) -> Callable:
@@ -127,9 +143,17 @@ def _init_factory(spec: TrainerSpec) -> Callable:
     fit = functools.partial(auto_fit_hook, algorithm=spec.name, workload=spec.workload) if spec.auto_fit else None
 
     def trainer_init(orig_init):
-        return trainer_init_factory(orig_init, hooks, fit=fit, algorithm=spec.name, workload=spec.workload,
-                                    trainer=spec.trainer_class_name, layouts=spec.dataset_layouts,
-                                    after=spec.after_init, guard_rewards=spec.guard_rewards)
+        return trainer_init_factory(
+            orig_init,
+            hooks,
+            fit=fit,
+            algorithm=spec.name,
+            workload=spec.workload,
+            trainer=spec.trainer_class_name,
+            layouts=spec.dataset_layouts,
+            after=spec.after_init,
+            guard_rewards=spec.guard_rewards,
+        )
 
     trainer_init.__qualname__ = "trainer_init_factory"
     return trainer_init

@@ -77,8 +77,9 @@ class _FusedHead(torch.autograd.Function):
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # [N, H], [V, H]
         n = hidden.shape[0]
         stats = [torch.empty(n, dtype=torch.float32, device=hidden.device) for _ in range(7)]  # running max, sums
-        tile = torch.empty(min(n, TOKEN_CHUNK), min(VOCAB_CHUNK, weight.shape[0]), dtype=hidden.dtype,
-                           device=hidden.device)  # [4096, 32768]
+        tile = torch.empty(
+            min(n, TOKEN_CHUNK), min(VOCAB_CHUNK, weight.shape[0]), dtype=hidden.dtype, device=hidden.device
+        )  # [4096, 32768]
         log_z = torch.empty(n, dtype=torch.float32, device=hidden.device)
         out = torch.empty(n, dtype=torch.float32, device=hidden.device)  # logprobs
         ctx.save_for_backward(hidden, weight, log_z)
@@ -89,13 +90,17 @@ class _FusedHead(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         hidden, weight, _ = ctx.saved_tensors
         grad_hidden = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)  # [N, H]
-        grad_weight = torch.empty(weight.shape, dtype=torch.float32, device=weight.device) \
-            if ctx.needs_input_grad[1] else None  # [V, H]
-        tile = torch.empty(min(hidden.shape[0], TOKEN_CHUNK), min(VOCAB_CHUNK, weight.shape[0]), dtype=hidden.dtype,
-                           device=hidden.device)
+        grad_weight = (
+            torch.empty(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        )  # [V, H]
+        tile = torch.empty(
+            min(hidden.shape[0], TOKEN_CHUNK),
+            min(VOCAB_CHUNK, weight.shape[0]),
+            dtype=hidden.dtype,
+            device=hidden.device,
+        )
         del tile
-        return (grad_hidden.to(hidden.dtype),
-                grad_weight.to(weight.dtype) if grad_weight is not None else None)
+        return (grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype) if grad_weight is not None else None)
 
 
 class _LogprobEntropyKernel(torch.autograd.Function):
@@ -123,8 +128,9 @@ class _LigerChunks(torch.autograd.Function):
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, chunk: int) -> torch.Tensor:
         n, v = hidden.shape[0], weight.shape[0]
         grad_input = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)  # [N, H]
-        grad_weight = torch.empty(weight.shape, dtype=torch.float32, device=hidden.device) \
-            if weight.requires_grad else None  # [V, H]
+        grad_weight = (
+            torch.empty(weight.shape, dtype=torch.float32, device=hidden.device) if weight.requires_grad else None
+        )  # [V, H]
         rows = min(chunk, n)
         logits = torch.empty(rows, v, dtype=hidden.dtype, device=hidden.device)  # [chunk, V]
         upcast = torch.empty(rows, v, dtype=torch.float32, device=hidden.device)  # [chunk, V]
@@ -145,9 +151,20 @@ def liger_chunk(rows: int, vocab: int, hidden: int) -> int:
     return 2 ** math.ceil(math.log2(max(1, math.ceil(rows / math.ceil(vocab / hidden)))))
 
 
-def simulate(config: Any, work: Workload, tokens: int, family: str, *, rows: int = 1, lora_r: int = 0,
-             checkpointing: bool = True, reference: bool | None = None, device: str = "cuda",
-             load_in_4bit: bool = False, reference_dtype: torch.dtype = REFERENCE_DTYPE) -> Step:
+def simulate(
+    config: Any,
+    work: Workload,
+    tokens: int,
+    family: str,
+    *,
+    rows: int = 1,
+    lora_r: int = 0,
+    checkpointing: bool = True,
+    reference: bool | None = None,
+    device: str = "cuda",
+    load_in_4bit: bool = False,
+    reference_dtype: torch.dtype = REFERENCE_DTYPE,
+) -> Step:
     """One step of the trainer of workload ``work`` (declared with its patches; ``work.trl``: TRL's step) on ``rows``
     sequences of ``tokens`` tokens (DPO: that many chosen and as many rejected; KTO: as many mismatched KL sequences
     besides), TRL's head of ``family``; ``reference`` overrides the trainer's default (``work.trl.default_reference``),
@@ -158,8 +175,10 @@ def simulate(config: Any, work: Workload, tokens: int, family: str, *, rows: int
     from slimrl.planning import trace
 
     if not isinstance(work, Workload) or work.trl is None or family not in FAMILIES:
-        raise ValueError(f"work {work!r} / family {family!r}: pass a trainer's Workload with its TRL step (trl) / "
-                         f"choose from {FAMILIES}")
+        raise ValueError(
+            f"work {work!r} / family {family!r}: pass a trainer's Workload with its TRL step (trl) / "
+            f"choose from {FAMILIES}"
+        )
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = trace.meta_model(config, dtype, lora_r, checkpoint_every=1 if checkpointing else 0)
     if load_in_4bit:
@@ -169,9 +188,12 @@ def simulate(config: Any, work: Workload, tokens: int, family: str, *, rows: int
     else:
         weights = sum(p.numel() * p.element_size() for n, p in _unique(model) if "lora_" not in n)
     trained = [(n, p) for n, p in _unique(model) if p.requires_grad]
-    persistent = {"weights": weights,
-                  "optimizer": 16 * sum(p.numel() for _, p in trained) if lora_r else
-                  2 * sum(p.numel() * p.element_size() for _, p in trained)}
+    persistent = {
+        "weights": weights,
+        "optimizer": 16 * sum(p.numel() for _, p in trained)
+        if lora_r
+        else 2 * sum(p.numel() * p.element_size() for _, p in trained),
+    }
     keep_ref = work.trl.default_reference if reference is None else reference
     if keep_ref and not lora_r:  # LoRA: TRL scores the reference with the adapter disabled, no copy
         persistent["reference"] = reference_bytes(weights, dtype, reference_dtype, load_in_4bit)
@@ -237,8 +259,9 @@ def _accelerate_fp32(logits: torch.Tensor) -> torch.Tensor:
     return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
 
 
-def _pass(model: Any, rows: int, tokens: int, family: str, grad: bool, nll: bool = False,
-          keep: list | None = None) -> torch.Tensor:
+def _pass(
+    model: Any, rows: int, tokens: int, family: str, grad: bool, nll: bool = False, keep: list | None = None
+) -> torch.Tensor:
     """One forward over ``rows`` sequences through TRL's head of ``family``; a scalar to back-propagate. ``keep``:
     the pass's logits are appended (held by the caller) where the head materialises them."""
     base = _base(model)

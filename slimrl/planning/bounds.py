@@ -31,16 +31,20 @@ def check_plannable(config: Any, model: str, load_in_4bit: bool) -> None:
     """Raises :class:`InputError` (one line naming ``--model``) for a config the planner refuses to trace."""
     text = getattr(config, "text_config", None) or config
     if text.num_hidden_layers > MAX_LAYERS:
-        raise InputError(f"--model {model}: {text.num_hidden_layers} layers is deeper than slimrl plans (at most "
-                             f"{MAX_LAYERS}; released decoders have under 130); check num_hidden_layers")
+        raise InputError(
+            f"--model {model}: {text.num_hidden_layers} layers is deeper than slimrl plans (at most "
+            f"{MAX_LAYERS}; released decoders have under 130); check num_hidden_layers"
+        )
     largest = max(GPUS, key=lambda g: g.total_bytes)
     per_param = NF4_BYTES if load_in_4bit else 2.0  # the smallest a GPU run can hold them in
     need = weights_lower_bound(config) * per_param
     if need > largest.total_bytes:
-        raise InputError(f"--model {model}: its weights alone need at least {need / 2**30:,.0f} GiB "
-                             f"({'NF4' if load_in_4bit else '16-bit'}), more than the largest GPU slimrl knows holds "
-                             f"({largest.key}: {largest.total_bytes / 2**30:.0f} GiB); check the config"
-                             f"{'' if load_in_4bit else ' or pass --load_in_4bit true'}")
+        raise InputError(
+            f"--model {model}: its weights alone need at least {need / 2**30:,.0f} GiB "
+            f"({'NF4' if load_in_4bit else '16-bit'}), more than the largest GPU slimrl knows holds "
+            f"({largest.key}: {largest.total_bytes / 2**30:.0f} GiB); check the config"
+            f"{'' if load_in_4bit else ' or pass --load_in_4bit true'}"
+        )
 
 
 def check_sequence_bound(config: Any, max_seq_length: int | None, prompt_and_completion: int) -> None:
@@ -52,8 +56,10 @@ def check_sequence_bound(config: Any, max_seq_length: int | None, prompt_and_com
     context = getattr(getattr(config, "text_config", None) or config, "max_position_embeddings", None)
     if max_seq_length < prompt_and_completion or (context and max_seq_length > context):
         most = f" and at most the model's context, {context}" if context else ""
-        raise InputError(f"--max_seq_length {max_seq_length}: the engine's longest sequence must hold "
-                         f"--max_prompt_length + --max_completion_length ({prompt_and_completion}){most}")
+        raise InputError(
+            f"--max_seq_length {max_seq_length}: the engine's longest sequence must hold "
+            f"--max_prompt_length + --max_completion_length ({prompt_and_completion}){most}"
+        )
 
 
 def parse_budget(given: str | int | None) -> int | None:
@@ -67,6 +73,8 @@ def parse_budget(given: str | int | None) -> int | None:
     except ValueError as err:
         raise InputError(str(err)) from None
     if budget_bytes > MAX_BUDGET_BYTES:
-        raise InputError(f"--budget {given}: beyond any single machine's memory (at most 1 PiB); pass the memory "
-                             f"of the GPU or machine the run is for, e.g. 80GB")
+        raise InputError(
+            f"--budget {given}: beyond any single machine's memory (at most 1 PiB); pass the memory "
+            f"of the GPU or machine the run is for, e.g. 80GB"
+        )
     return budget_bytes

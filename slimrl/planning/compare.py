@@ -39,9 +39,18 @@ def trl_side(config: Any, s: Settings, family: str, generation: int = 0, runtime
     """TRL alone (or with Liger) for settings ``s``: ``{"peak_bytes", "phases"}``; ``generation`` and ``runtime``
     (the CPU process's own size) as slimrl's plan has them."""
     rows = s.per_device_train_batch_size
-    step = simulate(config, s.workload, s.max_prompt_length + s.max_completion_length, family, rows=rows,
-                    lora_r=s.lora_r, checkpointing=s.gradient_checkpointing != "false",
-                    reference=s.workload.keeps_reference(s.beta), device=s.device, load_in_4bit=s.load_in_4bit)
+    step = simulate(
+        config,
+        s.workload,
+        s.max_prompt_length + s.max_completion_length,
+        family,
+        rows=rows,
+        lora_r=s.lora_r,
+        checkpointing=s.gradient_checkpointing != "false",
+        reference=s.workload.keeps_reference(s.beta),
+        device=s.device,
+        load_in_4bit=s.load_in_4bit,
+    )
     phases = {"runtime": runtime, **step.persistent, "step": step.pass_peak}
     if s.workload.generates:
         phases["generation"] = generation
@@ -54,8 +63,9 @@ def compare(config: Any, s: Settings, budget: int | None = None, step: int = 64)
     from slimrl.planning.plan import plan
 
     if s.workload.trl is None:
-        raise ValueError(f"--compare: TRL alone is not simulated for {s.algorithm!r} (its workload declares no TRL "
-                         f"step)")
+        raise ValueError(
+            f"--compare: TRL alone is not simulated for {s.algorithm!r} (its workload declares no TRL step)"
+        )
     ours = plan(config, s, search=False)
     generation = ours.phases.get("generation", 0)
     runtime = ours.phases.get("runtime", 0) if s.device == "cpu" else 0  # CUDA: peaks of allocated bytes, no context
@@ -70,13 +80,22 @@ def compare(config: Any, s: Settings, budget: int | None = None, step: int = 64)
         room = context_room(config, s.max_prompt_length)
         top = MAX_SEARCH_TOKENS if room is None else min(room, MAX_SEARCH_TOKENS)
         sides["slimrl"]["longest_completion"] = _longest(
-            lambda c: plan(config, replace(s, max_completion_length=c), search=False).peak_bytes, budget, step, top)
+            lambda c: plan(config, replace(s, max_completion_length=c), search=False).peak_bytes, budget, step, top
+        )
         tokens = s.max_prompt_length + s.max_completion_length
         for name, family in families.items():
             sides[name]["longest_completion"] = _longest(
-                lambda c, family=family: trl_side(config, replace(s, max_completion_length=c), family,
-                                                  generation * (s.max_prompt_length + c) // tokens,
-                                                  runtime)["peak_bytes"], budget, step, top)
+                lambda c, family=family: trl_side(
+                    config,
+                    replace(s, max_completion_length=c),
+                    family,
+                    generation * (s.max_prompt_length + c) // tokens,
+                    runtime,
+                )["peak_bytes"],
+                budget,
+                step,
+                top,
+            )
     return sides
 
 

@@ -19,14 +19,17 @@ def load_config(model: str) -> Any:
         raise
     except Exception as exc:  # noqa: BLE001 - transformers' and gguf's own errors, said in one line
         first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-        raise InputError(f"--model {model}: its config cannot be read ({type(exc).__name__}: {first[:200]}); "
-                             f"pass a model directory with a valid config.json or an intact .gguf") from None
+        raise InputError(
+            f"--model {model}: its config cannot be read ({type(exc).__name__}: {first[:200]}); "
+            f"pass a model directory with a valid config.json or an intact .gguf"
+        ) from None
     text = getattr(config, "text_config", None) or config
     for field in ("num_hidden_layers", "hidden_size", "vocab_size"):
         value = getattr(text, field, None)
         if not isinstance(value, int) or value < 1:
-            raise InputError(f"--model {model}: its config has no usable {field} ({value!r}); pass a complete "
-                                 f"config.json")
+            raise InputError(
+                f"--model {model}: its config has no usable {field} ({value!r}); pass a complete config.json"
+            )
     return config
 
 
@@ -49,13 +52,17 @@ def _load_config(model: str) -> Any:
     if path.is_file() and path.suffix == ".gguf":
         return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     if loader._looks_like_a_path(model):
-        raise InputError(f"--model {model}: no such file or directory; pass a model directory, a .gguf file, a "
-                             f"hub id in the local cache, or {loader.SMOLLM2_ALIAS}")
+        raise InputError(
+            f"--model {model}: no such file or directory; pass a model directory, a .gguf file, a "
+            f"hub id in the local cache, or {loader.SMOLLM2_ALIAS}"
+        )
     from huggingface_hub import try_to_load_from_cache
 
     found = try_to_load_from_cache(model, "config.json")
     if not isinstance(found, str):
-        raise InputError(f"--model {model}: config.json is not in the local Hugging Face cache (slimrl plan "
-                             f"downloads nothing); fetch it first (`hf download {model} config.json`) or pass a "
-                             f"local directory")
+        raise InputError(
+            f"--model {model}: config.json is not in the local Hugging Face cache (slimrl plan "
+            f"downloads nothing); fetch it first (`hf download {model} config.json`) or pass a "
+            f"local directory"
+        )
     return AutoConfig.from_pretrained(Path(found).parent)

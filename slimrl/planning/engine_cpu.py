@@ -45,8 +45,12 @@ def computed_bytes(config: Any, lora_r: int, dtype: torch.dtype) -> int:
     head_dim = getattr(text, "head_dim", None) or hidden // heads
     inter = text.intermediate_size
     # (in, out) of each projection of one decoder layer: qkv, o, gate_up, down
-    proj = [(hidden, (heads + 2 * kv_heads) * head_dim), (heads * head_dim, hidden), (hidden, 2 * inter),
-            (inter, hidden)]
+    proj = [
+        (hidden, (heads + 2 * kv_heads) * head_dim),
+        (heads * head_dim, hidden),
+        (hidden, 2 * inter),
+        (inter, hidden),
+    ]
     linear = layers * sum(i * o for i, o in proj) + vocab * hidden  # + the LM head
     rank = supported_lora_rank(max(lora_r, 1)) if lora_r else 0
     lora = rank * (layers * sum(i + o for i, o in proj) + 3 * vocab)
@@ -57,9 +61,19 @@ def _cache_file(config: Any, lora_r: int, dtype: torch.dtype):
     from slimrl.models.loader import cache_root
 
     text = getattr(config, "text_config", None) or config
-    shape = json.dumps([type(config).__name__, text.hidden_size, text.intermediate_size, text.vocab_size,
-                        text.num_attention_heads, getattr(text, "num_key_value_heads", None), lora_r,
-                        str(dtype), torch.get_num_threads()])
+    shape = json.dumps(
+        [
+            type(config).__name__,
+            text.hidden_size,
+            text.intermediate_size,
+            text.vocab_size,
+            text.num_attention_heads,
+            getattr(text, "num_key_value_heads", None),
+            lora_r,
+            str(dtype),
+            torch.get_num_threads(),
+        ]
+    )
     key = hashlib.sha256(shape.encode()).hexdigest()[:16]
     return cache_root() / f"engine-runtime-v1-cpu-{key}.json"
 
@@ -82,11 +96,19 @@ def runtime_bytes(config: Any, lora_r: int, dtype: torch.dtype) -> tuple[int | N
     text["num_hidden_layers"] = _CALIBRATION_LAYERS
     if text.get("layer_types"):
         text["layer_types"] = text["layer_types"][:_CALIBRATION_LAYERS]
-    code = _CALIBRATE.format(config=json.dumps(small), model_type=config.model_type, lora_r=max(lora_r, 8),
-                             dtype=str(dtype).removeprefix("torch."))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                                   SLIMRL_AUTOPATCH="0"))  # patching imports TRL (and vLLM) before the reading
+    code = _CALIBRATE.format(
+        config=json.dumps(small),
+        model_type=config.model_type,
+        lora_r=max(lora_r, 8),
+        dtype=str(dtype).removeprefix("torch."),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", SLIMRL_AUTOPATCH="0"),
+    )  # patching imports TRL (and vLLM) before the reading
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("SLIMRL_ENGINE_DELTA ")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]

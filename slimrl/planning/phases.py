@@ -46,8 +46,9 @@ def prefix_gather_bytes(config: Any, rows: int, prompt: int, completion: int, dt
 REFERENCE_DTYPE = torch.float32
 
 
-def reference_bytes(weight_bytes: int, weight_dtype: torch.dtype, reference_dtype: torch.dtype | None = None,
-                    load_in_4bit: bool = False) -> int:
+def reference_bytes(
+    weight_bytes: int, weight_dtype: torch.dtype, reference_dtype: torch.dtype | None = None, load_in_4bit: bool = False
+) -> int:
     """The reference copy of weights of ``weight_bytes`` in ``weight_dtype`` built at ``reference_dtype``
     (default :data:`REFERENCE_DTYPE`; never below the weights' own size)."""
     if load_in_4bit:
@@ -65,7 +66,9 @@ def pinned_host_bytes(offloaded: int, buffers: int, notes: list[str], host_ram: 
     held = per * buffers
     ram = host_ram or total_bytes(torch.device("cpu"))
     if held > PINNED_SHARE * ram:
-        notes.append(f"offloaded layer inputs: {held / 2**30:.1f} GiB of host memory, more than the "
-                     f"{PINNED_SHARE:.0%} of {ram / 2**30:.1f} GiB of RAM slimrl page-locks: the rest are copied "
-                     f"through pageable memory (slower); shorter completions or fewer rows keep them pinned")
+        notes.append(
+            f"offloaded layer inputs: {held / 2**30:.1f} GiB of host memory, more than the "
+            f"{PINNED_SHARE:.0%} of {ram / 2**30:.1f} GiB of RAM slimrl page-locks: the rest are copied "
+            f"through pageable memory (slower); shorter completions or fewer rows keep them pinned"
+        )
     return held

@@ -86,8 +86,12 @@ class Plan:
 
 def _shape(config: Any) -> dict[str, int]:
     text = getattr(config, "text_config", None) or config
-    return {"layers": text.num_hidden_layers, "hidden": text.hidden_size, "vocab": text.vocab_size,
-            "intermediate": getattr(text, "intermediate_size", None) or 4 * text.hidden_size}
+    return {
+        "layers": text.num_hidden_layers,
+        "hidden": text.hidden_size,
+        "vocab": text.vocab_size,
+        "intermediate": getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
+    }
 
 
 def _checkpoint_every(s: Settings) -> int:
@@ -123,8 +127,13 @@ def _weights(model: Any, load_in_4bit: bool, dtype: torch.dtype) -> tuple[int, i
     return weight_bytes, params, lora
 
 
-def plan(model: Any = "SmolLM2-135M-Instruct", settings: Settings | None = None, *,
-         budget: str | int | None = None, search: bool = True) -> Plan:
+def plan(
+    model: Any = "SmolLM2-135M-Instruct",
+    settings: Settings | None = None,
+    *,
+    budget: str | int | None = None,
+    search: bool = True,
+) -> Plan:
     """Predict a run's peak memory per phase and its step time (see the module docstring); with ``budget``, whether
     it fits, the fastest settings that fit and the longest completion that fits. ``model``: a name
     (:func:`slimrl.planning.config.load_config`) or a transformers config object."""
@@ -152,16 +161,22 @@ def plan(model: Any = "SmolLM2-135M-Instruct", settings: Settings | None = None,
     result.notes.insert(0, judged.line())
     floor = result.phases["weights"] + result.phases["runtime"]
     if floor > budget_bytes and budget is not None:  # a card too small for the weights is its verdict, not an error
-        raise InputError(f"--budget {budget}: below the weights and runtime alone ({floor / 2**30:.2f} GiB); "
-                             f"raise the budget{'' if settings.load_in_4bit else ' or pass --load_in_4bit true'}")
+        raise InputError(
+            f"--budget {budget}: below the weights and runtime alone ({floor / 2**30:.2f} GiB); "
+            f"raise the budget{'' if settings.load_in_4bit else ' or pass --load_in_4bit true'}"
+        )
     if search and floor <= budget_bytes:
         aim = fitting_bytes(budget_bytes, device)  # the largest peak whose verdict is "fits"
         result.recommended = _fastest_fitting(config, settings, aim)
         result.max_completion_length_that_fits = _longest_fitting(config, settings, aim)
         if not result.fits:
-            fix = (f"use {result.recommended}" if result.recommended else
-                   f"max_completion_length <= {result.max_completion_length_that_fits}"
-                   if result.max_completion_length_that_fits else "a smaller batch or a 4-bit base")
+            fix = (
+                f"use {result.recommended}"
+                if result.recommended
+                else f"max_completion_length <= {result.max_completion_length_that_fits}"
+                if result.max_completion_length_that_fits
+                else "a smaller batch or a 4-bit base"
+            )
             result.notes.append(f"to fit: {(result.peak_bytes - aim) / 2**30:.2f} GiB less; {fix}")
     return result
 
@@ -196,16 +211,21 @@ def _predict(config: Any, s: Settings) -> Plan:
     shape = _shape(config)
     every = _checkpoint_every(s)
     tp = calibrate(dev, dtype)
-    weight_bytes, params, lora = _memo(_MODELS, (id(config), "weights", dtype, s.lora_r, s.load_in_4bit),
-                                       lambda: _weights(trace.meta_model(config, dtype, s.lora_r, 0),
-                                                        s.load_in_4bit, dtype))
+    weight_bytes, params, lora = _memo(
+        _MODELS,
+        (id(config), "weights", dtype, s.lora_r, s.load_in_4bit),
+        lambda: _weights(trace.meta_model(config, dtype, s.lora_r, 0), s.load_in_4bit, dtype),
+    )
     prompt, completion = s.max_prompt_length, s.max_completion_length
     work: Workload = s.workload
     rows = s.per_device_train_batch_size * (2 if work.paired else 1)
     mini = min(s.unsloth_grpo_mini_batch or rows, rows)
     chunk = s.chunk_rows or auto_chunk_rows(rows * completion, shape["vocab"], torch.device("cpu"))
-    phases = {"runtime": tp.runtime_bytes if dev == "cpu" else CUDA_CONTEXT_BYTES, "weights": weight_bytes,
-              "adapter_and_optimizer": 16 * lora if s.lora_r else 2 * weight_bytes}
+    phases = {
+        "runtime": tp.runtime_bytes if dev == "cpu" else CUDA_CONTEXT_BYTES,
+        "weights": weight_bytes,
+        "adapter_and_optimizer": 16 * lora if s.lora_r else 2 * weight_bytes,
+    }
     if not s.lora_r and work.keeps_reference(s.beta):
         phases["reference"] = reference_bytes(weight_bytes, dtype, load_in_4bit=s.load_in_4bit)
     kv_token = kv_bytes_per_token(config, dtype)
@@ -215,10 +235,22 @@ def _predict(config: Any, s: Settings) -> Plan:
         full depth: past the first layer every figure is affine in the number of identical layers."""
         n = max(every, 1)
         key = (id(config), dtype, s.lora_r, every, s.tiled_mlp)
-        small, double = (_memo(_TRACES, (*key, name, k),
-                               lambda k=k: run(_memo(_MODELS, (*key, k), lambda k=k: trace.meta_model(
-                                   _with_layers(config, k), dtype, s.lora_r, every, tiled=s.tiled_mlp))))
-                         for k in (2 * n, 3 * n))
+        small, double = (
+            _memo(
+                _TRACES,
+                (*key, name, k),
+                lambda k=k: run(
+                    _memo(
+                        _MODELS,
+                        (*key, k),
+                        lambda k=k: trace.meta_model(
+                            _with_layers(config, k), dtype, s.lora_r, every, tiled=s.tiled_mlp
+                        ),
+                    )
+                ),
+            )
+            for k in (2 * n, 3 * n)
+        )
         return tuple(int(a + (b - a) * (shape["layers"] - 2 * n) / n) for a, b in zip(small, double, strict=True))
 
     notes, host = [], 0  # host: host_pinned_bytes
@@ -240,16 +272,22 @@ def _predict(config: Any, s: Settings) -> Plan:
     shared, groups = s.shared_prefix, s.num_generations
     if passes:
         seqs, c = packed(mini, groups, completion, shared)
-        _, peak = layered(f"no grad {seqs} {prompt} {c} {chunk}",
-                          lambda m: trace.trace_logprob_pass(m, seqs, prompt, c, grad=False, entropy=False,
-                                                             chunk_rows=chunk, device=dev))
+        _, peak = layered(
+            f"no grad {seqs} {prompt} {c} {chunk}",
+            lambda m: trace.trace_logprob_pass(
+                m, seqs, prompt, c, grad=False, entropy=False, chunk_rows=chunk, device=dev
+            ),
+        )
         extra = prefix_gather_bytes(config, mini, prompt, completion, dtype) if shared else 0
         phases["logprobs_no_grad"] = peak + extra
     entropy = work.entropy
     seqs, c = packed(rows, groups, completion, shared)
-    kept, peak = layered(f"grad {seqs} {prompt} {c} {chunk} {entropy}",
-                         lambda m: trace.trace_logprob_pass(m, seqs, prompt, c, grad=True, entropy=entropy,
-                                                            chunk_rows=chunk, device=dev))
+    kept, peak = layered(
+        f"grad {seqs} {prompt} {c} {chunk} {entropy}",
+        lambda m: trace.trace_logprob_pass(
+            m, seqs, prompt, c, grad=True, entropy=entropy, chunk_rows=chunk, device=dev
+        ),
+    )
     if dev == "cuda" and s.gradient_checkpointing == "slimrl":  # layer inputs in host memory, 2 on the GPU
         offloaded = max(shape["layers"] - 2, 0) * seqs * (prompt + c) * shape["hidden"] * dtype.itemsize
         kept, peak = kept - offloaded, peak - offloaded
@@ -259,16 +297,24 @@ def _predict(config: Any, s: Settings) -> Plan:
     outside = phases["runtime"] if dev == "cuda" else 0  # the context: not in max_memory_allocated
     peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[largest_phase(phases)] - outside
     split = step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
-    return Plan(settings=_as_json(s), peak_bytes=peak_bytes, phases=phases, step_seconds=sum(split.values()),
-                step_split=split, notes=notes, host_pinned_bytes=host)
+    return Plan(
+        settings=_as_json(s),
+        peak_bytes=peak_bytes,
+        phases=phases,
+        step_seconds=sum(split.values()),
+        step_split=split,
+        notes=notes,
+        host_pinned_bytes=host,
+    )
 
 
 def _engine_on_cpu(config: Any, lora_r: int, dtype: torch.dtype, notes: list[str]) -> int:
     """The started engine's persistent bytes on CPU (:mod:`slimrl.planning.engine_cpu`)."""
     from slimrl.planning import engine_cpu
 
-    runtime, how = _memo(_TRACES, (id(config), "engine", lora_r, dtype),
-                         lambda: engine_cpu.runtime_bytes(config, lora_r, dtype))
+    runtime, how = _memo(
+        _TRACES, (id(config), "engine", lora_r, dtype), lambda: engine_cpu.runtime_bytes(config, lora_r, dtype)
+    )
     if runtime is None:
         notes.append(f"the engine's runtime is not included: {how}")
     return engine_cpu.computed_bytes(config, lora_r, dtype) + (runtime or 0)

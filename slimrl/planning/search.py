@@ -25,8 +25,9 @@ def fastest_fitting(predict: Callable[[Settings], Any], s: Settings, budget: int
     for mode, every in (("false", None), ("selective", 2), ("slimrl", None)):
         mini = None
         while True:
-            p = predict(replace(s, gradient_checkpointing=mode, checkpoint_every_n_layers=every,
-                                unsloth_grpo_mini_batch=mini))
+            p = predict(
+                replace(s, gradient_checkpointing=mode, checkpoint_every_n_layers=every, unsloth_grpo_mini_batch=mini)
+            )
             if p.peak_bytes <= budget:
                 out = {"gradient_checkpointing": mode, "unsloth_grpo_mini_batch": mini}
                 return {**out, "checkpoint_every_n_layers": every} if every else out
@@ -44,8 +45,9 @@ def context_room(config: Any, prompt: int) -> int | None:
     return max(0, positions - prompt) if isinstance(positions, int) and positions > 0 else None
 
 
-def longest_fitting(predict: Callable[[Settings], Any], config: Any, s: Settings, budget: int,
-                    step: int = 64) -> int | None:
+def longest_fitting(
+    predict: Callable[[Settings], Any], config: Any, s: Settings, budget: int, step: int = 64
+) -> int | None:
     """Largest ``max_completion_length`` (multiple of ``step``) whose prediction fits, at most the model's
     ``max_position_embeddings`` minus the prompt (:data:`MAX_SEARCH_TOKENS` where the config states none). Memory
     is close to affine in the length at fixed rows: two predictions give a first guess, which is then bracketed and

@@ -68,11 +68,17 @@ class Settings:
     unsloth_grpo_mini_batch: int | None = None
     gpu_memory_utilization: float = 0.5
     chunk_rows: int | None = None  # rows per head chunk (None: as the op chooses)
-    shared_prefix: bool = _option(True, "slimrl_shared_prefix: each prompt once per group in the log-prob passes "
-                                  "where the layout applies (GRPO; default true)")
-    tiled_mlp: bool | None = _option(None, "unsloth_tiled_mlp: the MLPs run a tile of hidden_size tokens at a time, "
-                                     "checkpointed per tile; auto (default): slimrl's default, tiles on CUDA where "
-                                     "they save >= 10 %% of the peak")
+    shared_prefix: bool = _option(
+        True,
+        "slimrl_shared_prefix: each prompt once per group in the log-prob passes "
+        "where the layout applies (GRPO; default true)",
+    )
+    tiled_mlp: bool | None = _option(
+        None,
+        "unsloth_tiled_mlp: the MLPs run a tile of hidden_size tokens at a time, "
+        "checkpointed per tile; auto (default): slimrl's default, tiles on CUDA where "
+        "they save >= 10 %% of the peak",
+    )
     gpu: str | None = None  # a GPU of slimrl's table (its key): the dtype the model loads in there
 
 
@@ -84,8 +90,9 @@ def _check(s: Settings) -> None:
     if not isinstance(s.workload, Workload) or s.workload.reference not in ("always", "beta", "never"):
         raise InputError(f"workload {s.workload!r}: pass a Workload (reference 'always', 'beta' or 'never')")
     if s.gradient_checkpointing not in CHECKPOINTING:
-        raise InputError(f"--gradient_checkpointing {s.gradient_checkpointing!r}: choose one of "
-                             f"{', '.join(CHECKPOINTING)}")
+        raise InputError(
+            f"--gradient_checkpointing {s.gradient_checkpointing!r}: choose one of {', '.join(CHECKPOINTING)}"
+        )
     if s.device not in ("cpu", "cuda"):
         raise InputError(f"--device {s.device!r}: choose cpu or cuda")
     for name in ("per_device_train_batch_size", "num_generations", "max_prompt_length", "max_completion_length"):

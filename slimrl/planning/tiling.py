@@ -26,5 +26,7 @@ def tiled_default(settings: Settings, peak: Callable[[Settings], int]) -> tuple[
     plain, tiled = peak(replace(settings, tiled_mlp=False)), peak(replace(settings, tiled_mlp=True))
     if tiled > (1 - GAIN) * plain:
         return False, None
-    return True, (f"tiled MLP (slimrl's default on CUDA where it saves >= {GAIN:.0%}: peak {plain / 2**30:.2f} -> "
-                  f"{tiled / 2**30:.2f} GiB; unsloth_tiled_mlp=False turns it off)")
+    return True, (
+        f"tiled MLP (slimrl's default on CUDA where it saves >= {GAIN:.0%}: peak {plain / 2**30:.2f} -> "
+        f"{tiled / 2**30:.2f} GiB; unsloth_tiled_mlp=False turns it off)"
+    )

@@ -112,16 +112,27 @@ def _runtime_bytes() -> int:
     import subprocess
     import sys
 
-    code = ("import warnings; warnings.simplefilter('ignore'); import datasets, torch, transformers, peft, trl; "
-            "from trl import GRPOConfig, GRPOTrainer; from slimrl import FastLanguageModel, PatchFastRL; "
-            "PatchFastRL('grpo', FastLanguageModel); from slimrl.compat.memory import resident_bytes; "
-            "print(resident_bytes())")
+    code = (
+        "import warnings; warnings.simplefilter('ignore'); import datasets, torch, transformers, peft, trl; "
+        "from trl import GRPOConfig, GRPOTrainer; from slimrl import FastLanguageModel, PatchFastRL; "
+        "PatchFastRL('grpo', FastLanguageModel); from slimrl.compat.memory import resident_bytes; "
+        "print(resident_bytes())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
 
 
-def forward_flops(tokens: int, context: int, scored: int, *, params: int, layers: int, hidden: int,
-                  vocab: int, pairs: float | None = None) -> float:
+def forward_flops(
+    tokens: int,
+    context: int,
+    scored: int,
+    *,
+    params: int,
+    layers: int,
+    hidden: int,
+    vocab: int,
+    pairs: float | None = None,
+) -> float:
     """FLOPs of a forward over ``tokens`` tokens of sequences of ``context`` tokens, ``scored`` of them through the
     head; ``pairs``: the (query, key) pairs attention scores when not causal over each sequence (the shared-prefix
     layout), else ``tokens x context / 2``."""
@@ -129,8 +140,17 @@ def forward_flops(tokens: int, context: int, scored: int, *, params: int, layers
     return tokens * 2 * params + 4 * layers * hidden * pairs + scored * 2 * hidden * vocab
 
 
-def decode_seconds(steps: int, rows: int, *, params: int, weight_bytes: int, kv_bytes_per_token: int,
-                   context: int, layers: int, tp: Throughput) -> float:
+def decode_seconds(
+    steps: int,
+    rows: int,
+    *,
+    params: int,
+    weight_bytes: int,
+    kv_bytes_per_token: int,
+    context: int,
+    layers: int,
+    tp: Throughput,
+) -> float:
     """``steps`` decode steps of ``rows`` sequences: each reads the weights and the KV cache (average length
     ``context - steps/2``), or computes ``2 N`` FLOPs per row, whichever takes longer, plus the fixed cost of its
     eager ops (:data:`OPS_PER_LAYER_STEP` per layer)."""
@@ -145,8 +165,19 @@ def no_grad_passes(s: Settings) -> int:
     return 1 if s.workload.keeps_reference(s.beta) else 0
 
 
-def step_split(s: Settings, shape: dict[str, int], params: int, weight_bytes: int, kv_token: int, rows: int,
-               prompt: int, completion: int, passes: int, every: int, tp: Throughput) -> dict[str, float]:
+def step_split(
+    s: Settings,
+    shape: dict[str, int],
+    params: int,
+    weight_bytes: int,
+    kv_token: int,
+    rows: int,
+    prompt: int,
+    completion: int,
+    passes: int,
+    every: int,
+    tp: Throughput,
+) -> dict[str, float]:
     layers, hidden, vocab = shape["layers"], shape["hidden"], shape["vocab"]
     tokens, context = rows * (prompt + completion), prompt + completion
     pairs = None  # TRL's layout: causal over each row
@@ -154,14 +185,22 @@ def step_split(s: Settings, shape: dict[str, int], params: int, weight_bytes: in
         seqs = packed(rows, s.num_generations, completion, True)[0]
         tokens = seqs * prompt + rows * completion
         pairs = seqs * prompt * prompt / 2 + rows * completion * (prompt + completion / 2)
-    fwd = forward_flops(tokens, context, rows * completion, params=params, layers=layers, hidden=hidden,
-                        vocab=vocab, pairs=pairs)
+    fwd = forward_flops(
+        tokens, context, rows * completion, params=params, layers=layers, hidden=hidden, vocab=vocab, pairs=pairs
+    )
     split: dict[str, float] = {}
     if s.workload.generates:
         prefill = forward_flops(rows * prompt, prompt, 0, params=params, layers=layers, hidden=hidden, vocab=vocab)
         split["generation"] = prefill / tp.flops_per_s + decode_seconds(
-            completion, rows, params=params, weight_bytes=weight_bytes, kv_bytes_per_token=kv_token,
-            context=context, layers=layers, tp=tp)
+            completion,
+            rows,
+            params=params,
+            weight_bytes=weight_bytes,
+            kv_bytes_per_token=kv_token,
+            context=context,
+            layers=layers,
+            tp=tp,
+        )
     if passes:
         split["logprobs_no_grad"] = passes * fwd / tp.flops_per_s
     split["policy_forward"] = fwd / tp.flops_per_s

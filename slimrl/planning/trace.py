@@ -73,8 +73,9 @@ def meta_model(config: Any, dtype: torch.dtype, lora_r: int, checkpoint_every: i
 
         from slimrl.models.fast_language_model import default_target_modules
 
-        model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_r,
-                                                 target_modules=default_target_modules(model)))
+        model = get_peft_model(
+            model, LoraConfig(r=lora_r, lora_alpha=lora_r, target_modules=default_target_modules(model))
+        )
         if dtype.itemsize == 2:
             _lora_under_autocast(model, dtype)
     if checkpoint_every:
@@ -191,8 +192,17 @@ def cuda_attention(model: Any, device: str) -> ExitStack:
     return stack
 
 
-def trace_logprob_pass(model: Any, rows: int, prompt: int, completion: int, *, grad: bool, entropy: bool,
-                       chunk_rows: int, device: str = "cpu") -> tuple[int, int]:
+def trace_logprob_pass(
+    model: Any,
+    rows: int,
+    prompt: int,
+    completion: int,
+    *,
+    grad: bool,
+    entropy: bool,
+    chunk_rows: int,
+    device: str = "cpu",
+) -> tuple[int, int]:
     """One log-prob pass as slimrl runs it (backbone, completion positions through the chunked head, and with
     ``grad`` the backward of their sum): (bytes live after the forward, peak bytes)."""
     from slimrl.ops import chunked_logprobs
@@ -202,10 +212,11 @@ def trace_logprob_pass(model: Any, rows: int, prompt: int, completion: int, *, g
     attention = cuda_attention(model, "cuda") if device == "cuda" else _tracing()
     with attention, torch.set_grad_enabled(grad), LiveBytes(_state(model)) as live:
         hidden = backbone(input_ids=ids, use_cache=False).last_hidden_state  # [B, T, H]
-        kept = hidden[:, -completion - 1:-1].reshape(-1, hidden.size(-1))  # [B*L, H]
+        kept = hidden[:, -completion - 1 : -1].reshape(-1, hidden.size(-1))  # [B*L, H]
         targets = torch.zeros(kept.size(0), dtype=torch.long, device="meta")
-        logps, ent = chunked_logprobs(kept, head.weight, targets, getattr(head, "bias", None), 1.0,
-                                      chunk_rows=chunk_rows, with_entropy=entropy)
+        logps, ent = chunked_logprobs(
+            kept, head.weight, targets, getattr(head, "bias", None), 1.0, chunk_rows=chunk_rows, with_entropy=entropy
+        )
         del hidden, kept
         after_forward = live.live
         if grad:

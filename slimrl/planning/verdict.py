@@ -58,14 +58,17 @@ class Verdict:
             spare = f"{room:.2f} GiB to spare" if room >= 0 else f"{-room:.2f} GiB over"
             return f"{self.word}: predicted peak {self.allocated / gib:.2f} of {self.usable / gib:.2f} GiB ({spare})"
         share = self.allocated / self.usable if self.usable > 0 else float("inf")
-        edge = {FITS: f"{(FITS_BELOW * self.usable - self.allocated) / gib:.2f} GiB below the {FITS_BELOW:.0%} "
-                      f"line, under which every published run fitted",
-                UNCERTAIN: f"between {FITS_BELOW:.0%} and {FAILS_ABOVE:.0%}, where published runs both fitted and "
-                           f"ran out",
-                DOES_NOT_FIT: f"above {FAILS_ABOVE:.0%}, where no published run fitted"}[self.word]
-        return (f"{self.word}: predicted max_memory_allocated {self.allocated / gib:.2f} GiB = {share:.0%} of "
-                f"{self.usable / gib:.2f} GiB usable (the budget less {CUDA_CONTEXT_BYTES / gib:.1f} GiB of CUDA "
-                f"context); {edge}")
+        edge = {
+            FITS: f"{(FITS_BELOW * self.usable - self.allocated) / gib:.2f} GiB below the {FITS_BELOW:.0%} "
+            f"line, under which every published run fitted",
+            UNCERTAIN: f"between {FITS_BELOW:.0%} and {FAILS_ABOVE:.0%}, where published runs both fitted and ran out",
+            DOES_NOT_FIT: f"above {FAILS_ABOVE:.0%}, where no published run fitted",
+        }[self.word]
+        return (
+            f"{self.word}: predicted max_memory_allocated {self.allocated / gib:.2f} GiB = {share:.0%} of "
+            f"{self.usable / gib:.2f} GiB usable (the budget less {CUDA_CONTEXT_BYTES / gib:.1f} GiB of CUDA "
+            f"context); {edge}"
+        )
 
 
 def usable_bytes(budget: int, device: str) -> int:

@@ -6,5 +6,12 @@ from slimrl.rewards.process_sandbox import Limits as SandboxLimits
 from slimrl.rewards.process_sandbox import SandboxError, SandboxResult, run_sandboxed
 from slimrl.rewards.sandbox import check_python_modules, create_locked_down_function, execute_with_time_limit
 
-__all__ = ["check_python_modules", "create_locked_down_function", "execute_with_time_limit", "run_sandboxed",
-           "SandboxLimits", "SandboxResult", "SandboxError"]
+__all__ = [
+    "check_python_modules",
+    "create_locked_down_function",
+    "execute_with_time_limit",
+    "run_sandboxed",
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxError",
+]

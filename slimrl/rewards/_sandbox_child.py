@@ -29,17 +29,70 @@ import sys
 
 NOBODY = 65534
 
-FORBIDDEN = ("socket.", "ctypes.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-             "subprocess.Popen", "os.kill", "os.killpg", "signal.pthread_kill", "pty.spawn", "os.chdir", "os.chroot",
-             "mmap.__new__", "resource.setrlimit", "resource.prlimit", "os.setuid", "os.setsid",
-             "marshal.load", "pickle.find_class", "sys.settrace", "sys.setprofile", "webbrowser.open",
-             "urllib.Request", "http.client.connect", "ftplib.connect", "smtplib.connect", "imaplib.open",
-             "poplib.connect", "telnetlib.Telnet.open", "os.startfile", "winreg.", "sys.addaudithook")
-INTROSPECTION = ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getframe", "sys._current_frames",
-                 "object.__getattr__")
-WRITES = {"os.remove": 1, "os.rmdir": 1, "os.rename": 2, "os.replace": 2, "os.mkdir": 1, "os.chmod": 1,
-          "os.chown": 1, "os.link": 2, "os.symlink": 2, "os.truncate": 1, "os.utime": 1, "os.chflags": 1,
-          "shutil.rmtree": 1, "shutil.copyfile": 2, "shutil.copytree": 2, "shutil.move": 2, "shutil.chown": 1}
+FORBIDDEN = (
+    "socket.",
+    "ctypes.",
+    "os.system",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.fork",
+    "os.forkpty",
+    "subprocess.Popen",
+    "os.kill",
+    "os.killpg",
+    "signal.pthread_kill",
+    "pty.spawn",
+    "os.chdir",
+    "os.chroot",
+    "mmap.__new__",
+    "resource.setrlimit",
+    "resource.prlimit",
+    "os.setuid",
+    "os.setsid",
+    "marshal.load",
+    "pickle.find_class",
+    "sys.settrace",
+    "sys.setprofile",
+    "webbrowser.open",
+    "urllib.Request",
+    "http.client.connect",
+    "ftplib.connect",
+    "smtplib.connect",
+    "imaplib.open",
+    "poplib.connect",
+    "telnetlib.Telnet.open",
+    "os.startfile",
+    "winreg.",
+    "sys.addaudithook",
+)
+INTROSPECTION = (
+    "gc.get_objects",
+    "gc.get_referrers",
+    "gc.get_referents",
+    "sys._getframe",
+    "sys._current_frames",
+    "object.__getattr__",
+)
+WRITES = {
+    "os.remove": 1,
+    "os.rmdir": 1,
+    "os.rename": 2,
+    "os.replace": 2,
+    "os.mkdir": 1,
+    "os.chmod": 1,
+    "os.chown": 1,
+    "os.link": 2,
+    "os.symlink": 2,
+    "os.truncate": 1,
+    "os.utime": 1,
+    "os.chflags": 1,
+    "shutil.rmtree": 1,
+    "shutil.copyfile": 2,
+    "shutil.copytree": 2,
+    "shutil.move": 2,
+    "shutil.chown": 1,
+}
 LISTINGS = ("os.listdir", "os.scandir", "glob.glob", "os.walk")
 
 
@@ -70,7 +123,7 @@ def answerer(fd: int):
         data = len(data).to_bytes(8, "big") + data
         try:
             while data:
-                data = data[write(fd, data):]
+                data = data[write(fd, data) :]
         except OSError:
             pass
 
@@ -109,11 +162,14 @@ def set_limits(limits: dict, processes: bool) -> None:
 
     mb, cpu = 2**20, max(1, round(limits["cpu_s"]))
     tasks = 0 if processes else TASKS
-    for which, soft, hard in ((resource.RLIMIT_CPU, cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL after
-                              (resource.RLIMIT_AS, limits["memory_mb"] * mb, limits["memory_mb"] * mb),
-                              (resource.RLIMIT_FSIZE, limits["file_mb"] * mb, limits["file_mb"] * mb),
-                              (resource.RLIMIT_NOFILE, limits["open_files"], limits["open_files"]),
-                              (resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_NPROC, tasks, tasks)):
+    for which, soft, hard in (
+        (resource.RLIMIT_CPU, cpu, cpu + 1),  # SIGXCPU at the soft limit, SIGKILL after
+        (resource.RLIMIT_AS, limits["memory_mb"] * mb, limits["memory_mb"] * mb),
+        (resource.RLIMIT_FSIZE, limits["file_mb"] * mb, limits["file_mb"] * mb),
+        (resource.RLIMIT_NOFILE, limits["open_files"], limits["open_files"]),
+        (resource.RLIMIT_CORE, 0, 0),
+        (resource.RLIMIT_NPROC, tasks, tasks),
+    ):
         try:
             resource.setrlimit(which, (soft, hard))
         except (OSError, ValueError):
@@ -148,12 +204,13 @@ def install_guard(scratch: str, readable: tuple[str, ...], allowed: frozenset[st
             refuse(f"{event} is not allowed in the sandbox")
         elif event == "open":
             path, mode, flags = args
-            writing = (mode is not None and any(c in str(mode) for c in "wax+")) or \
-                (isinstance(flags, int) and bool(flags & write_flags))
+            writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (
+                isinstance(flags, int) and bool(flags & write_flags)
+            )
             if not inside(path, writable if writing else reads):
                 refuse(f"{'writing' if writing else 'reading'} {fsdecode(path)!s} (outside the scratch directory)")
         elif event in writes:
-            for path in args[:writes[event]]:
+            for path in args[: writes[event]]:
                 if path is not None and not inside(path, writable):
                     refuse(f"{event} on {path!s} (outside the scratch directory)")
         elif event in listings:
@@ -192,8 +249,7 @@ def main() -> None:
             __import__(module)  # what the code imports, loaded (with what it needs) before anything is refused
         except ImportError:
             pass
-    layers = [x for x in os.environ.get("SLIMRL_SANDBOX_LAYERS", "").split(",") if x] if kernel else \
-        _legacy_close_in()
+    layers = [x for x in os.environ.get("SLIMRL_SANDBOX_LAYERS", "").split(",") if x] if kernel else _legacy_close_in()
     set_limits(request["limits"], processes=not kernel)
     layers.append("resource limits")
     if kernel:
@@ -220,8 +276,14 @@ def main() -> None:
         return
     fn = namespace.get(request["call"]) if request["call"] is not None else None
     if request["call"] is not None and not callable(fn):
-        answer({"failure": "error", "error_type": "NameError", "layers": layers,
-                "message": f"the code defines no function {request['call']!r}"})
+        answer(
+            {
+                "failure": "error",
+                "error_type": "NameError",
+                "layers": layers,
+                "message": f"the code defines no function {request['call']!r}",
+            }
+        )
         return
     if not request.get("serve"):
         answer(_call(fn, request["args"], request["kwargs"], layers))
@@ -264,8 +326,11 @@ def _call(fn, args: list, kwargs: dict, layers: list[str], tuples: bool = False)
     try:
         json.dumps(value)
     except (TypeError, ValueError, RecursionError):
-        return {"failure": "result", "message": f"the result is not JSON data: {type(value).__name__}",
-                "layers": layers}
+        return {
+            "failure": "result",
+            "message": f"the result is not JSON data: {type(value).__name__}",
+            "layers": layers,
+        }
     return {"value": value, "layers": layers}
 
 

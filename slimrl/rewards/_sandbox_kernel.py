@@ -19,10 +19,20 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
-SYSCALLS = {"x86_64": {"pivot_root": 155, "landlock_create_ruleset": 444, "landlock_add_rule": 445,
-                       "landlock_restrict_self": 446},
-            "aarch64": {"pivot_root": 41, "landlock_create_ruleset": 444, "landlock_add_rule": 445,
-                        "landlock_restrict_self": 446}}
+SYSCALLS = {
+    "x86_64": {
+        "pivot_root": 155,
+        "landlock_create_ruleset": 444,
+        "landlock_add_rule": 445,
+        "landlock_restrict_self": 446,
+    },
+    "aarch64": {
+        "pivot_root": 41,
+        "landlock_create_ruleset": 444,
+        "landlock_add_rule": 445,
+        "landlock_restrict_self": 446,
+    },
+}
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -54,9 +64,11 @@ def prctl(option: int, value: int) -> None:
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = (lambda s: None if s is None else s.encode())  # noqa: E731 - four arguments, one rule
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-           f"mount {source or fstype} on {target}")
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731 - four arguments, one rule
+    _check(
+        _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+        f"mount {source or fstype} on {target}",
+    )
 
 
 def umount(target: str) -> None:
@@ -71,8 +83,12 @@ def locked_flags(path: str) -> int:
     """The flags a read-only remount of the bind at ``path`` must keep (a user namespace may not clear them)."""
     f = os.statvfs(path).f_flag
     flags = MS_NOSUID | MS_NODEV
-    for st, ms in ((os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
-                   (os.ST_RELATIME, MS_RELATIME)):
+    for st, ms in (
+        (os.ST_NOEXEC, MS_NOEXEC),
+        (os.ST_NOATIME, MS_NOATIME),
+        (os.ST_NODIRATIME, MS_NODIRATIME),
+        (os.ST_RELATIME, MS_RELATIME),
+    ):
         if f & st:
             flags |= ms
     return flags
@@ -86,8 +102,11 @@ LANDLOCK_SCOPE = 0x1 | 0x2  # ABI 6: abstract Unix sockets and signals reach onl
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
 
 
 class _PathBeneath(ctypes.Structure):
@@ -133,25 +152,103 @@ SCMP_CMP_NE, SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 1, 4, 7
 PR_SET_PDEATHSIG = 1
 EPERM, ENOSYS = 1, 38
 DENIED = (  # refused with EPERM: other processes, the network, the kernel's own surfaces, namespaces, mounts
-    "fork", "vfork", "execve", "execveat", "ptrace", "process_vm_readv", "process_vm_writev", "kill", "tkill",
-    "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "socket", "socketpair",
-    "connect", "bind", "listen", "accept", "accept4", "mount", "umount2", "pivot_root", "chroot", "unshare",
-    "setns", "move_mount", "open_tree", "fsopen", "fsmount", "fspick", "mount_setattr", "keyctl", "add_key",
-    "request_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "kcmp", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot", "swapon",
-    "swapoff", "iopl", "ioperm", "acct", "syslog", "name_to_handle_at", "open_by_handle_at", "setsid", "setpgid",
-    "personality", "quotactl", "lookup_dcookie", "memfd_secret", "process_madvise", "mknod", "mknodat",
+    "fork",
+    "vfork",
+    "execve",
+    "execveat",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kill",
+    "tkill",
+    "rt_sigqueueinfo",
+    "rt_tgsigqueueinfo",
+    "pidfd_open",
+    "pidfd_send_signal",
+    "pidfd_getfd",
+    "socket",
+    "socketpair",
+    "connect",
+    "bind",
+    "listen",
+    "accept",
+    "accept4",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "kcmp",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "iopl",
+    "ioperm",
+    "acct",
+    "syslog",
+    "name_to_handle_at",
+    "open_by_handle_at",
+    "setsid",
+    "setpgid",
+    "personality",
+    "quotactl",
+    "lookup_dcookie",
+    "memfd_secret",
+    "process_madvise",
+    "mknod",
+    "mknodat",
     # memory outside every limit: SysV shared memory and memfd pages are the host's until the call ends (RLIMIT_AS
     # counts only what is mapped); SysV semaphore sets and message queues and POSIX message queues are kernel memory
     # (gigabytes of slab from one call under memory_mb=512); inotify and fanotify instances are the user's (a budget
     # the trainer shares: exhausting it made the trainer's own fanotify_init fail)
-    "shmget", "shmat", "memfd_create", "semget", "semop", "semtimedop", "semctl", "msgget", "msgsnd", "msgrcv",
-    "msgctl", "mq_open", "mq_timedsend", "inotify_init", "inotify_init1", "fanotify_init", "fanotify_mark")
+    "shmget",
+    "shmat",
+    "memfd_create",
+    "semget",
+    "semop",
+    "semtimedop",
+    "semctl",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "mq_open",
+    "mq_timedsend",
+    "inotify_init",
+    "inotify_init1",
+    "fanotify_init",
+    "fanotify_mark",
+)
 
 
 class _ArgCmp(ctypes.Structure):
-    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
-                ("datum_b", ctypes.c_uint64)]
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
 
 
 def _libseccomp():
@@ -162,8 +259,13 @@ def _libseccomp():
         raise OSError(2, f"seccomp: libseccomp is not installed ({exc})") from None
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
-    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
-                                           ctypes.POINTER(_ArgCmp)]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(_ArgCmp),
+    ]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
     lib.seccomp_load.argtypes = [ctypes.c_void_p]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
@@ -185,8 +287,9 @@ def seccomp(own_pid: int) -> None:
     ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
     if not ctx:
         raise OSError(12, "seccomp_init failed")
-    errno_action = (lambda e: 0x00050000 | e)  # noqa: E731 - SCMP_ACT_ERRNO(e)
+    errno_action = lambda e: 0x00050000 | e  # noqa: E731 - SCMP_ACT_ERRNO(e)
     try:
+
         def rule(name: str, action: int, *cmps: _ArgCmp) -> None:
             nr = lib.seccomp_syscall_resolve_name(name.encode())
             if nr < 0:

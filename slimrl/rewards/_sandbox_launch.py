@@ -107,8 +107,13 @@ def build_view(cfg: dict) -> None:
         k.mount(f"/dev/{dev}", dst, None, k.MS_BIND)
     step("the scratch directory", cfg["scratch"])
     os.makedirs(root + cfg["scratch"], mode=0o755)
-    k.mount("tmpfs", root + cfg["scratch"], "tmpfs", k.MS_NOSUID | k.MS_NODEV,
-            f"size={cfg['disk_mb']}m,nr_inodes={SCRATCH_INODES},mode=0700,uid={INSIDE_ID},gid={INSIDE_ID}")
+    k.mount(
+        "tmpfs",
+        root + cfg["scratch"],
+        "tmpfs",
+        k.MS_NOSUID | k.MS_NODEV,
+        f"size={cfg['disk_mb']}m,nr_inodes={SCRATCH_INODES},mode=0700,uid={INSIDE_ID},gid={INSIDE_ID}",
+    )
     step("/tmp", "/tmp")
     os.makedirs(root + "/tmp", mode=0o755, exist_ok=True)  # holds bound paths where the interpreter lives there
     if cfg["tmp_mount"]:
@@ -136,8 +141,14 @@ def become_child(cfg: dict) -> None:
         k.landlock(["/"], [cfg["scratch"]])
         layers.append("landlock")
     os.chdir(cfg["scratch"])
-    env = {"PATH": "", "HOME": cfg["scratch"], "TMPDIR": cfg["scratch"], "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
-           "SLIMRL_SANDBOX_LAYERS": ",".join(layers)}
+    env = {
+        "PATH": "",
+        "HOME": cfg["scratch"],
+        "TMPDIR": cfg["scratch"],
+        "LANG": "C.UTF-8",
+        "PYTHONHASHSEED": "0",
+        "SLIMRL_SANDBOX_LAYERS": ",".join(layers),
+    }
     os.execve(cfg["python"], [cfg["python"], "-I", "-S", cfg["child"]], env)
 
 
@@ -147,8 +158,10 @@ def setup_failure(exc: Exception) -> str:
     what, path = STEP
     cause = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, FileExistsError):
-        hint = ("a path of the view collides with one slimrl bound into it: a bug of slimrl's sandbox, please report "
-                "it with this line")
+        hint = (
+            "a path of the view collides with one slimrl bound into it: a bug of slimrl's sandbox, please report "
+            "it with this line"
+        )
     elif isinstance(exc, PermissionError):
         hint = "this process may not do that here: run as root, or allow unprivileged user namespaces"
     else:
@@ -189,8 +202,9 @@ def main() -> None:
         os.close(go_w)
         try:
             k.prctl(k.PR_SET_PDEATHSIG, signal.SIGKILL)
-            k.unshare(k.CLONE_NEWUSER | k.CLONE_NEWNS | k.CLONE_NEWPID | k.CLONE_NEWNET | k.CLONE_NEWIPC
-                      | k.CLONE_NEWUTS)
+            k.unshare(
+                k.CLONE_NEWUSER | k.CLONE_NEWNS | k.CLONE_NEWPID | k.CLONE_NEWNET | k.CLONE_NEWIPC | k.CLONE_NEWUTS
+            )
         except OSError as exc:
             fail(f"{exc}: the kernel gives this process no user namespaces")
         os.write(ready_w, b"1")

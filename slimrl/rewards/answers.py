@@ -22,11 +22,13 @@ from slimrl.rewards.sandbox_types import (
 )
 
 SETUP_FAILED = 70  # the launcher's exit status when a kernel layer could not be built
-ALLOW_HINT = ("To allow it: run as root, or allow unprivileged user namespaces (sysctl user.max_user_namespaces=15000 "
-              "and, where present, kernel.unprivileged_userns_clone=1 or "
-              "kernel.apparmor_restrict_unprivileged_userns=0; in Docker, --security-opt seccomp=unconfined), "
-              "install libseccomp (apt install libseccomp2) — or pass isolation='none' to run without kernel "
-              "isolation")
+ALLOW_HINT = (
+    "To allow it: run as root, or allow unprivileged user namespaces (sysctl user.max_user_namespaces=15000 "
+    "and, where present, kernel.unprivileged_userns_clone=1 or "
+    "kernel.apparmor_restrict_unprivileged_userns=0; in Docker, --security-opt seccomp=unconfined), "
+    "install libseccomp (apt install libseccomp2) — or pass isolation='none' to run without kernel "
+    "isolation"
+)
 MAX_DEPTH = 100  # the deepest JSON nesting an answer may have
 
 
@@ -40,7 +42,7 @@ def unframe(raw: bytes) -> bytes | None:
     """The first message of ``raw`` (see :func:`frame`); None when ``raw`` holds no whole message."""
     if len(raw) < 8 or len(raw) < 8 + int.from_bytes(raw[:8], "big"):
         return None
-    return raw[8:8 + int.from_bytes(raw[:8], "big")]
+    return raw[8 : 8 + int.from_bytes(raw[:8], "big")]
 
 
 def parse_answer(raw: bytes, returncode: int, limits: Limits, stderr: str, cpu_s: float, base: dict) -> SandboxResult:

@@ -21,8 +21,13 @@ class Channels:
     timed_out: bool = False
 
 
-def read_channels(fds: dict[str, int], deadline: float, caps: dict[str, int], keep: dict[str, int],
-                  until: Callable[[Channels], bool] | None = None) -> Channels:
+def read_channels(
+    fds: dict[str, int],
+    deadline: float,
+    caps: dict[str, int],
+    keep: dict[str, int],
+    until: Callable[[Channels], bool] | None = None,
+) -> Channels:
     """Read ``fds`` (name -> descriptor) until every one is at end of file, ``until(read so far)`` holds, the
     ``time.perf_counter()`` deadline passes, or one passes its cap in ``caps`` (bytes read in all). Of each pipe the
     last ``keep[name]`` bytes are kept (all of it when the name is not in ``keep``)."""
@@ -48,7 +53,7 @@ def read_channels(fds: dict[str, int], deadline: float, caps: dict[str, int], ke
                     sel.unregister(key.fd)
                     continue
                 total[name] += len(chunk)
-                got.data[name] = (got.data[name] + chunk)[-keep[name]:] if name in keep else got.data[name] + chunk
+                got.data[name] = (got.data[name] + chunk)[-keep[name] :] if name in keep else got.data[name] + chunk
                 if total[name] > caps[name]:
                     got.over[name] = True
                     return got

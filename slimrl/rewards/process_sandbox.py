@@ -76,17 +76,55 @@ from slimrl.rewards.sandbox_types import (
 )
 from slimrl.rewards.sandbox_view import interpreter, launcher_config, readable_roots
 
-__all__ = ["run_sandboxed", "isolation_report", "Limits", "SandboxResult", "SandboxError", "TimeLimitError",
-           "MemoryLimitError", "ForbiddenError", "DisallowedImportError", "RaisedError", "CrashedError",
-           "BadResultError", "IsolationError", "DEFAULT_MODULES"]
+__all__ = [
+    "run_sandboxed",
+    "isolation_report",
+    "Limits",
+    "SandboxResult",
+    "SandboxError",
+    "TimeLimitError",
+    "MemoryLimitError",
+    "ForbiddenError",
+    "DisallowedImportError",
+    "RaisedError",
+    "CrashedError",
+    "BadResultError",
+    "IsolationError",
+    "DEFAULT_MODULES",
+]
 
 HERE = Path(__file__).resolve().parent
 CHILD, LAUNCHER = HERE / "_sandbox_child.py", HERE / "_sandbox_launch.py"
 ISOLATIONS = ("kernel", "none")
-DEFAULT_MODULES = frozenset({
-    "math", "cmath", "random", "re", "string", "itertools", "functools", "operator", "collections", "heapq",
-    "bisect", "statistics", "fractions", "decimal", "json", "typing", "dataclasses", "copy", "datetime", "enum",
-    "textwrap", "unicodedata", "array", "numbers", "time"})
+DEFAULT_MODULES = frozenset(
+    {
+        "math",
+        "cmath",
+        "random",
+        "re",
+        "string",
+        "itertools",
+        "functools",
+        "operator",
+        "collections",
+        "heapq",
+        "bisect",
+        "statistics",
+        "fractions",
+        "decimal",
+        "json",
+        "typing",
+        "dataclasses",
+        "copy",
+        "datetime",
+        "enum",
+        "textwrap",
+        "unicodedata",
+        "array",
+        "numbers",
+        "time",
+    }
+)
 
 
 def _check_request(code: Any, call: Any, args: Any, kwargs: Any, allow: Iterable[str], isolation: Any) -> None:
@@ -106,9 +144,12 @@ def _check_request(code: Any, call: Any, args: Any, kwargs: Any, allow: Iterable
         _NONE_WARNED.append(True)
         from slimrl.compat.runtime.callsite import warn
 
-        warn("run_sandboxed(isolation='none'): the code runs as a plain child process — no namespaces, no read-only "
-             "view, no seccomp filter, no Landlock; only the resource limits and the audit hook (which code can get "
-             "around) stand between it and your files, your Hub token and the trainer's processes", UserWarning)
+        warn(
+            "run_sandboxed(isolation='none'): the code runs as a plain child process — no namespaces, no read-only "
+            "view, no seccomp filter, no Landlock; only the resource limits and the audit hook (which code can get "
+            "around) stand between it and your files, your Hub token and the trainer's processes",
+            UserWarning,
+        )
 
 
 _NONE_WARNED: list[bool] = []
@@ -120,8 +161,9 @@ def _screen(code: str, allow: list[str]) -> tuple[SandboxResult | None, list[str
     try:
         _, info = check_python_modules(code)
     except (RecursionError, MemoryError, ValueError, OverflowError) as exc:
-        return SandboxResult(failure=RaisedError(f"the code cannot be parsed: {type(exc).__name__}",
-                                                 type(exc).__name__)), []
+        return SandboxResult(
+            failure=RaisedError(f"the code cannot be parsed: {type(exc).__name__}", type(exc).__name__)
+        ), []
     if "error" in info:
         return SandboxResult(failure=RaisedError(info["error"], "SyntaxError")), []
     imported = set(info["stdlib"]) | set(info["non_stdlib"])
@@ -133,9 +175,17 @@ def _screen(code: str, allow: list[str]) -> tuple[SandboxResult | None, list[str
     return None, sorted(imported)
 
 
-def run_sandboxed(code: str, call: str | None = None, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
-                  *, allow: Iterable[str] = DEFAULT_MODULES, limits: Limits | None = None,
-                  isolation: str = "kernel", audit_hook: bool = True) -> SandboxResult:
+def run_sandboxed(
+    code: str,
+    call: str | None = None,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    allow: Iterable[str] = DEFAULT_MODULES,
+    limits: Limits | None = None,
+    isolation: str = "kernel",
+    audit_hook: bool = True,
+) -> SandboxResult:
     """Run ``code`` (Python source) in the sandbox (module docstring); with ``call``, then call the function of that
     name with ``args``/``kwargs`` (JSON data) and return its value. Never raises for anything the code does: the
     failure is in the result. ``isolation``: ``"kernel"`` (default) or ``"none"`` (module docstring);
@@ -165,8 +215,9 @@ def _remove(work: Path) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def _spawn(request: dict, isolation: str, limits: Limits, work: Path, result_w: int,
-           quiet: bool = False) -> subprocess.Popen:
+def _spawn(
+    request: dict, isolation: str, limits: Limits, work: Path, result_w: int, quiet: bool = False
+) -> subprocess.Popen:
     env = {"PATH": "", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
     if isolation == "kernel":
         (work / "root").mkdir(mode=0o700)
@@ -183,12 +234,21 @@ def _spawn(request: dict, isolation: str, limits: Limits, work: Path, result_w: 
         env.update(HOME=str(scratch), TMPDIR=str(scratch))
         argv, cwd = [interpreter(), "-I", "-S", str(CHILD)], str(scratch)
     out = subprocess.DEVNULL if quiet else subprocess.PIPE  # quiet: a session, whose output nobody reads
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=out, env=env, cwd=cwd,
-                            start_new_session=True, pass_fds=(result_w,))
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=out,
+        stderr=out,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        pass_fds=(result_w,),
+    )
 
 
 def _feed(proc: subprocess.Popen, data: bytes, close: bool = True) -> threading.Thread:
     """``data`` written to the process's stdin from a thread (a child that never reads cannot block us)."""
+
     def write() -> None:
         try:
             proc.stdin.write(data)
@@ -203,12 +263,33 @@ def _feed(proc: subprocess.Popen, data: bytes, close: bool = True) -> threading.
     return thread
 
 
-def _run(code: str, call: str | None, args: list, kwargs: dict, allow: list[str], limits: Limits, isolation: str,
-         work: Path, audit_hook: bool = True, preload: list[str] = ()) -> SandboxResult:
+def _run(
+    code: str,
+    call: str | None,
+    args: list,
+    kwargs: dict,
+    allow: list[str],
+    limits: Limits,
+    isolation: str,
+    work: Path,
+    audit_hook: bool = True,
+    preload: list[str] = (),
+) -> SandboxResult:
     result_r, result_w = os.pipe()
-    request = {"code": code, "call": call, "args": args, "kwargs": kwargs, "allow": allow, "scratch": "/scratch",
-               "readable": readable_roots(), "limits": dataclasses.asdict(limits), "isolation": isolation,
-               "result_fd": result_w, "audit": audit_hook, "preload": list(preload)}
+    request = {
+        "code": code,
+        "call": call,
+        "args": args,
+        "kwargs": kwargs,
+        "allow": allow,
+        "scratch": "/scratch",
+        "readable": readable_roots(),
+        "limits": dataclasses.asdict(limits),
+        "isolation": isolation,
+        "result_fd": result_w,
+        "audit": audit_hook,
+        "preload": list(preload),
+    }
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     try:
@@ -217,10 +298,12 @@ def _run(code: str, call: str | None, args: list, kwargs: dict, allow: list[str]
         os.close(result_w)
     try:
         feeder = _feed(proc, frame(request))
-        got = read_channels({"stdout": proc.stdout.fileno(), "stderr": proc.stderr.fileno(), "result": result_r},
-                            deadline=started + limits.wall_s,
-                            caps={"stdout": 64 * 2**20, "stderr": 64 * 2**20, "result": limits.result_kb * 1024},
-                            keep={"stdout": limits.output_kb * 1024, "stderr": limits.output_kb * 1024})
+        got = read_channels(
+            {"stdout": proc.stdout.fileno(), "stderr": proc.stderr.fileno(), "result": result_r},
+            deadline=started + limits.wall_s,
+            caps={"stdout": 64 * 2**20, "stderr": 64 * 2**20, "result": limits.result_kb * 1024},
+            keep={"stdout": limits.output_kb * 1024, "stderr": limits.output_kb * 1024},
+        )
     finally:
         _kill_group(proc)
         os.close(result_r)
@@ -264,7 +347,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
             time.sleep(0.01)
 
 
-
 def isolation_report() -> dict[str, Any]:
     """The layers the kernel isolation gives on this machine (one trivial sandboxed call), or why it cannot run:
     ``{"ok": bool, "layers": [...], "missing": str | None}`` (``slimrl doctor``)."""
@@ -279,7 +361,10 @@ if sys.platform != "linux":  # the kernel layers are Linux's; elsewhere only an 
 
     def _run(code, call, args, kwargs, allow, limits, isolation, work, audit_hook=True, preload=()):  # noqa: D103
         if isolation == "kernel":
-            return SandboxResult(failure=IsolationError(
-                f"the reward sandbox's kernel isolation needs Linux (this is {sys.platform}); run the trainer in a "
-                "Linux VM or container, or pass isolation='none' to run without it"))
+            return SandboxResult(
+                failure=IsolationError(
+                    f"the reward sandbox's kernel isolation needs Linux (this is {sys.platform}); run the trainer in a "
+                    "Linux VM or container, or pass isolation='none' to run without it"
+                )
+            )
         return _linux_run(code, call, args, kwargs, allow, limits, isolation, work, audit_hook, preload)

@@ -93,8 +93,10 @@ def create_locked_down_function(code: str) -> LockedDownFunction:
     defs = [n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
     others = [type(n).__name__ for n in tree.body if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
     if len(defs) != 1 or others:
-        raise ValueError(f"expected exactly one top-level function definition, found {len(defs)} function(s)"
-                         + (f" and other statements ({', '.join(others)})" if others else ""))
+        raise ValueError(
+            f"expected exactly one top-level function definition, found {len(defs)} function(s)"
+            + (f" and other statements ({', '.join(others)})" if others else "")
+        )
     return LockedDownFunction(code, defs[0].name)
 
 

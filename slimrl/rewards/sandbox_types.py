@@ -26,18 +26,20 @@ class Limits:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-                    or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"Limits({field.name}={value!r}): pass a positive, finite number")
             if field.type in (int, "int") and value != int(value):
-                raise ValueError(f"Limits({field.name}={value!r}): a whole number of "
-                                 f"{field.name.rsplit('_', 1)[-1].replace('mb', 'MB').replace('kb', 'kB')}, e.g. "
-                                 f"{max(1, round(value))}")
+                raise ValueError(
+                    f"Limits({field.name}={value!r}): a whole number of "
+                    f"{field.name.rsplit('_', 1)[-1].replace('mb', 'MB').replace('kb', 'kB')}, e.g. "
+                    f"{max(1, round(value))}"
+                )
             if field.type in (int, "int"):
                 object.__setattr__(self, field.name, int(value))
         if self.open_files < 16:  # the interpreter, its pipes and the modules it opens take about ten
-            raise ValueError(f"Limits(open_files={self.open_files}): Python itself needs about 10 descriptors; "
-                             f"pass >= 16")
+            raise ValueError(
+                f"Limits(open_files={self.open_files}): Python itself needs about 10 descriptors; pass >= 16"
+            )
         if self.memory_mb < 64:
             raise ValueError(f"Limits(memory_mb={self.memory_mb}): Python itself needs about 64 MB; pass >= 64")
 
@@ -102,8 +104,18 @@ class IsolationError(SandboxError):
     kind = "isolation"
 
 
-BY_KIND = {cls.kind: cls for cls in (TimeLimitError, MemoryLimitError, ForbiddenError, DisallowedImportError,
-                                      RaisedError, BadResultError, IsolationError)}
+BY_KIND = {
+    cls.kind: cls
+    for cls in (
+        TimeLimitError,
+        MemoryLimitError,
+        ForbiddenError,
+        DisallowedImportError,
+        RaisedError,
+        BadResultError,
+        IsolationError,
+    )
+}
 
 
 @dataclasses.dataclass

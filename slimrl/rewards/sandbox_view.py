@@ -61,8 +61,18 @@ def launcher_config(root: Path, child: Path, limits, result_fd: int) -> dict:
     bound path falls under one (:func:`free_point`); ``/tmp`` gets its empty read-only tmpfs only where nothing
     bound lives there (else the bound paths are all it shows, read-only)."""
     bound = [*read_only_paths(), SCRIPTS]
-    return {"root": str(root), "read_only": bound[:-1], "python": interpreter(),
-            "scripts": str(child.parent.resolve()), "child": f"{SCRIPTS}/{child.name}", "disk_mb": limits.disk_mb,
-            "result_fd": result_fd, "landlock": True, "drop_groups": os.geteuid() == 0,
-            "scratch": free_point("/scratch", bound), "old_root": free_point("/.old", bound),
-            "tmp_mount": not any(_under(path, "/tmp") for path in bound), "limits": dataclasses.asdict(limits)}
+    return {
+        "root": str(root),
+        "read_only": bound[:-1],
+        "python": interpreter(),
+        "scripts": str(child.parent.resolve()),
+        "child": f"{SCRIPTS}/{child.name}",
+        "disk_mb": limits.disk_mb,
+        "result_fd": result_fd,
+        "landlock": True,
+        "drop_groups": os.geteuid() == 0,
+        "scratch": free_point("/scratch", bound),
+        "old_root": free_point("/.old", bound),
+        "tmp_mount": not any(_under(path, "/tmp") for path in bound),
+        "limits": dataclasses.asdict(limits),
+    }

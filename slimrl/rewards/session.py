@@ -42,8 +42,15 @@ def _untag(value: Any) -> Any:
 class SandboxSession:
     """``code`` run once in the sandbox, then ``call``-ed with JSON arguments as many times as asked."""
 
-    def __init__(self, code: str, call: str, *, allow: Iterable[str] = DEFAULT_MODULES, limits: Limits | None = None,
-                 isolation: str = "kernel") -> None:
+    def __init__(
+        self,
+        code: str,
+        call: str,
+        *,
+        allow: Iterable[str] = DEFAULT_MODULES,
+        limits: Limits | None = None,
+        isolation: str = "kernel",
+    ) -> None:
         _check_request(code, call, (), {}, allow, isolation)
         self.code, self.name, self.allow = code, call, sorted(set(allow))
         self.limits, self.isolation = limits or Limits(), isolation
@@ -54,10 +61,21 @@ class SandboxSession:
         self._work = Path(tempfile.mkdtemp(prefix="slimrl-sandbox-"))
         limits = dataclasses.replace(self.limits, cpu_s=self.limits.cpu_s * CPU_CALLS)
         self._result_r, result_w = os.pipe()
-        request = {"code": self.code, "call": self.name, "args": [], "kwargs": {}, "allow": self.allow,
-                   "scratch": "/scratch", "readable": readable_roots(), "limits": dataclasses.asdict(limits),
-                   "isolation": self.isolation, "result_fd": result_w, "audit": True, "serve": True,
-                   "preload": self._preload}
+        request = {
+            "code": self.code,
+            "call": self.name,
+            "args": [],
+            "kwargs": {},
+            "allow": self.allow,
+            "scratch": "/scratch",
+            "readable": readable_roots(),
+            "limits": dataclasses.asdict(limits),
+            "isolation": self.isolation,
+            "result_fd": result_w,
+            "audit": True,
+            "serve": True,
+            "preload": self._preload,
+        }
         try:
             self._proc = _spawn(request, self.isolation, limits, self._work, result_w, quiet=True)
         finally:
@@ -81,8 +99,13 @@ class SandboxSession:
         started = time.perf_counter()
         _feed(self._proc, frame({"args": list(args), "kwargs": dict(kwargs or {})}), close=False).join(1)
         cap = self.limits.result_kb * 1024
-        got = read_channels({"result": self._result_r}, deadline=started + (timeout or self.limits.wall_s),
-                            caps={"result": cap}, keep={}, until=lambda g: unframe(g.data["result"]) is not None)
+        got = read_channels(
+            {"result": self._result_r},
+            deadline=started + (timeout or self.limits.wall_s),
+            caps={"result": cap},
+            keep={},
+            until=lambda g: unframe(g.data["result"]) is not None,
+        )
         base = {"seconds": time.perf_counter() - started}
         if got.timed_out:
             self.close()

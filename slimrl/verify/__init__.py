@@ -49,10 +49,19 @@ from slimrl.verify.setup import make_setup
 from slimrl.verify.table import format_table
 
 
-def verify(algorithms: list[str] | None = None, loss_type: str | None = None, model: str | None = None,
-           full: bool = False, device: str = "cpu", progress=None, load_in_4bit: bool = False,
-           load_in_8bit: bool = False, fast_inference: bool = False, vllm_server_base_url: str | None = None,
-           unsloth_num_chunks: int | None = None) -> list[Row]:
+def verify(
+    algorithms: list[str] | None = None,
+    loss_type: str | None = None,
+    model: str | None = None,
+    full: bool = False,
+    device: str = "cpu",
+    progress=None,
+    load_in_4bit: bool = False,
+    load_in_8bit: bool = False,
+    fast_inference: bool = False,
+    vllm_server_base_url: str | None = None,
+    unsloth_num_chunks: int | None = None,
+) -> list[Row]:
     """Rows for every (trainer, loss type) asked for (default: every trainer the installed TRL has). ``model``: a
     model directory, .gguf or hub id whose config the tiny model copies (``full=True``: the model itself);
     ``device``: "cpu" (fp32) or "cuda" (bf16); ``load_in_4bit`` / ``load_in_8bit``: a bitsandbytes-quantized base
@@ -74,11 +83,16 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
         except ValueError as err:
             raise InputError(str(err)) from None
     trainers = every_trainer()  # the table and the installed TRL's other trainers (those inheriting a route verify)
-    names = [n for n in trainers if trainer_available(n) and trainers[n].about.scenario] if not algorithms else \
-        [_checked_name(a, _normalise, trainer_available, trainers) for a in algorithms]
+    names = (
+        [n for n in trainers if trainer_available(n) and trainers[n].about.scenario]
+        if not algorithms
+        else [_checked_name(a, _normalise, trainer_available, trainers) for a in algorithms]
+    )
     if vllm_server_base_url is not None and (model is None or not Path(model).is_dir()):
-        raise InputError("--vllm_server_base_url: pass --model DIR, the local model directory the server serves "
-                          "(the trained model must hold the server's weights)")
+        raise InputError(
+            "--vllm_server_base_url: pass --model DIR, the local model directory the server serves "
+            "(the trained model must hold the server's weights)"
+        )
     if vllm_server_base_url is not None:
         from slimrl.verify.server_check import server_problem
 
@@ -105,22 +119,30 @@ def verify(algorithms: list[str] | None = None, loss_type: str | None = None, mo
                 row = compare(name, lt, setup)
             except UnquantizableError as err:  # before any compute: the scenario's first model
                 if algorithms:
-                    raise InputError(f"--load_in_{quantized}: {name}: {err}; the LoRA trainers' rows run on a "
-                                      f"quantized base") from None
+                    raise InputError(
+                        f"--load_in_{quantized}: {name}: {err}; the LoRA trainers' rows run on a quantized base"
+                    ) from None
                 break
             rows.append(row)
             if progress is not None:
                 progress(row)
-    for row in _generator_rows([n for n in names if n in probed()], loss_type, setup, fast_inference,
-                               vllm_server_base_url, model):
+    for row in _generator_rows(
+        [n for n in names if n in probed()], loss_type, setup, fast_inference, vllm_server_base_url, model
+    ):
         rows.append(row)
         if progress is not None:
             progress(row)
     return rows
 
 
-def _generator_rows(names: list[str], loss_type: str | None, setup: Setup, fast_inference: bool,
-                    server_url: str | None, model: str | None):
+def _generator_rows(
+    names: list[str],
+    loss_type: str | None,
+    setup: Setup,
+    fast_inference: bool,
+    server_url: str | None,
+    model: str | None,
+):
     """The engine and server rows (one per trainer: ``loss_type`` if it has it, else its first), made lazily."""
     import dataclasses
 
@@ -132,8 +154,13 @@ def _generator_rows(names: list[str], loss_type: str | None, setup: Setup, fast_
             weights = model if generator == "server" else _save_tiny(setup, tmp)
             # three steps, each generating (one iteration per generation): steps two and three sample after an
             # update, so a generator that missed the adapter sync fails
-            gen_setup = dataclasses.replace(setup, generator=generator, weights=weights, server_url=server_url,
-                                            overrides={"max_steps": 3, "num_iterations": 1})
+            gen_setup = dataclasses.replace(
+                setup,
+                generator=generator,
+                weights=weights,
+                server_url=server_url,
+                overrides={"max_steps": 3, "num_iterations": 1},
+            )
             for name in names:
                 types = loss_types(name, trainer_and_config(name)[1])
                 yield generation_row(name, loss_type if loss_type in types else types[0], gen_setup)
@@ -166,8 +193,10 @@ def _checked_name(algorithm: str, normalise, available, trainers: dict) -> str:
         raise InputError(f"--algorithm {algorithm}: {err}") from None
     if trainers[name].about.scenario is None:
         verifiable = [n for n, spec in trainers.items() if spec.about.scenario]
-        raise InputError(f"--algorithm {algorithm}: not verified ({trainers[name].about.not_verified}); "
-                          f"verifiable: {', '.join(verifiable)}")
+        raise InputError(
+            f"--algorithm {algorithm}: not verified ({trainers[name].about.not_verified}); "
+            f"verifiable: {', '.join(verifiable)}"
+        )
     if not available(name):
         raise InputError(f"--algorithm {algorithm}: the installed TRL has no such trainer")
     return name

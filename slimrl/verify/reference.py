@@ -21,8 +21,9 @@ from slimrl.compat.runtime.swaps import swapped
 
 class ReferenceLogProbKernel:
     @staticmethod
-    def apply(hidden, weight, bias, targets, temperature, chunk_size, softcap=None, logit_scale=1.0,
-              outputs=("log_probs",)):
+    def apply(
+        hidden, weight, bias, targets, temperature, chunk_size, softcap=None, logit_scale=1.0, outputs=("log_probs",)
+    ):
         x = torch.nn.functional.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
         x = x * logit_scale  # [N, V]
         if softcap is not None:
@@ -62,6 +63,8 @@ def trl_kernel_where_missing() -> Iterator[bool]:
 def reference_note() -> str:
     """One line for the table when the reference needed the stand-in kernel, else ''."""
     if _empty_slot() is not None:
-        return ("reference: TRL's own code with a plain torch kernel in its fused-head slot (this TRL has that "
-                "kernel for Triton only, so TRL alone cannot run DPO/KTO/SFT/RLOO/GRPO here; slimrl can)")
+        return (
+            "reference: TRL's own code with a plain torch kernel in its fused-head slot (this TRL has that "
+            "kernel for Triton only, so TRL alone cannot run DPO/KTO/SFT/RLOO/GRPO here; slimrl can)"
+        )
     return ""

@@ -33,9 +33,9 @@ def probed() -> tuple[str, ...]:
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 REASON = {
     torch.float32: "fp32: slimrl and TRL sum the vocabulary in different chunk orders (~1e-6 relative per "
-                   "reduction), accumulated through the backward and two steps",
+    "reduction), accumulated through the backward and two steps",
     torch.bfloat16: "bf16 (also a QLoRA adapter, which TRL keeps in bf16): 8 mantissa bits; the two paths round "
-                    "differently before the fp32 softmax",
+    "differently before the fp32 softmax",
     torch.float16: "fp16: 11 mantissa bits; the two paths round the logits' matmul differently",
 }
 
@@ -75,16 +75,24 @@ class Row:
             return not self.problem and math.isfinite(self.gen_err) and generation_ok
         update_tol = max(self.tolerance, 0.0 if math.isnan(self.update_tolerance) else self.update_tolerance)
         worst = max(self.loss_err, self.grad_err)
-        return not self.skipped and not self.problem and math.isfinite(worst) and worst <= self.tolerance \
-            and math.isfinite(self.update_err) and self.update_err <= update_tol and generation_ok
+        return (
+            not self.skipped
+            and not self.problem
+            and math.isfinite(worst)
+            and worst <= self.tolerance
+            and math.isfinite(self.update_err)
+            and self.update_err <= update_tol
+            and generation_ok
+        )
 
     @property
     def failed(self) -> bool:
         return not self.skipped and not self.passed
 
 
-def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str,
-         completions: list | None = None) -> dict[str, Any]:
+def _run(
+    name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str, completions: list | None = None
+) -> dict[str, Any]:
     """One side: build the trainer (patch state set first), train two steps, return losses, first-step gradients,
     updates and whether slimrl's log-prob path ran. ``completions``: TRL alone's sampled completions, recorded there
     and replayed in the patched run (:mod:`slimrl.verify.replay`)."""
@@ -124,13 +132,17 @@ def _run(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str,
     trainer.train()
     if probe is not None:
         probe.remove()
-    return {"losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
-            "gen_err": worst_difference(probe, trainer.state.log_history) if patched else math.nan,
-            "grads": grads, "updates": {n: p.detach() - before[n] for n, p in params.items()},
-            "used": served(trainer) > 0, "vllm": bool(getattr(trainer, "use_vllm", False)),
-            "exposure": rounding_exposure(params, {n: p.detach() - before[n] for n, p in params.items()}),
-            "dtype": _lowest_precision([setup.dtype, *(p.dtype for p in params.values())]),
-            "masked": _mean_logged(trainer.state.log_history, "sampling/is_masked_share/sequence")}
+    return {
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+        "gen_err": worst_difference(probe, trainer.state.log_history) if patched else math.nan,
+        "grads": grads,
+        "updates": {n: p.detach() - before[n] for n, p in params.items()},
+        "used": served(trainer) > 0,
+        "vllm": bool(getattr(trainer, "use_vllm", False)),
+        "exposure": rounding_exposure(params, {n: p.detach() - before[n] for n, p in params.items()}),
+        "dtype": _lowest_precision([setup.dtype, *(p.dtype for p in params.values())]),
+        "masked": _mean_logged(trainer.state.log_history, "sampling/is_masked_share/sequence"),
+    }
 
 
 def _mean_logged(history: list[dict], key: str) -> float:
@@ -201,9 +213,19 @@ def compare(name: str, loss_type: str, setup: Setup) -> Row:
         problem = "no generated token was checked against the training model"
     # the generator computes in the trained parameters' precision too (a QLoRA adapter's bf16 branch): on a CPU with
     # native bf16 dot products (AVX512-BF16) one decoding row and the scored batch round differently at that level
-    return Row(name, loss_type, loss_err, grad_err, update_err, tol, time.perf_counter() - t0, problem,
-               gen_err=ours["gen_err"], gen_tolerance=GEN_TOLERANCE[ours["dtype"]],
-               update_tolerance=floor if floor > tol else math.nan)
+    return Row(
+        name,
+        loss_type,
+        loss_err,
+        grad_err,
+        update_err,
+        tol,
+        time.perf_counter() - t0,
+        problem,
+        gen_err=ours["gen_err"],
+        gen_tolerance=GEN_TOLERANCE[ours["dtype"]],
+        update_tolerance=floor if floor > tol else math.nan,
+    )
 
 
 def generation_row(name: str, loss_type: str, setup: Setup) -> Row:
@@ -218,9 +240,20 @@ def generation_row(name: str, loss_type: str, setup: Setup) -> Row:
     problem = error or ("" if not math.isnan(gen) else "no generated token was checked against the training model")
     if not problem and setup.generator == "server" and not ours["vllm"]:  # switched off on the way: HF generate
         problem = f"the run did not generate through the {setup.generator} (use_vllm was off)"
-    return Row(name, loss_type, math.nan, math.nan, math.nan, math.nan, time.perf_counter() - t0, problem,
-               gen_err=gen, gen_tolerance=GEN_TOLERANCE_VLLM[setup.dtype], generator=setup.generator,
-               masked_share=ours["masked"] if ours else math.nan)
+    return Row(
+        name,
+        loss_type,
+        math.nan,
+        math.nan,
+        math.nan,
+        math.nan,
+        time.perf_counter() - t0,
+        problem,
+        gen_err=gen,
+        gen_tolerance=GEN_TOLERANCE_VLLM[setup.dtype],
+        generator=setup.generator,
+        masked_share=ours["masked"] if ours else math.nan,
+    )
 
 
 def _attempt(name: str, loss_type: str, setup: Setup, patched: bool, out_dir: str, completions: list | None = None):

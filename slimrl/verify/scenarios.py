@@ -47,10 +47,22 @@ def digits_reward(completions, **kwargs) -> list[float]:
 
 
 def _common(out_dir: str, setup: Setup) -> dict:
-    common = dict(output_dir=out_dir, max_steps=2, learning_rate=0.1, optim="sgd", lr_scheduler_type="constant",
-                  max_grad_norm=1.0, report_to="none", use_cpu=setup.device == "cpu",
-                  bf16=setup.dtype == torch.bfloat16, save_strategy="no", logging_steps=1, seed=7,
-                  gradient_checkpointing=False, disable_tqdm=True)
+    common = dict(
+        output_dir=out_dir,
+        max_steps=2,
+        learning_rate=0.1,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        max_grad_norm=1.0,
+        report_to="none",
+        use_cpu=setup.device == "cpu",
+        bf16=setup.dtype == torch.bfloat16,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+        gradient_checkpointing=False,
+        disable_tqdm=True,
+    )
     if setup.generator == "server":
         common.update(use_vllm=True, vllm_mode="server", vllm_server_base_url=setup.server_url)
     return common
@@ -61,9 +73,14 @@ def _loaded(setup: Setup):
     engine for "engine"; the engine then becomes the trainer's generator)."""
     from slimrl.models import FastLanguageModel
 
-    model, _ = FastLanguageModel.from_pretrained(setup.weights, dtype=setup.dtype, max_seq_length=256,
-                                                 fast_inference=setup.generator == "engine", max_lora_rank=8,
-                                                 gpu_memory_utilization="auto")
+    model, _ = FastLanguageModel.from_pretrained(
+        setup.weights,
+        dtype=setup.dtype,
+        max_seq_length=256,
+        fast_inference=setup.generator == "engine",
+        max_lora_rank=8,
+        gpu_memory_utilization="auto",
+    )
     return model
 
 
@@ -73,16 +90,30 @@ def _model(setup: Setup, seed: int = 0, lora: bool = False, kind: str = "causal"
     if lora and setup.generator != "hf":
         model = _loaded(setup)
     else:
-        model = build(setup.config, seed, kind=kind, dtype=setup.dtype,
-                      quantized=setup.quantized if lora else None, device=setup.device)
+        model = build(
+            setup.config,
+            seed,
+            kind=kind,
+            dtype=setup.dtype,
+            quantized=setup.quantized if lora else None,
+            device=setup.device,
+        )
     if lora:
         from peft import LoraConfig, get_peft_model
 
         from slimrl.models.fast_language_model import default_target_modules
 
         torch.manual_seed(1)
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=default_target_modules(model),
-                                                 init_lora_weights=False, task_type="CAUSAL_LM"))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=4,
+                lora_alpha=8,
+                target_modules=default_target_modules(model),
+                init_lora_weights=False,
+                task_type="CAUSAL_LM",
+            ),
+        )
     return model
 
 
@@ -135,8 +166,13 @@ class Kit:
 
     def unpaired(self):
         """The pairs as KTO/BCO rows: (prompt, completion, label)."""
-        return self.dataset([{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in PAIRS
-                             for k in ("chosen", "rejected")])
+        return self.dataset(
+            [
+                {"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"}
+                for r in PAIRS
+                for k in ("chosen", "rejected")
+            ]
+        )
 
     def trainer(self, **kwargs):
         """The trainer class built with the setup's tokenizer and ``kwargs``."""

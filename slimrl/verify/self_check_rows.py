@@ -37,7 +37,14 @@ def child(names: list[str]) -> None:
             summary = line + (f" ({row.problem or row.skipped})" if row.problem or row.skipped else "")
         except Exception as err:  # noqa: BLE001 - a row that cannot run fails the check, named
             passed, summary, row = False, f"{name} {loss_type}: {type(err).__name__}: {err}"[:300], None
-        print(json.dumps({"trainer": name, "passed": passed, "row": " ".join(summary.split()),
-                          "seconds": round(row.seconds, 1) if row else 0.0}), flush=True)
-
-
+        print(
+            json.dumps(
+                {
+                    "trainer": name,
+                    "passed": passed,
+                    "row": " ".join(summary.split()),
+                    "seconds": round(row.seconds, 1) if row else 0.0,
+                }
+            ),
+            flush=True,
+        )

@@ -8,16 +8,18 @@ from slimrl.errors import InputError
 from slimrl.verify.scenarios import Setup
 
 
-def make_setup(model: str | None = None, full: bool = False, device: str = "cpu", quantized: str | None = None
-               ) -> Setup:
+def make_setup(
+    model: str | None = None, full: bool = False, device: str = "cpu", quantized: str | None = None
+) -> Setup:
     """The model config, tokenizer, device, dtype and quantization the rows run with (see :func:`verify`)."""
     from slimrl.verify.tiny import char_tokenizer, default_config, shrink
 
     if device not in ("cpu", "cuda"):
         raise InputError(f"--device {device}: use cpu or cuda")
     if device == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); "
-                          "use --device cpu")
+        raise InputError(
+            "--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False); use --device cpu"
+        )
     if quantized is not None:
         _check_bitsandbytes(quantized, device)
     if full and model is None:
@@ -42,8 +44,10 @@ def make_setup(model: str | None = None, full: bool = False, device: str = "cpu"
                 tokenizer = AutoTokenizer.from_pretrained(str(path))
         except Exception as err:  # noqa: BLE001 - transformers' and gguf's own errors, in one line
             first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-            raise InputError(f"--model {model}: its config or tokenizer cannot be read ({type(err).__name__}: "
-                              f"{first[:200]}); pass a model directory with a valid config.json") from None
+            raise InputError(
+                f"--model {model}: its config or tokenizer cannot be read ({type(err).__name__}: "
+                f"{first[:200]}); pass a model directory with a valid config.json"
+            ) from None
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         if not full:
@@ -68,5 +72,7 @@ def _check_bitsandbytes(quantized: str, device: str) -> None:
     from packaging.version import Version
 
     if device == "cpu" and Version(bitsandbytes.__version__) < Version(BNB_CPU_MIN):
-        raise InputError(f"{flag}: bitsandbytes {bitsandbytes.__version__} has no CPU backend; pip install "
-                          f"'bitsandbytes>={BNB_CPU_MIN}' or pass --device cuda")
+        raise InputError(
+            f"{flag}: bitsandbytes {bitsandbytes.__version__} has no CPU backend; pip install "
+            f"'bitsandbytes>={BNB_CPU_MIN}' or pass --device cuda"
+        )

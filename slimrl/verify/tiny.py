@@ -24,8 +24,18 @@ def char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-CHAT_SPECIAL = ["<pad>", "<|im_end|>", "<unk>", "<|im_start|>", "<tool_call>", "</tool_call>", "<tool_response>",
-                "</tool_response>", "<think>", "</think>"]
+CHAT_SPECIAL = [
+    "<pad>",
+    "<|im_end|>",
+    "<unk>",
+    "<|im_start|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+]
 
 
 def chatml_char_tokenizer(specials: list[str], vocab_size: int | None = None, **extra_special_tokens: str):
@@ -43,8 +53,13 @@ def chatml_char_tokenizer(specials: list[str], vocab_size: int | None = None, **
     tk = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(words)}, unk_token=specials[2]))
     tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tk.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token=specials[0], eos_token=specials[1],
-                                  unk_token=specials[2], extra_special_tokens=extra_special_tokens or None)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        pad_token=specials[0],
+        eos_token=specials[1],
+        unk_token=specials[2],
+        extra_special_tokens=extra_special_tokens or None,
+    )
     tok.add_special_tokens({"additional_special_tokens": specials[3:]})
     return tok
 
@@ -66,10 +81,20 @@ def llama_config(**overrides: Any):
     of two), tied head, fp32; ``overrides`` change any field (the tests' models are narrower)."""
     from transformers import LlamaConfig
 
-    cfg = dict(vocab_size=len(SPECIAL) + len(CHARS), hidden_size=HIDDEN, intermediate_size=FFN,
-               num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-               max_position_embeddings=256, tie_word_embeddings=True, pad_token_id=0, eos_token_id=1,
-               bos_token_id=None, dtype="float32")
+    cfg = dict(
+        vocab_size=len(SPECIAL) + len(CHARS),
+        hidden_size=HIDDEN,
+        intermediate_size=FFN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+        dtype="float32",
+    )
     return LlamaConfig(**{**cfg, **overrides})
 
 
@@ -104,8 +129,14 @@ def shrink(config: Any) -> Any:
     return small
 
 
-def build(config: Any, seed: int, kind: str = "causal", dtype: torch.dtype = torch.float32,
-          quantized: str | None = None, device: str = "cpu"):
+def build(
+    config: Any,
+    seed: int,
+    kind: str = "causal",
+    dtype: torch.dtype = torch.float32,
+    quantized: str | None = None,
+    device: str = "cpu",
+):
     """A random model of ``config`` (``kind``: "causal" LM, or "scorer": one-score sequence classifier);
     ``quantized="4bit"`` / ``"8bit"``: the same weights quantized by bitsandbytes (NF4 with double quantization,
     compute in ``dtype``, as ``FastLanguageModel.from_pretrained(load_in_4bit=True)`` loads; or LLM.int8()) on
@@ -136,9 +167,13 @@ def _quantized(model: torch.nn.Module, bits: str, dtype: torch.dtype, device: st
 
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
-                                bnb_4bit_use_double_quant=True) if bits == "4bit" else \
-        BitsAndBytesConfig(load_in_8bit=True)
+    config = (
+        BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype, bnb_4bit_use_double_quant=True
+        )
+        if bits == "4bit"
+        else BitsAndBytesConfig(load_in_8bit=True)
+    )
     with tempfile.TemporaryDirectory(prefix="slimrl-verify-q") as tmp:
         model.save_pretrained(tmp)
         out = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=config, dtype=dtype, device_map=device)

@@ -23,12 +23,15 @@ def _bench(name: str):
     return module
 
 
-@pytest.mark.parametrize("points,expected", [
-    ({1024: 10.0, 2048: 12.0}, 7680),    # 2 GB per 1k tokens: 1024 + (0.97 * 24 - 10) / 2 * 1024 = 7823, down to 256s
-    ({1024: 20.0, 2048: 30.0}, 1280),    # 1024 + 3.28 / 10 * 1024 = 1359
-    ({1024: 23.5, 2048: 30.0}, None),    # over the aimed 23.28 GB at the shorter length already
-    ({1024: 5.0, 2048: 5.0}, 32768),     # no growth measured: the longest the fit may predict
-])
+@pytest.mark.parametrize(
+    "points,expected",
+    [
+        ({1024: 10.0, 2048: 12.0}, 7680),  # 2 GB per 1k tokens: 1024 + (0.97 * 24 - 10) / 2 * 1024 = 7823, down to 256s
+        ({1024: 20.0, 2048: 30.0}, 1280),  # 1024 + 3.28 / 10 * 1024 = 1359
+        ({1024: 23.5, 2048: 30.0}, None),  # over the aimed 23.28 GB at the shorter length already
+        ({1024: 5.0, 2048: 5.0}, 32768),  # no growth measured: the longest the fit may predict
+    ],
+)
 def test_linear_fit_of_the_longest_length_under_the_cap(points, expected):
     gpu_grpo = _bench("gpu_grpo")
     assert gpu_grpo.linear_fit(points, 24.0, 0.97, 256, 32768) == expected
@@ -40,8 +43,24 @@ def test_a_probe_over_the_cap_does_not_fit(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["gpu_grpo.py"])
     gpu_grpo = _bench("gpu_grpo")
     common = ["--device", "cpu", "--tiny", "--generations", "2", "--cache", str(tmp_path), "--prompt-length", "8"]
-    out = gpu_grpo.main(common + ["--sides", "slimrl", "--fit", "--cap-gb", "0.1", "--fit-lengths", "8,16",
-                                  "--fit-step", "8", "--fit-max", "64", "--fit-margin", "1e9"])  # aims over the cap
+    out = gpu_grpo.main(
+        common
+        + [
+            "--sides",
+            "slimrl",
+            "--fit",
+            "--cap-gb",
+            "0.1",
+            "--fit-lengths",
+            "8,16",
+            "--fit-step",
+            "8",
+            "--fit-max",
+            "64",
+            "--fit-margin",
+            "1e9",
+        ]
+    )  # aims over the cap
     side = out["slimrl"]
     assert side["predicted"] and side["longest_fit"] is None and side["confirmed"] is False
     assert side["probe"]["fits"] is False and side["probe"]["peak_gb"] > 0.1
@@ -61,11 +80,17 @@ def _wheel(path: Path, files: dict[str, bytes], scripts: str = "") -> Path:
 
 def test_a_rebuilt_wheel_drops_only_what_it_names_and_stays_installable(tmp_path):
     gpu_wheels = _bench("gpu_wheels")
-    wheel = _wheel(tmp_path / "demo-1.0-py3-none-any.whl", {
-        "demo/__init__.py": b"VALUE = 1\n", "demo/libdemo_cuda118.so": b"x" * 5000, "studio/app.js": b"y" * 3000,
-        "demo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
-        "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"},
-        scripts="[console_scripts]\ndemo = demo:main\ndemo-studio = studio.cli:app\n")
+    wheel = _wheel(
+        tmp_path / "demo-1.0-py3-none-any.whl",
+        {
+            "demo/__init__.py": b"VALUE = 1\n",
+            "demo/libdemo_cuda118.so": b"x" * 5000,
+            "studio/app.js": b"y" * 3000,
+            "demo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+            "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        },
+        scripts="[console_scripts]\ndemo = demo:main\ndemo-studio = studio.cli:app\n",
+    )
     saved = gpu_wheels.strip_wheel(wheel, ("demo/libdemo_cuda118", "studio/"), ("studio",))
     assert saved > 0
     with zipfile.ZipFile(wheel) as z:
@@ -76,8 +101,10 @@ def test_a_rebuilt_wheel_drops_only_what_it_names_and_stays_installable(tmp_path
     assert "studio" not in record and "demo/__init__.py,sha256=" in record
     assert "demo = demo:main" in scripts and "studio" not in scripts
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target),
-                    str(wheel)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+    )
     assert (target / "demo" / "__init__.py").read_text() == "VALUE = 1\n"
 
 
@@ -101,8 +128,17 @@ def _dist(target: Path, name: str, version: str, *requires: str) -> None:
 
 def test_the_unsloth_set_check_names_what_is_missing_or_conflicting(tmp_path):
     gpu_unsloth = _bench("gpu_unsloth")
-    _dist(tmp_path, "unsloth", "2026.10.9", "trl<=1.15.0", "transformers<=5.17.0", "xformers>=0.0.27",
-          "pywin32; sys_platform == 'win32'", "lm_eval; extra == 'eval'", "nowhere-pkg>=1")
+    _dist(
+        tmp_path,
+        "unsloth",
+        "2026.10.9",
+        "trl<=1.15.0",
+        "transformers<=5.17.0",
+        "xformers>=0.0.27",
+        "pywin32; sys_platform == 'win32'",
+        "lm_eval; extra == 'eval'",
+        "nowhere-pkg>=1",
+    )
     _dist(tmp_path, "trl", "1.15.0", "datasets>=6")
     report = gpu_unsloth.check(tmp_path, "3.12", rehearsal=True)
     assert not report["ok"]

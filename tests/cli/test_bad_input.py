@@ -70,10 +70,14 @@ def test_reward_spec_without_colon(capsys, tmp_path):
 def test_batch_is_fixed_as_in_the_python_api(tmp_path):
     """The CLI parses the patched GRPOConfig: a batch num_generations does not divide is fixed with the same
     warning as ``GRPOConfig(...)`` in Python, not an error only the CLI raises."""
-    with pytest.warns(UserWarning, match=r"not a multiple of num_generations=4: slimrl set "
-                                         r"per_device_train_batch_size=4"):
-        _, cfg = train.parse(["--per_device_train_batch_size", "6", "--num_generations", "4",
-                              "--output_dir", str(tmp_path)])
+    with pytest.warns(
+        UserWarning,
+        match=r"not a multiple of num_generations=4: slimrl set "
+        r"per_device_train_batch_size=4",
+    ):
+        _, cfg = train.parse(
+            ["--per_device_train_batch_size", "6", "--num_generations", "4", "--output_dir", str(tmp_path)]
+        )
     assert cfg.per_device_train_batch_size == 4
 
 
@@ -90,8 +94,9 @@ def test_cli_after_patchfastrl_in_the_same_process(tmp_path):
 
     PatchFastRL()
     try:
-        targs, cfg = train.parse(["--unsloth_num_chunks", "4", "--max_seq_length", "256",
-                                  "--output_dir", str(tmp_path)])
+        targs, cfg = train.parse(
+            ["--unsloth_num_chunks", "4", "--max_seq_length", "256", "--output_dir", str(tmp_path)]
+        )
         assert (cfg.unsloth_num_chunks, cfg.max_seq_length, targs.max_seq_length) == (4, 256, 256)
     finally:
         unpatch()
@@ -112,15 +117,22 @@ def test_resume_without_checkpoint(capsys, tmp_path):
     assert "--resume: no intact checkpoint" in err
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["--task", "calculater"], "--task calculater: did you mean calculator? the built-in tasks are arithmetic, "
-                               "calculator"),
-    (["--task", "calculator", "--algorithm", "dpo"], "--task calculator: runs with --algorithm grpo"),
-    (["--task", "calculator", "--dataset", "x.jsonl"], "--task calculator and --dataset: the built-in task brings "
-                                                       "its own problems"),
-    (["--task", "calculator", "--warm_start_steps", "-1"], "--warm_start_steps -1: a count >= 0"),
-    (["--warm_start_steps", "2"], "--warm_start_steps 2: a count >= 0, for --task calculator only"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (
+            ["--task", "calculater"],
+            "--task calculater: did you mean calculator? the built-in tasks are arithmetic, calculator",
+        ),
+        (["--task", "calculator", "--algorithm", "dpo"], "--task calculator: runs with --algorithm grpo"),
+        (
+            ["--task", "calculator", "--dataset", "x.jsonl"],
+            "--task calculator and --dataset: the built-in task brings its own problems",
+        ),
+        (["--task", "calculator", "--warm_start_steps", "-1"], "--warm_start_steps -1: a count >= 0"),
+        (["--warm_start_steps", "2"], "--warm_start_steps 2: a count >= 0, for --task calculator only"),
+    ],
+)
 def test_task_mistakes_are_one_line(capsys, tmp_path, argv, words):
     assert words in _err(capsys, argv, tmp_path)
 
@@ -129,13 +141,22 @@ def test_calculator_task_sets_its_defaults_and_flags_win():
     from slimrl.cli.args import parse
 
     targs, cfg = parse(["--task", "calculator"])
-    assert (cfg.num_generations, cfg.max_completion_length, cfg.max_tool_calling_iterations, cfg.temperature,
-            targs.eval_max_new_tokens) == (8, 96, 1, 1.0, 64)
+    assert (
+        cfg.num_generations,
+        cfg.max_completion_length,
+        cfg.max_tool_calling_iterations,
+        cfg.temperature,
+        targs.eval_max_new_tokens,
+    ) == (8, 96, 1, 1.0, 64)
     targs, cfg = parse(["--task", "calculator", "--num_generations", "4", "--eval_max_new_tokens", "40"])
     assert (cfg.num_generations, targs.eval_max_new_tokens) == (4, 40)
     targs, cfg = parse([])
-    assert (targs.task, cfg.num_generations, cfg.max_completion_length, targs.eval_max_new_tokens) == \
-        ("arithmetic", 4, 32, 32)
+    assert (targs.task, cfg.num_generations, cfg.max_completion_length, targs.eval_max_new_tokens) == (
+        "arithmetic",
+        4,
+        32,
+        32,
+    )
 
 
 def test_calculator_task_on_a_model_whose_template_cannot_show_tools(capsys, tmp_path):
@@ -149,19 +170,31 @@ def test_calculator_task_on_a_model_whose_template_cannot_show_tools(capsys, tmp
 
 
 @pytest.mark.parametrize("spelling", ["--accelerator_config", "--accelerator-config", "--deepspeed", "--fsdp-config"])
-@pytest.mark.parametrize(("value", "needle"), [("/nonexistent/acc.json", "no such file or directory"),
-                                               ("{bad json", "not valid JSON"), ("[1, 2]", "a JSON object")])
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("/nonexistent/acc.json", "no such file or directory"),
+        ("{bad json", "not valid JSON"),
+        ("[1, 2]", "a JSON object"),
+    ],
+)
 def test_every_spelling_of_a_file_option_gets_its_check(capsys, tmp_path, spelling, value, needle):
     """argparse takes the hyphenated spelling too: the check runs on the option, not on how it was written."""
     err = _err(capsys, [spelling, value], tmp_path)
     assert needle in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("output_dir: 123\n", "key output_dir: YAML read 123 as a number; this option takes a string (quote it: '123')"),
-    ("bf16: maybe\n", "key bf16: 'maybe' is not a valid"),
-    ("1: 2\n", "key 1 is not an option name"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "output_dir: 123\n",
+            "key output_dir: YAML read 123 as a number; this option takes a string (quote it: '123')",
+        ),
+        ("bf16: maybe\n", "key bf16: 'maybe' is not a valid"),
+        ("1: 2\n", "key 1 is not an option name"),
+    ],
+)
 def test_yaml_values_of_the_wrong_type_are_one_line(capsys, tmp_path, text, expected):
     """YAML turns unquoted values into numbers and booleans and allows non-string keys: each gets one line."""
     cfg = tmp_path / "run.yaml"

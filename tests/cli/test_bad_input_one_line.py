@@ -43,30 +43,48 @@ def _one_line(capsys, code: int, prog: str) -> str:
 def test_plan_and_verify_name_an_unreadable_model_in_one_line(bad_models, capsys, which):
     line = _one_line(capsys, plan_cli.main(["--model", str(bad_models[which])]), "slimrl plan")
     assert f"--model {bad_models[which]}" in line
-    line = _one_line(capsys, verify_cli.main(["--algorithm", "grpo", "--loss_type", "dapo", "--model",
-                                              str(bad_models[which])]), "slimrl verify")
+    line = _one_line(
+        capsys,
+        verify_cli.main(["--algorithm", "grpo", "--loss_type", "dapo", "--model", str(bad_models[which])]),
+        "slimrl verify",
+    )
     assert str(bad_models[which]) in line
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--max_completion_length", "100000000000000000000"], "--max_completion_length 100000000000000000000: larger"),
-    (["--per_device_train_batch_size", "16777216", "--num_generations", "16777216", "--max_completion_length",
-      "16777216"], "beyond what can be planned"),
-    (["--beta", "nan"], "--beta nan: the KL coefficient is a number >= 0"),
-    (["--lora_r", str(10**20)], "--lora_r 100000000000000000000: a LoRA rank in [1, 65536]"),
-    (["--lora_r", "-1"], "--lora_r -1: a LoRA rank in [1, 65536], or 0 for full fine-tuning"),
-    (["--beta", "-1"], "--beta -1.0: the KL coefficient is a number >= 0"),
-    (["--per_device_train_batch_size", "8", "--num_generations", "3"], "a multiple of --num_generations 3"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max_completion_length", "100000000000000000000"], "--max_completion_length 100000000000000000000: larger"),
+        (
+            [
+                "--per_device_train_batch_size",
+                "16777216",
+                "--num_generations",
+                "16777216",
+                "--max_completion_length",
+                "16777216",
+            ],
+            "beyond what can be planned",
+        ),
+        (["--beta", "nan"], "--beta nan: the KL coefficient is a number >= 0"),
+        (["--lora_r", str(10**20)], "--lora_r 100000000000000000000: a LoRA rank in [1, 65536]"),
+        (["--lora_r", "-1"], "--lora_r -1: a LoRA rank in [1, 65536], or 0 for full fine-tuning"),
+        (["--beta", "-1"], "--beta -1.0: the KL coefficient is a number >= 0"),
+        (["--per_device_train_batch_size", "8", "--num_generations", "3"], "a multiple of --num_generations 3"),
+    ],
+)
 def test_plan_refuses_what_training_would(capsys, argv, message):
     line = _one_line(capsys, plan_cli.main(argv), "slimrl plan")
     assert message in line, line
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--eval_max_new_tokens", "0"], "--eval_max_new_tokens 0: must be >= 1"),
-    (["--task", "calculator", "--max_tool_calling_iterations", "-1"], "--max_tool_calling_iterations -1: must be"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--eval_max_new_tokens", "0"], "--eval_max_new_tokens 0: must be >= 1"),
+        (["--task", "calculator", "--max_tool_calling_iterations", "-1"], "--max_tool_calling_iterations -1: must be"),
+    ],
+)
 def test_train_refuses_before_the_model_loads(capsys, tmp_path, monkeypatch, argv, message):
     from slimrl.models import fast_language_model
 
@@ -93,8 +111,9 @@ def test_a_resume_checkpoint_with_wrong_types_or_a_code_pickle_is_refused(tmp_pa
     ckpt = tmp_path / "out" / "checkpoint-2"
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_text('{"global_step": 2, "log_history": []}')
-    torch.save({"state": {}, "param_groups": [{"params": [0], "lr": 1e-5}, {"params": [], "lr": 1e-5}]},
-               ckpt / "optimizer.pt")  # the Trainer's empty no-decay group under LoRA
+    torch.save(
+        {"state": {}, "param_groups": [{"params": [0], "lr": 1e-5}, {"params": [], "lr": 1e-5}]}, ckpt / "optimizer.pt"
+    )  # the Trainer's empty no-decay group under LoRA
     from transformers import TrainingArguments
 
     torch.save(TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[]), ckpt / "training_args.bin")
@@ -113,10 +132,25 @@ def test_a_resume_checkpoint_with_wrong_types_or_a_code_pickle_is_refused(tmp_pa
     assert not marker.exists()  # nothing of the pickle ran
 
 
-@pytest.mark.parametrize("damage", ["state-key", "log-history", "step-huge", "step-negative", "target-modules",
-                                    "nan-adapter", "ref-truncated", "optimizer-shape", "scheduler-shape",
-                                    "rng-shape", "optimizer-no-groups", "optimizer-bad-ids", "scheduler-types",
-                                    "scheduler-lrs"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "state-key",
+        "log-history",
+        "step-huge",
+        "step-negative",
+        "target-modules",
+        "nan-adapter",
+        "ref-truncated",
+        "optimizer-shape",
+        "scheduler-shape",
+        "rng-shape",
+        "optimizer-no-groups",
+        "optimizer-bad-ids",
+        "scheduler-types",
+        "scheduler-lrs",
+    ],
+)
 def test_a_checkpoint_that_would_fail_inside_transformers_is_damaged(tmp_path, damage):
     """Checkpoints that passed the damage check and then failed inside transformers or TRL: each is named, and
     ``--resume latest`` falls back to an older one."""
@@ -174,8 +208,10 @@ def test_an_intact_checkpoint_with_rng_states_resumes(tmp_path):
     from tests.cli.test_reliability import _checkpoint
 
     ckpt = _checkpoint(tmp_path / "out", 2)
-    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()},
-               ckpt / "rng_state.pth")
+    torch.save(
+        {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()},
+        ckpt / "rng_state.pth",
+    )
     torch.save({"last_epoch": 1}, ckpt / "scheduler.pt")
     assert pick_checkpoint("latest", tmp_path / "out") == ckpt
 
@@ -186,8 +222,11 @@ def test_an_output_dir_no_filesystem_can_take_is_one_line(capsys, tmp_path, monk
     in tracebacks (``embedded null byte``, ``TypeError: ... not date``, ``File name too long``)."""
     from slimrl.models import fast_language_model
 
-    monkeypatch.setattr(fast_language_model.FastLanguageModel, "from_pretrained",
-                        staticmethod(lambda *a, **k: pytest.fail("the model was loaded before the input was checked")))
+    monkeypatch.setattr(
+        fast_language_model.FastLanguageModel,
+        "from_pretrained",
+        staticmethod(lambda *a, **k: pytest.fail("the model was loaded before the input was checked")),
+    )
     config = tmp_path / "run.yaml"
     if case == "too-long":
         argv = ["--output_dir", str(tmp_path / ("x" * 300))]

@@ -21,11 +21,38 @@ def test_calculator_task_runs_warm_start_tool_loop_and_three_evals(tmp_path, cap
     model = tiny_llama(vocab_size=len(tok), max_position_embeddings=1024)
     model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
-    argv = ["--task", "calculator", "--model", str(tmp_path / "model"), "--warm_start_steps", "1", "--max_steps", "2",
-            "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "24",
-            "--max_seq_length", "1024", "--eval_size", "2", "--eval_max_new_tokens", "4", "--train_size", "8",
-            "--use_gradient_checkpointing", "false", "--output_dir", str(tmp_path / "run"), "--save_steps", "10",
-            "--threads", "1"]
+    argv = [
+        "--task",
+        "calculator",
+        "--model",
+        str(tmp_path / "model"),
+        "--warm_start_steps",
+        "1",
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        "24",
+        "--max_seq_length",
+        "1024",
+        "--eval_size",
+        "2",
+        "--eval_max_new_tokens",
+        "4",
+        "--train_size",
+        "8",
+        "--use_gradient_checkpointing",
+        "false",
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--save_steps",
+        "10",
+        "--threads",
+        "1",
+    ]
     try:
         assert train.main(argv) == 0
     finally:
@@ -45,5 +72,7 @@ def test_calculator_task_runs_warm_start_tool_loop_and_three_evals(tmp_path, cap
     assert "tools/call_frequency" in header and "tools/failure_frequency" in header
     assert "rewards/answer_reward/mean" in rows[0] and "rewards/tool_call_reward/mean" in rows[0]
     assert (run / "metrics.png").is_file() and (run / "adapter" / "adapter_model.safetensors").is_file()
-    assert "tools" in (run / "adapter" / "tokenizer_config.json").read_text() or \
-        "tool_call" in (run / "adapter" / "chat_template.jinja").read_text()
+    assert (
+        "tools" in (run / "adapter" / "tokenizer_config.json").read_text()
+        or "tool_call" in (run / "adapter" / "chat_template.jinja").read_text()
+    )

@@ -24,9 +24,24 @@ def tiny_dir(tmp_path_factory):
 
 def test_trl_alone_and_slimrl_measured_side_by_side(tiny_dir, tmp_path, capsys):
     record = tmp_path / "record.json"
-    rc = compare.main(["--model", tiny_dir, "--num_generations", "2", "--max_prompt_length", "8",
-                       "--max_completion_length", "8", "--lora_r", "4", "--sides", "trl,slimrl,trl-liger",
-                       "--json", str(record)])
+    rc = compare.main(
+        [
+            "--model",
+            tiny_dir,
+            "--num_generations",
+            "2",
+            "--max_prompt_length",
+            "8",
+            "--max_completion_length",
+            "8",
+            "--lora_r",
+            "4",
+            "--sides",
+            "trl,slimrl,trl-liger",
+            "--json",
+            str(record),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     data = json.loads(record.read_text())
@@ -47,8 +62,10 @@ def test_a_side_that_fails_or_runs_out_of_memory_is_reported_and_the_others_go_o
 
     ok = json.dumps({"side": "trl", "peak_gb": 1.0, "reserved_gb": 1.0, "step_s": [0.1], "first_loss": 0.5})
     commands = {
-        "oom": _fake("import sys; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB', "
-                     "file=sys.stderr); sys.exit(1)"),
+        "oom": _fake(
+            "import sys; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB', "
+            "file=sys.stderr); sys.exit(1)"
+        ),
         "broken": _fake("raise SystemExit(3)"),
         "trl": _fake(f"print({RESULT_TAG + ok!r})"),
         "slow": _fake("import time; time.sleep(30)"),
@@ -72,17 +89,20 @@ def test_compare_exits_1_when_a_side_was_not_measured(monkeypatch, tmp_path, cap
     assert json.loads(record.read_text())["sides"]["trl"]["failed"].startswith("exit 3")
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--max_completion_length", "0"], "--max_completion_length 0"),
-    (["--sides", "trl,nope"], "--sides nope"),
-    (["--device", "tpu"], "--device 'tpu'"),
-    (["--device", "cuda"], "no CUDA device"),
-    (["--max_completion_length", "100000000"], "larger than any run"),
-    (["--timeout", "100000000000000000000"], "at most a week"),
-    (["--json", "/nonexistent-folder/out.json"], "the folder /nonexistent-folder does not exist"),
-    (["--json", "/tmp"], "not a regular file"),
-    (["--json", "/dev/null"], "not a regular file"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--max_completion_length", "0"], "--max_completion_length 0"),
+        (["--sides", "trl,nope"], "--sides nope"),
+        (["--device", "tpu"], "--device 'tpu'"),
+        (["--device", "cuda"], "no CUDA device"),
+        (["--max_completion_length", "100000000"], "larger than any run"),
+        (["--timeout", "100000000000000000000"], "at most a week"),
+        (["--json", "/nonexistent-folder/out.json"], "the folder /nonexistent-folder does not exist"),
+        (["--json", "/tmp"], "not a regular file"),
+        (["--json", "/dev/null"], "not a regular file"),
+    ],
+)
 def test_bad_input_is_one_line(argv, needle, capsys):
     pytest.importorskip("torch")
     import torch

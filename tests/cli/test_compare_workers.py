@@ -27,8 +27,10 @@ def _gone(pid: int) -> bool:
 def test_a_killed_compare_leaves_no_worker(tmp_path, signum):
     pidfile = tmp_path / "worker.pid"
     worker = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
-    code = (f"import sys; from slimrl.cli.compare import run_sides; "
-            f"run_sides(['trl'], lambda side: [sys.executable, '-c', {worker!r}], 300)")
+    code = (
+        f"import sys; from slimrl.cli.compare import run_sides; "
+        f"run_sides(['trl'], lambda side: [sys.executable, '-c', {worker!r}], 300)"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code])
     try:
         deadline = time.monotonic() + 60

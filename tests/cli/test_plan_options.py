@@ -18,11 +18,16 @@ def test_every_declared_setting_is_an_option_with_its_default():
     assert {name: getattr(args, name) for name in declared} == declared
 
 
-@pytest.mark.parametrize(("argv", "name", "value"), [
-    (["--lora_r", "0"], "lora_r", 0), (["--beta", "0.04"], "beta", 0.04), (["--load_in_4bit", "TRUE"],
-                                                                           "load_in_4bit", True),
-    (["--tiled_mlp", "auto"], "tiled_mlp", None), (["--tiled_mlp", "false"], "tiled_mlp", False),
-    (["--device", "cuda"], "device", "cuda"),
-])
+@pytest.mark.parametrize(
+    ("argv", "name", "value"),
+    [
+        (["--lora_r", "0"], "lora_r", 0),
+        (["--beta", "0.04"], "beta", 0.04),
+        (["--load_in_4bit", "TRUE"], "load_in_4bit", True),
+        (["--tiled_mlp", "auto"], "tiled_mlp", None),
+        (["--tiled_mlp", "false"], "tiled_mlp", False),
+        (["--device", "cuda"], "device", "cuda"),
+    ],
+)
 def test_each_option_parses_as_its_field_is_typed(argv, name, value):
     assert getattr(parser().parse_args(argv), name) == value

@@ -62,10 +62,19 @@ def _checkpoint(out: Path, step: int, r: int = 16, algorithm: str = "grpo") -> P
 
 
 def _long_prompts(tmp: Path) -> list[str]:
-    data = _write(tmp, "long.jsonl", "\n".join(json.dumps({"prompt": "1+1=" * (30 if i % 4 == 0 else 1)})
-                                                for i in range(8)))
-    return ["--model", str(_tiny_model(tmp)), "--dataset", str(data), "--max_seq_length", "64",
-            "--max_completion_length", "8"]
+    data = _write(
+        tmp, "long.jsonl", "\n".join(json.dumps({"prompt": "1+1=" * (30 if i % 4 == 0 else 1)}) for i in range(8))
+    )
+    return [
+        "--model",
+        str(_tiny_model(tmp)),
+        "--dataset",
+        str(data),
+        "--max_seq_length",
+        "64",
+        "--max_completion_length",
+        "8",
+    ]
 
 
 def _fifo(tmp: Path) -> str:
@@ -86,8 +95,9 @@ def _bomb() -> str:
 def _live_lock(tmp: Path) -> list[str]:
     out = tmp / "out"
     out.mkdir()
-    (out / ".slimrl.lock").write_text(json.dumps({"pid": os.getppid(), "host": os.uname().nodename,
-                                                  "started": "2026-11-23 10:00:00"}))
+    (out / ".slimrl.lock").write_text(
+        json.dumps({"pid": os.getppid(), "host": os.uname().nodename, "started": "2026-11-23 10:00:00"})
+    )
     return []
 
 
@@ -95,43 +105,72 @@ def _live_lock(tmp: Path) -> list[str]:
 #  the message it must print)
 CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("--config file missing", lambda t: ["--config", str(t / "run.yaml")], r"--config \S+run.yaml: file not found"),
-    ("YAML value of the wrong type", lambda t: ["--config", str(_write(t, "run.yaml", "max_steps: abc\n"))],
-     r"--config \S+run.yaml: key max_steps: 'abc' is not a valid int"),
+    (
+        "YAML value of the wrong type",
+        lambda t: ["--config", str(_write(t, "run.yaml", "max_steps: abc\n"))],
+        r"--config \S+run.yaml: key max_steps: 'abc' is not a valid int",
+    ),
     ("flag of the wrong type", lambda t: ["--max_steps", "abc"], r"--max_steps: invalid int value: 'abc'"),
-    ("JSONL with a broken line", lambda t: ["--dataset", str(_write(t, "d.jsonl", '{"prompt": "a"}\n{"prompt": "b"}\n'
-                                                                                  '{"prompt": "c"\n'))],
-     r"--dataset \S+d.jsonl: line 3 is not valid JSON"),
+    (
+        "JSONL with a broken line",
+        lambda t: ["--dataset", str(_write(t, "d.jsonl", '{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c"\n'))],
+        r"--dataset \S+d.jsonl: line 3 is not valid JSON",
+    ),
     ("empty .jsonl", lambda t: ["--dataset", str(_write(t, "d.jsonl", ""))], r"the file is empty"),
     ("header-only CSV", lambda t: ["--dataset", str(_write(t, "d.csv", "prompt\n"))], r"the file has no rows"),
     ("`[]` JSON", lambda t: ["--dataset", str(_write(t, "d.json", "[]"))], r"the file has no rows"),
     ("--train_size 0", lambda t: ["--train_size", "0"], r"--train_size 0: the built-in task needs at least 1"),
     ("--learning_rate 0", lambda t: ["--learning_rate", "0"], r"--learning_rate 0.0: must be > 0"),
     ("negative --learning_rate", lambda t: ["--learning_rate=-1e-5"], r"--learning_rate -1e-05: must be > 0"),
-    ("--max_completion_length 0", lambda t: ["--max_completion_length", "0"],
-     r"max_completion_length=0 is invalid: it must be >= 1"),
+    (
+        "--max_completion_length 0",
+        lambda t: ["--max_completion_length", "0"],
+        r"max_completion_length=0 is invalid: it must be >= 1",
+    ),
     ("--temperature 0", lambda t: ["--temperature", "0"], r"temperature=0.0 is invalid: it must be > 0 and <= 10"),
     ("--temperature 11", lambda t: ["--temperature", "11"], r"temperature=11.0 is invalid"),
     ("--output_dir is a file", lambda t: ["--output_dir", str(_write(t, "f", "x"))], r"--output_dir \S+: is a file"),
-    ("--output_dir under a file", lambda t: ["--output_dir", str(_write(t, "f", "x") / "out")],
-     r"--output_dir \S+: \S+/f is a file, so nothing can be created under it"),
-    ("--output_dir not writable", lambda t: ["--output_dir", "/sys/slimrl-test/out"],
-     r"--output_dir /sys/slimrl-test/out: cannot write there"),
-    ("--model path that does not exist", lambda t: ["--model", str(t / "no" / "model")],
-     r"--model \S+: no such file or directory"),
+    (
+        "--output_dir under a file",
+        lambda t: ["--output_dir", str(_write(t, "f", "x") / "out")],
+        r"--output_dir \S+: \S+/f is a file, so nothing can be created under it",
+    ),
+    (
+        "--output_dir not writable",
+        lambda t: ["--output_dir", "/sys/slimrl-test/out"],
+        r"--output_dir /sys/slimrl-test/out: cannot write there",
+    ),
+    (
+        "--model path that does not exist",
+        lambda t: ["--model", str(t / "no" / "model")],
+        r"--model \S+: no such file or directory",
+    ),
     ("--model directory without config.json", lambda t: ["--model", str(t)], r"a directory without config.json"),
     ("truncated .gguf", lambda t: ["--model", str(_gguf_prefix(t, 1 << 20))], r"is not a complete GGUF file"),
     ("header-only .gguf", lambda t: ["--model", str(_gguf_prefix(t, 24))], r"is not a complete GGUF file"),
-    ("prompts longer than max_seq_length - max_completion_length", _long_prompts,
-     r"2 of 6 prompts are longer than the 56 tokens that --max_seq_length 64 - --max_completion_length 8 leave "
-     r"\(longest: 120 tokens, row 0\); pass --truncate_prompts true, --drop_long_prompts true"),
+    (
+        "prompts longer than max_seq_length - max_completion_length",
+        _long_prompts,
+        r"2 of 6 prompts are longer than the 56 tokens that --max_seq_length 64 - --max_completion_length 8 leave "
+        r"\(longest: 120 tokens, row 0\); pass --truncate_prompts true, --drop_long_prompts true",
+    ),
     ("a second run on the same --output_dir", _live_lock, r"another slimrl train \(pid \d+ on .*\) is writing there"),
-    ("a new run where an earlier one left checkpoints", lambda t: [_checkpoint(t / "out", 2) and "--max_steps", "2"],
-     r"already holds an earlier run \(checkpoint-2\): continue it with --resume, or pass --overwrite_output_dir "
-     r"true"),
-    ("--resume with a different --lora_r", lambda t: [_checkpoint(t / "out", 2, r=8) and "--resume"],
-     r"--resume \S+checkpoint-2: the checkpoint is from a different run \(--lora_r 8 there, 16 now\)"),
-    ("--resume with a different --algorithm", lambda t: [_checkpoint(t / "out", 2, algorithm="dpo") and "--resume"],
-     r"the checkpoint is from a different run \(--algorithm dpo there, grpo now\)"),
+    (
+        "a new run where an earlier one left checkpoints",
+        lambda t: [_checkpoint(t / "out", 2) and "--max_steps", "2"],
+        r"already holds an earlier run \(checkpoint-2\): continue it with --resume, or pass --overwrite_output_dir "
+        r"true",
+    ),
+    (
+        "--resume with a different --lora_r",
+        lambda t: [_checkpoint(t / "out", 2, r=8) and "--resume"],
+        r"--resume \S+checkpoint-2: the checkpoint is from a different run \(--lora_r 8 there, 16 now\)",
+    ),
+    (
+        "--resume with a different --algorithm",
+        lambda t: [_checkpoint(t / "out", 2, algorithm="dpo") and "--resume"],
+        r"the checkpoint is from a different run \(--algorithm dpo there, grpo now\)",
+    ),
     ("--resume where no checkpoint is intact", lambda t: ["--resume"], r"--resume: no intact checkpoint in"),
     # values that cannot run, refused before the model loads (slimrl/cli/value_checks.py)
     ("--num_generations 10**20", lambda t: ["--num_generations", str(10**20)], r"over 65536, beyond what one machine"),
@@ -149,19 +188,30 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("--lora_alpha -1", lambda t: ["--lora_alpha", "-1"], r"reverses or erases the adapter's update"),
     ("--lora_dropout -1", lambda t: ["--lora_dropout", "-1"], r"a dropout probability"),
     ("--max_seq_length 10**20", lambda t: ["--max_seq_length", str(10**20)], r"over 16777216"),
-    ("--train_size 10**20 (the task makes every problem first)", lambda t: ["--train_size", str(10**20)],
-     r"--train_size \d+: over 10000000"),
+    (
+        "--train_size 10**20 (the task makes every problem first)",
+        lambda t: ["--train_size", str(10**20)],
+        r"--train_size \d+: over 10000000",
+    ),
     ("--threads 10**20", lambda t: ["--threads", str(10**20)], r"--threads \d+: over 4096"),
     ("--task ''", lambda t: ["--task", ""], r"--task '': the built-in tasks are arithmetic, calculator"),
     ("--output_dir ''", lambda t: ["--output_dir", ""], r"--output_dir '': an empty path"),
     ("--deepspeed a FIFO", lambda t: ["--deepspeed", _fifo(t)], r"not a regular file"),
-    ("--config with a list where a string goes",
-     lambda t: ["--config", str(_write(t, "run.yaml", "dataset: [a, b]\n"))], r"key dataset: \['a', 'b'\] is a list"),
-    ("--config nested 5,000 deep", lambda t: ["--config", str(_write(t, "run.yaml", "dataset: " + "[" * 5000
-                                                                      + "]" * 5000 + "\n"))],
-     r"nested too deeply"),
-    ("--config alias bomb", lambda t: ["--config", str(_write(t, "run.yaml", _bomb()))],
-     r"its aliases expand to more than 100000 values"),
+    (
+        "--config with a list where a string goes",
+        lambda t: ["--config", str(_write(t, "run.yaml", "dataset: [a, b]\n"))],
+        r"key dataset: \['a', 'b'\] is a list",
+    ),
+    (
+        "--config nested 5,000 deep",
+        lambda t: ["--config", str(_write(t, "run.yaml", "dataset: " + "[" * 5000 + "]" * 5000 + "\n"))],
+        r"nested too deeply",
+    ),
+    (
+        "--config alias bomb",
+        lambda t: ["--config", str(_write(t, "run.yaml", _bomb()))],
+        r"its aliases expand to more than 100000 values",
+    ),
 ]
 
 
@@ -207,8 +257,9 @@ def table(tmp_root: Path, capsys) -> str:
 
 def test_readme_table_is_current(tmp_path, capsys, no_model_load):
     readme = (ROOT / "docs" / "train.md").read_text()
-    assert table(tmp_path, capsys) in readme, "docs/train.md's reliability table is stale: python -m " \
-                                              "tests.cli.test_reliability"
+    assert table(tmp_path, capsys) in readme, (
+        "docs/train.md's reliability table is stale: python -m tests.cli.test_reliability"
+    )
 
 
 # ---------------------------------------------------------------- what is kept, taken over or fixed
@@ -222,8 +273,11 @@ def test_stale_lock_is_taken_over_with_a_warning(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / ".slimrl.lock").write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename}))
-    with pytest.warns(UserWarning, match=rf"the run that held it \(pid {dead.pid}, .*\) is gone; taking the "
-                                         rf"directory over"):
+    with pytest.warns(
+        UserWarning,
+        match=rf"the run that held it \(pid {dead.pid}, .*\) is gone; taking the "
+        rf"directory over",
+    ):
         with run_lock(out):
             assert json.loads((out / ".slimrl.lock").read_text())["pid"] == os.getpid()
     assert not (out / ".slimrl.lock").exists()
@@ -249,10 +303,13 @@ def test_damaged_newest_checkpoint_falls_back_to_an_intact_one(tmp_path):
     newest = _checkpoint(out, 4)
     data = (newest / "adapter_model.safetensors").read_bytes()
     (newest / "adapter_model.safetensors").write_bytes(data[: len(data) - 8])
-    with pytest.warns(UserWarning, match=r"checkpoint-4 is damaged \(adapter_model.safetensors \(\w+[^)]*\) does not "
-                                         r"load\); trying an older checkpoint"):
+    with pytest.warns(
+        UserWarning,
+        match=r"checkpoint-4 is damaged \(adapter_model.safetensors \(\w+[^)]*\) does not "
+        r"load\); trying an older checkpoint",
+    ):
         assert pick_checkpoint("latest", out).name == "checkpoint-2"
-    opt = (out / "checkpoint-2" / "optimizer.pt")
+    opt = out / "checkpoint-2" / "optimizer.pt"
     opt.write_bytes(opt.read_bytes()[:-40])
     with pytest.warns(UserWarning), pytest.raises(train.InputError, match="no intact checkpoint"):
         pick_checkpoint("latest", out)
@@ -283,8 +340,10 @@ def test_help_leads_with_config_and_slimrls_options(capsys):
         train.main(["--help"])
     assert done.value.code == 0
     text = capsys.readouterr().out
-    order = [text.index(flag) for flag in ("--config", "--algorithm", "--lora_r", "--overwrite_output_dir",
-                                           "--output_dir", "--learning_rate")]
+    order = [
+        text.index(flag)
+        for flag in ("--config", "--algorithm", "--lora_r", "--overwrite_output_dir", "--output_dir", "--learning_rate")
+    ]
     assert order == sorted(order), "slimrl's options (and --config) must come before TRL's"
 
 
@@ -327,10 +386,21 @@ def test_a_trainer_built_before_the_patch_is_named_once_at_its_first_step(tmp_pa
     pairs = [{"prompt": "1+1=", "chosen": "2", "rejected": "3"}] * 4
 
     def build(out):
-        return DPOTrainer(model=tiny_llama(), ref_model=tiny_llama(), train_dataset=Dataset.from_list(pairs),
-                          processing_class=tiny_tokenizer(),
-                          args=DPOConfig(output_dir=str(tmp_path / out), use_cpu=True, bf16=False, report_to="none",
-                                         max_steps=2, per_device_train_batch_size=2, save_strategy="no"))
+        return DPOTrainer(
+            model=tiny_llama(),
+            ref_model=tiny_llama(),
+            train_dataset=Dataset.from_list(pairs),
+            processing_class=tiny_tokenizer(),
+            args=DPOConfig(
+                output_dir=str(tmp_path / out),
+                use_cpu=True,
+                bf16=False,
+                report_to="none",
+                max_steps=2,
+                per_device_train_batch_size=2,
+                save_strategy="no",
+            ),
+        )
 
     early = build("early")
     try:
@@ -347,9 +417,11 @@ def test_a_trainer_built_before_the_patch_is_named_once_at_its_first_step(tmp_pa
             early.train()
             build("late").train()
         said = [str(w.message) for w in seen if "built before" in str(w.message)]
-        assert said == ["this DPOTrainer was built before PatchFastRL patched its class: it missed slimrl's checks "
-                        "and hooks at construction but now runs its patched methods (a mix of both); build the "
-                        "trainer after PatchFastRL"], said
+        assert said == [
+            "this DPOTrainer was built before PatchFastRL patched its class: it missed slimrl's checks "
+            "and hooks at construction but now runs its patched methods (a mix of both); build the "
+            "trainer after PatchFastRL"
+        ], said
     finally:
         unpatch()
 
@@ -359,15 +431,46 @@ def test_a_trainer_built_before_the_patch_is_named_once_at_its_first_step(tmp_pa
 
 def _cli(tmp: Path, extra: list[str], env: dict | None = None) -> subprocess.Popen:
     data = _write(tmp, "data.jsonl", "\n".join(json.dumps({"prompt": f"{a}+{a + 1}="}) for a in range(40)))
-    argv = ["--model", str(_tiny_model(tmp)), "--dataset", str(data), "--max_steps", "6", "--save_steps", "3",
-            "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "8",
-            "--max_seq_length", "64", "--eval_size", "0", "--use_gradient_checkpointing", "false",
-            "--output_dir", str(tmp / "out"), "--disable_tqdm", "true", "--threads", "1", *extra]
+    argv = [
+        "--model",
+        str(_tiny_model(tmp)),
+        "--dataset",
+        str(data),
+        "--max_steps",
+        "6",
+        "--save_steps",
+        "3",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        "8",
+        "--max_seq_length",
+        "64",
+        "--eval_size",
+        "0",
+        "--use_gradient_checkpointing",
+        "false",
+        "--output_dir",
+        str(tmp / "out"),
+        "--disable_tqdm",
+        "true",
+        "--threads",
+        "1",
+        *extra,
+    ]
     # SIGINT back to its default in the child: a suite started in the background (`make test &`) hands its
     # children SIGINT ignored, and the run would then never see the Ctrl-C this file sends it
-    return subprocess.Popen([sys.executable, "-m", "slimrl", "train", *argv], cwd=ROOT,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "slimrl", "train", *argv],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -380,8 +483,9 @@ def test_stop_before_the_first_checkpoint_says_nothing_was_saved(tmp_path, sig):
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=240)  # the step in flight ends first (its reward sleeps); slow when loaded
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == ("slimrl train: interrupted before the first checkpoint; nothing was "
-                                            "saved yet (run again to start over)")
+    assert err.strip().splitlines()[-1] == (
+        "slimrl train: interrupted before the first checkpoint; nothing was saved yet (run again to start over)"
+    )
     assert not (tmp_path / "out" / ".slimrl.lock").exists(), "the lock must be released"
 
 

@@ -14,9 +14,21 @@ def test_one_compact_line_per_step():
     state = SimpleNamespace(global_step=0, max_steps=30, is_world_process_zero=True)
     cb.on_train_begin(None, state, None)
     state.global_step = 3
-    cb.on_log(None, state, None, logs={"loss": 0.0123, "reward": 0.8125, "kl": 0.00123, "completions/mean_length":
-                                       18.44, "memory/peak_mb": 1732.4, "learning_rate": 2e-4, "epoch": 0.1,
-                                       "frac_reward_zero_std": 0.25})
+    cb.on_log(
+        None,
+        state,
+        None,
+        logs={
+            "loss": 0.0123,
+            "reward": 0.8125,
+            "kl": 0.00123,
+            "completions/mean_length": 18.44,
+            "memory/peak_mb": 1732.4,
+            "learning_rate": 2e-4,
+            "epoch": 0.1,
+            "frac_reward_zero_std": 0.25,
+        },
+    )
     cb.on_log(None, state, None, logs={"train_runtime": 12.0})  # the final summary row: not a step
     (line,) = out.getvalue().splitlines()
     assert line.startswith("step 3/30  loss 0.0123  reward 0.812  kl 0.0012  len 18.4  signal 75%  ")
@@ -49,19 +61,35 @@ def test_one_panel_per_reward_function_and_the_health_panels(tmp_path, monkeypat
 
     titles, labels = [], []
     real_title, real_plot = matplotlib.axes.Axes.set_title, matplotlib.axes.Axes.plot
-    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda self, t, *a, **k: (titles.append(t),
-                                                                                    real_title(self, t, *a, **k))[1])
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "set_title", lambda self, t, *a, **k: (titles.append(t), real_title(self, t, *a, **k))[1]
+    )
 
     def spy(self, *args, **kwargs):
         labels.append(kwargs.get("label"))
         return real_plot(self, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
-    rows = [{"step": i, "reward": 1.0, "rewards/fmt/mean": 0.1 * i, "rewards/correct/mean": 0.5,
-             "frac_reward_zero_std": 0.5, "entropy": 1.0, "completions/clipped_ratio": 0.0} for i in range(1, 9)]
+    rows = [
+        {
+            "step": i,
+            "reward": 1.0,
+            "rewards/fmt/mean": 0.1 * i,
+            "rewards/correct/mean": 0.5,
+            "frac_reward_zero_std": 0.5,
+            "entropy": 1.0,
+            "completions/clipped_ratio": 0.0,
+        }
+        for i in range(1, 9)
+    ]
     assert plot_metrics(rows, tmp_path / "m.png").stat().st_size > 1000
-    assert {"reward: fmt", "reward: correct", "groups without reward spread (no signal)", "entropy (nats per token)",
-            "completions truncated"} <= set(titles)
+    assert {
+        "reward: fmt",
+        "reward: correct",
+        "groups without reward spread (no signal)",
+        "entropy (nats per token)",
+        "completions truncated",
+    } <= set(titles)
     assert labels.count("moving average (5 steps)") == 3  # the total reward and each function's
 
 
@@ -71,11 +99,13 @@ def test_the_step_line_shows_a_disagreeing_generator_and_the_plot_has_its_panels
     state = SimpleNamespace(global_step=0, max_steps=5, is_world_process_zero=True)
     cb.on_train_begin(None, state, None)
     state.global_step = 1
-    cb.on_log(None, state, None, logs={"loss": 0.1, "sampling/kl_k3/mean": 0.0, "sampling/is_masked_share/sequence":
-                                       0.0})
+    cb.on_log(
+        None, state, None, logs={"loss": 0.1, "sampling/kl_k3/mean": 0.0, "sampling/is_masked_share/sequence": 0.0}
+    )
     state.global_step = 2
-    cb.on_log(None, state, None, logs={"loss": 0.1, "sampling/kl_k3/mean": 0.0123,
-                                       "sampling/is_masked_share/sequence": 0.25})
+    cb.on_log(
+        None, state, None, logs={"loss": 0.1, "sampling/kl_k3/mean": 0.0123, "sampling/is_masked_share/sequence": 0.25}
+    )
     first, second = out.getvalue().splitlines()
     assert "sampler" not in first and "masked" not in first  # zero: nothing to say
     assert "sampler kl 0.012  is-masked 25%" in second

@@ -38,8 +38,11 @@ def test_half_the_lora_tensors_missing_is_one_line(tmp_path):
     model = tiny_model(lora=True)
     total = sum(1 for n, _ in model.named_parameters() if "lora_" in n)
     ckpt = _checkpoint(tmp_path, model, keep=total // 2)
-    with pytest.raises(InputError, match=rf"--resume {ckpt}: its adapter does not fit this model \({total - total // 2}"
-                                         rf" of the model's {total} LoRA tensors missing"):
+    with pytest.raises(
+        InputError,
+        match=rf"--resume {ckpt}: its adapter does not fit this model \({total - total // 2}"
+        rf" of the model's {total} LoRA tensors missing",
+    ):
         check_resume_matches(ckpt, RECORD, model)
 
 

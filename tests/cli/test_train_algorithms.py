@@ -34,14 +34,43 @@ def _data(tmp_path: Path, kind: str) -> Path:
 
 
 def _argv(tmp_path: Path, algorithm: str) -> list[str]:
-    argv = ["--algorithm", algorithm, "--model", str(tmp_path / "model"), "--dataset",
-            str(_data(tmp_path, KIND[algorithm])), "--max_steps", "2", "--save_steps", "2",
-            "--per_device_train_batch_size", "4", "--max_seq_length", "64", "--learning_rate", "0.01",
-            "--use_gradient_checkpointing", "false", "--output_dir", str(tmp_path / algorithm), "--disable_tqdm",
-            "true"]
+    argv = [
+        "--algorithm",
+        algorithm,
+        "--model",
+        str(tmp_path / "model"),
+        "--dataset",
+        str(_data(tmp_path, KIND[algorithm])),
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_seq_length",
+        "64",
+        "--learning_rate",
+        "0.01",
+        "--use_gradient_checkpointing",
+        "false",
+        "--output_dir",
+        str(tmp_path / algorithm),
+        "--disable_tqdm",
+        "true",
+    ]
     if algorithm == "rloo":
-        argv += ["--reward", "tests.cli.rewards:digits", "--num_generations", "4", "--max_completion_length", "6",
-                 "--eval_size", "4", "--eval_max_new_tokens", "4"]
+        argv += [
+            "--reward",
+            "tests.cli.rewards:digits",
+            "--num_generations",
+            "4",
+            "--max_completion_length",
+            "6",
+            "--eval_size",
+            "4",
+            "--eval_max_new_tokens",
+            "4",
+        ]
     else:
         argv += ["--max_length", "32"]
     return argv
@@ -70,13 +99,20 @@ def test_algorithm_from_yaml_picks_its_config(model_dir, capsys, tmp_path):
     assert config.output_dir == "outputs/slimrl-kto"
 
 
-@pytest.mark.parametrize(("argv", "expected"), [
-    (["--algorithm", "dpoo"], "--algorithm dpoo: did you mean dpo?"),
-    (["--algorithm", "dpo", "--reward", "tests.cli.rewards:digits"], "--reward: --algorithm dpo learns from its "
-                                                                      "dataset"),
-    (["--algorithm", "dpo", "--max_length", "600", "--max_seq_length", "512"], "--max_length 600 is over "
-                                                                               "--max_seq_length 512"),
-])
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--algorithm", "dpoo"], "--algorithm dpoo: did you mean dpo?"),
+        (
+            ["--algorithm", "dpo", "--reward", "tests.cli.rewards:digits"],
+            "--reward: --algorithm dpo learns from its dataset",
+        ),
+        (
+            ["--algorithm", "dpo", "--max_length", "600", "--max_seq_length", "512"],
+            "--max_length 600 is over --max_seq_length 512",
+        ),
+    ],
+)
 def test_algorithm_bad_input(capsys, tmp_path, argv, expected):
     assert train.main(["--output_dir", str(tmp_path / "out"), *argv]) == 2
     err = capsys.readouterr().err.strip()

@@ -31,12 +31,42 @@ def setup(tmp_path):
 
 
 def _argv(tmp_path: Path, out: str, steps: int = 4) -> list[str]:
-    return ["--model", str(tmp_path / "model"), "--dataset", str(tmp_path / "data.jsonl"),
-            "--reward", "tests.cli.rewards:digits", "--max_steps", str(steps), "--save_steps", "2",
-            "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "8",
-            "--max_seq_length", "64", "--eval_size", "4", "--eval_max_new_tokens", "6", "--learning_rate", "0.05",
-            "--use_gradient_checkpointing", "false", "--output_dir", str(tmp_path / out), "--save_total_limit", "5",
-            "--disable_tqdm", "true", "--threads", "1"]
+    return [
+        "--model",
+        str(tmp_path / "model"),
+        "--dataset",
+        str(tmp_path / "data.jsonl"),
+        "--reward",
+        "tests.cli.rewards:digits",
+        "--max_steps",
+        str(steps),
+        "--save_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        "8",
+        "--max_seq_length",
+        "64",
+        "--eval_size",
+        "4",
+        "--eval_max_new_tokens",
+        "6",
+        "--learning_rate",
+        "0.05",
+        "--use_gradient_checkpointing",
+        "false",
+        "--output_dir",
+        str(tmp_path / out),
+        "--save_total_limit",
+        "5",
+        "--disable_tqdm",
+        "true",
+        "--threads",
+        "1",
+    ]
 
 
 def test_run_writes_adapter_metrics_plot_and_summary(setup, capsys):
@@ -66,9 +96,16 @@ def test_tensorboard_gets_the_health_metrics_and_the_summary_its_section(setup, 
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    argv = _argv(setup, "tb", steps=3) + ["--report_to", "tensorboard", "--slimrl_health_window", "2",
-                                          "--slimrl_health_min_groups", "1",
-                                          "--save_steps", "10"]
+    argv = _argv(setup, "tb", steps=3) + [
+        "--report_to",
+        "tensorboard",
+        "--slimrl_health_window",
+        "2",
+        "--slimrl_health_min_groups",
+        "1",
+        "--save_steps",
+        "10",
+    ]
     try:
         assert train.main(argv) == 0
     finally:
@@ -81,8 +118,16 @@ def test_tensorboard_gets_the_health_metrics_and_the_summary_its_section(setup, 
     assert [e.step for e in acc.Scalars("train/health/truncated")] == [2, 3]
     stdout = capsys.readouterr().out
     health = [line for line in stdout.splitlines() if line.startswith("health: ")]
-    assert [line.split()[1] for line in health] == ["no_signal", "truncated", "entropy", "kl", "clip", "not_finite",
-                                                    "reward_conflict", "sampler_mismatch"]
+    assert [line.split()[1] for line in health] == [
+        "no_signal",
+        "truncated",
+        "entropy",
+        "kl",
+        "clip",
+        "not_finite",
+        "reward_conflict",
+        "sampler_mismatch",
+    ]
     status = {line.split()[1]: line.split(None, 2)[2].strip() for line in health}
     assert status["no_signal"] in ("ok", "warned at step 2", "warned at step 3") and status["kl"] in ("ok",)
     assert status["entropy"] == "not judged (too few logged steps)"  # two windows of 2 needed, 3 steps run
@@ -112,9 +157,14 @@ def test_resume_at_max_steps_trains_no_further_step(setup, capsys):
 
 
 def _cli(tmp_path: Path, out: str, extra: list[str] = (), env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "slimrl", "train", *_argv(tmp_path, out, steps=6), *extra],
-                            cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "slimrl", "train", *_argv(tmp_path, out, steps=6), *extra],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 @pytest.mark.slow

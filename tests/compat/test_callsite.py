@@ -36,8 +36,9 @@ def _run(tmp_path: Path, code: str, **env: str) -> subprocess.CompletedProcess:
     script.write_text(code)
     full = {k: v for k, v in os.environ.items() if k != "SLIMRL_TRACEBACK"}
     full.update(PYTHONPATH=str(ROOT), SLIMRL_AUTOPATCH="0", **env)
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=full, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=full, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_a_warning_names_the_users_line(tmp_path):

@@ -73,8 +73,13 @@ def test_engine_phases_on_cuda(fake_gpu):
     gpu.place(3 * GB)
     gpu.release(3 * GB)  # training
     engine.resume()
-    assert engine.llm.calls == [("sleep", 0), ("release_kv_cache_memory",), ("wake_up", ["kv_cache"]),
-                                ("wake_up", ["scheduling"]), ("reset_prefix_cache",)]
+    assert engine.llm.calls == [
+        ("sleep", 0),
+        ("release_kv_cache_memory",),
+        ("wake_up", ["kv_cache"]),
+        ("wake_up", ["scheduling"]),
+        ("reset_prefix_cache",),
+    ]
     # generation rose to 7 GB; the training window opened with the KV cache still there (6 GB), then stayed below
     assert engine.phase_peaks == {"generation": 7 * GB, "training": 6 * GB}
     assert gpu.resets == 0

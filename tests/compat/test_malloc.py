@@ -13,8 +13,9 @@ SCRIPT = "from slimrl.compat.runtime.malloc import tune_malloc; print(tune_mallo
 
 def _applied(env_value: str) -> str:
     env = dict(os.environ, SLIMRL_MALLOC_TUNING=env_value)
-    return subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, check=True
+    ).stdout.strip()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
@@ -56,19 +57,30 @@ def test_restart_once_with_huge_pages_and_fewer_page_faults():
     and what it buys: an allocation of a 26 MiB activation page-faults in 2 MiB pages (counted, not timed)."""
     env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.arena_max=4")
     env.pop("SLIMRL_MALLOC_TUNING", None)
-    out = subprocess.run([sys.executable, "-c", RESTART, "x", "--y"], capture_output=True, text=True, env=env,
-                         check=True).stdout.split("\n")
+    out = subprocess.run(
+        [sys.executable, "-c", RESTART, "x", "--y"], capture_output=True, text=True, env=env, check=True
+    ).stdout.split("\n")
     starts = [ln for ln in out if ln.startswith("start")]
     assert len(starts) == 2 and starts[0] == starts[1]  # restarted once, in place
     pid = starts[0].split()[1]
     assert out[2] == f"tunables glibc.malloc.arena_max=4:glibc.malloc.hugetlb=1 ['x', '--y'] {pid}"
-    off = subprocess.run([sys.executable, "-c", RESTART], capture_output=True, text=True, check=True,
-                         env=dict(env, SLIMRL_MALLOC_TUNING="0")).stdout
+    off = subprocess.run(
+        [sys.executable, "-c", RESTART],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(env, SLIMRL_MALLOC_TUNING="0"),
+    ).stdout
     assert off.count("start") == 1 and "tunables glibc.malloc.arena_max=4 " in off
 
     def faults(tunables: str) -> int:
-        run = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True, check=True,
-                             env=dict(os.environ, GLIBC_TUNABLES=tunables))
+        run = subprocess.run(
+            [sys.executable, "-c", FAULTS],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=dict(os.environ, GLIBC_TUNABLES=tunables),
+        )
         return int(run.stdout.strip())
 
     small, huge = faults("glibc.malloc.arena_max=8"), faults("glibc.malloc.hugetlb=1")

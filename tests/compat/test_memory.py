@@ -57,12 +57,26 @@ def test_grpo_step_peak_includes_generation_and_is_per_step(tmp_path):
 
     PatchFastRL("grpo")
     try:
-        cfg = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
-                         max_completion_length=4, max_steps=2, report_to="none", use_cpu=True, bf16=False,
-                         save_strategy="no", logging_steps=1, gradient_checkpointing=False)
-        trainer = GRPOTrainer(model=tiny_llama(), args=cfg, reward_funcs=[reward],
-                              train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 4),
-                              processing_class=tiny_tokenizer())
+        cfg = GRPOConfig(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=2,
+            num_generations=2,
+            max_completion_length=4,
+            max_steps=2,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            save_strategy="no",
+            logging_steps=1,
+            gradient_checkpointing=False,
+        )
+        trainer = GRPOTrainer(
+            model=tiny_llama(),
+            args=cfg,
+            reward_funcs=[reward],
+            train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 4),
+            processing_class=tiny_tokenizer(),
+        )
         trainer.train()
     finally:
         unpatch()

@@ -17,8 +17,11 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR
 
 def _from_a_thread(start) -> subprocess.Popen:
     got = []
-    worker = threading.Thread(target=lambda: got.append(start([sys.executable, "-c", "import time; time.sleep(60)"],
-                                                             preexec_fn=die_with_parent)))
+    worker = threading.Thread(
+        target=lambda: got.append(
+            start([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=die_with_parent)
+        )
+    )
     worker.start()
     worker.join()
     time.sleep(0.5)

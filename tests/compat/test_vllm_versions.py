@@ -23,8 +23,17 @@ def test_the_vllm_extra_pins_the_tested_range():
     assert str(Requirement(spec).specifier) == str(Requirement("vllm" + vllm_info.VLLM_SUPPORTED).specifier)
 
 
-@pytest.mark.parametrize(("installed", "said"), [("0.32.0", False), ("0.32.3", False), ("0.31.0", True),
-                                                 ("0.33.0", True), ("0.32.0+cpu", False), ("garbage", True)])
+@pytest.mark.parametrize(
+    ("installed", "said"),
+    [
+        ("0.32.0", False),
+        ("0.32.3", False),
+        ("0.31.0", True),
+        ("0.33.0", True),
+        ("0.32.0+cpu", False),
+        ("garbage", True),
+    ],
+)
 def test_a_release_outside_the_range_gets_one_line_naming_the_install(installed, said):
     note = vllm_info.vllm_version_note(installed)
     assert (note is not None) == said

@@ -23,14 +23,18 @@ def test_dataset_is_seeded_and_well_formed():
 
 
 def test_correctness_reward():
-    completions = [_c("13 + 14 = 27. <answer>27</answer>"), _c("13 + 14 = 27"), _c("<answer>26</answer> 27"),
-                   _c("no idea"), "27"]
+    completions = [
+        _c("13 + 14 = 27. <answer>27</answer>"),
+        _c("13 + 14 = 27"),
+        _c("<answer>26</answer> 27"),
+        _c("no idea"),
+        "27",
+    ]
     assert correctness_reward(completions, ["27"] * 5) == [1.0, 1.0, 0.0, 0.0, 1.0]
 
 
 def test_format_reward():
-    completions = [_c("<answer>27</answer>"), _c("<answer>27</answer><answer>3</answer>"), _c("<answer>x"),
-                   _c("27")]
+    completions = [_c("<answer>27</answer>"), _c("<answer>27</answer><answer>3</answer>"), _c("<answer>x"), _c("27")]
     assert format_reward(completions) == [0.5, 0.25, 0.25, 0.0]
 
 

@@ -21,8 +21,10 @@ from slimrl.data.calculator import (
 )
 from slimrl.verify.tiny import CHAT_SPECIAL, chatml_char_tokenizer
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def tool_tokenizer():
@@ -33,8 +35,9 @@ def tool_tokenizer():
     return tok
 
 
-@pytest.mark.parametrize("expression,value", [("62*59", "3658"), ("7/2", "3.5"), ("(3+4)*-2", "-14"),
-                                              ("10//3 + 10%3", "4"), ("1.5*2", "3")])
+@pytest.mark.parametrize(
+    "expression,value", [("62*59", "3658"), ("7/2", "3.5"), ("(3+4)*-2", "-14"), ("10//3 + 10%3", "4"), ("1.5*2", "3")]
+)
 def test_calculator_evaluates_arithmetic(expression, value):
     assert calculator(expression) == value
 
@@ -58,10 +61,11 @@ def test_template_round_trips_a_call_through_trls_parser():
     prompt = make_calculator_dataset(1)[0]["prompt"]
     call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*7"}}}
     before = tok.apply_chat_template(prompt, tools=[calculator], add_generation_prompt=True, tokenize=False)
-    full = tok.apply_chat_template([*prompt, {"role": "assistant", "content": "", "tool_calls": [call]}],
-                                   tools=[calculator], tokenize=False)
+    full = tok.apply_chat_template(
+        [*prompt, {"role": "assistant", "content": "", "tool_calls": [call]}], tools=[calculator], tokenize=False
+    )
     assert full.startswith(before) and SYSTEM in before and "- calculator(expression): Evaluate" in before
-    ids = tok(full[len(before):], add_special_tokens=False)["input_ids"]
+    ids = tok(full[len(before) :], add_special_tokens=False)["input_ids"]
     parsed = parse_response(tok, ids, prefix=tok(before, add_special_tokens=False)["input_ids"], tools=[calculator])
     assert parsed["tool_calls"] == [call]
 
@@ -72,13 +76,20 @@ def test_template_is_prefix_preserving_and_masks_only_assistant_turns():
     tok = tool_tokenizer()
     assert is_chat_template_prefix_preserving(tok)
     row = make_tool_demonstrations(1)[0]
-    out = tok.apply_chat_template(row["messages"], tools=json.loads(row["tools"]), tokenize=True, return_dict=True,
-                                  return_assistant_tokens_mask=True)
+    out = tok.apply_chat_template(
+        row["messages"],
+        tools=json.loads(row["tools"]),
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
     trained = tok.decode([t for t, m in zip(out["input_ids"], out["assistant_masks"]) if m])
     expression = row["messages"][2]["tool_calls"][0]["function"]["arguments"]["expression"]
     answer = row["messages"][4]["content"]
-    assert trained == (f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n'
-                       f'</tool_call><|im_end|>{answer}<|im_end|>')
+    assert trained == (
+        f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n'
+        f"</tool_call><|im_end|>{answer}<|im_end|>"
+    )
     a, b = map(int, expression.split("*"))
     assert row["messages"][3]["content"] == str(a * b) and answer == f"<answer>{a * b}</answer>"
 
@@ -98,31 +109,78 @@ def test_problems_are_seeded_and_the_splits_differ():
     held = make_calculator_dataset(16, seed=6)
     assert {r["prompt"][-1]["content"] for r in a} != {r["prompt"][-1]["content"] for r in held}
     for row in a:
-        x, y = (int(t) for t in row["prompt"][-1]["content"].rstrip("?.").replace("*", " ").split()
-                if t.isdigit())
+        x, y = (int(t) for t in row["prompt"][-1]["content"].rstrip("?.").replace("*", " ").split() if t.isdigit())
         assert row["answer"] == str(x * y) and 11 <= x <= 99 and 11 <= y <= 99
 
 
-CALL = {"role": "assistant", "content": "", "tool_calls": [
-    {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "6*7"}}}]}
+CALL = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "6*7"}}}],
+}
 
 
-@pytest.mark.parametrize("completion,answer,tool", [
-    ([CALL, {"role": "tool", "name": "calculator", "content": "42"},
-      {"role": "assistant", "content": "<answer>42</answer>"}], 1.0, 0.5),
-    ([CALL, {"role": "tool", "name": "calculator", "content": "42"},
-      {"role": "assistant", "content": "It is 41."}], 0.0, 0.5),
-    ([{**CALL, "tool_calls": [{"type": "function", "function": {"name": "calculator",
-                                                                "arguments": {"expression": "457"}}}]},
-      {"role": "tool", "name": "calculator", "content": "457"},
-      {"role": "assistant", "content": "<answer>457</answer>"}], 0.0, 0.25),  # a call on made-up numbers
-    ([CALL, {"role": "tool", "name": "calculator", "content": str({"error": "bad"})},
-      {"role": "assistant", "content": "<answer>42</answer>"}], 1.0, 0.0),
-    ([{"role": "assistant", "content": "<answer>42</answer>"}], 1.0, 0.0),  # right, but no call
-    ([{"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "calculator", "arguments": {"expr": "6*7"}}}]},
-      {"role": "tool", "name": "calculator", "content": "42"}], 0.0, 0.0),  # wrong argument name
-])
+@pytest.mark.parametrize(
+    "completion,answer,tool",
+    [
+        (
+            [
+                CALL,
+                {"role": "tool", "name": "calculator", "content": "42"},
+                {"role": "assistant", "content": "<answer>42</answer>"},
+            ],
+            1.0,
+            0.5,
+        ),
+        (
+            [
+                CALL,
+                {"role": "tool", "name": "calculator", "content": "42"},
+                {"role": "assistant", "content": "It is 41."},
+            ],
+            0.0,
+            0.5,
+        ),
+        (
+            [
+                {
+                    **CALL,
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "457"}}}
+                    ],
+                },
+                {"role": "tool", "name": "calculator", "content": "457"},
+                {"role": "assistant", "content": "<answer>457</answer>"},
+            ],
+            0.0,
+            0.25,
+        ),  # a call on made-up numbers
+        (
+            [
+                CALL,
+                {"role": "tool", "name": "calculator", "content": str({"error": "bad"})},
+                {"role": "assistant", "content": "<answer>42</answer>"},
+            ],
+            1.0,
+            0.0,
+        ),
+        ([{"role": "assistant", "content": "<answer>42</answer>"}], 1.0, 0.0),  # right, but no call
+        (
+            [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"type": "function", "function": {"name": "calculator", "arguments": {"expr": "6*7"}}}
+                    ],
+                },
+                {"role": "tool", "name": "calculator", "content": "42"},
+            ],
+            0.0,
+            0.0,
+        ),  # wrong argument name
+    ],
+)
 def test_rewards(completion, answer, tool):
     assert answer_reward([completion], answer=["42"]) == [answer]
     assert tool_call_reward([completion], answer=["42"]) == [tool]
@@ -155,14 +213,17 @@ def test_eval_tool_loop_runs_the_calls_as_trls_loop_does(monkeypatch):
     tok.padding_side = "left"
     ds = make_calculator_dataset(3, seed=1)
     a0, b0 = ds[0]["answer"], ds[1]["answer"]
-    first = ['<tool_call>\n{"name": "calculator", "arguments": {"expression": "' + _expr(ds[0]) + '"}}\n'
-             '</tool_call><|im_end|>',
-             '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1/0"}}\n</tool_call><|im_end|>',
-             "<answer>5</answer><|im_end|>"]
+    first = [
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "' + _expr(ds[0]) + '"}}\n'
+        "</tool_call><|im_end|>",
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1/0"}}\n</tool_call><|im_end|>',
+        "<answer>5</answer><|im_end|>",
+    ]
     second = [f"<answer>{a0}</answer><|im_end|>", f"<answer>{b0}</answer><|im_end|>"]
     model = Scripted(tok, [first, second])
-    scores = evaluate.held_out_eval(model, tok, ds, [answer_reward, tool_call_reward], max_new_tokens=200,
-                                  tools=[calculator])
+    scores = evaluate.held_out_eval(
+        model, tok, ds, [answer_reward, tool_call_reward], max_new_tokens=200, tools=[calculator]
+    )
     assert len(model.calls) == 2 and len(model.calls[1]) == 2  # the third row made no call: no second turn
     after_tool = model.calls[1]
     assert f"<tool_response>\n{a0}\n</tool_response>" in after_tool[0]

@@ -63,8 +63,12 @@ def main(out: str, single: bool = False, sharded: bool = False) -> None:
     state = PartialState()
     model = tiny_llama(seed=0)
     torch.manual_seed(1)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                             init_lora_weights=False, task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False, task_type="CAUSAL_LM"
+        ),
+    )
     seen: list[str] = []
 
     def reward_digits(prompts, completions, **kwargs):
@@ -75,25 +79,48 @@ def main(out: str, single: bool = False, sharded: bool = False) -> None:
         def _generate_single_turn(self, prompt_ids, *args, **kwargs):
             return deterministic_completions(prompt_ids), None
 
-    args = GRPOConfig(output_dir=str(Path(out) / "run"), per_device_train_batch_size=4 if single else 2,
-                      num_generations=2,
-                      max_completion_length=8, max_steps=1, learning_rate=0.5, optim="sgd",
-                      lr_scheduler_type="constant", report_to="none", use_cpu=not sharded, bf16=False,
-                      save_strategy="no", gradient_checkpointing=False, seed=7, temperature=1.2)
+    args = GRPOConfig(
+        output_dir=str(Path(out) / "run"),
+        per_device_train_batch_size=4 if single else 2,
+        num_generations=2,
+        max_completion_length=8,
+        max_steps=1,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        report_to="none",
+        use_cpu=not sharded,
+        bf16=False,
+        save_strategy="no",
+        gradient_checkpointing=False,
+        seed=7,
+        temperature=1.2,
+    )
     ds = Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5+6=", "7+8="] * 2])
-    trainer = FixedGenerationGRPO(model=model, args=args, reward_funcs=[reward_digits], train_dataset=ds,
-                          processing_class=tiny_tokenizer())
+    trainer = FixedGenerationGRPO(
+        model=model, args=args, reward_funcs=[reward_digits], train_dataset=ds, processing_class=tiny_tokenizer()
+    )
     trainer.train()
-    weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().contiguous()  # FSDP2: DTensor
-               for n, p in model.named_parameters() if p.requires_grad}
+    weights = {
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().contiguous()  # FSDP2: DTensor
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    }
     rank = "single" if single else state.process_index
     save_file(weights, str(Path(out) / f"rank{rank}.safetensors"))
-    Path(out, f"rank{rank}.json").write_text(json.dumps({
-        "world_size": state.num_processes, "prompts": seen, "engine": trainer.accelerator.distributed_type.value,
-        "dtensor": any(hasattr(p, "full_tensor") for p in trainer.model_wrapped.parameters()),
-        "zero3_head": hasattr(model.get_output_embeddings().weight, "ds_id"),
-        "slimrl_tokens": trainer_state(trainer).trained_tokens,
-        "shared_prefix_forwards": trainer_state(trainer).shared_prefix_forwards}))
+    Path(out, f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "world_size": state.num_processes,
+                "prompts": seen,
+                "engine": trainer.accelerator.distributed_type.value,
+                "dtensor": any(hasattr(p, "full_tensor") for p in trainer.model_wrapped.parameters()),
+                "zero3_head": hasattr(model.get_output_embeddings().weight, "ds_id"),
+                "slimrl_tokens": trainer_state(trainer).trained_tokens,
+                "shared_prefix_forwards": trainer_state(trainer).shared_prefix_forwards,
+            }
+        )
+    )
     # gloo's threads stopped before the interpreter exits: left to exit, a rank under load can abort in teardown
     # ("terminate called without an active exception") after everything above was written
     state.wait_for_everyone()

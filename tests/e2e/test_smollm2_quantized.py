@@ -15,8 +15,9 @@ pytest.importorskip("bitsandbytes", minversion="0.50")
 
 def _lora():
     model, tok = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=128, load_in_4bit=True)
-    return FastLanguageModel.get_peft_model(model, r=8, lora_alpha=16, init_lora_weights=False, random_state=5,
-                                            use_gradient_checkpointing=False), tok
+    return FastLanguageModel.get_peft_model(
+        model, r=8, lora_alpha=16, init_lora_weights=False, random_state=5, use_gradient_checkpointing=False
+    ), tok
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU backend of bitsandbytes (tests/gpu: CUDA)")
@@ -25,8 +26,9 @@ def test_4bit_smollm2_gradients_after_generation(avx512bf16):
 
     (fresh, tok), (used, _) = _lora(), _lora()
     assert sum(isinstance(m, bnb.nn.Linear4bit) for m in used.modules()) == 30 * 7
-    batch = tok(["What is 2+3? The answer is 5.", "Name a colour: blue, or maybe green."], return_tensors="pt",
-                padding=True)
+    batch = tok(
+        ["What is 2+3? The answer is 5.", "Name a colour: blue, or maybe green."], return_tensors="pt", padding=True
+    )
     FastLanguageModel.for_inference(used)
     with torch.no_grad():
         used.generate(**tok(["What is 2+3?"], return_tensors="pt"), max_new_tokens=4, do_sample=False)

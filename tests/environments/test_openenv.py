@@ -35,8 +35,9 @@ def echo_env(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(echo_env):
     root, client_cls, action = echo_env
-    port, client = launch_openenv(working_directory=str(root), server="echo_env.server.app:app",
-                                  openenv_class=client_cls)
+    port, client = launch_openenv(
+        working_directory=str(root), server="echo_env.server.app:app", openenv_class=client_cls
+    )
     return port, client, action, root, client_cls
 
 
@@ -53,22 +54,33 @@ def test_a_server_on_the_loopback_interface_reached_by_its_client(served):
 
 def test_a_client_whose_server_answers_is_kept(served):
     port, client, _, root, client_cls = served
-    again_port, again = launch_openenv(port=port, openenv_process=client, working_directory=str(root),
-                                       server="echo_env.server.app:app", openenv_class=client_cls)
+    again_port, again = launch_openenv(
+        port=port,
+        openenv_process=client,
+        working_directory=str(root),
+        server="echo_env.server.app:app",
+        openenv_class=client_cls,
+    )
     assert (again_port, again) == (port, client) and len(launcher._CHILDREN) == 1
 
 
 def test_bad_input_and_a_failing_server_are_one_line(echo_env, tmp_path):
     root, client_cls, _ = echo_env
-    for kwargs, message in [({"openenv_class": None}, "openenv_class"), ({"server": "no_colon"}, "module.path"),
-                            ({"working_directory": str(tmp_path / "missing")}, "working_directory")]:
-        args = {"working_directory": str(root), "server": "echo_env.server.app:app", "openenv_class": client_cls,
-                **kwargs}
+    for kwargs, message in [
+        ({"openenv_class": None}, "openenv_class"),
+        ({"server": "no_colon"}, "module.path"),
+        ({"working_directory": str(tmp_path / "missing")}, "working_directory"),
+    ]:
+        args = {
+            "working_directory": str(root),
+            "server": "echo_env.server.app:app",
+            "openenv_class": client_cls,
+            **kwargs,
+        }
         with pytest.raises(ValueError, match=message):
             launch_openenv(**args)
     with pytest.raises(RuntimeError, match=r"exited .* before listening.*no_such_env") as err:
-        launch_openenv(working_directory=str(root), server="no_such_env.app:app", openenv_class=client_cls,
-                       timeout=60)
+        launch_openenv(working_directory=str(root), server="no_such_env.app:app", openenv_class=client_cls, timeout=60)
     assert "\n" not in str(err.value)
 
 
@@ -95,8 +107,14 @@ def test_grpo_with_an_openenv_environment_equals_trl_alone(served, tmp_path):
             """
             return session.step(action(message=message)).observation.echoed_message
 
-    turns = [call_text("echo", message="hey"), call_text("echo", message="there"), "plain answer<|im_end|>",
-             call_text("echo", text="wrong"), call_text("echo", message="x" * 3), "done<|im_end|>"]
+    turns = [
+        call_text("echo", message="hey"),
+        call_text("echo", message="there"),
+        "plain answer<|im_end|>",
+        call_text("echo", text="wrong"),
+        call_text("echo", message="x" * 3),
+        "done<|im_end|>",
+    ]
     _, logged = _parity(tmp_path, {"environment_factory": OpenEnvEcho}, first=turns)
     assert any(h.get("tools/call_frequency", 0) > 0 for h in logged), logged
 
@@ -104,15 +122,17 @@ def test_grpo_with_an_openenv_environment_equals_trl_alone(served, tmp_path):
 @pytest.mark.skipif(shutil.which("uvicorn", path=str(Path(sys.executable).parent)) is None, reason="no uvicorn")
 def test_children_end_with_the_run(echo_env):
     root, client_cls, _ = echo_env
-    code = (f"import sys; sys.path.insert(0, {str(root)!r}); from echo_env import EchoEnv; "
-            f"from slimrl import launch_openenv; port, _ = launch_openenv(working_directory={str(root)!r}, "
-            f"server='echo_env.server.app:app', openenv_class=EchoEnv); print('PORT', port)")
+    code = (
+        f"import sys; sys.path.insert(0, {str(root)!r}); from echo_env import EchoEnv; "
+        f"from slimrl import launch_openenv; port, _ = launch_openenv(working_directory={str(root)!r}, "
+        f"server='echo_env.server.app:app', openenv_class=EchoEnv); print('PORT', port)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     port = int(next(ln.split()[1] for ln in out.stdout.splitlines() if ln.startswith("PORT")))
     assert not is_port_open("127.0.0.1", port), "the server outlived the process that started it"
 
 
-HANGING_APP = '''
+HANGING_APP = """
 import os, subprocess, sys, time
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
@@ -126,7 +146,7 @@ async def app(scope, receive, send):
                 time.sleep(600)  # a shutdown hook that hangs
     await send({{"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}})
     await send({{"type": "http.response.body", "body": b'{{"status": "healthy"}}'}})
-'''
+"""
 
 
 @pytest.mark.skipif(shutil.which("uvicorn", path=str(Path(sys.executable).parent)) is None, reason="no uvicorn")
@@ -140,9 +160,11 @@ def test_a_server_whose_shutdown_hangs_ends_when_the_trainer_is_killed(tmp_path)
 
     pids = tmp_path / "pids"
     (tmp_path / "hanging_app.py").write_text(HANGING_APP.format(pids=str(pids)))
-    code = (f"import time; from slimrl import launch_openenv; port, _ = launch_openenv(working_directory="
-            f"{str(tmp_path)!r}, server='hanging_app:app', openenv_class=dict); print('PORT', port, flush=True); "
-            f"time.sleep(600)")
+    code = (
+        f"import time; from slimrl import launch_openenv; port, _ = launch_openenv(working_directory="
+        f"{str(tmp_path)!r}, server='hanging_app:app', openenv_class=dict); print('PORT', port, flush=True); "
+        f"time.sleep(600)"
+    )
     trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         line = ""

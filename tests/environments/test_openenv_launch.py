@@ -28,9 +28,17 @@ def _http(body: bytes):
     return server
 
 
-@pytest.mark.parametrize(("body", "ok"), [(b'{"status": "healthy"}', True), (b"healthy", True),
-                                          (b'{"status": "unhealthy"}', False), (b"unhealthy", False),
-                                          (b'{"status": "degraded"}', False), (b"[]", False)])
+@pytest.mark.parametrize(
+    ("body", "ok"),
+    [
+        (b'{"status": "healthy"}', True),
+        (b"healthy", True),
+        (b'{"status": "unhealthy"}', False),
+        (b"unhealthy", False),
+        (b'{"status": "degraded"}', False),
+        (b"[]", False),
+    ],
+)
 def test_healthy_is_the_environments_answer_not_any_answer(body, ok):
     server = _http(body)
     try:

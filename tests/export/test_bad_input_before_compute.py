@@ -15,11 +15,14 @@ def no_load(monkeypatch):
     monkeypatch.setattr(export_cli, "_load", lambda *a, **k: pytest.fail("the model was loaded first"))
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--output", ""], "--output '': an empty path"),
-    (["--push_to_hub", "not a repo!"], "--push_to_hub not a repo!: repo_id='not a repo!': pass 'name' or"),
-    (["--push_to_hub", "a/b/c"], "pass 'name' or 'user/name'"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--output", ""], "--output '': an empty path"),
+        (["--push_to_hub", "not a repo!"], "--push_to_hub not a repo!: repo_id='not a repo!': pass 'name' or"),
+        (["--push_to_hub", "a/b/c"], "pass 'name' or 'user/name'"),
+    ],
+)
 def test_export_refuses_before_loading(run, no_load, capsys, argv, message):  # noqa: F811
     assert export_cli.main(["--adapter", str(run), "--formats", "lora", *argv]) == 2
     err = capsys.readouterr().err.strip()

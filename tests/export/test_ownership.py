@@ -87,8 +87,9 @@ def run(lora, tmp_path):
 def test_cli_output_folders_that_are_refused_in_one_line(run, capsys, where):
     adapter = run / "adapter"
     before = {p.name: p.read_bytes() for p in adapter.iterdir() if p.is_file()}
-    out = {"adapter": adapter, "adapter/inside": adapter / "inside", "file": run / "a-file",
-           "readme": run / "out"}[where]
+    out = {"adapter": adapter, "adapter/inside": adapter / "inside", "file": run / "a-file", "readme": run / "out"}[
+        where
+    ]
     if where == "file":
         out.write_text("x")
     if where == "readme":
@@ -116,8 +117,16 @@ def test_cli_damaged_or_foreign_adapters_are_one_line(run, tmp_path, capsys, dam
         other = tmp_path / "other-base"
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        LlamaForCausalLM(LlamaConfig(vocab_size=49, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=2)).save_pretrained(other)
+        LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=49,
+                hidden_size=48,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+            )
+        ).save_pretrained(other)
         tiny_tokenizer().save_pretrained(other)
     extra = ["--model", str(tmp_path / "other-base")] if damage == "other-base" else []
     assert export_cli.main(["--adapter", str(run), "--formats", "lora", *extra]) == 2
@@ -142,7 +151,8 @@ def test_a_killed_export_leaves_no_converter_and_its_folders_go_next_time(tmp_pa
     fake = tmp_path / "fake"
     fake.mkdir()
     (fake / "convert_hf_to_gguf.py").write_text(
-        f"import os, time\nopen({str(tmp_path / 'converter.pid')!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
+        f"import os, time\nopen({str(tmp_path / 'converter.pid')!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+    )
     script = f"""
 import sys
 sys.path.insert(0, {str(fake)!r})

@@ -49,8 +49,12 @@ def test_a_swap_killed_anywhere_comes_back_old_or_new(tmp_path, at):
     out = tmp_path / "export"
     _export(out, OLD)
     old = _contents(out)
-    proc = subprocess.run([sys.executable, "-c", KILLER.replace("{new!r}", repr(NEW)), str(out), str(at)],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLER.replace("{new!r}", repr(NEW)), str(out), str(at)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+    )
     clean_stale(out.parent)  # what the next export does first
     after = _contents(out)
     assert after in (old, NEW), (at, proc.stdout, after)

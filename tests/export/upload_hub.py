@@ -69,8 +69,11 @@ class UploadHub:
                 return self._reply(h, 200, {})
             if action == "preupload":
                 files = json.loads(data)["files"]
-                return self._reply(h, 200, {"files": [{"path": f["path"], "uploadMode": "regular",
-                                                       "shouldIgnore": False} for f in files]})
+                return self._reply(
+                    h,
+                    200,
+                    {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]},
+                )
             if action == "commit":
                 lines = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
                 store = self.files.setdefault((repo, revision), {})

@@ -96,7 +96,7 @@ def test_every_frozen_base_weight_becomes_a_view_of_the_engines(tmp_path):
     q = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
     k = model.base_model.model.model.layers[0].self_attn.k_proj.weight
     qkv = engine.params["model.layers.0.self_attn.qkv_proj.base_layer.weight"]
-    assert q.data_ptr() == qkv.data_ptr() and k.data_ptr() == qkv[q.shape[0]:].data_ptr()
+    assert q.data_ptr() == qkv.data_ptr() and k.data_ptr() == qkv[q.shape[0] :].data_ptr()
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=0, atol=0)
     # A weight that differs is never shared.
@@ -105,7 +105,8 @@ def test_every_frozen_base_weight_becomes_a_view_of_the_engines(tmp_path):
         engine2.params["model.norm.weight"].add_(1.0)
     model2 = get_peft_model(tiny_llama(), LoraConfig(r=4, target_modules=["q_proj"]))
     assert share_base_weights(model2, engine2) < sum(
-        p.numel() * p.element_size() for p in model2.parameters() if not p.requires_grad)
+        p.numel() * p.element_size() for p in model2.parameters() if not p.requires_grad
+    )
     assert model2.base_model.model.model.norm.weight.data_ptr() != engine2.params["model.norm.weight"].data_ptr()
 
 
@@ -114,8 +115,9 @@ def test_adapter_tensors_are_copies_with_peft_file_names():
 
     model = get_peft_model(tiny_llama(), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"]))
     tensors, config = adapter_tensors(model, torch.float32)
-    assert set(tensors) == {f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_{ab}.weight"
-                            for i in range(2) for ab in "AB"}
+    assert set(tensors) == {
+        f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_{ab}.weight" for i in range(2) for ab in "AB"
+    }
     a = model.base_model.model.model.layers[0].self_attn.q_proj.lora_A["default"].weight
     copy = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
     assert torch.equal(copy, a) and copy.data_ptr() != a.data_ptr()  # vLLM scales in place: never hand over a

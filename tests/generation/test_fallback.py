@@ -27,12 +27,25 @@ def test_without_vllm_warns_once_and_grpo_trains_on_hf_generate(tmp_path, tiny_m
         from trl import GRPOConfig, GRPOTrainer
 
         model = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, use_gradient_checkpointing=False)
-        cfg = GRPOConfig(output_dir=str(tmp_path / "o"), per_device_train_batch_size=4, num_generations=4,
-                         max_completion_length=6, max_steps=1, report_to="none", use_cpu=True, save_strategy="no",
-                         logging_steps=1)
+        cfg = GRPOConfig(
+            output_dir=str(tmp_path / "o"),
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=6,
+            max_steps=1,
+            report_to="none",
+            use_cpu=True,
+            save_strategy="no",
+            logging_steps=1,
+        )
         ds = Dataset.from_list([{"prompt": f"{a}+{a}="} for a in range(8)])
-        trainer = GRPOTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok,
-                              reward_funcs=[lambda completions, **k: [float(len(c)) for c in completions]])
+        trainer = GRPOTrainer(
+            model=model,
+            args=cfg,
+            train_dataset=ds,
+            processing_class=tok,
+            reward_funcs=[lambda completions, **k: [float(len(c)) for c in completions]],
+        )
         assert not trainer.use_vllm  # no engine: TRL's default, HF generate
         trainer.train()
         assert math.isfinite(trainer.state.log_history[0]["loss"])

@@ -31,9 +31,17 @@ def _batch(repeat: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
 def _generate(model, sample: bool, shared: bool, ids, mask, **config):
     from transformers import GenerationConfig
 
-    gen = GenerationConfig(max_new_tokens=8, do_sample=sample, temperature=0.9 if sample else None, top_k=0,
-                           output_logits=True, return_dict_in_generate=True, pad_token_id=0, eos_token_id=None,
-                           **config)
+    gen = GenerationConfig(
+        max_new_tokens=8,
+        do_sample=sample,
+        temperature=0.9 if sample else None,
+        top_k=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+        eos_token_id=None,
+        **config,
+    )
     generate = shared_prefill.shared_prefill_generate(model.generate, model) if shared else model.generate
     torch.manual_seed(3)
     with torch.no_grad():
@@ -52,7 +60,7 @@ def test_same_tokens_and_logits_as_transformers_generate(family, sample):
     for step, (a, b) in enumerate(zip(got.logits, ref.logits, strict=True)):
         assert (a - b).abs().max().item() <= 1e-5, step
     if sample:  # the sampled rows differ within a group: a real sampling test, not four copies of one row
-        assert len({tuple(r) for r in ref.sequences[:4, ids.size(1):].tolist()}) > 1
+        assert len({tuple(r) for r in ref.sequences[:4, ids.size(1) :].tolist()}) > 1
 
 
 def test_the_prefill_runs_over_distinct_prompts_once():
@@ -77,14 +85,17 @@ def test_distinct_rows_keeps_first_seen_order():
     assert same_ids_other_mask[0].tolist() == [0, 1]
 
 
-@pytest.mark.parametrize("case,expected", [
-    ("training", "a module in training mode with attention_dropout=0.1"),
-    ("beams", "beam search"),
-    ("static", "a cache implementation or chunked prefill is set"),
-    ("images", "other inputs than prompt ids and mask"),
-    ("no cache", "generation without a KV cache"),
-    ("model says no cache", "generation without a KV cache"),
-])
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        ("training", "a module in training mode with attention_dropout=0.1"),
+        ("beams", "beam search"),
+        ("static", "a cache implementation or chunked prefill is set"),
+        ("images", "other inputs than prompt ids and mask"),
+        ("no cache", "generation without a KV cache"),
+        ("model says no cache", "generation without a KV cache"),
+    ],
+)
 def test_what_it_cannot_serve_runs_transformers_generate_with_one_line(caplog, case, expected):
     model = _model("llama").eval()
     ids, mask = _batch(repeat=2)

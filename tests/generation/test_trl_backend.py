@@ -87,12 +87,21 @@ def test_dispatch_engine_vs_trls_own_class(monkeypatch):
     factory = slimrl_vllm_generation_factory(TRLGeneration)
     monkeypatch.setattr("slimrl.patching.online.engine_hooks._is_peft", lambda model: True)
     engine = _Engine()
-    ours = factory(model=_Model(engine), accelerator=_Accelerator(), processing_class=None, mode="colocate",
-                   max_num_seqs=16, temperature=0.5, max_completion_length=24, logprobs=0)
+    ours = factory(
+        model=_Model(engine),
+        accelerator=_Accelerator(),
+        processing_class=None,
+        mode="colocate",
+        max_num_seqs=16,
+        temperature=0.5,
+        max_completion_length=24,
+        logprobs=0,
+    )
     assert isinstance(ours, SlimrlVLLMGeneration) and engine.max_num_seqs == 16
     assert ours.sampling["temperature"] == 0.5 and ours.sampling["max_tokens"] == 24
-    assert isinstance(factory(model=_Model(), accelerator=_Accelerator(), processing_class=None, mode="colocate"),
-                      TRLGeneration)
+    assert isinstance(
+        factory(model=_Model(), accelerator=_Accelerator(), processing_class=None, mode="colocate"), TRLGeneration
+    )
     with pytest.warns(UserWarning, match="fast_inference engine not used \\(vllm_mode='server'\\)"):
         factory(model=_Model(engine), accelerator=_Accelerator(), processing_class=None, mode="server")
     assert calls == ["colocate", "server"]

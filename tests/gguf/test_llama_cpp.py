@@ -14,11 +14,18 @@ import torch
 
 from slimrl.export import gguf
 
-pytestmark = pytest.mark.skipif(not (gguf.converter_available() and gguf.quantizer_available()),
-                                reason="needs llama.cpp's converter and llama-cpp-python (make test-gguf)")
+pytestmark = pytest.mark.skipif(
+    not (gguf.converter_available() and gguf.quantizer_available()),
+    reason="needs llama.cpp's converter and llama-cpp-python (make test-gguf)",
+)
 
-PROMPTS = ["The capital of France is", "def add(a, b):\n    return", "What is 12 + 7? The answer is",
-           "Once upon a time, a small robot", "List three colours: red,"]
+PROMPTS = [
+    "The capital of France is",
+    "def add(a, b):\n    return",
+    "What is 12 + 7? The answer is",
+    "Once upon a time, a small robot",
+    "List three colours: red,",
+]
 NEW_TOKENS = 12
 
 
@@ -28,8 +35,9 @@ def exported(tmp_path_factory):
     from slimrl.export.merge import merged_model
 
     model, tok = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=256)
-    model = FastLanguageModel.get_peft_model(model, r=8, lora_alpha=16, random_state=9,
-                                             use_gradient_checkpointing=False)
+    model = FastLanguageModel.get_peft_model(
+        model, r=8, lora_alpha=16, random_state=9, use_gradient_checkpointing=False
+    )
     with torch.no_grad():  # an adapter the size a few training steps give (B starts at zero)
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -48,9 +56,14 @@ def _llama(path):
 def _hf_greedy(model, tok, prompt: str) -> list[int]:
     ids = tok(prompt, return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                             do_sample=False, pad_token_id=tok.pad_token_id)
-    return out[0, ids.shape[1]:].tolist()
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+        )
+    return out[0, ids.shape[1] :].tolist()
 
 
 def _llama_greedy(llm, ids: list[int]) -> list[int]:

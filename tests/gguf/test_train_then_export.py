@@ -15,19 +15,29 @@ import torch
 
 from slimrl.export import gguf
 
-pytestmark = pytest.mark.skipif(not (gguf.converter_available() and gguf.quantizer_available()),
-                                reason="needs llama.cpp's converter and llama-cpp-python (make test-gguf)")
+pytestmark = pytest.mark.skipif(
+    not (gguf.converter_available() and gguf.quantizer_available()),
+    reason="needs llama.cpp's converter and llama-cpp-python (make test-gguf)",
+)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_then_export.py"
 
 
 def test_the_notebook_ending_runs_and_llama_cpp_reads_its_gguf(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--steps", "2"], capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "with the trained adapter: '" in proc.stdout
-    for name in ("grpo_saved_lora/adapter_model.safetensors", "model/model.safetensors", "gguf/model.Q4_K_M.gguf",
-                 "gguf/Modelfile"):
+    for name in (
+        "grpo_saved_lora/adapter_model.safetensors",
+        "model/model.safetensors",
+        "gguf/model.Q4_K_M.gguf",
+        "gguf/Modelfile",
+    ):
         assert (tmp_path / name).is_file() and (tmp_path / name).stat().st_size > 0, name
         assert f"{name}  " in proc.stdout  # the script says what it wrote, with its size
 
@@ -41,8 +51,14 @@ def test_the_notebook_ending_runs_and_llama_cpp_reads_its_gguf(tmp_path):
     with torch.no_grad():
         top = merged(ids).logits[0, -1].topk(2)
     assert float(top.values[0] - top.values[1]) >= 0.5, "a near-tie: the check would not be meaningful"
-    llm = Llama(model_path=str(tmp_path / "gguf/model.Q4_K_M.gguf"), n_ctx=128, logits_all=True, verbose=False,
-                seed=0, n_threads=2)
+    llm = Llama(
+        model_path=str(tmp_path / "gguf/model.Q4_K_M.gguf"),
+        n_ctx=128,
+        logits_all=True,
+        verbose=False,
+        seed=0,
+        n_threads=2,
+    )
     first = llm.tokenize(prompt.encode(), add_bos=False)
     assert first == ids[0].tolist()  # the GGUF carries the tokenizer
     llm.eval(first)

@@ -72,11 +72,22 @@ def _grpo(tmp_path, model, tok, **overrides):
     def reward_digits(completions, **kwargs):
         return [float(sum(ch.isdigit() for ch in c)) for c in completions]
 
-    cfg = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
-               max_steps=2, learning_rate=1e-3, report_to="none", save_strategy="no", logging_steps=1, seed=0)
+    cfg = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=1e-3,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        seed=0,
+    )
     cfg.update(overrides)
-    return GRPOTrainer(model=model, args=GRPOConfig(**cfg), reward_funcs=[reward_digits], train_dataset=ds,
-                       processing_class=tok)
+    return GRPOTrainer(
+        model=model, args=GRPOConfig(**cfg), reward_funcs=[reward_digits], train_dataset=ds, processing_class=tok
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="needs bitsandbytes")
@@ -100,8 +111,9 @@ def test_4bit_gradients_after_generation_on_cuda(tiny_model_dir):
 
     def lora():
         model, _ = FastLanguageModel.from_pretrained(str(tiny_model_dir), load_in_4bit=True, dtype=torch.float32)
-        return FastLanguageModel.get_peft_model(model, r=4, init_lora_weights=False, random_state=3,
-                                                use_gradient_checkpointing=False)
+        return FastLanguageModel.get_peft_model(
+            model, r=4, init_lora_weights=False, random_state=3, use_gradient_checkpointing=False
+        )
 
     ids = torch.randint(3, 49, (2, 16), generator=torch.Generator().manual_seed(1)).to(CUDA)  # [B, T]
 
@@ -181,10 +193,18 @@ def test_offloaded_checkpointing_exact_and_lighter_on_cuda():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=8,
-                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=4096)
-    model = get_peft_model(LlamaForCausalLM(cfg).to(CUDA), LoraConfig(r=8, target_modules=["q_proj", "v_proj"],
-                                                                       init_lora_weights=False))
+    cfg = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=4096,
+    )
+    model = get_peft_model(
+        LlamaForCausalLM(cfg).to(CUDA), LoraConfig(r=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     model.train()
     ids = torch.randint(0, 1000, (4, 2048), device=CUDA)
     ref, ref_peak = _checkpointed_grads(model, ids, offloaded=False)

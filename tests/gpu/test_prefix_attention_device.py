@@ -33,9 +33,9 @@ def _unpacked(q, k, v, layout) -> list[tuple[int, int, torch.Tensor]]:
     for s in range(layout.seg_len.numel()):
         r, a, n = int(layout.seg_row[s]), int(layout.seg_start[s]), int(layout.seg_len[s])
         cols = torch.tensor(list(range(PREFIX_LENS[r])) + list(range(a, a + n)), device=q.device)
-        qs, ks, vs = (t[r:r + 1, :, cols] for t in (q, k, v))
+        qs, ks, vs = (t[r : r + 1, :, cols] for t in (q, k, v))
         out = sdpa(qs, ks.repeat_interleave(groups, 1), vs.repeat_interleave(groups, 1), is_causal=True)
-        rows.append((r, a, out.transpose(1, 2)[0, PREFIX_LENS[r]:]))  # [n, h, d]: the completion's positions
+        rows.append((r, a, out.transpose(1, 2)[0, PREFIX_LENS[r] :]))  # [n, h, d]: the completion's positions
     return rows
 
 
@@ -48,11 +48,11 @@ def test_packed_completions_match_sdpa_on_unpacked_rows(device, dtype):
     tol = TOLERANCE[dtype]
     rows = _unpacked(q, k, v, layout)
     for r, a, alone in rows:
-        torch.testing.assert_close(packed[r, a:a + alone.size(0)].float(), alone.float(), atol=tol, rtol=0)
+        torch.testing.assert_close(packed[r, a : a + alone.size(0)].float(), alone.float(), atol=tol, rtol=0)
     # the same loss on both layouts: the completions' outputs weighted alike; gradients w.r.t. q, k, v
-    loss_packed = sum((packed[r, a:a + o.size(0)].float() * weight[r, a:a + o.size(0)]).sum() for r, a, o in rows)
+    loss_packed = sum((packed[r, a : a + o.size(0)].float() * weight[r, a : a + o.size(0)]).sum() for r, a, o in rows)
     grads_packed = torch.autograd.grad(loss_packed, (q, k, v))
-    loss_rows = sum((o.float() * weight[r, a:a + o.size(0)]).sum() for r, a, o in _unpacked(q, k, v, layout))
+    loss_rows = sum((o.float() * weight[r, a : a + o.size(0)]).sum() for r, a, o in _unpacked(q, k, v, layout))
     grads_rows = torch.autograd.grad(loss_rows, (q, k, v))
     for got, ref in zip(grads_packed, grads_rows):
         assert got.abs().max() > 0

@@ -15,21 +15,39 @@ T = Thresholds(window=3, min_groups=1, max_completion_length=64)
 
 def rows(**columns) -> list[dict]:
     n = len(next(iter(columns.values())))
-    return [{"step": i + 1, "loss": 0.1, **{k.replace("__", "/"): v[i] for k, v in columns.items()}}
-            for i in range(n)]
+    return [{"step": i + 1, "loss": 0.1, **{k.replace("__", "/"): v[i] for k, v in columns.items()}} for i in range(n)]
 
 
-@pytest.mark.parametrize("check, healthy, sick, words", [
-    ("no_signal", rows(frac_reward_zero_std=[0.2, 0.3, 0.25]), rows(frac_reward_zero_std=[1.0, 0.9, 1.0]),
-     "no learning signal"),
-    ("truncated", rows(completions__clipped_ratio=[0.1, 0.0, 0.2]), rows(completions__clipped_ratio=[1.0, 0.9, 0.8]),
-     "max_completion_length=64"),
-    ("kl", rows(kl=[0.01, 0.02, 0.05]), rows(kl=[0.5, 2.0, 3.0]), "KL runaway"),
-    ("clip", rows(clip_ratio__region_mean=[0.0, 0.05, 0.1]), rows(clip_ratio__region_mean=[0.4, 0.5, 0.3]),
-     "trust region"),
-    ("entropy", rows(entropy=[1.0, 0.9, 1.1, 0.8, 0.9, 0.7]), rows(entropy=[1.0, 0.9, 1.1, 0.05, 0.04, 0.03]),
-     "entropy collapsed"),
-])
+@pytest.mark.parametrize(
+    "check, healthy, sick, words",
+    [
+        (
+            "no_signal",
+            rows(frac_reward_zero_std=[0.2, 0.3, 0.25]),
+            rows(frac_reward_zero_std=[1.0, 0.9, 1.0]),
+            "no learning signal",
+        ),
+        (
+            "truncated",
+            rows(completions__clipped_ratio=[0.1, 0.0, 0.2]),
+            rows(completions__clipped_ratio=[1.0, 0.9, 0.8]),
+            "max_completion_length=64",
+        ),
+        ("kl", rows(kl=[0.01, 0.02, 0.05]), rows(kl=[0.5, 2.0, 3.0]), "KL runaway"),
+        (
+            "clip",
+            rows(clip_ratio__region_mean=[0.0, 0.05, 0.1]),
+            rows(clip_ratio__region_mean=[0.4, 0.5, 0.3]),
+            "trust region",
+        ),
+        (
+            "entropy",
+            rows(entropy=[1.0, 0.9, 1.1, 0.8, 0.9, 0.7]),
+            rows(entropy=[1.0, 0.9, 1.1, 0.05, 0.04, 0.03]),
+            "entropy collapsed",
+        ),
+    ],
+)
 def test_windowed_checks(check, healthy, sick, words):
     fn = CHECKS[check]
     assert fn(healthy[:-1] if check != "entropy" else healthy[:4], T) is None  # too few rows: not judged
@@ -52,8 +70,9 @@ def test_groups_per_row_from_the_config():
 
     from slimrl.health.checks import groups_per_row
 
-    args = SimpleNamespace(per_device_train_batch_size=8, gradient_accumulation_steps=2, world_size=2,
-                           num_generations=4, logging_steps=3)
+    args = SimpleNamespace(
+        per_device_train_batch_size=8, gradient_accumulation_steps=2, world_size=2, num_generations=4, logging_steps=3
+    )
     assert groups_per_row(args) == 8 * 2 * 2 / 4 * 3
 
 
@@ -103,11 +122,11 @@ def test_reward_conflict_needs_a_past_agreement_and_a_significant_split():
     assert holds and "'fmt' rose" in message and "'correct'" in message and "reward hacking" in message
     together = rows(rewards__fmt__mean=up_then_up, rewards__correct__mean=up_then_up)
     assert reward_conflict(together, T) == (False, "")
-    opposed_before = rows(rewards__fmt__mean=up_then_up, rewards__correct__mean=[0.9, 0.8, 0.7, 0.6, 0.5, 0.55,
-                                                                                 0.2, 0.15, 0.1])
+    opposed_before = rows(
+        rewards__fmt__mean=up_then_up, rewards__correct__mean=[0.9, 0.8, 0.7, 0.6, 0.5, 0.55, 0.2, 0.15, 0.1]
+    )
     assert reward_conflict(opposed_before, T) == (False, "")  # they never agreed: a trade-off, not a change
-    noisy = rows(rewards__fmt__mean=up_then_up, rewards__correct__mean=[0.1, 0.2, 0.3, 0.4, 0.5, 0.55, 0.9, 0.1,
-                                                                        0.5])
+    noisy = rows(rewards__fmt__mean=up_then_up, rewards__correct__mean=[0.1, 0.2, 0.3, 0.4, 0.5, 0.55, 0.9, 0.1, 0.5])
     assert reward_conflict(noisy, T) == (False, "")  # the fall is within noise
 
 

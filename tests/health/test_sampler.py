@@ -14,14 +14,22 @@ from slimrl.health.sampler import SamplerFacts, sampler_mismatch
 def rows(kl, masked=None, ratio=None):
     masked = masked or [0.0] * len(kl)
     ratio = ratio or [1.0] * len(kl)
-    return [{"step": i + 1, "loss": 0.1, "sampling/kl_k3/mean": k, "sampling/is_masked_share/sequence": m,
-             "sampling/raw_importance_sampling_ratio/mean": r}
-            for i, (k, m, r) in enumerate(zip(kl, masked, ratio, strict=True))]
+    return [
+        {
+            "step": i + 1,
+            "loss": 0.1,
+            "sampling/kl_k3/mean": k,
+            "sampling/is_masked_share/sequence": m,
+            "sampling/raw_importance_sampling_ratio/mean": r,
+        }
+        for i, (k, m, r) in enumerate(zip(kl, masked, ratio, strict=True))
+    ]
 
 
 def t(**facts):
-    return Thresholds(window=2, mismatch_kl=0.005, mismatch_masked=0.1, mismatch_ratio=0.2,
-                      sampler=SamplerFacts(**facts))
+    return Thresholds(
+        window=2, mismatch_kl=0.005, mismatch_masked=0.1, mismatch_ratio=0.2, sampler=SamplerFacts(**facts)
+    )
 
 
 def test_registered_and_silent_until_logged():
@@ -36,8 +44,9 @@ def test_a_jump_after_the_first_step_is_an_adapter_not_synced():
 
 
 def test_truncated_sampling_on_a_biased_release_names_the_field():
-    holds, message = sampler_mismatch(rows([0.006, 0.006, 0.007]), t(truncation="top_p=0.8", biased_ratio=True,
-                                                                      trl="1.16.0"))
+    holds, message = sampler_mismatch(
+        rows([0.006, 0.006, 0.007]), t(truncation="top_p=0.8", biased_ratio=True, trl="1.16.0")
+    )
     assert holds and "truncated sampling (top_p=0.8)" in message and "slimrl_truncated_sampling_fix=True" in message
 
 
@@ -48,8 +57,9 @@ def test_otherwise_precision(kl, masked):
 
 
 def test_facts_from_a_config():
-    args = SimpleNamespace(top_p=1.0, top_k=0, min_p=0.0, generation_kwargs={"top_k": 20}, bf16=True,
-                           vllm_sampling_params=None)
+    args = SimpleNamespace(
+        top_p=1.0, top_k=0, min_p=0.0, generation_kwargs={"top_k": 20}, bf16=True, vllm_sampling_params=None
+    )
     facts = SamplerFacts.from_args(args)
     assert facts.truncation == "top_k=20" and facts.trainer_precision == "bf16" and facts.biased_ratio
     assert not SamplerFacts.from_args(args, fix=True).biased_ratio  # slimrl_truncated_sampling_fix, read upstream

@@ -33,14 +33,33 @@ def _train(tmp_path, algorithm: str = "grpo", reward=digits, steps: int = 3, mod
     from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
     config, trainer_cls = (GRPOConfig, GRPOTrainer) if algorithm == "grpo" else (RLOOConfig, RLOOTrainer)
-    args = config(**{**dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
-                            max_completion_length=8, max_steps=steps, logging_steps=1, learning_rate=1e-3,
-                            temperature=1.0, seed=3, gradient_checkpointing=False, slimrl_health_window=2,
-                            slimrl_health_min_groups=1,
-                            **CPU_ARGS), **overrides})
-    trainer = trainer_cls(model=model or tiny_llama(), args=args, reward_funcs=[reward],
-                          train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]),
-                          processing_class=tiny_tokenizer())
+    args = config(
+        **{
+            **dict(
+                output_dir=str(tmp_path / "out"),
+                per_device_train_batch_size=4,
+                num_generations=4,
+                max_completion_length=8,
+                max_steps=steps,
+                logging_steps=1,
+                learning_rate=1e-3,
+                temperature=1.0,
+                seed=3,
+                gradient_checkpointing=False,
+                slimrl_health_window=2,
+                slimrl_health_min_groups=1,
+                **CPU_ARGS,
+            ),
+            **overrides,
+        }
+    )
+    trainer = trainer_cls(
+        model=model or tiny_llama(),
+        args=args,
+        reward_funcs=[reward],
+        train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]),
+        processing_class=tiny_tokenizer(),
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.train()
@@ -68,8 +87,10 @@ def test_a_constant_reward_warns_no_signal(tmp_path, algorithm):
         unpatch()
     hits = [m for m in messages if "no learning signal" in m]
     assert len(hits) == 1, messages  # once, though it holds at steps 2 and 3
-    assert hits[0].startswith("slimrl health (step 2): no learning signal: in 100% of groups every completion got "
-                              "the same reward (steps 1-2, frac_reward_zero_std)")
+    assert hits[0].startswith(
+        "slimrl health (step 2): no learning signal: in 100% of groups every completion got "
+        "the same reward (steps 1-2, frac_reward_zero_std)"
+    )
     rows = _rows(trainer)
     assert "health/no_signal" not in rows[0] and [r["health/no_signal"] for r in rows[1:]] == [1.0, 1.0]
     assert monitor_of(trainer).report()["no_signal"] == "warned at step 2"
@@ -92,8 +113,15 @@ def test_completions_that_never_finish_warn_truncated(tmp_path):
 def test_a_learning_rate_that_blows_up_the_kl_warns(tmp_path):
     PatchFastRL("grpo")
     try:
-        trainer, messages = _train(tmp_path, reward=varied, steps=4, beta=0.04, learning_rate=0.5,
-                                   lr_scheduler_type="constant", model=_saved(tmp_path))
+        trainer, messages = _train(
+            tmp_path,
+            reward=varied,
+            steps=4,
+            beta=0.04,
+            learning_rate=0.5,
+            lr_scheduler_type="constant",
+            model=_saved(tmp_path),
+        )
     finally:
         unpatch()
     hits = [m for m in messages if "KL runaway" in m]
@@ -105,8 +133,9 @@ def test_a_learning_rate_that_blows_up_the_kl_warns(tmp_path):
 def test_a_sane_learning_rate_keeps_the_kl_check_quiet(tmp_path):
     PatchFastRL("grpo")
     try:
-        trainer, messages = _train(tmp_path, reward=varied, steps=4, beta=0.04, learning_rate=1e-5,
-                                   model=_saved(tmp_path))
+        trainer, messages = _train(
+            tmp_path, reward=varied, steps=4, beta=0.04, learning_rate=1e-5, model=_saved(tmp_path)
+        )
     finally:
         unpatch()
     assert not [m for m in messages if "KL" in m] and [r["health/kl"] for r in _rows(trainer)[1:]] == [0.0] * 3
@@ -123,16 +152,31 @@ def test_switched_off_and_unpatched_trainers_have_no_monitor(tmp_path):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    args = GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=8, max_steps=1, **CPU_ARGS)
-    alone = GRPOTrainer(model=tiny_llama(), args=args, reward_funcs=[constant],
-                        train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]),
-                        processing_class=tiny_tokenizer())
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=1,
+        **CPU_ARGS,
+    )
+    alone = GRPOTrainer(
+        model=tiny_llama(),
+        args=args,
+        reward_funcs=[constant],
+        train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]),
+        processing_class=tiny_tokenizer(),
+    )
     assert monitor_of(alone) is None  # TRL alone (unpatched): no monitor
 
 
-@pytest.mark.parametrize("value, words", [(0, "slimrl_health_window=0 is invalid: use an int >= 1"),
-                                          (1.5, "slimrl_health_zero_std=1.5 is invalid: use a fraction in (0, 1]")])
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        (0, "slimrl_health_window=0 is invalid: use an int >= 1"),
+        (1.5, "slimrl_health_zero_std=1.5 is invalid: use a fraction in (0, 1]"),
+    ],
+)
 def test_bad_thresholds_are_refused_by_name(tmp_path, value, words):
     from trl import GRPOConfig
 

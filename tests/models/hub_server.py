@@ -69,26 +69,54 @@ class FakeHub:
         path = unquote(urlparse(h.path).path)
         self.requests.append(f"{h.command} {path}")
         if self.token and h.headers.get("Authorization") != f"Bearer {self.token}":
-            return self._send(h, 401, b"{\"error\": \"Invalid credentials\"}", body,
-                              {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"})
+            return self._send(
+                h,
+                401,
+                b'{"error": "Invalid credentials"}',
+                body,
+                {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"},
+            )
         api, resolve = f"/api/models/{self.repo_id}/", f"/{self.repo_id}/resolve/"
         if path.startswith(api + "revision/"):
-            rev = path[len(api + "revision/"):]
+            rev = path[len(api + "revision/") :]
             if rev not in self.revisions and rev != COMMIT:
-                return self._send(h, 404, b"{}", body, {"X-Error-Code": "RevisionNotFound",
-                                                         "X-Error-Message": "Invalid rev id"})
-            return self._json(h, {"id": self.repo_id, "modelId": self.repo_id, "sha": COMMIT, "private": False,
-                                  "siblings": [{"rfilename": f} for f in self.files]}, body)
+                return self._send(
+                    h, 404, b"{}", body, {"X-Error-Code": "RevisionNotFound", "X-Error-Message": "Invalid rev id"}
+                )
+            return self._json(
+                h,
+                {
+                    "id": self.repo_id,
+                    "modelId": self.repo_id,
+                    "sha": COMMIT,
+                    "private": False,
+                    "siblings": [{"rfilename": f} for f in self.files],
+                },
+                body,
+            )
         if path.startswith(api + "tree/"):
-            return self._json(h, [{"type": "file", "oid": self._oid(p), "size": p.stat().st_size, "path": f}
-                                  for f, p in self.files.items()], body)
+            return self._json(
+                h,
+                [
+                    {"type": "file", "oid": self._oid(p), "size": p.stat().st_size, "path": f}
+                    for f, p in self.files.items()
+                ],
+                body,
+            )
         if path.startswith(resolve):
-            rev, _, name = path[len(resolve):].partition("/")
+            rev, _, name = path[len(resolve) :].partition("/")
             if name in self.files and (rev in self.revisions or rev == COMMIT):
-                data, etag = self.files[name].read_bytes(), f"\"{self._oid(self.files[name])}\""
-                return self._send(h, 200, data, body, {"X-Repo-Commit": COMMIT, "ETag": etag,
-                                                       "Content-Type": "application/octet-stream"})
-            return self._send(h, 404, b"{}", body, {"X-Error-Code": "EntryNotFound",
-                                                     "X-Error-Message": "Entry not found"})
-        return self._send(h, 404, b"{}", body, {"X-Error-Code": "RepoNotFound",
-                                                 "X-Error-Message": "Repository not found"})
+                data, etag = self.files[name].read_bytes(), f'"{self._oid(self.files[name])}"'
+                return self._send(
+                    h,
+                    200,
+                    data,
+                    body,
+                    {"X-Repo-Commit": COMMIT, "ETag": etag, "Content-Type": "application/octet-stream"},
+                )
+            return self._send(
+                h, 404, b"{}", body, {"X-Error-Code": "EntryNotFound", "X-Error-Message": "Entry not found"}
+            )
+        return self._send(
+            h, 404, b"{}", body, {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Repository not found"}
+        )

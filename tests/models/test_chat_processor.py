@@ -42,8 +42,10 @@ def test_loaded_processor_takes_the_notebooks_chat_messages(tmp_path, family):
     pair = [_prompt("How many dots?"), _prompt("Which colour?")]
     rendered = [tv.processor.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in pair]
     kwargs = dict(padding=True, add_special_tokens=False, return_tensors="pt")
-    _same(processor(images=[[image], [image]], text=pair, **kwargs),
-          tv.processor(images=[[image], [image]], text=rendered, **kwargs))
+    _same(
+        processor(images=[[image], [image]], text=pair, **kwargs),
+        tv.processor(images=[[image], [image]], text=rendered, **kwargs),
+    )
     import transformers
 
     name = type(tv.processor).__name__
@@ -61,11 +63,18 @@ def test_qwen3_vl_processor_takes_chat_messages():
     from slimrl.models.vision import image_only
 
     tv = build("qwen2.5-vl")
-    plain = image_only(Qwen3VLProcessor)(image_processor=tv.processor.image_processor, tokenizer=tv.processor.tokenizer,
-                                         chat_template=tv.processor.chat_template)
-    processor = accept_chat_messages(image_only(Qwen3VLProcessor)(
-        image_processor=tv.processor.image_processor, tokenizer=tv.processor.tokenizer,
-        chat_template=tv.processor.chat_template))
+    plain = image_only(Qwen3VLProcessor)(
+        image_processor=tv.processor.image_processor,
+        tokenizer=tv.processor.tokenizer,
+        chat_template=tv.processor.chat_template,
+    )
+    processor = accept_chat_messages(
+        image_only(Qwen3VLProcessor)(
+            image_processor=tv.processor.image_processor,
+            tokenizer=tv.processor.tokenizer,
+            chat_template=tv.processor.chat_template,
+        )
+    )
     image = images(1, tv.image_size)[0]
     text = plain.apply_chat_template(_prompt(), add_generation_prompt=True, tokenize=False)
     _same(processor(image, _prompt(), return_tensors="pt"), plain(image, text, return_tensors="pt"))
@@ -77,8 +86,9 @@ def test_a_conversation_that_ends_with_the_answer_gets_no_generation_prompt():
     tv = build("idefics3")
     processor = accept_chat_messages(tv.processor)
     done = [*_prompt(), {"role": "assistant", "content": [{"type": "text", "text": "3"}]}]
-    assert render(processor, done) == tv.processor.apply_chat_template(done, add_generation_prompt=False,
-                                                                       tokenize=False)
+    assert render(processor, done) == tv.processor.apply_chat_template(
+        done, add_generation_prompt=False, tokenize=False
+    )
     assert render(processor, ["a", "b"]) == ["a", "b"] and render(processor, "a") == "a"
     assert accept_chat_messages(processor) is processor  # once
 

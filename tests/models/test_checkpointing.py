@@ -93,8 +93,12 @@ def test_selective_checkpointing_is_exact_and_kept_through_the_trainers_enable(t
     for name, g in ref.items():
         torch.testing.assert_close(got[name], g, rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="checkpoint_every_n_layers must be a positive int"):
-        FastLanguageModel.get_peft_model(FastLanguageModel.from_pretrained(str(tiny_model_dir))[0], r=4,
-                                         use_gradient_checkpointing="selective", checkpoint_every_n_layers=0)
+        FastLanguageModel.get_peft_model(
+            FastLanguageModel.from_pretrained(str(tiny_model_dir))[0],
+            r=4,
+            use_gradient_checkpointing="selective",
+            checkpoint_every_n_layers=0,
+        )
 
 
 def test_paused_turns_checkpointing_off_and_back_without_deprecated_names():

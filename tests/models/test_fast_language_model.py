@@ -56,8 +56,15 @@ def test_4bit_without_bitsandbytes_warns_and_loads(tiny_dir, monkeypatch):
 
 def test_get_peft_model_targets_every_projection(tiny_dir):
     model, _ = FastLanguageModel.from_pretrained(str(tiny_dir))
-    assert default_target_modules(model) == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                             "down_proj"]
+    assert default_target_modules(model) == [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ]
     peft = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8)
     trainable = [n for n, p in peft.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)

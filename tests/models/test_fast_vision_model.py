@@ -39,10 +39,20 @@ def test_loads_model_and_processor_and_runs_an_image(tmp_path, family):
     assert type(model).__name__ == type(tv.model).__name__ and type(processor).__name__ == type(tv.processor).__name__
     assert model.max_seq_length == 512 and model.dtype == torch.float32  # fp32 on a CPU, as for text models
     assert model_state(model).vision is True
-    msgs = [[{"role": "user", "content": [{"type": "image", "image": images(1, tv.image_size)[0]},
-                                          {"type": "text", "text": "How many dots?"}]}]]
-    batch = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                          return_tensors="pt")
+    msgs = [
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": images(1, tv.image_size)[0]},
+                    {"type": "text", "text": "How many dots?"},
+                ],
+            }
+        ]
+    ]
+    batch = processor.apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
     torch.testing.assert_close(model(**batch).logits, tv.model(**batch).logits)  # the same weights, read back
     again, _ = FastModel.from_pretrained(str(path))  # Unsloth's generic entry point tells it is a VLM too
     assert type(again).__name__ == type(tv.model).__name__
@@ -94,15 +104,19 @@ def test_processor_without_torchvision_is_image_only_with_one_line(tmp_path, cap
     from slimrl.models.vision import load_processor
 
     path, tv = _saved(tmp_path, "qwen2.5-vl")
-    with pytest.warns(UserWarning, match="without its video processor") if importlib.util.find_spec(
-            "torchvision") is None else contextlib.nullcontext():
+    with (
+        pytest.warns(UserWarning, match="without its video processor")
+        if importlib.util.find_spec("torchvision") is None
+        else contextlib.nullcontext()
+    ):
         processor = load_processor(str(path))
-    out = processor(text=["<|vision_start|><|image_pad|><|vision_end|>dots?"], images=images(1, tv.image_size),
-                    return_tensors="pt")
-    ref = tv.processor(text=["<|vision_start|><|image_pad|><|vision_end|>dots?"], images=images(1, tv.image_size),
-                       return_tensors="pt")
+    out = processor(
+        text=["<|vision_start|><|image_pad|><|vision_end|>dots?"], images=images(1, tv.image_size), return_tensors="pt"
+    )
+    ref = tv.processor(
+        text=["<|vision_start|><|image_pad|><|vision_end|>dots?"], images=images(1, tv.image_size), return_tensors="pt"
+    )
     assert out.keys() == ref.keys() and all(torch.equal(out[k], ref[k]) for k in ref)
-
 
 
 def test_inference_mode_generates_from_an_image_and_training_mode_comes_back(tmp_path):
@@ -113,10 +127,13 @@ def test_inference_mode_generates_from_an_image_and_training_mode_comes_back(tmp
     model = FastVisionModel.get_peft_model(model, r=4)
     FastVisionModel.for_inference(model)
     assert not model.training and processor.tokenizer.padding_side == "left"
-    msgs = [[{"role": "user", "content": [{"type": "image", "image": im}, {"type": "text", "text": "dots?"}]}]
-            for im in images(2, tv.image_size)]
-    batch = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                          return_tensors="pt", padding=True)
+    msgs = [
+        [{"role": "user", "content": [{"type": "image", "image": im}, {"type": "text", "text": "dots?"}]}]
+        for im in images(2, tv.image_size)
+    ]
+    batch = processor.apply_chat_template(
+        msgs, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt", padding=True
+    )
     out = model.generate(**batch, max_new_tokens=3, do_sample=False)
     assert out.shape == (2, batch["input_ids"].shape[1] + 3)
     FastVisionModel.for_training(model)

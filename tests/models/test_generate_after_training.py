@@ -18,11 +18,25 @@ def _trained(tiny_model_dir, tmp_path):
     model = FastLanguageModel.get_peft_model(model, r=4, use_gradient_checkpointing=True, init_lora_weights=False)
     PatchFastRL("grpo")
     try:
-        cfg = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
-                         max_completion_length=6, max_steps=1, report_to="none", use_cpu=True, bf16=False,
-                         save_strategy="no", logging_steps=1)
-        trainer = GRPOTrainer(model=model, args=cfg, reward_funcs=[lambda completions, **kw: [1.0] * len(completions)],
-                              train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 2), processing_class=tok)
+        cfg = GRPOConfig(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=2,
+            num_generations=2,
+            max_completion_length=6,
+            max_steps=1,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            save_strategy="no",
+            logging_steps=1,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            args=cfg,
+            reward_funcs=[lambda completions, **kw: [1.0] * len(completions)],
+            train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 2),
+            processing_class=tok,
+        )
         trainer.train()
     finally:
         unpatch()

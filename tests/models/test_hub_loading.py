@@ -37,11 +37,17 @@ print("RESULT" + json.dumps(out))
 
 def _load(calls: list, **env) -> list[dict]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    r = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(calls)], cwd=ROOT, capture_output=True, text=True,
-                       env={**clean, **env}, timeout=240)
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(calls)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**clean, **env},
+        timeout=240,
+    )
     line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT")), None)
     assert line, r.stderr[-3000:]
-    results = json.loads(line[len("RESULT"):])
+    results = json.loads(line[len("RESULT") :])
     return [results[json.dumps(kwargs)] for _, kwargs in calls]
 
 
@@ -57,12 +63,16 @@ def test_download_then_cache_then_offline(repo):
     cache = str(repo / "cache")
     expected = float(next(tiny_llama().parameters()).flatten()[0])
     with FakeHub(repo / "repo", "org/tiny", token="secret") as hub:
-        no_token, bad_rev, downloaded, cached = _load([
-            ("org/tiny", {"cache_dir": cache}),
-            ("org/tiny", {"cache_dir": cache, "token": "secret", "revision": "v9"}),
-            ("org/tiny", {"cache_dir": cache, "token": "secret"}),
-            ("org/tiny", {"cache_dir": cache, "token": "secret", "local_files_only": True}),
-        ], HF_ENDPOINT=hub.url, HF_HUB_CACHE=str(repo / "default-cache"))
+        no_token, bad_rev, downloaded, cached = _load(
+            [
+                ("org/tiny", {"cache_dir": cache}),
+                ("org/tiny", {"cache_dir": cache, "token": "secret", "revision": "v9"}),
+                ("org/tiny", {"cache_dir": cache, "token": "secret"}),
+                ("org/tiny", {"cache_dir": cache, "token": "secret", "local_files_only": True}),
+            ],
+            HF_ENDPOINT=hub.url,
+            HF_HUB_CACHE=str(repo / "default-cache"),
+        )
         fetched = [r.split()[-1] for r in hub.requests if r.startswith("GET") and "/resolve/" in r]
     assert "model_name='org/tiny' was not found on the Hub" in no_token["error"] and "token=" in no_token["error"]
     assert "model_name='org/tiny' at revision 'v9' has no revision 'v9'" in bad_rev["error"]
@@ -71,16 +81,21 @@ def test_download_then_cache_then_offline(repo):
     assert any(f.endswith("model.safetensors") for f in fetched)
     assert not any(f.endswith(".bin") for f in fetched), "pickle weights were downloaded"
 
-    (offline_cached,) = _load([("org/tiny", {"cache_dir": cache})], HF_HUB_OFFLINE="1",
-                              HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens there: cache only
+    (offline_cached,) = _load(
+        [("org/tiny", {"cache_dir": cache})], HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9"
+    )  # nothing listens there: cache only
     assert offline_cached["ok"] == downloaded["ok"]
 
 
 def test_offline_and_not_cached_is_one_line(tmp_path):
-    offline, local_only = _load([
-        ("org/not-cached", {}),
-        ("org/not-cached", {"local_files_only": True, "cache_dir": str(tmp_path / "c2")}),
-    ], HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "c1"))
+    offline, local_only = _load(
+        [
+            ("org/not-cached", {}),
+            ("org/not-cached", {"local_files_only": True, "cache_dir": str(tmp_path / "c2")}),
+        ],
+        HF_HUB_OFFLINE="1",
+        HF_HUB_CACHE=str(tmp_path / "c1"),
+    )
     assert "FileNotFoundError: model_name='org/not-cached' is not a local directory" in offline["error"]
     assert "downloads are off (HF_HUB_OFFLINE is set)" in offline["error"] and "\n" not in offline["error"]
     assert "downloads are off (local_files_only=True)" in local_only["error"]

@@ -11,8 +11,9 @@ from tests.tiny import tiny_llama, tiny_tokenizer
 def test_one_record_from_loading_to_the_adapter(tmp_path):
     tiny_llama().save_pretrained(tmp_path)
     tiny_tokenizer().save_pretrained(tmp_path)
-    model, tokenizer = FastLanguageModel.from_pretrained(str(tmp_path), max_seq_length=64, max_lora_rank=8,
-                                                         use_gradient_checkpointing=False)
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        str(tmp_path), max_seq_length=64, max_lora_rank=8, use_gradient_checkpointing=False
+    )
     state = model_state(model)
     assert isinstance(state, ModelState) and state.model_path == str(tmp_path) and state.max_lora_rank == 8
     assert state.tokenizer is tokenizer and state.processor is None and state.checkpointing_default is False

@@ -43,8 +43,9 @@ BATCH = torch.randint(3, 49, (2, 16), generator=torch.Generator().manual_seed(1)
 
 def _lora(path, **load) -> torch.nn.Module:
     model, _ = FastLanguageModel.from_pretrained(str(path), max_seq_length=64, **load)
-    return FastLanguageModel.get_peft_model(model, r=8, lora_alpha=8, use_gradient_checkpointing=False,
-                                            init_lora_weights=False, random_state=3)
+    return FastLanguageModel.get_peft_model(
+        model, r=8, lora_alpha=8, use_gradient_checkpointing=False, init_lora_weights=False, random_state=3
+    )
 
 
 def _grads(model, missing_as_zero: bool = False) -> dict[str, torch.Tensor]:
@@ -52,14 +53,22 @@ def _grads(model, missing_as_zero: bool = False) -> dict[str, torch.Tensor]:
     model.train()
     model.zero_grad()
     model(input_ids=BATCH, labels=BATCH).loss.backward()
-    return {n: p.grad.detach().clone() if p.grad is not None or not missing_as_zero else torch.zeros_like(p)
-            for n, p in model.named_parameters() if p.requires_grad}
+    return {
+        n: p.grad.detach().clone() if p.grad is not None or not missing_as_zero else torch.zeros_like(p)
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    }
 
 
 def _generate(model) -> None:
     with torch.no_grad():
-        model.generate(input_ids=BATCH[:, :6], attention_mask=torch.ones(2, 6, dtype=torch.long), max_new_tokens=6,
-                       do_sample=True, top_k=0)
+        model.generate(
+            input_ids=BATCH[:, :6],
+            attention_mask=torch.ones(2, 6, dtype=torch.long),
+            max_new_tokens=6,
+            do_sample=True,
+            top_k=0,
+        )
 
 
 def _worst(a: dict, b: dict) -> float:
@@ -80,11 +89,17 @@ def test_the_simulation_reproduces_the_bug(quant_dir, avx512bf16):
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     def raw():
-        m = AutoModelForCausalLM.from_pretrained(str(quant_dir), device_map="cpu", quantization_config=(
-            BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)))
+        m = AutoModelForCausalLM.from_pretrained(
+            str(quant_dir),
+            device_map="cpu",
+            quantization_config=(
+                BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
+            ),
+        )
         torch.manual_seed(3)
-        return get_peft_model(m, LoraConfig(r=8, target_modules=["q_proj", "v_proj", "down_proj"],
-                                            init_lora_weights=False))
+        return get_peft_model(
+            m, LoraConfig(r=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+        )
 
     fresh, used = raw(), raw()
     used.eval()
@@ -100,14 +115,19 @@ def test_the_simulation_reproduces_the_bug(quant_dir, avx512bf16):
 @pytest.mark.parametrize("bits", ["load_in_4bit", "load_in_8bit"])
 def test_generate_then_train_gives_a_fresh_models_gradients(quant_dir, avx512bf16, bits):
     fresh, used = _lora(quant_dir, **{bits: True}), _lora(quant_dir, **{bits: True})
-    layers = _linear4bit(used) if bits == "load_in_4bit" else \
-        [m for m in used.modules() if isinstance(m, bnb.nn.Linear8bitLt)]
+    layers = (
+        _linear4bit(used)
+        if bits == "load_in_4bit"
+        else [m for m in used.modules() if isinstance(m, bnb.nn.Linear8bitLt)]
+    )
     assert layers  # the base really is quantized
     FastLanguageModel.for_inference(used)
     _generate(used)
     FastLanguageModel.for_training(used)
-    assert not any(getattr(m.weight, "quant_state", None) and m.weight.quant_state.__dict__.get(
-        "packing_format_for_cpu") for m in layers)
+    assert not any(
+        getattr(m.weight, "quant_state", None) and m.weight.quant_state.__dict__.get("packing_format_for_cpu")
+        for m in layers
+    )
     assert _worst(_grads(used), _grads(fresh)) <= TOL
 
 
@@ -160,9 +180,18 @@ def test_a_model_repacked_before_slimrl_saw_it_is_unpacked_with_a_warning(quant_
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     def raw():
-        return AutoModelForCausalLM.from_pretrained(str(quant_dir), device_map="cpu", quantization_config=(
-            BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32,
-                               bnb_4bit_use_double_quant=True)))
+        return AutoModelForCausalLM.from_pretrained(
+            str(quant_dir),
+            device_map="cpu",
+            quantization_config=(
+                BitsAndBytesConfig(
+                    load_in_4bit=True,
+                    bnb_4bit_quant_type="nf4",
+                    bnb_4bit_compute_dtype=torch.float32,
+                    bnb_4bit_use_double_quant=True,
+                )
+            ),
+        )
 
     used, ref = raw(), raw()
     used.eval()
@@ -172,10 +201,12 @@ def test_a_model_repacked_before_slimrl_saw_it_is_unpacked_with_a_warning(quant_
         state.absmax = (bf.dequantize_blockwise(state.absmax, state.state2) + state.offset).bfloat16().float()
         state.nested = False
     with pytest.warns(UserWarning, match=r"14 4-bit layers .* had been repacked by bitsandbytes"):
-        used = FastLanguageModel.get_peft_model(used, r=8, init_lora_weights=False, random_state=3,
-                                                use_gradient_checkpointing=False)
-    ref = FastLanguageModel.get_peft_model(ref, r=8, init_lora_weights=False, random_state=3,
-                                           use_gradient_checkpointing=False)
+        used = FastLanguageModel.get_peft_model(
+            used, r=8, init_lora_weights=False, random_state=3, use_gradient_checkpointing=False
+        )
+    ref = FastLanguageModel.get_peft_model(
+        ref, r=8, init_lora_weights=False, random_state=3, use_gradient_checkpointing=False
+    )
     assert _worst(_grads(used), _grads(ref)) <= TOL
 
 
@@ -186,12 +217,25 @@ def test_grpo_step_after_a_real_generation_matches_a_fresh_model(quant_dir, avx5
     from trl import GRPOConfig, GRPOTrainer
 
     def trainer(model, out):
-        args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=4, num_generations=4,
-                          max_completion_length=6, beta=0.04, temperature=0.9, max_steps=1, logging_steps=1,
-                          gradient_checkpointing=False, **CPU_ARGS)
-        return GRPOTrainer(model=model, args=args, processing_class=tiny_tokenizer(),
-                           reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
-                           train_dataset=Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5+6=", "7+8="]]))
+        args = GRPOConfig(
+            output_dir=str(out),
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=6,
+            beta=0.04,
+            temperature=0.9,
+            max_steps=1,
+            logging_steps=1,
+            gradient_checkpointing=False,
+            **CPU_ARGS,
+        )
+        return GRPOTrainer(
+            model=model,
+            args=args,
+            processing_class=tiny_tokenizer(),
+            reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
+            train_dataset=Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5+6=", "7+8="]]),
+        )
 
     used = trainer(_lora(quant_dir, load_in_4bit=True), quant_dir.parent / "a")
     fresh = trainer(_lora(quant_dir, load_in_4bit=True), quant_dir.parent / "b")

@@ -17,8 +17,11 @@ def test_pickle_only_checkpoint_is_refused_with_the_way_out(tmp_path):
     torch.save(model.state_dict(), tmp_path / "m" / "pytorch_model.bin")  # a pickle-only checkpoint
     tiny_tokenizer().save_pretrained(tmp_path / "m")
     assert not list((tmp_path / "m").glob("*.safetensors"))
-    with pytest.raises(ValueError, match=r"has no \.safetensors weights .* slimrl loads safetensors only by "
-                                         r"default; convert the checkpoint .* pass use_safetensors=False"):
+    with pytest.raises(
+        ValueError,
+        match=r"has no \.safetensors weights .* slimrl loads safetensors only by "
+        r"default; convert the checkpoint .* pass use_safetensors=False",
+    ):
         FastLanguageModel.from_pretrained(str(tmp_path / "m"), max_seq_length=64)
     model, _ = FastLanguageModel.from_pretrained(str(tmp_path / "m"), max_seq_length=64, use_safetensors=False)
     assert model.max_seq_length == 64  # the explicit opt-in loads it

@@ -23,17 +23,37 @@ def test_readme_table_is_the_declared_one():
 def test_every_unsloth_keyword_of_the_gpt_oss_and_grpo_notebooks_loads(tiny_model_dir, capfd):
     unsloth_keywords._SAID.clear()
     model, tok = FastLanguageModel.from_pretrained(
-        str(tiny_model_dir), max_seq_length=128, load_in_4bit=False, offload_embedding=True, full_finetuning=False,
-        use_exact_model_name=True, float8_kv_cache=False, unsloth_vllm_standby=True, random_state=3407,
-        fix_tokenizer=True, disable_log_stats=True, load_in_16bit=True, unsloth_tiled_mlp=False,
-        use_gradient_checkpointing="unsloth")
+        str(tiny_model_dir),
+        max_seq_length=128,
+        load_in_4bit=False,
+        offload_embedding=True,
+        full_finetuning=False,
+        use_exact_model_name=True,
+        float8_kv_cache=False,
+        unsloth_vllm_standby=True,
+        random_state=3407,
+        fix_tokenizer=True,
+        disable_log_stats=True,
+        load_in_16bit=True,
+        unsloth_tiled_mlp=False,
+        use_gradient_checkpointing="unsloth",
+    )
     err = capfd.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("slimrl: from_pretrained(")]
-    assert lines == ["slimrl: from_pretrained(offload_embedding=True) ignored: the input embedding stays with the "
-                     "model (on a CPU it is in host memory already)"]  # only what was asked and is not done
-    peft = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, random_state=3407, use_rslora=True,
-                                            loftq_config={}, temporary_location="_unsloth_temporary_saved_buffers",
-                                            max_seq_length=96)
+    assert lines == [
+        "slimrl: from_pretrained(offload_embedding=True) ignored: the input embedding stays with the "
+        "model (on a CPU it is in host memory already)"
+    ]  # only what was asked and is not done
+    peft = FastLanguageModel.get_peft_model(
+        model,
+        r=4,
+        lora_alpha=8,
+        random_state=3407,
+        use_rslora=True,
+        loftq_config={},
+        temporary_location="_unsloth_temporary_saved_buffers",
+        max_seq_length=96,
+    )
     assert peft.peft_config["default"].use_rslora is True and peft.max_seq_length == 96
     assert model_state(peft).checkpointing == "unsloth"  # from_pretrained's default taken
 
@@ -59,8 +79,9 @@ def test_attention_or_mlp_only(tiny_model_dir):
 
 
 def test_full_finetuning_trains_every_weight_without_an_adapter(tiny_model_dir, capfd):
-    model, _ = FastLanguageModel.from_pretrained(str(tiny_model_dir), max_seq_length=64, full_finetuning=True,
-                                                 load_in_4bit=True)
+    model, _ = FastLanguageModel.from_pretrained(
+        str(tiny_model_dir), max_seq_length=64, full_finetuning=True, load_in_4bit=True
+    )
     same = FastLanguageModel.get_peft_model(model, r=8, use_gradient_checkpointing=False)
     assert same is model and not any("lora" in n for n, _ in model.named_parameters())
     assert all(p.requires_grad for p in model.parameters())

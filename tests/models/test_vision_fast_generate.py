@@ -20,8 +20,9 @@ def vlm(tmp_path_factory):
     tv.model.save_pretrained(path)
     tv.processor.save_pretrained(path)
     model, processor = FastVisionModel.from_pretrained(str(path), max_seq_length=512)
-    model = FastVisionModel.get_peft_model(model, r=4, lora_alpha=4, init_lora_weights=False,
-                                           use_gradient_checkpointing=False)
+    model = FastVisionModel.get_peft_model(
+        model, r=4, lora_alpha=4, init_lora_weights=False, use_gradient_checkpointing=False
+    )
     return model, processor, tv.image_size
 
 
@@ -40,8 +41,10 @@ def test_the_image_reaches_the_model(vlm):
     model, processor, size = vlm
     text = _prompt(processor)
     first, second = images(2, size, seed=11)
-    outs = [model.fast_generate({"prompt": text, "multi_modal_data": {"image": img}}, _greedy())[0]
-            for img in (first, second, first)]
+    outs = [
+        model.fast_generate({"prompt": text, "multi_modal_data": {"image": img}}, _greedy())[0]
+        for img in (first, second, first)
+    ]
     assert outs[0].outputs[0].token_ids == outs[2].outputs[0].token_ids  # greedy: the same image, the same answer
     assert outs[0].outputs[0].token_ids != outs[1].outputs[0].token_ids  # another image, another answer
     assert outs[0].prompt == text and len(outs[0].prompt_token_ids) > len(processor.tokenizer(text)["input_ids"])

@@ -50,8 +50,17 @@ CASES = [
 @pytest.mark.parametrize("chunk_rows,temperature,use_bias,scale,softcap", CASES)
 def test_values_and_gradients_match_fp64(chunk_rows, temperature, use_bias, scale, softcap):
     hidden, weight, bias, targets = make(bias=use_bias)
-    logps, ent = chunked_logprobs(hidden, weight, targets, bias, temperature, chunk_rows=chunk_rows,
-                                  logit_scale=scale, softcap=softcap, with_entropy=True)
+    logps, ent = chunked_logprobs(
+        hidden,
+        weight,
+        targets,
+        bias,
+        temperature,
+        chunk_rows=chunk_rows,
+        logit_scale=scale,
+        softcap=softcap,
+        with_entropy=True,
+    )
     ref_inputs = [t.detach().double().requires_grad_() for t in (hidden, weight)]
     ref_bias = bias.detach().double().requires_grad_() if bias is not None else None
     rl, re = reference(ref_inputs[0], ref_inputs[1], targets, ref_bias, temperature, scale, softcap)
@@ -160,14 +169,22 @@ def test_stats_outputs_match_fp64(chunk_rows, temperature, use_bias, scale, soft
     hidden, weight, bias, targets = make(bias=use_bias)
     targets[:5] = 0
     weight.data[0] = hidden.data[:5].mean(0) * 4  # row 0 of the head aligned with rows 0..4: vocab 0 is their argmax
-    z = ((hidden.double() @ weight.double().T + (bias.double() if bias is not None else 0.0)) * scale)  # [N, V]
+    z = (hidden.double() @ weight.double().T + (bias.double() if bias is not None else 0.0)) * scale  # [N, V]
     if softcap is not None:
         z = softcap * torch.tanh(z / softcap)
     z = z / temperature
     ref_logp = torch.log_softmax(z, -1)
     logps, ent, sq, mean, top1 = chunked_logprob_outputs(
-        hidden, weight, targets, bias, temperature, chunk_rows=chunk_rows, logit_scale=scale, softcap=softcap,
-        outputs=("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1"))
+        hidden,
+        weight,
+        targets,
+        bias,
+        temperature,
+        chunk_rows=chunk_rows,
+        logit_scale=scale,
+        softcap=softcap,
+        outputs=("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1"),
+    )
     torch.testing.assert_close(logps.double(), ref_logp.gather(1, targets[:, None]).squeeze(1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent.double(), -(ref_logp.exp() * ref_logp).sum(-1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(sq.double(), torch.logsumexp(2 * ref_logp, -1), rtol=1e-5, atol=1e-5)
@@ -179,8 +196,17 @@ def test_stats_outputs_match_fp64(chunk_rows, temperature, use_bias, scale, soft
     (logps.sum() + ent.sum()).backward()
     g = hidden.grad.clone()
     hidden.grad = None
-    lp2, ent2 = chunked_logprobs(hidden, weight, targets, bias, temperature, chunk_rows=chunk_rows,
-                                 logit_scale=scale, softcap=softcap, with_entropy=True)
+    lp2, ent2 = chunked_logprobs(
+        hidden,
+        weight,
+        targets,
+        bias,
+        temperature,
+        chunk_rows=chunk_rows,
+        logit_scale=scale,
+        softcap=softcap,
+        with_entropy=True,
+    )
     (lp2.sum() + ent2.sum()).backward()
     torch.testing.assert_close(hidden.grad, g, rtol=0, atol=0)
 

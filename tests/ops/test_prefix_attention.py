@@ -50,11 +50,12 @@ def test_each_completion_sees_what_its_own_unpacked_row_sees():
         r, a, n = int(layout.seg_row[s]), int(layout.seg_start[s]), int(layout.seg_len[s])
         p = prefix_lens[r]
         cols = list(range(p)) + list(range(a, a + n))  # TRL's row: [prompt, this completion]
-        row = [t[r:r + 1, :, cols] for t in (q, k, v)]
-        alone = sdpa(row[0], row[1].repeat_interleave(groups, 1),
-                                               row[2].repeat_interleave(groups, 1), is_causal=True)  # [1, h, p+n, d]
+        row = [t[r : r + 1, :, cols] for t in (q, k, v)]
+        alone = sdpa(
+            row[0], row[1].repeat_interleave(groups, 1), row[2].repeat_interleave(groups, 1), is_causal=True
+        )  # [1, h, p+n, d]
         alone = alone.transpose(1, 2)[0]  # [p + n, h, d]
-        torch.testing.assert_close(packed[r, a:a + n], alone[p:], atol=1e-10, rtol=0)
+        torch.testing.assert_close(packed[r, a : a + n], alone[p:], atol=1e-10, rtol=0)
         torch.testing.assert_close(packed[r, :p], alone[:p], atol=1e-10, rtol=0)
 
 
@@ -109,8 +110,9 @@ def test_segments_attention_meets_the_causal_kernels(monkeypatch, model, dtype):
 
     def spy(q, k, v, attn_mask=None, is_causal=False, **kwargs):
         calls.append("causal" if is_causal and attn_mask is None else causal_kernel_problems(q, k, attn_mask))
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                                                **kwargs)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kwargs
+        )
 
     monkeypatch.setattr(pa, "sdpa", spy)
     g = torch.Generator().manual_seed(0)
@@ -135,7 +137,8 @@ def test_under_autocast_mixed_input_dtypes_are_cast_as_sdpa_casts_them():
         for s in range(layout.seg_len.numel()):
             r, a, n = int(layout.seg_row[s]), int(layout.seg_start[s]), int(layout.seg_len[s])
             cols = list(range(prefix_lens[r])) + list(range(a, a + n))
-            row = [t[r:r + 1, :, cols] for t in (q, k, v.to(torch.bfloat16))]
-            alone = sdpa(row[0], row[1].repeat_interleave(groups, 1), row[2].repeat_interleave(groups, 1),
-                         is_causal=True).transpose(1, 2)[0]  # [p + n, h, d]
-            torch.testing.assert_close(packed[r, a:a + n].float(), alone[prefix_lens[r]:].float(), atol=3e-2, rtol=0)
+            row = [t[r : r + 1, :, cols] for t in (q, k, v.to(torch.bfloat16))]
+            alone = sdpa(
+                row[0], row[1].repeat_interleave(groups, 1), row[2].repeat_interleave(groups, 1), is_causal=True
+            ).transpose(1, 2)[0]  # [p + n, h, d]
+            torch.testing.assert_close(packed[r, a : a + n].float(), alone[prefix_lens[r] :].float(), atol=3e-2, rtol=0)

@@ -39,8 +39,16 @@ def reference_kept(z: list[float], top_k: int, top_p: float, min_p: float) -> se
     return kept
 
 
-SETTINGS = [(0, 1.0, 0.0), (5, 1.0, 0.0), (0, 0.8, 0.0), (0, 1.0, 0.1), (20, 0.9, 0.0), (40, 0.7, 0.05),
-            (1, 1.0, 0.0), (0, 0.05, 0.0)]
+SETTINGS = [
+    (0, 1.0, 0.0),
+    (5, 1.0, 0.0),
+    (0, 0.8, 0.0),
+    (0, 1.0, 0.1),
+    (20, 0.9, 0.0),
+    (40, 0.7, 0.05),
+    (1, 1.0, 0.0),
+    (0, 0.05, 0.0),
+]
 
 
 @pytest.mark.parametrize("top_k,top_p,min_p", SETTINGS)
@@ -69,9 +77,11 @@ def test_each_filter_alone_keeps_what_transformers_keeps(which):
 
     g = torch.Generator().manual_seed(11)
     z = torch.randn(8, 61, generator=g).double() * 2  # [N, V]
-    warper, kwargs = {"top_k": (TopKLogitsWarper(7), {"top_k": 7}),
-                      "top_p": (TopPLogitsWarper(0.75), {"top_p": 0.75}),
-                      "min_p": (MinPLogitsWarper(0.08), {"min_p": 0.08})}[which]
+    warper, kwargs = {
+        "top_k": (TopKLogitsWarper(7), {"top_k": 7}),
+        "top_p": (TopPLogitsWarper(0.75), {"top_p": 0.75}),
+        "min_p": (MinPLogitsWarper(0.08), {"min_p": 0.08}),
+    }[which]
     theirs = torch.isfinite(warper(None, z.clone()))
     assert torch.equal(kept_support(z, **kwargs), theirs)
 

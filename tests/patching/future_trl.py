@@ -61,8 +61,11 @@ def _grow(sig: inspect.Signature, kind: str) -> inspect.Signature:
     params = list(sig.parameters.values())
     if kind == "keyword":
         tail = [p for p in params if p.kind is p.VAR_KEYWORD]
-        return sig.replace(parameters=[p for p in params if p.kind is not p.VAR_KEYWORD]
-                           + [inspect.Parameter(EXTRA_KEYWORD, inspect.Parameter.KEYWORD_ONLY, default=None)] + tail)
+        return sig.replace(
+            parameters=[p for p in params if p.kind is not p.VAR_KEYWORD]
+            + [inspect.Parameter(EXTRA_KEYWORD, inspect.Parameter.KEYWORD_ONLY, default=None)]
+            + tail
+        )
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return sig  # *args takes it already
     cut = next((i for i, p in enumerate(params) if p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD)), len(params))
@@ -103,8 +106,11 @@ def _caller(installed, sig: inspect.Signature, kind: str):
         if any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()):
             return installed(*args, SENTINEL, **kwargs)  # *args: one more at the end
         bound.apply_defaults()
-        positional = [bound.arguments[n] for n, p in sig.parameters.items()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        positional = [
+            bound.arguments[n]
+            for n, p in sig.parameters.items()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         rest = {n: v for n, v in bound.arguments.items() if sig.parameters[n].kind is inspect.Parameter.KEYWORD_ONLY}
         var = next((bound.arguments.get(n, {}) for n, p in sig.parameters.items() if p.kind is p.VAR_KEYWORD), {})
         return installed(*positional, SENTINEL, **rest, **var)
@@ -145,8 +151,11 @@ def grown_calls(kind: str, monkeypatch, only: tuple[str, ...] = ()):
             installed = getattr(owner, attribute)
             fn = getattr(installed, member) if member else installed
             caller = _caller(fn, sig, kind)
-            setattr(owner, attribute, type(installed.__name__, (installed,), {member: staticmethod(caller)})
-                    if member else caller)
+            setattr(
+                owner,
+                attribute,
+                type(installed.__name__, (installed,), {member: staticmethod(caller)}) if member else caller,
+            )
         return done
 
     monkeypatch.setattr(patching, "install", install_then_grow_callers)
@@ -180,10 +189,21 @@ def kernel_with_support(monkeypatch, k: int = 8):
     trl_kernel = utils._ChunkedLogProbFunction
     calls = []
 
-    def release_117_apply(hidden, weight, bias, targets, temperature, chunk_size, softcap=None, logit_scale=1.0,
-                          outputs=("log_probs",), support_ids=None):
-        out = list(trl_kernel.apply(hidden, weight, bias, targets, temperature, chunk_size, softcap, logit_scale,
-                                    outputs))
+    def release_117_apply(
+        hidden,
+        weight,
+        bias,
+        targets,
+        temperature,
+        chunk_size,
+        softcap=None,
+        logit_scale=1.0,
+        outputs=("log_probs",),
+        support_ids=None,
+    ):
+        out = list(
+            trl_kernel.apply(hidden, weight, bias, targets, temperature, chunk_size, softcap, logit_scale, outputs)
+        )
         if support_ids is not None:
             calls.append(tuple(support_ids.shape))
             out[0] = renormalised(hidden, weight, bias, targets, temperature, support_ids)

@@ -48,8 +48,10 @@ def tiny_model(lora: bool, targets: tuple[str, ...] = ("q_proj", "v_proj")):
         from peft import LoraConfig, get_peft_model
 
         torch.manual_seed(1)
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=list(targets),
-                                                 init_lora_weights=False, task_type="CAUSAL_LM"))
+        model = get_peft_model(
+            model,
+            LoraConfig(r=4, lora_alpha=8, target_modules=list(targets), init_lora_weights=False, task_type="CAUSAL_LM"),
+        )
     return model
 
 

@@ -21,6 +21,7 @@ def _has_environments() -> bool:
 
 pytestmark = pytest.mark.skipif(not _has_environments(), reason="this TRL's GRPOTrainer has no environment_factory")
 
+
 def ones(completions, **kwargs):
     return [1.0] * len(completions)
 
@@ -35,11 +36,26 @@ def _build(tmp_path, dataset, steps: int = 1):
 
     tok = tiny_tokenizer()
     tok.chat_template = qwen3_chat_template  # a tool-capable template TRL knows how to parse responses of
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
-                      max_completion_length=4, max_steps=steps, gradient_checkpointing=False, seed=5,
-                      learning_rate=0.1, logging_steps=1, **CPU_ARGS)
-    return GRPOTrainer(model=tiny_llama(), args=args, reward_funcs=[digits], train_dataset=dataset,
-                       processing_class=tok, environment_factory=Counter)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=4,
+        max_steps=steps,
+        gradient_checkpointing=False,
+        seed=5,
+        learning_rate=0.1,
+        logging_steps=1,
+        **CPU_ARGS,
+    )
+    return GRPOTrainer(
+        model=tiny_llama(),
+        args=args,
+        reward_funcs=[digits],
+        train_dataset=dataset,
+        processing_class=tok,
+        environment_factory=Counter,
+    )
 
 
 def _environment_only():
@@ -66,11 +82,22 @@ def test_without_an_environment_a_dataset_needs_its_prompt_column(tmp_path):
 
     PatchFastRL("grpo")
     try:
-        args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
-                          max_completion_length=4, max_steps=1, **CPU_ARGS)
+        args = GRPOConfig(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=2,
+            num_generations=2,
+            max_completion_length=4,
+            max_steps=1,
+            **CPU_ARGS,
+        )
         with pytest.raises(ValueError, match="train_dataset has no 'prompt' column \\(columns: environment\\)"):
-            GRPOTrainer(model=tiny_llama(), args=args, reward_funcs=[ones], processing_class=tiny_tokenizer(),
-                        train_dataset=Dataset.from_list([{"environment": "counter"}] * 4))
+            GRPOTrainer(
+                model=tiny_llama(),
+                args=args,
+                reward_funcs=[ones],
+                processing_class=tiny_tokenizer(),
+                train_dataset=Dataset.from_list([{"environment": "counter"}] * 4),
+            )
     finally:
         unpatch()
 

@@ -47,6 +47,7 @@ def _trl_has(keyword: str) -> bool:
 
 pytestmark = pytest.mark.skipif(not _trl_has("environment_factory"), reason="this TRL's GRPO has no agentic paths")
 
+
 def _policy(tokenizer):
     from peft import LoraConfig, get_peft_model
 
@@ -54,8 +55,16 @@ def _policy(tokenizer):
 
     model = _model("qwen2", vocab_size=len(tokenizer), max_position_embeddings=4096)
     torch.manual_seed(1)
-    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
-                                            init_lora_weights=False, task_type="CAUSAL_LM"))
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "v_proj", "up_proj"],
+            init_lora_weights=False,
+            task_type="CAUSAL_LM",
+        ),
+    )
 
 
 def run_agentic(out, trainer_kwargs: dict, first: list[str] | None = None, dataset="questions", **cfg):
@@ -78,16 +87,39 @@ def run_agentic(out, trainer_kwargs: dict, first: list[str] | None = None, datas
 
     if dataset == "questions":
         dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in QUESTIONS])
-    args = dict(output_dir=str(out), per_device_train_batch_size=6, num_generations=6, max_completion_length=160,
-                gradient_accumulation_steps=2, max_steps=2, learning_rate=0.5, optim="sgd",
-                lr_scheduler_type="constant", beta=0.04, loss_type="dapo", report_to="none", use_cpu=True,
-                bf16=False, save_strategy="no", logging_steps=1, seed=7, gradient_checkpointing=False,
-                disable_dropout=True, shuffle_dataset=False)
+    args = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=6,
+        num_generations=6,
+        max_completion_length=160,
+        gradient_accumulation_steps=2,
+        max_steps=2,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        beta=0.04,
+        loss_type="dapo",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+        gradient_checkpointing=False,
+        disable_dropout=True,
+        shuffle_dataset=False,
+    )
     args.update(cfg)
     kwargs = dict(trainer_kwargs)
     reward_funcs = kwargs.pop("reward_funcs", [reward_length])
-    trainer = GRPOTrainer(model=model, args=GRPOConfig(**args), reward_funcs=reward_funcs, processing_class=tok,
-                          train_dataset=dataset, **kwargs)
+    trainer = GRPOTrainer(
+        model=model,
+        args=GRPOConfig(**args),
+        reward_funcs=reward_funcs,
+        processing_class=tok,
+        train_dataset=dataset,
+        **kwargs,
+    )
     if first is not None:
         model.generate = Scripted(tok, first)
     trainer.train()
@@ -137,10 +169,16 @@ def test_several_environments_chosen_per_row(tmp_path):
     fails as it fails in TRL alone."""
     from datasets import Dataset
 
-    rows = [{"prompt": [{"role": "user", "content": q}], "environment": env}
-            for q, env in zip(QUESTIONS, ["counter", "echo"], strict=True)]
-    _, logged = _parity(tmp_path, {"environment_factory": {"counter": Counter, "echo": Echo}}, first=ENV_TURNS,
-                        dataset=Dataset.from_list(rows))
+    rows = [
+        {"prompt": [{"role": "user", "content": q}], "environment": env}
+        for q, env in zip(QUESTIONS, ["counter", "echo"], strict=True)
+    ]
+    _, logged = _parity(
+        tmp_path,
+        {"environment_factory": {"counter": Counter, "echo": Echo}},
+        first=ENV_TURNS,
+        dataset=Dataset.from_list(rows),
+    )
     assert logged[0]["tools/failure_frequency"] == pytest.approx(3 / 5)  # wrong argument, each other's tool
 
 

@@ -28,8 +28,6 @@ def _config_classes() -> list[type]:
     return out
 
 
-
-
 def _own_fields(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls) if f.metadata.get("help", "").startswith("slimrl:")}
 
@@ -38,8 +36,17 @@ def test_every_patched_config_has_its_fields_in_help_flags_and_to_dict(patched, 
     from trl import TrlParser
 
     classes = _config_classes()
-    assert {c.__name__ for c in classes} >= {"GRPOConfig", "RLOOConfig", "DPOConfig", "KTOConfig", "SFTConfig",
-                                               "ORPOConfig", "CPOConfig", "RewardConfig", "OnlineDPOConfig"}
+    assert {c.__name__ for c in classes} >= {
+        "GRPOConfig",
+        "RLOOConfig",
+        "DPOConfig",
+        "KTOConfig",
+        "SFTConfig",
+        "ORPOConfig",
+        "CPOConfig",
+        "RewardConfig",
+        "OnlineDPOConfig",
+    }
     for cls in classes:
         own = _own_fields(cls)
         if not own:
@@ -47,17 +54,33 @@ def test_every_patched_config_has_its_fields_in_help_flags_and_to_dict(patched, 
         parser = TrlParser((cls,))
         help_text = parser.format_help()
         argv = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false"]
-        values = {"unsloth_num_chunks": 3, "unsloth_logit_chunk_multiplier": 2, "max_seq_length": 256,
-                  "unsloth_grpo_mini_batch": None, "slimrl_reuse_old_logps": False, "slimrl_length_groups": False,
-                  "slimrl_shared_prefix": False, "slimrl_token_budget": 4096, "slimrl_oom_recovery": False,
-                  "slimrl_auto_fit": True,
-                  "slimrl_memory_budget": "12GB", "slimrl_longest_first": True, "slimrl_health": False,
-                  "slimrl_health_window": 7, "slimrl_health_min_groups": 8, "slimrl_health_zero_std": 0.5,
-                  "slimrl_health_truncated": 0.25,
-                  "slimrl_health_entropy_drop": 0.2, "slimrl_health_kl_max": 3.0, "slimrl_health_clip_max": 0.75,
-                  "slimrl_health_reward_z": 3.0, "slimrl_health_mismatch_kl": 0.02,
-                  "slimrl_health_mismatch_masked": 0.3,
-                  "slimrl_health_mismatch_ratio": 0.5, "slimrl_truncated_sampling_fix": True}
+        values = {
+            "unsloth_num_chunks": 3,
+            "unsloth_logit_chunk_multiplier": 2,
+            "max_seq_length": 256,
+            "unsloth_grpo_mini_batch": None,
+            "slimrl_reuse_old_logps": False,
+            "slimrl_length_groups": False,
+            "slimrl_shared_prefix": False,
+            "slimrl_token_budget": 4096,
+            "slimrl_oom_recovery": False,
+            "slimrl_auto_fit": True,
+            "slimrl_memory_budget": "12GB",
+            "slimrl_longest_first": True,
+            "slimrl_health": False,
+            "slimrl_health_window": 7,
+            "slimrl_health_min_groups": 8,
+            "slimrl_health_zero_std": 0.5,
+            "slimrl_health_truncated": 0.25,
+            "slimrl_health_entropy_drop": 0.2,
+            "slimrl_health_kl_max": 3.0,
+            "slimrl_health_clip_max": 0.75,
+            "slimrl_health_reward_z": 3.0,
+            "slimrl_health_mismatch_kl": 0.02,
+            "slimrl_health_mismatch_masked": 0.3,
+            "slimrl_health_mismatch_ratio": 0.5,
+            "slimrl_truncated_sampling_fix": True,
+        }
         for name in own:
             assert f"--{name}" in help_text, (cls.__name__, name)
             if values[name] is not None:
@@ -79,9 +102,17 @@ def test_fields_follow_what_acts_on_each_trainer(patched):
     from slimrl.patching import trainer_and_config
 
     chunking = {"unsloth_num_chunks", "unsloth_logit_chunk_multiplier"}
-    expected = {"grpo": set(EXTRA_FIELDS), "rloo": set(ONLINE_FIELDS), "orpo": chunking, "cpo": chunking,
-                "online_dpo": chunking, "reward": set(), "dpo": chunking if has_fused_head() else set(),
-                "kto": chunking if has_fused_head() else set(), "sft": chunking if has_fused_head() else set()}
+    expected = {
+        "grpo": set(EXTRA_FIELDS),
+        "rloo": set(ONLINE_FIELDS),
+        "orpo": chunking,
+        "cpo": chunking,
+        "online_dpo": chunking,
+        "reward": set(),
+        "dpo": chunking if has_fused_head() else set(),
+        "kto": chunking if has_fused_head() else set(),
+        "sft": chunking if has_fused_head() else set(),
+    }
     from slimrl.patching import trainer_available
 
     if trainer_available("bco"):
@@ -98,14 +129,20 @@ def test_a_field_that_would_do_nothing_is_refused_unless_default(patched, tmp_pa
     reward_config = trainer_and_config("reward")[1]
     cfg = reward_config(output_dir=str(tmp_path), unsloth_num_chunks=-1, unsloth_grpo_mini_batch=None, **CPU)
     assert not hasattr(cfg, "unsloth_num_chunks")
-    with pytest.raises(ValueError, match=r"RewardConfig\(unsloth_num_chunks=4\) has no effect with trl .*: "
-                                         r"this trainer has no vocabulary-sized log-prob pass that slimrl chunks; "
-                                         r"remove it"):
+    with pytest.raises(
+        ValueError,
+        match=r"RewardConfig\(unsloth_num_chunks=4\) has no effect with trl .*: "
+        r"this trainer has no vocabulary-sized log-prob pass that slimrl chunks; "
+        r"remove it",
+    ):
         reward_config(output_dir=str(tmp_path), unsloth_num_chunks=4, **CPU)
     from trl import DPOConfig
 
-    with pytest.raises(ValueError, match=r"DPOConfig\(unsloth_grpo_mini_batch=2\) has no effect .*no no-grad .*"
-                                         r"\(it acts on GRPO, RLOO\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"DPOConfig\(unsloth_grpo_mini_batch=2\) has no effect .*no no-grad .*"
+        r"\(it acts on GRPO, RLOO\)",
+    ):
         DPOConfig(output_dir=str(tmp_path), unsloth_grpo_mini_batch=2, **CPU)
 
 
@@ -115,17 +152,23 @@ def test_max_seq_length_is_max_length_where_the_config_has_it(patched, tmp_path)
     from trl import DPOConfig, SFTConfig
 
     for cls in (SFTConfig, DPOConfig):
-        with pytest.warns(FutureWarning, match=rf"{cls.__name__}\(max_seq_length=...\) is deprecated; use "
-                                               r"max_length=..."):
+        with pytest.warns(
+            FutureWarning,
+            match=rf"{cls.__name__}\(max_seq_length=...\) is deprecated; use "
+            r"max_length=...",
+        ):
             cfg = cls(output_dir=str(tmp_path), max_seq_length=77, **CPU)
         assert cfg.max_length == 77
 
 
-@pytest.mark.parametrize(("name", "value", "message"), [
-    ("unsloth_num_chunks", 0, "unsloth_num_chunks=0 is invalid: use -1"),
-    ("unsloth_logit_chunk_multiplier", 0, "unsloth_logit_chunk_multiplier=0 is invalid: use an int >= 1 or None"),
-    ("max_seq_length", -5, "max_seq_length=-5 is invalid: use an int >= 1 or None"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("unsloth_num_chunks", 0, "unsloth_num_chunks=0 is invalid: use -1"),
+        ("unsloth_logit_chunk_multiplier", 0, "unsloth_logit_chunk_multiplier=0 is invalid: use an int >= 1 or None"),
+        ("max_seq_length", -5, "max_seq_length=-5 is invalid: use an int >= 1 or None"),
+    ],
+)
 def test_bad_values_are_named(patched, tmp_path, name, value, message):
     from trl import GRPOConfig
 
@@ -149,17 +192,33 @@ def test_max_seq_length_defaults_to_the_model_and_never_exceeds_it(patched, tmp_
     from slimrl.patching.every_trainer.validation import check_sequence_budget
 
     model = SimpleNamespace(max_seq_length=128)
-    cfg = GRPOConfig(output_dir=str(tmp_path), max_completion_length=16, per_device_train_batch_size=2,
-                     num_generations=2, **CPU)
+    cfg = GRPOConfig(
+        output_dir=str(tmp_path), max_completion_length=16, per_device_train_batch_size=2, num_generations=2, **CPU
+    )
     check_sequence_budget(model, cfg)
     assert cfg.max_seq_length == 128
-    too_big = GRPOConfig(output_dir=str(tmp_path), max_seq_length=256, max_completion_length=16,
-                         per_device_train_batch_size=2, num_generations=2, **CPU)
-    with pytest.raises(ValueError, match=r"max_seq_length=256 in the config is above the model's "
-                                         r"max_seq_length=128 \(FastLanguageModel.from_pretrained\): lower it"):
+    too_big = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_seq_length=256,
+        max_completion_length=16,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        **CPU,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"max_seq_length=256 in the config is above the model's "
+        r"max_seq_length=128 \(FastLanguageModel.from_pretrained\): lower it",
+    ):
         check_sequence_budget(model, too_big)
-    small = GRPOConfig(output_dir=str(tmp_path), max_seq_length=16, max_completion_length=16,
-                       per_device_train_batch_size=2, num_generations=2, **CPU)
+    small = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_seq_length=16,
+        max_completion_length=16,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        **CPU,
+    )
     with pytest.raises(ValueError, match=r"leaves no room for the prompt within the config's max_seq_length=16"):
         check_sequence_budget(model, small)
 
@@ -171,8 +230,9 @@ def test_readme_field_table_is_current():
     from slimrl.patching.doc_tables import field_table
 
     readme = (Path(__file__).resolve().parents[2] / "docs" / "train.md").read_text()
-    assert field_table() in readme, \
+    assert field_table() in readme, (
         "docs/train.md's field table is stale: paste slimrl.patching.doc_tables.field_table()"
+    )
 
 
 def test_every_field_is_declared_once_with_its_check_and_reason():
@@ -204,8 +264,16 @@ def test_every_read_goes_through_the_typed_fields():
     with pytest.raises(dataclasses.FrozenInstanceError):
         bare.slimrl_health = False
     assert {n: getattr(Thresholds(), n) for n in LIMITS} == {n: getattr(bare, f"slimrl_health_{n}") for n in LIMITS}
-    args = SimpleNamespace(slimrl_health_window=9, per_device_train_batch_size=2, gradient_accumulation_steps=1,
-                           num_generations=2, logging_steps=1, top_p=1.0, top_k=0, min_p=0.0)
+    args = SimpleNamespace(
+        slimrl_health_window=9,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=1,
+        num_generations=2,
+        logging_steps=1,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+    )
     assert thresholds_of(args).window == 9
 
 
@@ -217,6 +285,11 @@ def test_no_config_field_is_read_by_its_name_outside_the_fields_module():
 
     pattern = re.compile(r"getattr\([^,()]*args[^,()]*, f?\"(unsloth|slimrl)_")
     root = Path(slimrl.__file__).parent
-    found = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.name != "extra_fields.py"
-             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    found = [
+        f"{p.relative_to(root)}:{i}"
+        for p in root.rglob("*.py")
+        if p.name != "extra_fields.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not found, found

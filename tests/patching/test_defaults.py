@@ -16,17 +16,28 @@ from tests.tiny import tiny_llama, tiny_tokenizer
 NO_ACCELERATOR = not torch.cuda.is_available()
 
 
-
-
 def _grpo(tmp_path, model, **cfg):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    config = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
-                        max_completion_length=4, max_steps=2, report_to="none", save_strategy="no",
-                        gradient_checkpointing=False, **cfg)
-    return GRPOTrainer(model=model, args=config, reward_funcs=[lambda completions, **k: [1.0] * len(completions)],
-                       train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 4), processing_class=tiny_tokenizer())
+    config = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=4,
+        max_steps=2,
+        report_to="none",
+        save_strategy="no",
+        gradient_checkpointing=False,
+        **cfg,
+    )
+    return GRPOTrainer(
+        model=model,
+        args=config,
+        reward_funcs=[lambda completions, **k: [1.0] * len(completions)],
+        train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 4),
+        processing_class=tiny_tokenizer(),
+    )
 
 
 def _available_configs() -> dict[str, type]:
@@ -94,6 +105,7 @@ def test_explicit_flags_are_kept_and_nothing_is_listed(patched, tmp_path, capsys
 def test_logging_steps_and_log_history_are_trls(tmp_path):
     """A TRL script reads the final training metrics from ``log_history[-1]`` (merged into the last log at TRL's
     logging_steps=10): the same keys with and without slimrl."""
+
     def keys(tag):
         trainer = _grpo(tmp_path / tag, tiny_llama(), use_cpu=True, bf16=False)
         assert trainer.args.logging_steps == 10
@@ -111,8 +123,7 @@ def test_logging_steps_and_log_history_are_trls(tmp_path):
     assert {k for k in ours - slimrl_metrics if not k.startswith("health/")} == plain
 
 
-@pytest.mark.parametrize(("gpu", "fp16"), [("t4", True), ("v100", True), ("a100-40gb", False),
-                                           ("h100", False)])
+@pytest.mark.parametrize(("gpu", "fp16"), [("t4", True), ("v100", True), ("a100-40gb", False), ("h100", False)])
 def test_a_gpu_without_bf16_in_hardware_trains_trls_default_in_fp16(fake_gpu, gpu, fp16):
     """TRL's bf16 default on a T4 or V100 would train under emulated bf16 autocast (transformers accepts it: torch's
     check counts emulation): the config gets fp16 with the scaler, listed; a bf16 card keeps TRL's default, and a

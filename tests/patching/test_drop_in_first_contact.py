@@ -18,11 +18,22 @@ def _grpo(tmp_path, **kwargs):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2,
-                      max_completion_length=4, max_steps=1, **CPU_ARGS)
-    return GRPOTrainer(model=tiny_llama(), args=args, processing_class=tiny_tokenizer(),
-                       reward_funcs=[lambda completions, **k: [0.0] * len(completions)],
-                       train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 2), **kwargs)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=4,
+        max_steps=1,
+        **CPU_ARGS,
+    )
+    return GRPOTrainer(
+        model=tiny_llama(),
+        args=args,
+        processing_class=tiny_tokenizer(),
+        reward_funcs=[lambda completions, **k: [0.0] * len(completions)],
+        train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 2),
+        **kwargs,
+    )
 
 
 def _rollout(prompts, trainer):  # never called: only built
@@ -75,8 +86,15 @@ def test_a_patched_subclass_does_slimrls_work_once(tmp_path, monkeypatch):
     gkd = experimental("gkd")
     PatchFastRL()
     try:
-        args = gkd.GKDConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, report_to="none",
-                             save_strategy="no", max_new_tokens=4, unsloth_num_chunks=-1)  # Unsloth's, at its default
+        args = gkd.GKDConfig(
+            output_dir=str(tmp_path),
+            max_steps=1,
+            per_device_train_batch_size=2,
+            report_to="none",
+            save_strategy="no",
+            max_new_tokens=4,
+            unsloth_num_chunks=-1,
+        )  # Unsloth's, at its default
         with pytest.raises(ValueError, match="unsloth_num_chunks=4.*no effect"):
             gkd.GKDConfig(output_dir=str(tmp_path), unsloth_num_chunks=4)
         from slimrl.verify.tiny import chat_tokenizer
@@ -84,11 +102,15 @@ def test_a_patched_subclass_does_slimrls_work_once(tmp_path, monkeypatch):
         tok = chat_tokenizer()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            trainer = gkd.GKDTrainer(model=tiny_llama(vocab_size=len(tok)), teacher_model=tiny_llama(1, len(tok)),
-                                     args=args, tokenizer=tok,  # the legacy keyword
-                                     train_dataset=Dataset.from_list([{"messages": [
-                                         {"role": "user", "content": "1+1="},
-                                         {"role": "assistant", "content": "2"}]}] * 2))
+            trainer = gkd.GKDTrainer(
+                model=tiny_llama(vocab_size=len(tok)),
+                teacher_model=tiny_llama(1, len(tok)),
+                args=args,
+                tokenizer=tok,  # the legacy keyword
+                train_dataset=Dataset.from_list(
+                    [{"messages": [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]}] * 2
+                ),
+            )
     finally:
         unpatch()
     legacy = [w for w in caught if "tokenizer=" in str(w.message)]
@@ -118,12 +140,17 @@ def test_online_dpo_generates_in_mallocs_recycling_phase(tmp_path, monkeypatch):
     exp = experimental("online_dpo")
     PatchFastRL("online_dpo")
     try:
-        args = exp.OnlineDPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_new_tokens=4,
-                                   max_steps=1, **CPU_ARGS)
+        args = exp.OnlineDPOConfig(
+            output_dir=str(tmp_path), per_device_train_batch_size=2, max_new_tokens=4, max_steps=1, **CPU_ARGS
+        )
         alternate = lambda completions, **k: [float(i % 2) for i in range(len(completions))]  # noqa: E731
-        trainer = exp.OnlineDPOTrainer(model=tiny_llama(), reward_funcs=[alternate],
-                                       args=args, processing_class=tiny_tokenizer(),
-                                       train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 2))
+        trainer = exp.OnlineDPOTrainer(
+            model=tiny_llama(),
+            reward_funcs=[alternate],
+            args=args,
+            processing_class=tiny_tokenizer(),
+            train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 2),
+        )
         trainer.train()
     finally:
         unpatch()

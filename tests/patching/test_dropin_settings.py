@@ -17,8 +17,16 @@ NO_GPU = not torch.cuda.is_available()
 def _grpo_config(tmp_path, **kw):
     from trl import GRPOConfig
 
-    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=4,
-                max_steps=1, report_to="none", save_strategy="no", gradient_checkpointing=False)
+    base = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=4,
+        max_steps=1,
+        report_to="none",
+        save_strategy="no",
+        gradient_checkpointing=False,
+    )
     return GRPOConfig(**{**base, **kw})
 
 
@@ -93,9 +101,13 @@ def _grpo_trainer(tmp_path, **kw):
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    return GRPOTrainer(model=tiny_llama(), args=_grpo_config(tmp_path, bf16=False, use_cpu=True, **kw),
-                       reward_funcs=[lambda completions, **k: [1.0] * len(completions)],
-                       train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 4), processing_class=tiny_tokenizer())
+    return GRPOTrainer(
+        model=tiny_llama(),
+        args=_grpo_config(tmp_path, bf16=False, use_cpu=True, **kw),
+        reward_funcs=[lambda completions, **k: [1.0] * len(completions)],
+        train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 4),
+        processing_class=tiny_tokenizer(),
+    )
 
 
 def _without_vllm() -> bool:
@@ -152,10 +164,22 @@ def _sft_trainer(tmp_path, **kw):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    args = SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=1, report_to="none",
-                     save_strategy="no", bf16=False, use_cpu=True, **kw)
-    return SFTTrainer(model=tiny_llama(), args=args, processing_class=tiny_tokenizer(),
-                      train_dataset=Dataset.from_list([{"text": "1+1=2"}] * 4))
+    args = SFTConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        max_steps=1,
+        report_to="none",
+        save_strategy="no",
+        bf16=False,
+        use_cpu=True,
+        **kw,
+    )
+    return SFTTrainer(
+        model=tiny_llama(),
+        args=args,
+        processing_class=tiny_tokenizer(),
+        train_dataset=Dataset.from_list([{"text": "1+1=2"}] * 4),
+    )
 
 
 @pytest.mark.skipif(not NO_GPU, reason="the machine without a GPU")

@@ -65,8 +65,9 @@ def test_every_trainer_has_a_name_and_is_patched_by_it():
         patched = [cls.__dict__.get("__init__") for cls in classes]
     finally:
         unpatch()
-    assert all(p is not b for p, b in zip(patched, before, strict=True)), [f.trainer for f, p, b in
-                                                                           zip(found, patched, before) if p is b]
+    assert all(p is not b for p, b in zip(patched, before, strict=True)), [
+        f.trainer for f, p, b in zip(found, patched, before) if p is b
+    ]
     assert [cls.__dict__.get("__init__") for cls in classes] == before
     gkd = next((f for f in found if f.name == "gkd"), found[-1])
     cls = resolve(gkd.trainer)
@@ -75,8 +76,11 @@ def test_every_trainer_has_a_name_and_is_patched_by_it():
         assert cls.__dict__.get("__init__") is not before[classes.index(cls)]
     finally:
         unpatch()
-    assert snake_name("AsyncGRPOTrainer") == "async_grpo" and snake_name("GRPOWithReplayBufferTrainer") == \
-        "grpo_with_replay_buffer" and snake_name("IWOPDTrainer") == "iwopd"
+    assert (
+        snake_name("AsyncGRPOTrainer") == "async_grpo"
+        and snake_name("GRPOWithReplayBufferTrainer") == "grpo_with_replay_buffer"
+        and snake_name("IWOPDTrainer") == "iwopd"
+    )
 
 
 def test_names_people_write_reach_the_trainer():
@@ -99,6 +103,7 @@ def test_first_contact_trainers_are_listed_as_such():
 # ---- the first-contact trainers train one step of a tiny model under PatchFastRL(); their configs keep TRL's
 # defaults but the sizes (and what TRL needs: a teacher, a reward); TRL's bf16 default is changed on this CPU ----
 
+
 def _chat_model(tmp_path, seed: int, tokenizer) -> str:
     from tests.tiny import tiny_llama
 
@@ -118,10 +123,12 @@ def _byte_level_tokenizer():
     from slimrl.verify.tiny import CHAT_SPECIAL
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator([f"{a}+{a}={2 * a} user assistant system" for a in range(50)], vocab_size=300,
-                            special_tokens=CHAT_SPECIAL)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", eos_token="<|im_end|>",
-                                  unk_token="<unk>")
+    bpe.train_from_iterator(
+        [f"{a}+{a}={2 * a} user assistant system" for a in range(50)], vocab_size=300, special_tokens=CHAT_SPECIAL
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>"
+    )
     tok.chat_template = qwen3_chat_template
     return tok
 
@@ -130,8 +137,10 @@ def _reward(completions, **kwargs):
     return [float(len(str(c)) % 3) for c in completions]
 
 
-MESSAGES = [{"messages": [{"role": "user", "content": f"{a}+{a}="}, {"role": "assistant", "content": str(2 * a)}]}
-            for a in range(8)]
+MESSAGES = [
+    {"messages": [{"role": "user", "content": f"{a}+{a}="}, {"role": "assistant", "content": str(2 * a)}]}
+    for a in range(8)
+]
 CHAT_PROMPTS = [{"prompt": [{"role": "user", "content": f"{a}+{a}="}]} for a in range(8)]
 PROMPTS = [{"prompt": f"{a}+{a}="} for a in range(8)]
 SIZES = dict(max_steps=1, per_device_train_batch_size=2, report_to="none", save_strategy="no")
@@ -140,11 +149,22 @@ CASES = {
     "gkd": ("gkd", {"teacher": True, "data": MESSAGES}, {"max_new_tokens": 4}),
     "gold": ("gold", {"teacher": True, "data": MESSAGES, "byte_level": True}, {"max_completion_length": 4}),
     "iwopd": ("iw_opd", {"teacher": True, "data": MESSAGES}, {"max_completion_length": 4}),
-    "tpo": ("tpo", {"data": [{"prompt": f"{a}+{a}=", "chosen": str(2 * a), "rejected": "x", "reference": str(2 * a)}
-                             for a in range(8)]}, {}),
+    "tpo": (
+        "tpo",
+        {
+            "data": [
+                {"prompt": f"{a}+{a}=", "chosen": str(2 * a), "rejected": "x", "reference": str(2 * a)}
+                for a in range(8)
+            ]
+        },
+        {},
+    ),
     "a2po": ("a2po", {"reward": True, "data": PROMPTS}, {"max_completion_length": 4}),
-    "sdft": ("sdft", {"data": [{**p, "privileged_context": "hint"} for p in CHAT_PROMPTS]},
-             {"max_completion_length": 4, "num_generations": 2}),
+    "sdft": (
+        "sdft",
+        {"data": [{**p, "privileged_context": "hint"} for p in CHAT_PROMPTS]},
+        {"max_completion_length": 4, "num_generations": 2},
+    ),
     "sdpo": ("sdpo", {"reward": True, "data": PROMPTS}, {"max_completion_length": 4, "num_generations": 2}),
     "distillation": (None, {"teacher": True, "data": CHAT_PROMPTS}, {"max_completion_length": 4}),
 }
@@ -213,8 +233,9 @@ def _subclass(config_cls: type) -> type:
     """``@dataclass class Example<Name>(<Name>): extra: int = 3``, as TRL's own example scripts declare theirs."""
     import dataclasses
 
-    return dataclasses.dataclass(type(f"Example{config_cls.__name__}", (config_cls,),
-                                      {"__annotations__": {"extra": int}, "extra": 3}))
+    return dataclasses.dataclass(
+        type(f"Example{config_cls.__name__}", (config_cls,), {"__annotations__": {"extra": int}, "extra": 3})
+    )
 
 
 def test_every_config_subclassed_as_trls_scripts_do_gets_the_first_contact():
@@ -236,18 +257,34 @@ def test_every_config_subclassed_as_trls_scripts_do_gets_the_first_contact():
         unpatch()
     assert all(c.extra == 3 for c in built)
     if not is_torch_bf16_gpu_available():
-        assert all(c.bf16 is False and "bf16" in config_state(c).changed for c in built), \
-            [type(c).__name__ for c in built if c.bf16 is not False]
+        assert all(c.bf16 is False and "bf16" in config_state(c).changed for c in built), [
+            type(c).__name__ for c in built if c.bf16 is not False
+        ]
         with pytest.raises(ValueError, match="bf16"):  # TRL alone
             _subclass(configs[0])(output_dir=tempfile.mkdtemp(), bf16=True)
 
 
 VALUES = [  # unusual values a user can write; TRL accepts some and refuses others
-    {"learning_rate": -1e-5}, {"learning_rate": 0.0}, {"learning_rate": 5.0}, {"temperature": 15.0},
-    {"temperature": 0.0}, {"temperature": -1.0}, {"max_completion_length": 0}, {"max_completion_length": 1},
-    {"beta": -0.5}, {"beta": 0.0}, {"num_generations": 1}, {"num_generations": 3},
-    {"per_device_train_batch_size": 3}, {"gradient_accumulation_steps": 7}, {"max_steps": 0}, {"seed": -3},
-    {"warmup_ratio": 0.5}, {"epsilon": 0.0}, {"top_p": 0.0}, {"max_length": 1},
+    {"learning_rate": -1e-5},
+    {"learning_rate": 0.0},
+    {"learning_rate": 5.0},
+    {"temperature": 15.0},
+    {"temperature": 0.0},
+    {"temperature": -1.0},
+    {"max_completion_length": 0},
+    {"max_completion_length": 1},
+    {"beta": -0.5},
+    {"beta": 0.0},
+    {"num_generations": 1},
+    {"num_generations": 3},
+    {"per_device_train_batch_size": 3},
+    {"gradient_accumulation_steps": 7},
+    {"max_steps": 0},
+    {"seed": -3},
+    {"warmup_ratio": 0.5},
+    {"epsilon": 0.0},
+    {"top_p": 0.0},
+    {"max_length": 1},
 ]
 
 
@@ -258,8 +295,7 @@ def _builds(cls, values) -> bool:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            cls(output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=False, **REQUIRED.get(cls.__name__, {}),
-                **values)
+            cls(output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=False, **REQUIRED.get(cls.__name__, {}), **values)
         return True
     except Exception:  # noqa: BLE001 - TRL's own refusals, whatever their type
         return False

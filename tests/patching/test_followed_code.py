@@ -19,7 +19,7 @@ from slimrl import PatchFastRL, unpatch
 from slimrl.patching.machinery import contracts, reach
 from slimrl.patching.machinery.fingerprints import fingerprint
 
-MODULE = '''
+MODULE = """
 def helper(x):
     return x * {factor}
 
@@ -30,7 +30,7 @@ class Trainer:
 
     def other(self, x):
         return x
-'''
+"""
 
 
 @pytest.fixture
@@ -136,8 +136,11 @@ def test_a_wrapper_installed_before_patchfastrl_is_kept_with_one_line(monkeypatc
 
     monkeypatch.setattr(GRPOTrainer, "_compute_loss", logged)
     try:
-        with pytest.warns(UserWarning, match=r"slimrl leaves grpo unpatched: your code replaced .*"
-                                             r"GRPOTrainer\._compute_loss \(.*test_followed_code\.py:\d+\)") as seen:
+        with pytest.warns(
+            UserWarning,
+            match=r"slimrl leaves grpo unpatched: your code replaced .*"
+            r"GRPOTrainer\._compute_loss \(.*test_followed_code\.py:\d+\)",
+        ) as seen:
             PatchFastRL("grpo")
         assert len([w for w in seen if "slimrl leaves" in str(w.message)]) == 1
         assert GRPOTrainer._compute_loss is logged
@@ -167,8 +170,11 @@ def test_a_helper_rebound_after_patchfastrl_hands_the_call_to_trls_code(monkeypa
         warnings.simplefilter("error")
         assert guarded(values) == "slimrl's path"
     monkeypatch.setattr(grpo_module, "nanmin", lambda x: "the user's helper")
-    with pytest.warns(contracts.HandedBackWarning, match=r"trl\.trainer\.grpo_trainer\.nanmin rebound after "
-                                                         r"PatchFastRL") as seen:
+    with pytest.warns(
+        contracts.HandedBackWarning,
+        match=r"trl\.trainer\.grpo_trainer\.nanmin rebound after "
+        r"PatchFastRL",
+    ) as seen:
         assert guarded(values) == "the user's helper"  # TRL alone's answer
         assert guarded(values) == "the user's helper"
     assert len(seen) == 1 and "\n" not in str(seen[0].message)

@@ -22,8 +22,11 @@ from tests.patching.future_trl import grown_calls, kernel_with_support
 
 SCENARIOS = [n for n, spec in TRAINERS.items() if spec.about.scenario is not None]
 # what a row says when everything was handed back: then slimrl's own path cannot have run, and TRL's probe neither
-HANDED_BACK_ONLY = ("", "slimrl's log-prob path did not run", "no generated token was checked against the training "
-                    "model")
+HANDED_BACK_ONLY = (
+    "",
+    "slimrl's log-prob path did not run",
+    "no generated token was checked against the training model",
+)
 
 
 def _row(name: str):
@@ -72,8 +75,9 @@ def test_every_call_grown_by_an_argument_trains_as_trl_alone(kind, name, monkeyp
         row, lines = _row(name)
     _assert_trl_alone(row)
     assert lines or not _fixed_contracts(name), "no call was handed back to TRL (or no line said so)"
-    assert all("back to TRL's original" in line and ("argument" in line or "support_ids" in line)
-               for line in lines), lines
+    assert all("back to TRL's original" in line and ("argument" in line or "support_ids" in line) for line in lines), (
+        lines
+    )
     assert len(lines) == len(set(lines)), "a line repeated: once per process and reason"
 
 
@@ -114,11 +118,10 @@ def test_renormalised_reference_is_the_fp64_one():
     g = torch.Generator().manual_seed(0)
     hidden, weight = torch.randn(6, 16, generator=g), torch.randn(50, 16, generator=g)
     targets = torch.randint(0, 50, (6,), generator=g)
-    support = torch.stack([torch.cat([targets[i:i + 1], torch.randperm(50, generator=g)[:7]]) for i in range(6)])
+    support = torch.stack([torch.cat([targets[i : i + 1], torch.randperm(50, generator=g)[:7]]) for i in range(6)])
     got = renormalised(hidden, weight, None, targets, 0.7, support)
     logits = (hidden.double() @ weight.double().T) / 0.7  # [6, 50]
-    want = torch.stack([logits[i, targets[i]] - torch.logsumexp(logits[i, support[i].unique()], 0)
-                        for i in range(6)])
+    want = torch.stack([logits[i, targets[i]] - torch.logsumexp(logits[i, support[i].unique()], 0) for i in range(6)])
     assert torch.allclose(got.double(), want, rtol=0, atol=1e-5)  # fp32 logits of norm ~10: ~1e-6 each
 
 
@@ -130,9 +133,16 @@ def test_a_renamed_target_leaves_the_trainer_to_trl_alone(monkeypatch):
     method = GRPOTrainer.__dict__["_get_per_token_logps_and_entropies"]
     monkeypatch.delattr(GRPOTrainer, "_get_per_token_logps_and_entropies")
     monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_renamed", method, raising=False)
-    monkeypatch.setattr(GRPOTrainer, "__getattr__", lambda self, name: (
-        self._get_per_token_logps_renamed if name == "_get_per_token_logps_and_entropies" else
-        object.__getattribute__(self, name)), raising=False)
+    monkeypatch.setattr(
+        GRPOTrainer,
+        "__getattr__",
+        lambda self, name: (
+            self._get_per_token_logps_renamed
+            if name == "_get_per_token_logps_and_entropies"
+            else object.__getattribute__(self, name)
+        ),
+        raising=False,
+    )
     with pytest.warns(UserWarning, match=r"_get_per_token_logps_and_entropies\): they run as TRL alone"):
         PatchFastRL("grpo")
     unpatch()
@@ -158,8 +168,11 @@ def test_handed_back_line_once_per_process_and_reason():
             with pytest.raises(TypeError):  # TRL 1.16's own kernel refuses an eleventh argument
                 utils._ChunkedLogProbFunction.apply(h, w, None, t, 1.0, 64, None, 1.0, ("log_probs",), None, 5)
     lines = [str(w.message) for w in caught if issubclass(w.category, HandedBackWarning)]
-    assert len(lines) == 1 and "trl.trainer.utils._ChunkedLogProbFunction" in lines[0] \
-        and "positional argument 11" in lines[0], lines
+    assert (
+        len(lines) == 1
+        and "trl.trainer.utils._ChunkedLogProbFunction" in lines[0]
+        and "positional argument 11" in lines[0]
+    ), lines
 
 
 def test_installed_trl_signatures_are_recorded():
@@ -223,12 +236,18 @@ def test_a_failing_row_stands_its_trainer_down(trl_119, monkeypatch):
         return {n: {"passed": n != "kto", "row": f"{n} default 3e-2 ... FAIL", "seconds": 1.0} for n in names}
 
     monkeypatch.setattr(trl_119, "run_rows", rows)
-    with pytest.warns(UserWarning, match=r"self-check on trl 1.19.0: kto default 3e-2 \.\.\. FAIL -- not patched, "
-                                         r"it runs as TRL alone \(stood down: trl.trainer.kto_trainer:KTOTrainer"):
+    with pytest.warns(
+        UserWarning,
+        match=r"self-check on trl 1.19.0: kto default 3e-2 \.\.\. FAIL -- not patched, "
+        r"it runs as TRL alone \(stood down: trl.trainer.kto_trainer:KTOTrainer",
+    ):
         PatchFastRL()
     assert not any(is_installed(p) for p in patches("kto"))  # shared patches too: DPO's kernel swap is KTO's
-    assert all(is_installed(p) for p in patches("orpo")  # its own; the processor patch is shared with KTO
-               if p.applies() and p.target_exists() and p.algorithms == ("orpo",))
+    assert all(
+        is_installed(p)
+        for p in patches("orpo")  # its own; the processor patch is shared with KTO
+        if p.applies() and p.target_exists() and p.algorithms == ("orpo",)
+    )
 
 
 def test_the_self_check_can_be_turned_off(trl_119, monkeypatch):
@@ -242,8 +261,9 @@ def test_the_self_check_can_be_turned_off(trl_119, monkeypatch):
 def test_doctor_shows_the_cached_verdicts(trl_119, monkeypatch):
     from slimrl.verify.doctor import format_report, report
 
-    monkeypatch.setattr(trl_119, "run_rows", lambda names: {n: {"passed": True, "row": f"{n} ok", "seconds": 1.0}
-                                                            for n in names})
+    monkeypatch.setattr(
+        trl_119, "run_rows", lambda names: {n: {"passed": True, "row": f"{n} ok", "seconds": 1.0} for n in names}
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         PatchFastRL("sft")
@@ -261,8 +281,11 @@ def test_a_trainer_trl_removed_is_one_line_naming_the_release(monkeypatch):
 
     real = TrainerSpec.available
     monkeypatch.setattr(TrainerSpec, "available", lambda self: self.name != "orpo" and real(self))
-    with pytest.raises(TrainerNotAvailableError, match=r"ORPOTrainer is not in the installed trl .*: TRL removed "
-                                                      r"it after 1.16.0 .*; use DPOTrainer .* 'trl==1.16.0'"):
+    with pytest.raises(
+        TrainerNotAvailableError,
+        match=r"ORPOTrainer is not in the installed trl .*: TRL removed "
+        r"it after 1.16.0 .*; use DPOTrainer .* 'trl==1.16.0'",
+    ):
         PatchFastRL("orpo")
     with pytest.warns(UserWarning, match=r"ORPOTrainer is not in .* the other trainers are patched"):
         PatchFastRL()
@@ -287,6 +310,7 @@ def test_async_grpo_imports_from_either_place_while_patched(monkeypatch):
         warnings.simplefilter("ignore")
         PatchFastRL("grpo")
         from trl import AsyncGRPOTrainer  # TRL 1.18's spelling, on a TRL that has it under trl.experimental
+
         cls = importlib.import_module("trl.experimental.async_grpo").AsyncGRPOTrainer
     assert AsyncGRPOTrainer is cls
     unpatch()
@@ -343,10 +367,28 @@ def _edited_logps(monkeypatch):
 
     real = GRPOTrainer._get_per_token_logps_and_entropies
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **kwargs):
-        logps, entropies, aux = real(self, model, input_ids, attention_mask, logits_to_keep, batch_size,
-                                     compute_entropy, compute_aux_loss, **kwargs)
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **kwargs,
+    ):
+        logps, entropies, aux = real(
+            self,
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size,
+            compute_entropy,
+            compute_aux_loss,
+            **kwargs,
+        )
         return logps * 0.5, entropies, aux  # what the fork changed
 
     import inspect
@@ -373,8 +415,14 @@ def test_a_changed_method_under_a_tested_version_runs_the_check_and_stays_trl(se
     reason = self_check_on.why_check(["grpo"], patches)
     assert reason and "has code none of slimrl's tested TRL releases had" in reason
     runs = []
-    monkeypatch.setattr(self_check_on, "run_rows", lambda names: runs.append(names) or {
-        n: {"passed": False, "row": f"{n} dapo update 1.0e+00 ... FAIL", "seconds": 1.0} for n in names})
+    monkeypatch.setattr(
+        self_check_on,
+        "run_rows",
+        lambda names: (
+            runs.append(names)
+            or {n: {"passed": False, "row": f"{n} dapo update 1.0e+00 ... FAIL", "seconds": 1.0} for n in names}
+        ),
+    )
     with pytest.warns(UserWarning, match=r"grpo dapo update .* FAIL -- not patched, it runs as TRL alone"):
         PatchFastRL("grpo")
     assert runs == [["grpo"]]
@@ -402,8 +450,9 @@ def test_a_changed_pass_through_signature_runs_no_self_check(self_check_on, monk
 
     seen = []
 
-    def push_to_hub(self, commit_message="End of training", blocking=True, token=None, revision=None,
-                    new_option=None, **kwargs):
+    def push_to_hub(
+        self, commit_message="End of training", blocking=True, token=None, revision=None, new_option=None, **kwargs
+    ):
         seen.append(new_option)
 
     monkeypatch.setattr(Trainer, "push_to_hub", push_to_hub)

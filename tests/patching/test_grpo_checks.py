@@ -25,8 +25,14 @@ def _grpo(grpo_patched):
 def _config(tmp_path, **kw):
     from trl import GRPOConfig
 
-    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
-                max_completion_length=6, max_steps=1, **CPU)
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=6,
+        max_steps=1,
+        **CPU,
+    )
     return GRPOConfig(**{**base, **kw})
 
 
@@ -34,9 +40,13 @@ def _trainer(tmp_path, reward, prompts=("1+2=", "3+4="), model=None, **cfg):
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    return GRPOTrainer(model=model or tiny_llama(), args=_config(tmp_path, **cfg), reward_funcs=[reward],
-                       train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
-                       processing_class=tiny_tokenizer())
+    return GRPOTrainer(
+        model=model or tiny_llama(),
+        args=_config(tmp_path, **cfg),
+        reward_funcs=[reward],
+        train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
+        processing_class=tiny_tokenizer(),
+    )
 
 
 def ones(completions, **kwargs):
@@ -46,8 +56,11 @@ def ones(completions, **kwargs):
 @pytest.mark.parametrize("temperature", [0.0, -1.0, 10.5, 15.0])
 def test_temperature_unsloth_refuses_is_a_warning(tmp_path, temperature):
     """TRL accepts the config, so slimrl does; the warning says what Unsloth would have refused."""
-    with pytest.warns(UserWarning, match=rf"temperature={temperature} is invalid: it must be > 0 and <= 10.*"
-                                         rf"Unsloth refuses this, TRL accepts it"):
+    with pytest.warns(
+        UserWarning,
+        match=rf"temperature={temperature} is invalid: it must be > 0 and <= 10.*"
+        rf"Unsloth refuses this, TRL accepts it",
+    ):
         assert _config(tmp_path, temperature=temperature).temperature == temperature
 
 
@@ -64,16 +77,22 @@ def test_learning_rate_out_of_range_warns(tmp_path, lr):
 
 def test_batch_not_a_multiple_of_num_generations_is_fixed(tmp_path):
     """Unsloth users write per_device_train_batch_size=1, num_generations=8: it runs, with a message."""
-    with pytest.warns(UserWarning, match=r"per_device_train_batch_size=1 x gradient_accumulation_steps=1 x 1 "
-                                         r"process\(es\) is not a multiple of num_generations=4: slimrl set "
-                                         r"per_device_train_batch_size=4"):
+    with pytest.warns(
+        UserWarning,
+        match=r"per_device_train_batch_size=1 x gradient_accumulation_steps=1 x 1 "
+        r"process\(es\) is not a multiple of num_generations=4: slimrl set "
+        r"per_device_train_batch_size=4",
+    ):
         cfg = _config(tmp_path, per_device_train_batch_size=1, num_generations=4)
     assert cfg.per_device_train_batch_size == 4
 
 
 def test_mini_batch_larger_than_generation_batch(tmp_path):
-    with pytest.raises(ValueError, match=r"unsloth_grpo_mini_batch=9 is invalid: use an int from 1 to the "
-                                         r"generation batch \(2 = "):
+    with pytest.raises(
+        ValueError,
+        match=r"unsloth_grpo_mini_batch=9 is invalid: use an int from 1 to the "
+        r"generation batch \(2 = ",
+    ):
         _config(tmp_path, unsloth_grpo_mini_batch=9)
     assert _config(tmp_path, unsloth_grpo_mini_batch=1).unsloth_grpo_mini_batch == 1
 
@@ -82,8 +101,9 @@ def test_fp16_model_with_bf16(tmp_path):
     """Unsloth's TypeError, here a warning: TRL trains an fp16 model under bf16 autocast."""
     from slimrl.patching.every_trainer.validation import check_precision
 
-    with pytest.warns(UserWarning, match="the model is float16 but the config has bf16=True: set bf16=False.*"
-                                         "Unsloth refuses this"):
+    with pytest.warns(
+        UserWarning, match="the model is float16 but the config has bf16=True: set bf16=False.*Unsloth refuses this"
+    ):
         check_precision(tiny_llama().to(torch.float16), _explicit(SimpleNamespace(fp16=False, bf16=True), {"bf16"}))
 
 
@@ -97,8 +117,7 @@ def test_bf16_model_with_fp16():
     from slimrl.patching.every_trainer.validation import check_precision
 
     with pytest.warns(UserWarning, match="the model is bfloat16 but the config has fp16=True: set fp16=False"):
-        check_precision(tiny_llama().to(torch.bfloat16),
-                        _explicit(SimpleNamespace(fp16=True, bf16=False), {"fp16"}))
+        check_precision(tiny_llama().to(torch.bfloat16), _explicit(SimpleNamespace(fp16=True, bf16=False), {"fp16"}))
     # TRL's own default (fp16 not written by the user) is never refused
     check_precision(tiny_llama().to(torch.bfloat16), _explicit(SimpleNamespace(fp16=True, bf16=False), set()))
 
@@ -107,8 +126,11 @@ def test_sequence_budget_over_max_seq_length():
     from slimrl.patching.every_trainer.validation import check_sequence_budget
 
     model = SimpleNamespace(max_seq_length=64)
-    with pytest.raises(ValueError, match=r"max_completion_length=64 leaves no room for the prompt within the "
-                                         r"model's max_seq_length=64"):
+    with pytest.raises(
+        ValueError,
+        match=r"max_completion_length=64 leaves no room for the prompt within the "
+        r"model's max_seq_length=64",
+    ):
         check_sequence_budget(model, SimpleNamespace(max_completion_length=64))
 
 
@@ -122,8 +144,13 @@ def test_dataset_without_prompt_column(tmp_path):
     from trl import GRPOTrainer
 
     with pytest.raises(ValueError, match=r"train_dataset has no 'prompt' column \(columns: question\): rename"):
-        GRPOTrainer(model=tiny_llama(), args=_config(tmp_path), reward_funcs=[ones],
-                    train_dataset=Dataset.from_list([{"question": "1+2="}]), processing_class=tiny_tokenizer())
+        GRPOTrainer(
+            model=tiny_llama(),
+            args=_config(tmp_path),
+            reward_funcs=[ones],
+            train_dataset=Dataset.from_list([{"question": "1+2="}]),
+            processing_class=tiny_tokenizer(),
+        )
 
 
 def test_preference_dataset_without_chosen_rejected(tmp_path):
@@ -132,10 +159,17 @@ def test_preference_dataset_without_chosen_rejected(tmp_path):
 
     PatchFastRL("dpo")
     ds = Dataset.from_list([{"prompt": "1+2=", "good": "3", "bad": "4"}])
-    with pytest.raises(ValueError, match=r"train_dataset has columns \(prompt, good, bad\) but DPOTrainer reads "
-                                         r"\('chosen', 'rejected'\): rename the columns to that layout"):
-        DPOTrainer(model=tiny_llama(), args=DPOConfig(output_dir=str(tmp_path), **CPU), train_dataset=ds,
-                   processing_class=tiny_tokenizer())
+    with pytest.raises(
+        ValueError,
+        match=r"train_dataset has columns \(prompt, good, bad\) but DPOTrainer reads "
+        r"\('chosen', 'rejected'\): rename the columns to that layout",
+    ):
+        DPOTrainer(
+            model=tiny_llama(),
+            args=DPOConfig(output_dir=str(tmp_path), **CPU),
+            train_dataset=ds,
+            processing_class=tiny_tokenizer(),
+        )
 
 
 def test_kto_dataset_without_label_and_a_subclass_reads_its_bases_layout(tmp_path):
@@ -148,10 +182,17 @@ def test_kto_dataset_without_label_and_a_subclass_reads_its_bases_layout(tmp_pat
         pass
 
     ds = Dataset.from_list([{"prompt": "1+2=", "completion": "3"}])
-    with pytest.raises(ValueError, match=r"but KTOTrainer reads \('prompt', 'completion', 'label'\) or "
-                                         r"\('chosen', 'rejected'\)"):
-        MyKTO(model=tiny_llama(), args=KTOConfig(output_dir=str(tmp_path), **CPU), train_dataset=ds,
-              processing_class=tiny_tokenizer())
+    with pytest.raises(
+        ValueError,
+        match=r"but KTOTrainer reads \('prompt', 'completion', 'label'\) or "
+        r"\('chosen', 'rejected'\)",
+    ):
+        MyKTO(
+            model=tiny_llama(),
+            args=KTOConfig(output_dir=str(tmp_path), **CPU),
+            train_dataset=ds,
+            processing_class=tiny_tokenizer(),
+        )
 
 
 def test_reward_function_that_raises_is_named(tmp_path):
@@ -159,8 +200,11 @@ def test_reward_function_that_raises_is_named(tmp_path):
         raise KeyError("answer")
 
     trainer = _trainer(tmp_path, score)
-    with pytest.raises(RuntimeError, match=r"reward function 'score' raised KeyError: 'answer' \(first prompt of "
-                                           r"the batch: '[0-9+=]+'\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"reward function 'score' raised KeyError: 'answer' \(first prompt of "
+        r"the batch: '[0-9+=]+'\)",
+    ):
         trainer.train()
 
 
@@ -168,8 +212,11 @@ def test_reward_function_wrong_length(tmp_path):
     def short(completions, **kwargs):
         return [1.0]
 
-    with pytest.raises(ValueError, match=r"reward function 'short' returned 1 values for 2 completions: return a "
-                                         r"list with one float"):
+    with pytest.raises(
+        ValueError,
+        match=r"reward function 'short' returned 1 values for 2 completions: return a "
+        r"list with one float",
+    ):
         _trainer(tmp_path, short).train()
 
 
@@ -177,8 +224,11 @@ def test_reward_function_nan(tmp_path):
     def broken(completions, **kwargs):
         return [float("nan")] * len(completions)
 
-    with pytest.raises(ValueError, match=r"reward function 'broken' returned nan for completion 0 .*: return a "
-                                         r"finite float, or None"):
+    with pytest.raises(
+        ValueError,
+        match=r"reward function 'broken' returned nan for completion 0 .*: return a "
+        r"finite float, or None",
+    ):
         _trainer(tmp_path, broken).train()
 
 
@@ -194,8 +244,11 @@ def test_reward_none_is_allowed_as_in_trl(tmp_path):
 def test_trl_outside_the_supported_range_is_named():
     from slimrl.compat.trl_info import SUPPORTED_TRL, check_trl_supported
 
-    with pytest.warns(UserWarning, match=rf"slimrl supports trl {SUPPORTED_TRL}; the installed trl 1.11.0 is "
-                                         r"outside that range.*pip install"):
+    with pytest.warns(
+        UserWarning,
+        match=rf"slimrl supports trl {SUPPORTED_TRL}; the installed trl 1.11.0 is "
+        r"outside that range.*pip install",
+    ):
         assert not check_trl_supported(Version("1.11.0"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -209,18 +262,30 @@ def test_nan_loss_stops_the_step_and_keeps_the_checkpoint(tmp_path):
     from slimrl.patching.every_trainer.nonfinite import NonFiniteStepError
 
     model = tiny_llama()
+
     def poison(module, args, output):  # NaN hidden states in the gradient forwards of the third step on
         return output * float("nan") if torch.is_grad_enabled() and trainer.state.global_step >= 2 else output
 
     def length(completions, **kwargs):  # varies across completions, so steps 1-2 have gradients
         return [float(len(c)) for c in completions]
 
-    trainer = _trainer(tmp_path, length, model=model, max_steps=4, save_strategy="steps", save_steps=2,
-                       learning_rate=0.1, temperature=1.5)
+    trainer = _trainer(
+        tmp_path,
+        length,
+        model=model,
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=2,
+        learning_rate=0.1,
+        temperature=1.5,
+    )
     model.model.norm.register_forward_hook(poison)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(NonFiniteStepError, match=r"step 3: the loss is nan; the update was not applied\. Likely "
-                                                 r"causes: learning_rate=0.1 too high.*checkpoint-2\) is intact"):
+    with pytest.raises(
+        NonFiniteStepError,
+        match=r"step 3: the loss is nan; the update was not applied\. Likely "
+        r"causes: learning_rate=0.1 too high.*checkpoint-2\) is intact",
+    ):
         trainer.train()
     saved = load_file(str(tmp_path / "out" / "checkpoint-2" / "model.safetensors"))
     now = model.state_dict()

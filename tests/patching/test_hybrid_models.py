@@ -24,8 +24,16 @@ def _run(out, model_type: str):
 
     model = tiny_hybrid(model_type)
     torch.manual_seed(1)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=default_target_modules(model),
-                                             init_lora_weights=False, task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=default_target_modules(model),
+            init_lora_weights=False,
+            task_type="CAUSAL_LM",
+        ),
+    )
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     seen = []
 
@@ -33,12 +41,32 @@ def _run(out, model_type: str):
         seen.append(list(completions))
         return [float(sum(ch.isdigit() for ch in c)) for c in completions]
 
-    cfg = GRPOConfig(output_dir=str(out), per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
-                     max_steps=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", temperature=0.9,
-                     report_to="none", use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, seed=7,
-                     gradient_checkpointing=False, disable_dropout=True)
-    trainer = GRPOTrainer(model=model, args=cfg, reward_funcs=[reward], processing_class=tiny_tokenizer(),
-                          train_dataset=Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4="]]))
+    cfg = GRPOConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        temperature=0.9,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+        gradient_checkpointing=False,
+        disable_dropout=True,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        args=cfg,
+        reward_funcs=[reward],
+        processing_class=tiny_tokenizer(),
+        train_dataset=Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4="]]),
+    )
     trainer.train()
     deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
     return seen, deltas, [h["loss"] for h in trainer.state.log_history if "loss" in h], trainer

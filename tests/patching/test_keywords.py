@@ -16,10 +16,10 @@ from slimrl.patching import trainer_available
 from tests.tiny import CPU_ARGS, tiny_llama, tiny_tokenizer
 
 CPU = CPU_ARGS
-PAIRS = [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a * b + 1)} for a, b in
-         [(1, 2), (3, 4), (5, 6), (7, 8)]]
-
-
+PAIRS = [
+    {"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a * b + 1)}
+    for a, b in [(1, 2), (3, 4), (5, 6), (7, 8)]
+]
 
 
 def _messages(caught) -> list[str]:
@@ -33,17 +33,26 @@ def test_unsloth_style_dpo_snippet_runs(tiny_model_dir, tmp_path):
 
     PatchFastRL("dpo", FastLanguageModel)
     try:
-        model, tokenizer = FastLanguageModel.from_pretrained(str(tiny_model_dir), max_seq_length=128,
-                                                             load_in_4bit=False)
+        model, tokenizer = FastLanguageModel.from_pretrained(
+            str(tiny_model_dir), max_seq_length=128, load_in_4bit=False
+        )
         model = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=4, use_gradient_checkpointing=False)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             dpo_trainer = DPOTrainer(
                 model=model,
                 ref_model=None,
-                args=DPOConfig(per_device_train_batch_size=2, gradient_accumulation_steps=1, max_steps=1,
-                               learning_rate=5e-6, logging_steps=1, output_dir=str(tmp_path / "out"), seed=42,
-                               gradient_checkpointing=False, **CPU),
+                args=DPOConfig(
+                    per_device_train_batch_size=2,
+                    gradient_accumulation_steps=1,
+                    max_steps=1,
+                    learning_rate=5e-6,
+                    logging_steps=1,
+                    output_dir=str(tmp_path / "out"),
+                    seed=42,
+                    gradient_checkpointing=False,
+                    **CPU,
+                ),
                 beta=0.1,
                 train_dataset=Dataset.from_list(PAIRS),
                 tokenizer=tokenizer,
@@ -69,19 +78,36 @@ def test_max_new_tokens_and_tokenizer_for_grpo(tmp_path):
     PatchFastRL("grpo")
     try:
         with pytest.warns(FutureWarning, match=r"max_new_tokens=.*max_completion_length="):
-            config = GRPOConfig(output_dir=str(tmp_path), max_new_tokens=6, per_device_train_batch_size=2,
-                                num_generations=2, max_steps=1, gradient_checkpointing=False, **CPU)
+            config = GRPOConfig(
+                output_dir=str(tmp_path),
+                max_new_tokens=6,
+                per_device_train_batch_size=2,
+                num_generations=2,
+                max_steps=1,
+                gradient_checkpointing=False,
+                **CPU,
+            )
         assert config.max_completion_length == 6
         with pytest.raises(TypeError, match="pass max_completion_length= only"):
             GRPOConfig(output_dir=str(tmp_path), max_new_tokens=6, max_completion_length=6, **CPU)
         with pytest.warns(FutureWarning, match=r"GRPOTrainer\(tokenizer=...\) is deprecated"):
-            trainer = GRPOTrainer(model=tiny_llama(), args=config, reward_funcs=[lambda completions, **kw: [0.0] *
-                                                                                len(completions)],
-                                  train_dataset=Dataset.from_list([{"prompt": "1+2="}] * 2), tokenizer=tiny_tokenizer())
+            trainer = GRPOTrainer(
+                model=tiny_llama(),
+                args=config,
+                reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+                train_dataset=Dataset.from_list([{"prompt": "1+2="}] * 2),
+                tokenizer=tiny_tokenizer(),
+            )
         assert trainer.processing_class is not None
         with pytest.raises(TypeError, match="got both tokenizer= and processing_class="):
-            GRPOTrainer(model=tiny_llama(), args=config, reward_funcs=[lambda **kw: []], train_dataset=[],
-                        tokenizer=tiny_tokenizer(), processing_class=tiny_tokenizer())
+            GRPOTrainer(
+                model=tiny_llama(),
+                args=config,
+                reward_funcs=[lambda **kw: []],
+                train_dataset=[],
+                tokenizer=tiny_tokenizer(),
+                processing_class=tiny_tokenizer(),
+            )
     finally:
         unpatch()
     # without slimrl the old spelling is TRL's own TypeError again: the translation lives only in the patch
@@ -112,9 +138,18 @@ def test_trl012_style_ppo_snippet_runs(tmp_path):
 
     def score_model(seed):
         torch.manual_seed(seed)
-        return LlamaForSequenceClassification(LlamaConfig(
-            vocab_size=49, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-            num_key_value_heads=2, num_labels=1, pad_token_id=0))
+        return LlamaForSequenceClassification(
+            LlamaConfig(
+                vocab_size=49,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                num_labels=1,
+                pad_token_id=0,
+            )
+        )
 
     tok = tiny_tokenizer()
     ds = Dataset.from_list([{"input_ids": tok(p["prompt"])["input_ids"]} for p in PAIRS])
@@ -123,9 +158,16 @@ def test_trl012_style_ppo_snippet_runs(tmp_path):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trainer = PPOTrainer(
-                config=PPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, num_mini_batches=1,
-                                 total_episodes=4, response_length=6, num_ppo_epochs=1, missing_eos_penalty=1.0,
-                                 **CPU),
+                config=PPOConfig(
+                    output_dir=str(tmp_path),
+                    per_device_train_batch_size=2,
+                    num_mini_batches=1,
+                    total_episodes=4,
+                    response_length=6,
+                    num_ppo_epochs=1,
+                    missing_eos_penalty=1.0,
+                    **CPU,
+                ),
                 tokenizer=tok,
                 policy=tiny_llama(seed=0),
                 ref_policy=tiny_llama(seed=0),
@@ -134,8 +176,12 @@ def test_trl012_style_ppo_snippet_runs(tmp_path):
                 train_dataset=ds,
             )
         messages = _messages(caught)
-        for old, new in [("config=", "args="), ("tokenizer=", "processing_class="), ("policy=", "model="),
-                         ("ref_policy=", "ref_model=")]:
+        for old, new in [
+            ("config=", "args="),
+            ("tokenizer=", "processing_class="),
+            ("policy=", "model="),
+            ("ref_policy=", "ref_model="),
+        ]:
             assert any(f"({old}...)" in m and new in m for m in messages), (old, messages)
         trainer.train()
         assert trainer.state.episode >= 4
@@ -157,11 +203,21 @@ def test_gpu_style_snippets_train_on_this_cpu(tiny_model_dir, tmp_path):
         model = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=4)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            args = GRPOConfig(output_dir=str(tmp_path / "grpo"), per_device_train_batch_size=1, num_generations=8,
-                              max_new_tokens=32, max_steps=1, report_to="none")
-            trainer = GRPOTrainer(model=model, args=args, tokenizer=tokenizer,
-                                  reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
-                                  train_dataset=Dataset.from_list([{"prompt": f"{a}+1="} for a in range(8)]))
+            args = GRPOConfig(
+                output_dir=str(tmp_path / "grpo"),
+                per_device_train_batch_size=1,
+                num_generations=8,
+                max_new_tokens=32,
+                max_steps=1,
+                report_to="none",
+            )
+            trainer = GRPOTrainer(
+                model=model,
+                args=args,
+                tokenizer=tokenizer,
+                reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
+                train_dataset=Dataset.from_list([{"prompt": f"{a}+1="} for a in range(8)]),
+            )
         trainer.train()
         assert trainer.state.global_step == 1 and args.bf16 is False
 
@@ -169,9 +225,19 @@ def test_gpu_style_snippets_train_on_this_cpu(tiny_model_dir, tmp_path):
         model = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=4)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            dpo = DPOTrainer(model=model, ref_model=None, tokenizer=tokenizer, train_dataset=Dataset.from_list(PAIRS),
-                             args=DPOConfig(output_dir=str(tmp_path / "dpo"), beta=0.1, max_steps=1,
-                                            per_device_train_batch_size=2, report_to="none"))
+            dpo = DPOTrainer(
+                model=model,
+                ref_model=None,
+                tokenizer=tokenizer,
+                train_dataset=Dataset.from_list(PAIRS),
+                args=DPOConfig(
+                    output_dir=str(tmp_path / "dpo"),
+                    beta=0.1,
+                    max_steps=1,
+                    per_device_train_batch_size=2,
+                    report_to="none",
+                ),
+            )
         dpo.train()
         assert dpo.state.global_step == 1
     finally:

@@ -20,10 +20,17 @@ def _sft(tmp_path, **config):
     tiny_tokenizer().save_pretrained(path)
     model, tok = FastLanguageModel.from_pretrained(str(path), max_seq_length=4096)
     row = "1+2=3 " * (LONG // 6) + "9" * (LONG % 6)
-    args = SFTConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=1, max_steps=1, report_to="none",
-                     use_cpu=True, save_strategy="no", dataset_text_field="text", **config)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list([{"text": row}]),
-                         processing_class=tok)
+    args = SFTConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=1,
+        max_steps=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        dataset_text_field="text",
+        **config,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list([{"text": row}]), processing_class=tok)
     return trainer
 
 

@@ -20,16 +20,29 @@ def test_dpo_nan_step_is_stopped_before_the_update(tmp_path):
     model = tiny_llama()
     PatchFastRL("dpo")
     try:
-        trainer = DPOTrainer(model=model, ref_model=tiny_llama(), train_dataset=Dataset.from_list(PAIRS),
-                             processing_class=tiny_tokenizer(),
-                             args=DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=2,
-                                            report_to="none", use_cpu=True, bf16=False, save_strategy="no",
-                                            gradient_checkpointing=False))
-        model.model.norm.register_forward_hook(lambda m, a, out: out * float("nan") if torch.is_grad_enabled()
-                                               else out)
+        trainer = DPOTrainer(
+            model=model,
+            ref_model=tiny_llama(),
+            train_dataset=Dataset.from_list(PAIRS),
+            processing_class=tiny_tokenizer(),
+            args=DPOConfig(
+                output_dir=str(tmp_path),
+                per_device_train_batch_size=2,
+                max_steps=2,
+                report_to="none",
+                use_cpu=True,
+                bf16=False,
+                save_strategy="no",
+                gradient_checkpointing=False,
+            ),
+        )
+        model.model.norm.register_forward_hook(lambda m, a, out: out * float("nan") if torch.is_grad_enabled() else out)
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        with pytest.raises(NonFiniteStepError, match=r"step 1: the loss is nan; the update was not applied.*no "
-                                                     r"checkpoint was written yet"):
+        with pytest.raises(
+            NonFiniteStepError,
+            match=r"step 1: the loss is nan; the update was not applied.*no "
+            r"checkpoint was written yet",
+        ):
             trainer.train()
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "weights changed"
     finally:
@@ -44,8 +57,12 @@ def test_every_trainer_refuses_an_empty_dataset(tmp_path):
     try:
         for trainer_cls, config_cls in ((DPOTrainer, DPOConfig), (KTOTrainer, KTOConfig)):
             with pytest.raises(ValueError, match="train_dataset is empty: pass a dataset with at least one row"):
-                trainer_cls(model=tiny_llama(), args=config_cls(output_dir=str(tmp_path), use_cpu=True, bf16=False),
-                            train_dataset=Dataset.from_list([]), processing_class=tiny_tokenizer())
+                trainer_cls(
+                    model=tiny_llama(),
+                    args=config_cls(output_dir=str(tmp_path), use_cpu=True, bf16=False),
+                    train_dataset=Dataset.from_list([]),
+                    processing_class=tiny_tokenizer(),
+                )
     finally:
         unpatch()
 
@@ -59,13 +76,25 @@ def test_rloo_reward_function_errors_are_named(tmp_path):
 
     PatchFastRL("rloo")
     try:
-        trainer = RLOOTrainer(model=tiny_llama(), reward_funcs=[bad_length],
-                              train_dataset=Dataset.from_list([{"prompt": "1+2="}] * 4),
-                              processing_class=tiny_tokenizer(),
-                              args=RLOOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2,
-                                              num_generations=2, max_completion_length=4, max_steps=1, beta=0.0,
-                                              report_to="none", use_cpu=True, bf16=False, save_strategy="no",
-                                              gradient_checkpointing=False))
+        trainer = RLOOTrainer(
+            model=tiny_llama(),
+            reward_funcs=[bad_length],
+            train_dataset=Dataset.from_list([{"prompt": "1+2="}] * 4),
+            processing_class=tiny_tokenizer(),
+            args=RLOOConfig(
+                output_dir=str(tmp_path),
+                per_device_train_batch_size=2,
+                num_generations=2,
+                max_completion_length=4,
+                max_steps=1,
+                beta=0.0,
+                report_to="none",
+                use_cpu=True,
+                bf16=False,
+                save_strategy="no",
+                gradient_checkpointing=False,
+            ),
+        )
         with pytest.raises(ValueError, match=r"reward function 'bad_length' returned 1 values for 2 completions"):
             trainer.train()
     finally:
@@ -83,10 +112,23 @@ def _reward_run(tmp_path, patched: bool, **cfg):
         PatchFastRL("reward")
     try:
         model = tiny_llama_scorer().to(torch.float16)
-        trainer = RewardTrainer(model=model, train_dataset=Dataset.from_list(pairs), processing_class=tiny_tokenizer(),
-                                args=RewardConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, max_steps=8,
-                                                  learning_rate=0.1, per_device_train_batch_size=2, report_to="none",
-                                                  save_strategy="no", logging_steps=1, **cfg))
+        trainer = RewardTrainer(
+            model=model,
+            train_dataset=Dataset.from_list(pairs),
+            processing_class=tiny_tokenizer(),
+            args=RewardConfig(
+                output_dir=str(tmp_path),
+                use_cpu=True,
+                bf16=False,
+                max_steps=8,
+                learning_rate=0.1,
+                per_device_train_batch_size=2,
+                report_to="none",
+                save_strategy="no",
+                logging_steps=1,
+                **cfg,
+            ),
+        )
         trainer.train()
         return trainer.state.log_history
     finally:
@@ -113,10 +155,12 @@ def _fake_trainer(scaler=None, skipped=False, step=0):
     from collections import defaultdict
     from types import SimpleNamespace
 
-    return SimpleNamespace(accelerator=SimpleNamespace(scaler=scaler, optimizer_step_was_skipped=skipped),
-                           state=SimpleNamespace(global_step=step), args=SimpleNamespace(output_dir=None,
-                                                                                          learning_rate=1e-4),
-                           _metrics={"train": defaultdict(list)})
+    return SimpleNamespace(
+        accelerator=SimpleNamespace(scaler=scaler, optimizer_step_was_skipped=skipped),
+        state=SimpleNamespace(global_step=step),
+        args=SimpleNamespace(output_dir=None, learning_rate=1e-4),
+        _metrics={"train": defaultdict(list)},
+    )
 
 
 def test_scaled_fp16_steps_are_the_scalers_and_counted():
@@ -169,8 +213,9 @@ def test_a_skipped_step_is_counted_with_a_fused_optimizer_too(fused):
     try:
         p = torch.nn.Parameter(torch.ones(4))
         scaler = torch.amp.GradScaler("cpu")
-        optimizer = AcceleratedOptimizer(torch.optim.AdamW([p], lr=0.1, fused=fused), device_placement=False,
-                                         scaler=scaler)
+        optimizer = AcceleratedOptimizer(
+            torch.optim.AdamW([p], lr=0.1, fused=fused), device_placement=False, scaler=scaler
+        )
         trainer = _fake_trainer(scaler=scaler)
 
         class Acc(SimpleNamespace):  # accelerate's property: any of its optimizers flags a skipped step

@@ -93,8 +93,11 @@ def test_install_refuses_a_missing_target_naming_the_release():
     from slimrl.patching.machinery.registry import Patch, PatchTargetMissingError, install
 
     gone = Patch("grpo", "trl.trainer.grpo_trainer:GRPOTrainer", "_no_such_method_in_trl", lambda self: None)
-    with pytest.raises(PatchTargetMissingError, match=rf"_no_such_method_in_trl is not an attribute .* installed "
-                                                      rf"trl {trl_version()}"):
+    with pytest.raises(
+        PatchTargetMissingError,
+        match=rf"_no_such_method_in_trl is not an attribute .* installed "
+        rf"trl {trl_version()}",
+    ):
         install(gone)
     no_module = Patch("grpo", "trl.no_such_module:X", "y", lambda self: None)
     with pytest.raises(PatchTargetMissingError, match=r"trl.no_such_module:X does not exist"):
@@ -134,8 +137,9 @@ def test_readme_trainer_table_is_generated_from_the_specs():
     from slimrl.patching.doc_tables import readme_table
 
     readme = (Path(__file__).resolve().parents[2] / "docs" / "compatibility.md").read_text()
-    assert readme_table() in readme, \
+    assert readme_table() in readme, (
         "docs/compatibility.md's trainer table is stale: paste slimrl.patching.doc_tables.readme_table()"
+    )
 
 
 def test_every_spec_names_real_trl_objects():
@@ -160,8 +164,11 @@ def test_a_trainer_whose_methods_are_gone_is_refused_whole(monkeypatch):
     from trl import GRPOTrainer
 
     monkeypatch.delattr(GRPOTrainer, "_get_per_token_logps_and_entropies")
-    with pytest.warns(UserWarning, match=r"GRPOTrainer: trl.trainer.grpo_trainer:GRPOTrainer."
-                                         r"_get_per_token_logps_and_entropies\): they run as TRL alone"):
+    with pytest.warns(
+        UserWarning,
+        match=r"GRPOTrainer: trl.trainer.grpo_trainer:GRPOTrainer."
+        r"_get_per_token_logps_and_entropies\): they run as TRL alone",
+    ):
         PatchFastRL("grpo")
     assert not any(is_installed(p) for p in patches("grpo"))
     with pytest.warns(UserWarning, match=r"cannot patch these trainers .* the other trainers are patched"):
@@ -175,6 +182,9 @@ def test_newer_trl_than_tested_warns_naming_verify():
 
     from slimrl.compat.trl_info import check_trl_supported
 
-    with pytest.warns(UserWarning, match=r"trl 1.17.0 is newer than the releases slimrl is tested with .* each "
-                                         r"trainer's tiny parity row runs before its patches go in"):
+    with pytest.warns(
+        UserWarning,
+        match=r"trl 1.17.0 is newer than the releases slimrl is tested with .* each "
+        r"trainer's tiny parity row runs before its patches go in",
+    ):
         assert not check_trl_supported(Version("1.17.0"))

@@ -34,8 +34,12 @@ def test_unpatch_restores_every_attribute_identically():
     before = _snapshot(objs)
     PatchFastRL()
     during = _snapshot(objs)
-    changed = {(n, k) for n in objs for k in set(before[n]) | set(during[n])
-               if before[n].get(k, "<missing>") is not during[n].get(k, "<missing>")}
+    changed = {
+        (n, k)
+        for n in objs
+        for k in set(before[n]) | set(during[n])
+        if before[n].get(k, "<missing>") is not during[n].get(k, "<missing>")
+    }
     assert changed, "PatchFastRL() changed nothing: the test would be vacuous"
     unpatch()
     after = _snapshot(objs)

@@ -48,8 +48,17 @@ def test_a_cache_others_can_write_is_not_trusted(cache):
     assert verdicts == {} and any("writable by others" in ln for ln in lines)
 
 
-@pytest.mark.parametrize("content", ['[1, 2]', '"a string"', '{"k": ["not", "a", "dict"]}', '{"k": {"grpo": 3}}',
-                                     '{"k": {"grpo": {"passed": "no", "row": "x"}}}', '{not json'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "[1, 2]",
+        '"a string"',
+        '{"k": ["not", "a", "dict"]}',
+        '{"k": {"grpo": 3}}',
+        '{"k": {"grpo": {"passed": "no", "row": "x"}}}',
+        "{not json",
+    ],
+)
 def test_malformed_content_is_ignored_in_one_line(cache, content, capsys):
     from slimrl.cli import doctor
 

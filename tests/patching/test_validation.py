@@ -17,11 +17,24 @@ def _trainer(tmp_path, max_seq_length, prompt, completion_len):
     tiny_tokenizer().save_pretrained(path)
     model, tok = FastLanguageModel.from_pretrained(str(path), max_seq_length=max_seq_length)
     model = FastLanguageModel.get_peft_model(model, r=2)
-    cfg = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
-                     max_completion_length=completion_len, max_steps=1, report_to="none", use_cpu=True, bf16=False,
-                     save_strategy="no")
-    return GRPOTrainer(model=model, args=cfg, reward_funcs=[lambda completions, **k: [1.0] * len(completions)],
-                       train_dataset=Dataset.from_list([{"prompt": prompt}] * 2), processing_class=tok)
+    cfg = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=completion_len,
+        max_steps=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+    )
+    return GRPOTrainer(
+        model=model,
+        args=cfg,
+        reward_funcs=[lambda completions, **k: [1.0] * len(completions)],
+        train_dataset=Dataset.from_list([{"prompt": prompt}] * 2),
+        processing_class=tok,
+    )
 
 
 def test_completion_budget_over_max_seq_length(tmp_path, grpo_patched):
@@ -74,8 +87,9 @@ def test_sft_layout_follows_its_config():
     with pytest.raises(ValueError, match=r"SFTTrainer reads \('other'\) or \('messages'\)"):
         check(body, SimpleNamespace(dataset_text_field="other", dataset_kwargs=None))
     check(body, SimpleNamespace(dataset_text_field="body", dataset_kwargs=None))
-    check(body, SimpleNamespace(dataset_text_field="text", dataset_kwargs=None),
-          formatting_func=lambda row: row["body"])
+    check(
+        body, SimpleNamespace(dataset_text_field="text", dataset_kwargs=None), formatting_func=lambda row: row["body"]
+    )
     check(body, SimpleNamespace(dataset_text_field="text", dataset_kwargs={"skip_prepare_dataset": True}))
 
 
@@ -90,17 +104,27 @@ def test_reward_trainer_with_pretokenized_pairs_trains(tmp_path, columns):
     from tests.tiny import tiny_llama_scorer
 
     tok = tiny_tokenizer()
-    rows = [{columns[0]: tok(f"{a}+1={a + 1}").input_ids, columns[1]: tok(f"{a}+1={a + 2}").input_ids}
-            for a in range(4)]
+    rows = [
+        {columns[0]: tok(f"{a}+1={a + 1}").input_ids, columns[1]: tok(f"{a}+1={a + 2}").input_ids} for a in range(4)
+    ]
     PatchFastRL("reward")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # TRL's own deprecation of the legacy column names
-            trainer = RewardTrainer(model=tiny_llama_scorer(), train_dataset=Dataset.from_list(rows),
-                                    processing_class=tok,
-                                    args=RewardConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, max_steps=1,
-                                                      per_device_train_batch_size=2, report_to="none",
-                                                      save_strategy="no"))
+            trainer = RewardTrainer(
+                model=tiny_llama_scorer(),
+                train_dataset=Dataset.from_list(rows),
+                processing_class=tok,
+                args=RewardConfig(
+                    output_dir=str(tmp_path),
+                    use_cpu=True,
+                    bf16=False,
+                    max_steps=1,
+                    per_device_train_batch_size=2,
+                    report_to="none",
+                    save_strategy="no",
+                ),
+            )
         trainer.train()
         assert trainer.state.log_history[-1]["train_loss"] is not None
     finally:

@@ -21,23 +21,43 @@ from slimrl.compat.trl_info import has_fused_head
 from slimrl.verify.tiny_vision import build, images
 from tests.patching.parity import assert_parity, assert_patched_equals_unpatched
 
-pytestmark = pytest.mark.skipif(not has_fused_head(), reason="TRL < 1.15: vision rows take TRL's own full-logit "
-                                                                "path (no slimrl route serves them)")
+pytestmark = pytest.mark.skipif(
+    not has_fused_head(), reason="TRL < 1.15: vision rows take TRL's own full-logit path (no slimrl route serves them)"
+)
 
 LORA = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-ONLINE = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=6, max_steps=2,
-              num_iterations=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", beta=0.04,
-              temperature=0.9, report_to="none", use_cpu=True, bf16=False, save_strategy="no", logging_steps=1,
-              seed=7, gradient_checkpointing=False)
+ONLINE = dict(
+    per_device_train_batch_size=4,
+    num_generations=4,
+    max_completion_length=6,
+    max_steps=2,
+    num_iterations=2,
+    learning_rate=0.5,
+    optim="sgd",
+    lr_scheduler_type="constant",
+    beta=0.04,
+    temperature=0.9,
+    report_to="none",
+    use_cpu=True,
+    bf16=False,
+    save_strategy="no",
+    logging_steps=1,
+    seed=7,
+    gradient_checkpointing=False,
+)
 
 
 def _prompt_rows(tv, per_prompt: int, n: int = 4) -> list[dict]:
     pics = images(n * per_prompt, tv.image_size, seed=1)
     rows = []
     for i in range(n):
-        own = pics[i * per_prompt:(i + 1) * per_prompt]
-        rows.append({"prompt": [{"role": "user", "content": "How many dots?"}],
-                     **({"image": own[0]} if per_prompt == 1 else {"images": own})})
+        own = pics[i * per_prompt : (i + 1) * per_prompt]
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": "How many dots?"}],
+                **({"image": own[0]} if per_prompt == 1 else {"images": own}),
+            }
+        )
     return rows
 
 
@@ -62,8 +82,13 @@ def run_online(out, family: str, algorithm: str, per_prompt: int = 1):
     else:
         from trl import RLOOConfig as Config
         from trl import RLOOTrainer as Trainer
-    trainer = Trainer(model=model, args=Config(output_dir=str(out), **ONLINE), reward_funcs=[reward_chars],
-                      train_dataset=Dataset.from_list(_prompt_rows(tv, per_prompt)), processing_class=tv.processor)
+    trainer = Trainer(
+        model=model,
+        args=Config(output_dir=str(out), **ONLINE),
+        reward_funcs=[reward_chars],
+        train_dataset=Dataset.from_list(_prompt_rows(tv, per_prompt)),
+        processing_class=tv.processor,
+    )
     trainer.train()
     deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -76,8 +101,7 @@ def test_grpo_with_images_equals_trl(tmp_path, family):
 
 
 def test_grpo_with_several_images_per_prompt_equals_trl(tmp_path):
-    assert_patched_equals_unpatched(lambda out: run_online(out, "qwen2.5-vl", "grpo", per_prompt=2), "grpo",
-                                    tmp_path)
+    assert_patched_equals_unpatched(lambda out: run_online(out, "qwen2.5-vl", "grpo", per_prompt=2), "grpo", tmp_path)
 
 
 @pytest.mark.parametrize("family", ["qwen2.5-vl", "gemma3"])
@@ -95,11 +119,25 @@ def test_dpo_with_image_pairs_equals_trl(tmp_path, family):
     torch.manual_seed(1)
     model = get_peft_model(tv.model, LoraConfig(**LORA))
     pics = images(4, tv.image_size, seed=2)
-    rows = [{"images": [im], "prompt": [{"role": "user", "content": [{"type": "image"},
-                                                                     {"type": "text", "text": "How many dots?"}]}],
-             "chosen": [{"role": "assistant", "content": str(im.info["dots"])}],
-             "rejected": [{"role": "assistant", "content": str(5 - im.info["dots"])}]} for im in pics]
-    args = DPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to="none",
-                     use_cpu=True, bf16=False, save_strategy="no", gradient_checkpointing=False, seed=3)
+    rows = [
+        {
+            "images": [im],
+            "prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many dots?"}]}],
+            "chosen": [{"role": "assistant", "content": str(im.info["dots"])}],
+            "rejected": [{"role": "assistant", "content": str(5 - im.info["dots"])}],
+        }
+        for im in pics
+    ]
+    args = DPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        max_steps=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        gradient_checkpointing=False,
+        seed=3,
+    )
     trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tv.processor)
     assert_parity(trainer, "dpo")

@@ -24,9 +24,15 @@ def _work(name: str):
 def _config(vocab: int = 4096, hidden: int = 64, layers: int = 2, **more):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                       num_attention_heads=4, num_key_value_heads=2,
-                       **{"max_position_embeddings": 1 << 17, "tie_word_embeddings": True, **more})
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        **{"max_position_embeddings": 1 << 17, "tie_word_embeddings": True, **more},
+    )
 
 
 def test_families_follow_the_trl_release():
@@ -106,9 +112,18 @@ def test_sliding_window_masks_are_quadratic_on_cuda():
     the query's dtype: the pass grows with T^2 on CUDA, not in the CPU simulation."""
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model("gemma3_text", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                  num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=512,
-                                  sliding_window=64, max_position_embeddings=1 << 16)
+    config = AutoConfig.for_model(
+        "gemma3_text",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        vocab_size=512,
+        sliding_window=64,
+        max_position_embeddings=1 << 16,
+    )
     config._attn_implementation = "sdpa"
     t = 2048
 
@@ -136,8 +151,16 @@ def test_compare_puts_slimrl_beside_trl_alone(tmp_path):
     config = _config(vocab=32768, hidden=128)
     from slimrl.patching.table import PLANNED
 
-    s = Settings(workload=PLANNED["grpo"], per_device_train_batch_size=2, num_generations=2, max_prompt_length=32,
-                 max_completion_length=512, lora_r=8, device="cuda", gradient_checkpointing="true")
+    s = Settings(
+        workload=PLANNED["grpo"],
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_prompt_length=32,
+        max_completion_length=512,
+        lora_r=8,
+        device="cuda",
+        gradient_checkpointing="true",
+    )
     from slimrl.compat.gpus import CUDA_CONTEXT_BYTES
     from slimrl.planning.verdict import FITS_BELOW
 
@@ -153,8 +176,20 @@ def test_plan_cli_compare(capsys, tmp_path):
     from slimrl.cli import plan as plan_cli
 
     _config(vocab=8192).save_pretrained(tmp_path)
-    base = ["--model", str(tmp_path), "--device", "cuda", "--max_completion_length", "128", "--lora_r", "4",
-            "--per_device_train_batch_size", "2", "--num_generations", "2"]
+    base = [
+        "--model",
+        str(tmp_path),
+        "--device",
+        "cuda",
+        "--max_completion_length",
+        "128",
+        "--lora_r",
+        "4",
+        "--per_device_train_batch_size",
+        "2",
+        "--num_generations",
+        "2",
+    ]
     assert plan_cli.main([*base, "--compare", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["compare"]["trl"]["peak_bytes"] > 0 and data["compare"]["slimrl"]["peak_bytes"] == data["peak_bytes"]
@@ -171,8 +206,15 @@ def test_slimrl_plan_counts_the_reference_trl_builds():
     from slimrl.patching.table import PLANNED
     from slimrl.planning import Settings, plan
 
-    s = Settings(algorithm="dpo", workload=PLANNED["dpo"], lora_r=0, per_device_train_batch_size=1,
-                 num_generations=1, max_prompt_length=8, max_completion_length=8)
+    s = Settings(
+        algorithm="dpo",
+        workload=PLANNED["dpo"],
+        lora_r=0,
+        per_device_train_batch_size=1,
+        num_generations=1,
+        max_prompt_length=8,
+        max_completion_length=8,
+    )
     cuda = plan(_config(), Settings(**{**s.__dict__, "device": "cuda"}), search=False).phases
     cpu = plan(_config(), s, search=False).phases
     assert cuda["reference"] == 2 * cuda["weights"] and cpu["reference"] == cpu["weights"]

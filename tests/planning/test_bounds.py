@@ -51,10 +51,22 @@ def test_the_bound_is_a_lower_bound_of_what_the_meta_model_counts():
 
     from slimrl.planning.bounds import weights_lower_bound
 
-    configs = [_config(), _config(vocab=32768, hidden=256, layers=3, tie_word_embeddings=False),
-               AutoConfig.for_model("qwen2_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                                    num_experts=4, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                    vocab_size=1024, shared_expert_intermediate_size=64)]
+    configs = [
+        _config(),
+        _config(vocab=32768, hidden=256, layers=3, tie_word_embeddings=False),
+        AutoConfig.for_model(
+            "qwen2_moe",
+            hidden_size=64,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_experts=4,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=1024,
+            shared_expert_intermediate_size=64,
+        ),
+    ]
     for config in configs:
         with torch.device("meta"):
             params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
@@ -70,9 +82,31 @@ def test_the_longest_completion_searches_stop_at_the_context(tmp_path, capsys):
     """A roomy budget: the plan's answer and every ``--compare`` side's are the context minus the prompt (64-token
     steps), never past it."""
     _config(vocab=8192, max_position_embeddings=1000).save_pretrained(tmp_path)
-    assert plan_cli.main(["--model", str(tmp_path), "--device", "cuda", "--max_completion_length", "128",
-                          "--max_prompt_length", "40", "--lora_r", "4", "--per_device_train_batch_size", "2",
-                          "--num_generations", "2", "--budget", "80GB", "--compare", "--json"]) == 0
+    assert (
+        plan_cli.main(
+            [
+                "--model",
+                str(tmp_path),
+                "--device",
+                "cuda",
+                "--max_completion_length",
+                "128",
+                "--max_prompt_length",
+                "40",
+                "--lora_r",
+                "4",
+                "--per_device_train_batch_size",
+                "2",
+                "--num_generations",
+                "2",
+                "--budget",
+                "80GB",
+                "--compare",
+                "--json",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     room = (1000 - 40) // 64 * 64
     assert data["max_completion_length_that_fits"] == room
@@ -90,8 +124,16 @@ def test_compare_search_is_exact_under_a_tight_budget():
     config = _config(vocab=32768, hidden=128)
     from slimrl.patching.table import PLANNED
 
-    s = Settings(workload=PLANNED["grpo"], per_device_train_batch_size=2, num_generations=2, max_prompt_length=32,
-                 max_completion_length=512, lora_r=8, device="cuda", gradient_checkpointing="true")
+    s = Settings(
+        workload=PLANNED["grpo"],
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_prompt_length=32,
+        max_completion_length=512,
+        lora_r=8,
+        device="cuda",
+        gradient_checkpointing="true",
+    )
     from slimrl.compat.gpus import CUDA_CONTEXT_BYTES
     from slimrl.planning.verdict import FITS_BELOW, fitting_bytes
 
@@ -103,7 +145,12 @@ def test_compare_search_is_exact_under_a_tight_budget():
     tokens = s.max_prompt_length + s.max_completion_length
 
     def peak(c):
-        return trl_side(config, replace(s, max_completion_length=c), "fused_head", gen * (32 + c) // tokens,
-                        sides["trl"]["phases"]["runtime"])["peak_bytes"]
+        return trl_side(
+            config,
+            replace(s, max_completion_length=c),
+            "fused_head",
+            gen * (32 + c) // tokens,
+            sides["trl"]["phases"]["runtime"],
+        )["peak_bytes"]
 
     assert peak(n) <= fitting_bytes(budget, "cuda") < peak(n + 64)

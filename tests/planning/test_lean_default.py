@@ -12,8 +12,15 @@ from slimrl.planning import Settings, plan, trace
 def _config(hidden=64, intermediate=160, layers=2, context=512):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=300, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context)
+    return LlamaConfig(
+        vocab_size=300,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context,
+    )
 
 
 def test_a_16_bit_lora_layer_saves_its_input_in_16_bits(monkeypatch):
@@ -39,8 +46,14 @@ def test_an_fp32_lora_model_is_traced_as_it_runs():
     assert lora.lora_A["default"].weight.dtype == torch.float32
 
 
-LONG = dict(per_device_train_batch_size=2, num_generations=2, max_prompt_length=16, max_completion_length=2032,
-            lora_r=4, shared_prefix=False)
+LONG = dict(
+    per_device_train_batch_size=2,
+    num_generations=2,
+    max_prompt_length=16,
+    max_completion_length=2032,
+    lora_r=4,
+    shared_prefix=False,
+)
 
 
 def test_the_default_tiles_on_cuda_where_the_recompute_dominates():
@@ -54,11 +67,14 @@ def test_the_default_tiles_on_cuda_where_the_recompute_dominates():
     assert off.settings["tiled_mlp"] is False and not any("tiled MLP" in n for n in off.notes)  # the user's word kept
 
 
-@pytest.mark.parametrize("settings", [
-    dict(device="cpu", **LONG),  # a CPU run: never
-    dict(device="cuda", gradient_checkpointing="false", **LONG),  # no recompute to shrink
-    dict(device="cuda", **{**LONG, "max_completion_length": 48}),  # short: tiles save < 10 %
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(device="cpu", **LONG),  # a CPU run: never
+        dict(device="cuda", gradient_checkpointing="false", **LONG),  # no recompute to shrink
+        dict(device="cuda", **{**LONG, "max_completion_length": 48}),  # short: tiles save < 10 %
+    ],
+)
 def test_the_default_leaves_the_mlp_whole_where_tiles_do_not_pay(settings, monkeypatch, tmp_path):
     monkeypatch.setenv("SLIMRL_CACHE", str(tmp_path))  # a CPU plan's calibration, not into ~/.cache
     config = _config(intermediate=2048, layers=4, context=8192)
@@ -72,9 +88,25 @@ def test_the_cli_takes_auto_true_and_false(capsys, tmp_path):
     path = tmp_path / "m"
     _config(intermediate=2048, layers=4, context=8192).save_pretrained(path)
     for word, expected in (("auto", True), ("false", False), ("TRUE", True)):
-        argv = ["--model", str(path), "--device", "cuda", "--max_prompt_length", "16", "--max_completion_length",
-                "2032", "--per_device_train_batch_size", "2", "--num_generations", "2", "--lora_r", "4",
-                "--tiled_mlp", word, "--json"]
+        argv = [
+            "--model",
+            str(path),
+            "--device",
+            "cuda",
+            "--max_prompt_length",
+            "16",
+            "--max_completion_length",
+            "2032",
+            "--per_device_train_batch_size",
+            "2",
+            "--num_generations",
+            "2",
+            "--lora_r",
+            "4",
+            "--tiled_mlp",
+            word,
+            "--json",
+        ]
         assert plan_cli.main(argv) == 0
         import json
 

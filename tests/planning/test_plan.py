@@ -32,8 +32,15 @@ def _cache(tmp_path_factory):
 def _config(layers=6):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=layers,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
 
 
 def test_meta_trace_counts_what_checkpointing_keeps():
@@ -44,8 +51,9 @@ def test_meta_trace_counts_what_checkpointing_keeps():
     kept = {}
     for every in (0, 1):
         model = trace.meta_model(_config(), torch.float32, 8, every)
-        kept[every], peak = trace.trace_logprob_pass(model, rows, prompt, completion, grad=True, entropy=True,
-                                                     chunk_rows=32)
+        kept[every], peak = trace.trace_logprob_pass(
+            model, rows, prompt, completion, grad=True, entropy=True, chunk_rows=32
+        )
         assert peak >= kept[every] > 0
     assert 6 * layer_input <= kept[1] <= 10 * layer_input, kept[1] / layer_input
     assert kept[0] > 4 * kept[1]
@@ -73,9 +81,19 @@ def test_depth_extrapolation_equals_the_full_trace(tmp_path):
     config = _config(layers=7)
     config.save_pretrained(tmp_path)
     for mode in ("true", "false"):
-        p = plan(str(tmp_path), Settings(per_device_train_batch_size=4, max_prompt_length=16,
-                                         max_completion_length=48, lora_r=8, gradient_checkpointing=mode,
-                                         chunk_rows=32, shared_prefix=False), search=False)
+        p = plan(
+            str(tmp_path),
+            Settings(
+                per_device_train_batch_size=4,
+                max_prompt_length=16,
+                max_completion_length=48,
+                lora_r=8,
+                gradient_checkpointing=mode,
+                chunk_rows=32,
+                shared_prefix=False,
+            ),
+            search=False,
+        )
         full = trace.meta_model(config, torch.float32, 8, 1 if mode == "true" else 0)
         kept, peak = trace.trace_logprob_pass(full, 4, 16, 48, grad=True, entropy=True, chunk_rows=32)
         assert p.phases["policy_forward"] == pytest.approx(kept, rel=1e-3)
@@ -86,13 +104,20 @@ def test_depth_extrapolation_equals_the_full_trace(tmp_path):
 
 def test_plan_phases_budget_and_search(tmp_path):
     _config(layers=4).save_pretrained(tmp_path)
-    kwargs = dict(per_device_train_batch_size=4, max_prompt_length=16, max_completion_length=256, lora_r=8,
-                  beta=0.04)
+    kwargs = dict(per_device_train_batch_size=4, max_prompt_length=16, max_completion_length=256, lora_r=8, beta=0.04)
     p = plan(str(tmp_path), Settings(**kwargs), search=False)
-    assert set(p.phases) == {"runtime", "weights", "adapter_and_optimizer", "generation", "logprobs_no_grad",
-                             "policy_forward", "backward"}
-    assert p.phases["adapter_and_optimizer"] == 16 * 4 * 8 * (64 + 64 + 64 + 32 + 64 + 32 + 64 + 64 + 64 + 160
-                                                              + 64 + 160 + 160 + 64)
+    assert set(p.phases) == {
+        "runtime",
+        "weights",
+        "adapter_and_optimizer",
+        "generation",
+        "logprobs_no_grad",
+        "policy_forward",
+        "backward",
+    }
+    assert p.phases["adapter_and_optimizer"] == 16 * 4 * 8 * (
+        64 + 64 + 64 + 32 + 64 + 32 + 64 + 64 + 64 + 160 + 64 + 160 + 160 + 64
+    )
     assert p.step_seconds > 0 and set(p.step_split) <= set(p.phases)
     tight = plan(str(tmp_path), Settings(**kwargs), budget=p.peak_bytes - 1)
     assert tight.fits is False and tight.max_completion_length_that_fits < 256
@@ -105,10 +130,14 @@ def test_plan_phases_budget_and_search(tmp_path):
     roomy = p.peak_bytes + 2**30
     assert _fastest_fitting(config, settings, roomy)["gradient_checkpointing"] == "false"  # no recompute
     longest = tight.max_completion_length_that_fits
-    assert plan(str(tmp_path), Settings(**dict(kwargs, max_completion_length=longest)),
-                search=False).peak_bytes <= p.peak_bytes
-    assert plan(str(tmp_path), Settings(**dict(kwargs, max_completion_length=longest + 64)),
-                search=False).peak_bytes > p.peak_bytes - 1
+    assert (
+        plan(str(tmp_path), Settings(**dict(kwargs, max_completion_length=longest)), search=False).peak_bytes
+        <= p.peak_bytes
+    )
+    assert (
+        plan(str(tmp_path), Settings(**dict(kwargs, max_completion_length=longest + 64)), search=False).peak_bytes
+        > p.peak_bytes - 1
+    )
     assert _longest_fitting(config, settings, roomy) > 256
 
 
@@ -116,22 +145,45 @@ def test_cli_json_has_the_documented_keys(tmp_path, capsys):
     _config(layers=2).save_pretrained(tmp_path)
     from slimrl.cli import main
 
-    assert main(["plan", "--model", str(tmp_path), "--max_completion_length", "32", "--max_prompt_length", "8",
-                 "--per_device_train_batch_size", "2", "--num_generations", "2", "--budget", "20GB", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                str(tmp_path),
+                "--max_completion_length",
+                "32",
+                "--max_prompt_length",
+                "8",
+                "--per_device_train_batch_size",
+                "2",
+                "--num_generations",
+                "2",
+                "--budget",
+                "20GB",
+                "--json",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
-    assert {"peak_bytes", "phases", "step_seconds", "fits", "recommended",
-            "max_completion_length_that_fits"} <= set(data)
+    assert {"peak_bytes", "phases", "step_seconds", "fits", "recommended", "max_completion_length_that_fits"} <= set(
+        data
+    )
     assert data["fits"] is True and data["peak_bytes"] == pytest.approx(sum(data["phases"].values()), rel=0.2)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--algorithm", "ppo"], "--algorithm 'ppo': unknown; choose one of grpo, dpo, kto, orpo, cpo, sft, rloo"),
-    (["--budget", "1MB"], "--budget 1MB: below the weights and runtime alone"),
-    (["--budget", "lots"], "--budget 'lots': not a size"),
-    (["--gradient_checkpointing", "some"], "--gradient_checkpointing 'some': choose one of"),
-    (["--model", "./no/such/dir"], "--model ./no/such/dir: no such file or directory"),
-    (["--model", "nobody/not-cached"], "config.json is not in the local Hugging Face cache"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--algorithm", "ppo"], "--algorithm 'ppo': unknown; choose one of grpo, dpo, kto, orpo, cpo, sft, rloo"),
+        (["--budget", "1MB"], "--budget 1MB: below the weights and runtime alone"),
+        (["--budget", "lots"], "--budget 'lots': not a size"),
+        (["--gradient_checkpointing", "some"], "--gradient_checkpointing 'some': choose one of"),
+        (["--model", "./no/such/dir"], "--model ./no/such/dir: no such file or directory"),
+        (["--model", "nobody/not-cached"], "config.json is not in the local Hugging Face cache"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, argv, message):
     _config(layers=2).save_pretrained(tmp_path)
     model = [] if "--model" in argv else ["--model", str(tmp_path)]
@@ -196,8 +248,15 @@ def test_shared_prefix_plans_packed_rows(rows):
     (2 x rows x heads x (P + C) x head_dim fp32; its causal mask is no tensor); TRL's layout as ``rows`` rows of
     prompt + completion. Step time follows the tokens: 128 + rows*16 against rows*(128 + 16)."""
     config, prompt, completion = _config(layers=7), 128, 16
-    kw = dict(per_device_train_batch_size=rows, num_generations=8, max_prompt_length=prompt,
-              max_completion_length=completion, lora_r=8, gradient_checkpointing="true", chunk_rows=32)
+    kw = dict(
+        per_device_train_batch_size=rows,
+        num_generations=8,
+        max_prompt_length=prompt,
+        max_completion_length=completion,
+        lora_r=8,
+        gradient_checkpointing="true",
+        chunk_rows=32,
+    )
     on = plan(config, Settings(**kw), search=False)
     off = plan(config, Settings(**kw, shared_prefix=False), search=False)
     assert on.settings["shared_prefix"] is True and off.settings["shared_prefix"] is False
@@ -231,8 +290,14 @@ def test_shared_prefix_is_planned_only_where_it_runs():
     for name in ("dpo", "sft"):
         assert not shared_prefix_applies(config, replace(base, workload=PLANNED[name])), name
     assert not shared_prefix_applies(GPT2Config(n_layer=2, n_embd=64, n_head=4), base)
-    window = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, sliding_window=96)
+    window = MistralConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=96,
+    )
     assert not shared_prefix_applies(window, base)
     assert shared_prefix_applies(window, replace(base, max_completion_length=16))
 
@@ -266,12 +331,27 @@ def test_cuda_plan_keeps_offloaded_layer_inputs_off_the_gpu():
 
     from slimrl.planning import Settings, plan
 
-    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
-    common = dict(per_device_train_batch_size=2, num_generations=2, max_prompt_length=16, max_completion_length=240,
-                  lora_r=4, device="cuda", shared_prefix=False)
-    ours, plain = (plan(config, Settings(gradient_checkpointing=ck, **common), search=False)
-                   for ck in ("slimrl", "true"))
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
+    common = dict(
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_prompt_length=16,
+        max_completion_length=240,
+        lora_r=4,
+        device="cuda",
+        shared_prefix=False,
+    )
+    ours, plain = (
+        plan(config, Settings(gradient_checkpointing=ck, **common), search=False) for ck in ("slimrl", "true")
+    )
     inputs = 4 * 2 * 256 * 64 * torch.bfloat16.itemsize  # (6 - 2) layers x 2 rows x 256 tokens x hidden, bf16
     assert plain.phases["policy_forward"] - ours.phases["policy_forward"] == inputs
     assert plain.phases["backward"] - ours.phases["backward"] == inputs
@@ -296,10 +376,24 @@ def test_tiled_mlp_plans_one_tile_of_mlp_intermediates(capsys):
     micro-batch's; the forward's phase does not grow, and the CLI takes the option."""
     from transformers import LlamaConfig
 
-    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=2048, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192)
-    common = dict(per_device_train_batch_size=2, num_generations=2, max_prompt_length=16, max_completion_length=2032,
-                  lora_r=4, device="cuda", shared_prefix=False)
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=2048,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+    )
+    common = dict(
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_prompt_length=16,
+        max_completion_length=2032,
+        lora_r=4,
+        device="cuda",
+        shared_prefix=False,
+    )
     whole, tiled = (plan(config, Settings(tiled_mlp=t, **common), search=False) for t in (False, True))
     gate_up = 2 * 2 * 2048 * 2048 * torch.bfloat16.itemsize  # gate and up, [2 x 2,048 tokens, 2,048], bf16
     assert whole.phases["backward"] - tiled.phases["backward"] > gate_up, (whole.phases, tiled.phases)

@@ -15,9 +15,17 @@ from slimrl.planning.verdict import DOES_NOT_FIT, FAILS_ABOVE, FITS, FITS_BELOW,
 GIB = 2**30
 
 
-@pytest.mark.parametrize(("share", "word"), [(0.30, FITS), (FITS_BELOW, FITS), (FITS_BELOW + 0.01, UNCERTAIN),
-                                             (FAILS_ABOVE, UNCERTAIN), (FAILS_ABOVE + 0.01, DOES_NOT_FIT),
-                                             (1.2, DOES_NOT_FIT)])
+@pytest.mark.parametrize(
+    ("share", "word"),
+    [
+        (0.30, FITS),
+        (FITS_BELOW, FITS),
+        (FITS_BELOW + 0.01, UNCERTAIN),
+        (FAILS_ABOVE, UNCERTAIN),
+        (FAILS_ABOVE + 0.01, DOES_NOT_FIT),
+        (1.2, DOES_NOT_FIT),
+    ],
+)
 def test_the_three_answers_on_cuda_are_shares_of_the_card_less_its_context(share, word):
     budget = 80 * GIB
     usable = budget - CUDA_CONTEXT_BYTES
@@ -42,12 +50,20 @@ def test_a_cpu_budget_is_plain():
 def _config():
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    return LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
 
 
-COMMON = dict(per_device_train_batch_size=2, num_generations=2, max_prompt_length=16, max_completion_length=240,
-              lora_r=4)
+COMMON = dict(
+    per_device_train_batch_size=2, num_generations=2, max_prompt_length=16, max_completion_length=240, lora_r=4
+)
 
 
 def test_a_cuda_plan_counts_the_context_outside_max_memory_allocated():
@@ -67,8 +83,9 @@ def test_searches_aim_at_fits_on_cuda():
     assert got.verdict == UNCERTAIN and got.fits is False
     longest = got.max_completion_length_that_fits
     assert longest is not None and longest < COMMON["max_completion_length"]
-    shorter = plan(config, Settings(device="cuda", **{**COMMON, "max_completion_length": longest}), budget=budget,
-                   search=False)
+    shorter = plan(
+        config, Settings(device="cuda", **{**COMMON, "max_completion_length": longest}), budget=budget, search=False
+    )
     assert shorter.verdict == FITS
 
 
@@ -78,8 +95,15 @@ def test_a_named_card_is_the_budget_and_a_small_one_is_a_verdict_not_an_error():
     assert p.budget_bytes == t4.total_bytes and p.verdict == FITS
     from transformers import LlamaConfig
 
-    big = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=40,
-                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096)
+    big = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=40,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=4096,
+    )
     too_big = plan(big, Settings(gpu="t4", device="cuda", **COMMON))
     assert too_big.verdict == DOES_NOT_FIT and too_big.recommended is None
 
@@ -89,8 +113,23 @@ def test_the_cli_prints_the_verdict(tmp_path, capsys, share, word):
     from slimrl.cli import plan as plan_cli
 
     _config().save_pretrained(tmp_path)
-    argv = ["--model", str(tmp_path), "--device", "cuda", "--max_prompt_length", "16", "--max_completion_length",
-            "240", "--per_device_train_batch_size", "2", "--num_generations", "2", "--lora_r", "4", "--json"]
+    argv = [
+        "--model",
+        str(tmp_path),
+        "--device",
+        "cuda",
+        "--max_prompt_length",
+        "16",
+        "--max_completion_length",
+        "240",
+        "--per_device_train_batch_size",
+        "2",
+        "--num_generations",
+        "2",
+        "--lora_r",
+        "4",
+        "--json",
+    ]
     assert plan_cli.main(argv) == 0
     peak = json.loads(capsys.readouterr().out)["peak_bytes"]
     argv = [*argv[:-1], "--budget", str(CUDA_CONTEXT_BYTES + int(peak / share))]
@@ -115,6 +154,13 @@ def test_the_planner_holds_the_configs_its_memo_names():
     assert held() is not None
     from transformers import LlamaConfig
 
-    wide = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=320, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    wide = LlamaConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=320,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    )
     assert plan(wide, Settings(device="cuda", **COMMON), search=False).phases["weights"] > 3 * small

@@ -27,11 +27,13 @@ def test_check_python_modules_names_what_is_imported():
 
 
 def test_locked_down_function_sees_no_globals_but_runs_honest_code():
-    add = create_locked_down_function("def add(a, b):\n    def adder(a):\n        return a + b\n"
-                                      "    return adder(b) + b\n")
+    add = create_locked_down_function(
+        "def add(a, b):\n    def adder(a):\n        return a + b\n    return adder(b) + b\n"
+    )
     assert add(10, 20) == 60
-    uses_builtins = create_locked_down_function("def f(xs, k=2):\n    import math\n"
-                                                "    return sorted(xs)[:k], math.floor(2.5)\n")
+    uses_builtins = create_locked_down_function(
+        "def f(xs, k=2):\n    import math\n    return sorted(xs)[:k], math.floor(2.5)\n"
+    )
     assert uses_builtins([3, 1, 2]) == ([1, 2], 2)
     cheat = create_locked_down_function("def peek():\n    return SECRET\n")
     with pytest.raises(NameError, match="SECRET"):  # this module's SECRET exists; the function's process has none
@@ -52,9 +54,11 @@ def test_unsloths_helpers_run_on_the_sandboxs_isolation(tmp_path):
     with pytest.raises(Exception) as caught:
         read()
     assert "GRADER" not in str(caught.value)
-    catcher = create_locked_down_function("def spin():\n    while True:\n        try:\n"
-                                          "            sum(range(10 ** 9))\n        except BaseException:\n"
-                                          "            pass\n")
+    catcher = create_locked_down_function(
+        "def spin():\n    while True:\n        try:\n"
+        "            sum(range(10 ** 9))\n        except BaseException:\n"
+        "            pass\n"
+    )
 
     @execute_with_time_limit(0.5)
     def play():
@@ -67,8 +71,9 @@ def test_unsloths_helpers_run_on_the_sandboxs_isolation(tmp_path):
     assert catcher._session._proc is None  # the function's process was ended, not left spinning
 
 
-@pytest.mark.parametrize("code", ["x = 1\ndef f():\n    return x\n", "def f():\n    pass\ndef g():\n    pass\n",
-                                  "print('side effect')\n"])
+@pytest.mark.parametrize(
+    "code", ["x = 1\ndef f():\n    return x\n", "def f():\n    pass\ndef g():\n    pass\n", "print('side effect')\n"]
+)
 def test_locked_down_function_takes_exactly_one_function(code, capsys):
     with pytest.raises(ValueError, match="exactly one top-level function"):
         create_locked_down_function(code)

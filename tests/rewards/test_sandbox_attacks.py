@@ -31,8 +31,14 @@ HOOK = pytest.mark.parametrize("hook", [True, False], ids=["with-hook", "kernel-
 def run(code: str, hook: bool, **kw):
     before = set(_sandbox_processes())  # another test's live sessions (locked-down functions) are not this call's
     started = time.perf_counter()
-    got = run_sandboxed(code, call=kw.pop("call", "attack"), allow=kw.pop("allow", EVERYTHING),
-                        limits=kw.pop("limits", LIMITS), audit_hook=hook, **kw)
+    got = run_sandboxed(
+        code,
+        call=kw.pop("call", "attack"),
+        allow=kw.pop("allow", EVERYTHING),
+        limits=kw.pop("limits", LIMITS),
+        audit_hook=hook,
+        **kw,
+    )
     assert time.perf_counter() - started < LIMITS.wall_s + 5, "the call outlived its limit"
     assert not set(_sandbox_processes()) - before, "a sandbox process outlived the call"
     return got
@@ -180,8 +186,10 @@ def attack():
     if not hook:
         assert got.ok, got
         assert got.value["fork"] == "PermissionError" and got.value["libc fork"] == -1
-        assert got.value["setsid"] == "PermissionError" and got.value["exec"] in ("PermissionError",
-                                                                                 "FileNotFoundError")
+        assert got.value["setsid"] == "PermissionError" and got.value["exec"] in (
+            "PermissionError",
+            "FileNotFoundError",
+        )
 
 
 @HOOK
@@ -248,21 +256,34 @@ def attack():
 def test_exhaustion_ends_with_a_typed_failure(hook):
     memory = run("def attack():\n    return len(bytearray(1 << 30))\n", hook)
     assert memory.failure.kind == "memory", memory
-    disk = run("def attack():\n    f = open('big', 'wb')\n    for _ in range(64):\n"
-               "        f.write(b'x' * (1 << 20))\n    return 1\n", hook)
+    disk = run(
+        "def attack():\n    f = open('big', 'wb')\n    for _ in range(64):\n"
+        "        f.write(b'x' * (1 << 20))\n    return 1\n",
+        hook,
+    )
     assert not disk.ok and disk.failure.kind in ("error", "crashed"), disk  # the 8 MB scratch is full, or the file
-    output = run("def attack():\n    while True:\n        print('x' * 100000)\n", hook,
-                 limits=Limits(wall_s=6, cpu_s=5, memory_mb=256))
+    output = run(
+        "def attack():\n    while True:\n        print('x' * 100000)\n",
+        hook,
+        limits=Limits(wall_s=6, cpu_s=5, memory_mb=256),
+    )
     assert output.failure.kind in ("forbidden", "timeout") and len(output.stdout) <= 64 * 1024, output.failure
-    bomb = run("def attack():\n    import threading\n    ts = [threading.Thread(target=lambda: None) for _ in "
-               "range(50)]\n    [t.start() for t in ts]\n    [t.join() for t in ts]\n    return 'threads ok'\n", hook)
+    bomb = run(
+        "def attack():\n    import threading\n    ts = [threading.Thread(target=lambda: None) for _ in "
+        "range(50)]\n    [t.start() for t in ts]\n    [t.join() for t in ts]\n    return 'threads ok'\n",
+        hook,
+    )
     assert bomb.value == "threads ok", bomb  # threads are not processes: they stay allowed
 
 
 @HOOK
 def test_forged_huge_and_deep_answers_are_bad_results(hook):
-    forged = run("def attack():\n    import os\n    os.write(RESULT, b'{\"value\": [1, 2')\n    os._exit(0)\n"
-                 .replace("RESULT", "3"), hook)
+    forged = run(
+        "def attack():\n    import os\n    os.write(RESULT, b'{\"value\": [1, 2')\n    os._exit(0)\n".replace(
+            "RESULT", "3"
+        ),
+        hook,
+    )
     # the result descriptor's number is the trainer's; the code may guess and write there: never a trusted value
     assert not forged.ok or forged.value is None
     huge = run("def attack():\n    return 'x' * (4 << 20)\n", hook)
@@ -280,17 +301,26 @@ def test_degenerate_expressions_are_typed_failures_not_exceptions():
 
 
 def test_the_layers_are_reported():
-    assert {"user namespace", "mount namespace", "pid namespace", "network namespace", "seccomp",
-            "resource limits", "audit hook"} <= set(_report["layers"])
+    assert {
+        "user namespace",
+        "mount namespace",
+        "pid namespace",
+        "network namespace",
+        "seccomp",
+        "resource limits",
+        "audit hook",
+    } <= set(_report["layers"])
     got = run_sandboxed("def f():\n    return 1\n", call="f", isolation="none", limits=LIMITS)
     assert got.ok and "seccomp" not in got.isolation and "audit hook" in got.isolation
 
 
 def test_a_call_in_a_thread_is_contained_too():
     results, before = [], set(_sandbox_processes())
-    worker = threading.Thread(target=lambda: results.append(run_sandboxed("def f():\n    while True: pass\n",
-                                                                          call="f", limits=Limits(wall_s=3,
-                                                                                                  cpu_s=2))))
+    worker = threading.Thread(
+        target=lambda: results.append(
+            run_sandboxed("def f():\n    while True: pass\n", call="f", limits=Limits(wall_s=3, cpu_s=2))
+        )
+    )
     worker.start()
     worker.join(15)
     assert results and results[0].failure.kind == "timeout"
@@ -330,7 +360,9 @@ print("none:", none.value)
 def test_a_fifo_swapped_in_for_the_channels_cannot_hang_the_trainer(hook):
     """The old runner read files in a work directory the child owned: a FIFO put in place of its stdout blocked the
     trainer for ever. The channels are the trainer's pipes now; the call ends at its limit."""
-    code = ("def attack():\n    import os, time\n    os.mkfifo('f')\n    fd = os.open('f', os.O_RDWR)\n"
-            "    for target in (0, 1, 2):\n        os.dup2(fd, target)\n    time.sleep(60)\n")
+    code = (
+        "def attack():\n    import os, time\n    os.mkfifo('f')\n    fd = os.open('f', os.O_RDWR)\n"
+        "    for target in (0, 1, 2):\n        os.dup2(fd, target)\n    time.sleep(60)\n"
+    )
     got = run(code, hook, limits=Limits(wall_s=3, cpu_s=2, memory_mb=256))
     assert not got.ok and got.failure.kind in ("timeout", "forbidden", "error"), got

@@ -23,11 +23,19 @@ def test_a_forged_failure_is_a_bad_result_not_an_exception(failure):
     assert isinstance(result.failure, BadResultError), result
 
 
-@pytest.mark.parametrize(("name", "value", "says"), [
-    ("wall_s", math.nan, "finite"), ("cpu_s", math.inf, "finite"), ("cpu_s", -1, "positive"),
-    ("memory_mb", 512.5, "whole number of MB"), ("file_mb", 0.5, "whole number of MB"),
-    ("disk_mb", 0.5, "whole number of MB"), ("open_files", 3, ">= 16"), ("output_kb", 1.5, "whole number of kB"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("wall_s", math.nan, "finite"),
+        ("cpu_s", math.inf, "finite"),
+        ("cpu_s", -1, "positive"),
+        ("memory_mb", 512.5, "whole number of MB"),
+        ("file_mb", 0.5, "whole number of MB"),
+        ("disk_mb", 0.5, "whole number of MB"),
+        ("open_files", 3, ">= 16"),
+        ("output_kb", 1.5, "whole number of kB"),
+    ],
+)
 def test_a_limit_that_cannot_run_is_one_line_naming_it(name, value, says):
     with pytest.raises(ValueError, match=rf"Limits\({name}=.*{says}"):
         Limits(**{name: value})

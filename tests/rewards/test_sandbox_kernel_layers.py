@@ -20,28 +20,44 @@ def _run(code: str, allow: list[str], **kwargs):
 def test_threads_are_capped_per_call():
     """2,991 threads once took the trainer's PIDs; now a call has at most 64 tasks (RLIMIT_NPROC, counted in the
     call's own user namespace), small stacks or not."""
-    code = ("import threading, time\ndef f():\n    threading.stack_size(65536)\n    n = 0\n    try:\n"
-            "        for _ in range(3000):\n            threading.Thread(target=time.sleep, args=(2,)).start()\n"
-            "            n += 1\n    except RuntimeError:\n        pass\n    return n")
+    code = (
+        "import threading, time\ndef f():\n    threading.stack_size(65536)\n    n = 0\n    try:\n"
+        "        for _ in range(3000):\n            threading.Thread(target=time.sleep, args=(2,)).start()\n"
+        "            n += 1\n    except RuntimeError:\n        pass\n    return n"
+    )
     started = _run(code, ["threading", "time"], limits=Limits(wall_s=30))
     assert 0 < started < 64
 
 
 def test_the_parent_death_signal_cannot_be_cleared():
     """A process that cleared PR_SET_PDEATHSIG outlived the trainer's SIGKILL; the filter refuses the change."""
-    code = ("import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
-            "    return [libc.prctl(1, 0, 0, 0, 0), ctypes.get_errno()]")
+    code = (
+        "import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+        "    return [libc.prctl(1, 0, 0, 0, 0), ctypes.get_errno()]"
+    )
     assert _run(code, ["ctypes"]) == [-1, 1]  # EPERM
 
 
-@pytest.mark.parametrize(("what", "code"), [
-    ("memfd", "import os\ndef f():\n    try:\n        os.memfd_create('x')\n        return 'made'\n"
-              "    except OSError as e:\n        return e.errno"),
-    ("sysv shm", "import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
-                 "    return libc.shmget(0, 1 << 20, 0o1600) == -1 and ctypes.get_errno()"),
-    ("inotify", "import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
-                "    return libc.inotify_init() == -1 and ctypes.get_errno()"),
-])
+@pytest.mark.parametrize(
+    ("what", "code"),
+    [
+        (
+            "memfd",
+            "import os\ndef f():\n    try:\n        os.memfd_create('x')\n        return 'made'\n"
+            "    except OSError as e:\n        return e.errno",
+        ),
+        (
+            "sysv shm",
+            "import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+            "    return libc.shmget(0, 1 << 20, 0o1600) == -1 and ctypes.get_errno()",
+        ),
+        (
+            "inotify",
+            "import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
+            "    return libc.inotify_init() == -1 and ctypes.get_errno()",
+        ),
+    ],
+)
 def test_memory_and_instances_outside_the_limits_are_refused(what, code):
     """SysV shared memory and memfd grew the host's Shmem by gigabytes under memory_mb=512; inotify instances are
     the user's 128 in all (the trainer's too)."""
@@ -50,9 +66,11 @@ def test_memory_and_instances_outside_the_limits_are_refused(what, code):
 
 def test_the_scratch_caps_its_inodes():
     """A flood of empty files took 220 MB of kernel memory outside disk_mb; the scratch holds at most 16,384."""
-    code = ("import os\ndef f():\n    n = 0\n    try:\n        for i in range(40000):\n"
-            "            open(str(i), 'w').close()\n            n += 1\n    except OSError:\n        pass\n"
-            "    return n")
+    code = (
+        "import os\ndef f():\n    n = 0\n    try:\n        for i in range(40000):\n"
+        "            open(str(i), 'w').close()\n            n += 1\n    except OSError:\n        pass\n"
+        "    return n"
+    )
     assert _run(code, ["os"], limits=Limits(wall_s=60, cpu_s=30)) < 16384
 
 
@@ -63,8 +81,10 @@ def test_a_session_computes_nothing_between_calls():
 
     from slimrl.rewards.session import SandboxSession
 
-    code = ("import threading\ncount = [0]\ndef spin():\n    while True:\n        count[0] += 1\n"
-            "threading.Thread(target=spin, daemon=True).start()\ndef f():\n    return count[0]")
+    code = (
+        "import threading\ncount = [0]\ndef spin():\n    while True:\n        count[0] += 1\n"
+        "threading.Thread(target=spin, daemon=True).start()\ndef f():\n    return count[0]"
+    )
     with SandboxSession(code, "f", allow=["threading"], limits=Limits(wall_s=10, cpu_s=10)) as session:
         first = session.call().value
         time.sleep(1.0)

@@ -15,12 +15,15 @@ pytestmark = pytest.mark.skipif(not isolation_report()["ok"], reason="no kernel 
 LIBC = "import ctypes\ndef f():\n    libc = ctypes.CDLL(None, use_errno=True)\n"
 
 
-@pytest.mark.parametrize(("what", "call"), [
-    ("SysV semaphores", "libc.semget(0, 250, 0o1600)"),
-    ("SysV message queue", "libc.msgget(0, 0o1600)"),
-    ("POSIX message queue", "libc.mq_open(b'/slimrl-test', 0o100 | 2, 0o600, None)"),
-    ("fanotify", "libc.fanotify_init(0, 0)"),
-])
+@pytest.mark.parametrize(
+    ("what", "call"),
+    [
+        ("SysV semaphores", "libc.semget(0, 250, 0o1600)"),
+        ("SysV message queue", "libc.msgget(0, 0o1600)"),
+        ("POSIX message queue", "libc.mq_open(b'/slimrl-test', 0o100 | 2, 0o600, None)"),
+        ("fanotify", "libc.fanotify_init(0, 0)"),
+    ],
+)
 def test_kernel_memory_and_user_budgets_are_refused(what, call):
     result = run_sandboxed(f"{LIBC}    return [{call}, ctypes.get_errno()]", "f", allow=["ctypes"], audit_hook=False)
     assert result.failure is None, result

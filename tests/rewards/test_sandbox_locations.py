@@ -29,8 +29,9 @@ def _copy(src: Path, dst: Path) -> None:
         except OSError:  # another filesystem
             shutil.copy2(a, b)
 
-    shutil.copytree(src, dst, copy_function=link, symlinks=True,
-                    ignore=lambda d, names: [n for n in names if n in SKIP_DIRS])
+    shutil.copytree(
+        src, dst, copy_function=link, symlinks=True, ignore=lambda d, names: [n for n in names if n in SKIP_DIRS]
+    )
 
 
 @pytest.fixture
@@ -57,8 +58,9 @@ def interpreter_under_tmp(monkeypatch):
     import slimrl.rewards.process_sandbox as process_sandbox
 
     monkeypatch.setattr(process_sandbox, "interpreter", lambda: python, raising=False)
-    monkeypatch.setattr(process_sandbox, "readable_roots", lambda: [r for r in roots if os.path.isdir(r)],
-                        raising=False)
+    monkeypatch.setattr(
+        process_sandbox, "readable_roots", lambda: [r for r in roots if os.path.isdir(r)], raising=False
+    )
     yield python
     shutil.rmtree(base, ignore_errors=True)
 
@@ -76,8 +78,10 @@ def test_the_child_sees_only_what_is_bound_under_tmp(interpreter_under_tmp):
     the host's /tmp."""
     marker = Path(tempfile.mkdtemp(prefix="slimrl-host-only-", dir="/tmp"))
     try:
-        code = ("import os\ndef f(path):\n    try:\n        return sorted(os.listdir('/tmp'))\n"
-                "    except OSError as e:\n        return str(e)")
+        code = (
+            "import os\ndef f(path):\n    try:\n        return sorted(os.listdir('/tmp'))\n"
+            "    except OSError as e:\n        return str(e)"
+        )
         result = run_sandboxed(code, "f", [str(marker)], allow=["os"], audit_hook=False)  # the kernel's view only
     finally:
         marker.rmdir()
@@ -85,19 +89,26 @@ def test_the_child_sees_only_what_is_bound_under_tmp(interpreter_under_tmp):
     assert marker.name not in result.value and all(n.startswith("slimrl-copied-python-") for n in result.value)
 
 
-@pytest.mark.parametrize(("bound", "wanted", "chosen"), [
-    (["/usr/lib", "/opt/py/bin/python3"], "/scratch", "/scratch"),
-    (["/scratch/me/venv/lib/python3.11"], "/scratch", "/.slimrl-scratch-0"),
-    (["/scratch", "/.slimrl-scratch-0/x"], "/scratch", "/.slimrl-scratch-1"),
-    (["/.old/python"], "/.old", "/.slimrl-.old-0"),
-])
+@pytest.mark.parametrize(
+    ("bound", "wanted", "chosen"),
+    [
+        (["/usr/lib", "/opt/py/bin/python3"], "/scratch", "/scratch"),
+        (["/scratch/me/venv/lib/python3.11"], "/scratch", "/.slimrl-scratch-0"),
+        (["/scratch", "/.slimrl-scratch-0/x"], "/scratch", "/.slimrl-scratch-1"),
+        (["/.old/python"], "/.old", "/.slimrl-.old-0"),
+    ],
+)
 def test_the_views_own_mount_points_avoid_every_bound_path(bound, wanted, chosen):
     assert sandbox_view.free_point(wanted, bound) == chosen
 
 
 def test_tmp_gets_its_own_tmpfs_only_where_nothing_bound_lives_there(tmp_path):
-    cfg = sandbox_view.launcher_config(tmp_path, Path(sys.modules["slimrl.rewards"].__file__).parent / "x.py",
-                                       __import__("slimrl.rewards.sandbox_types", fromlist=["Limits"]).Limits(), 5)
+    cfg = sandbox_view.launcher_config(
+        tmp_path,
+        Path(sys.modules["slimrl.rewards"].__file__).parent / "x.py",
+        __import__("slimrl.rewards.sandbox_types", fromlist=["Limits"]).Limits(),
+        5,
+    )
     lives_in_tmp = any(p == "/tmp" or p.startswith("/tmp/") for p in cfg["read_only"])
     assert cfg["tmp_mount"] is not lives_in_tmp
     assert cfg["scratch"] == "/scratch" and cfg["old_root"] == "/.old"

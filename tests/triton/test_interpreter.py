@@ -27,8 +27,9 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="needs TRITON_INTERPRET=1 (make test-triton)")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 (make test-triton)"
+)
 
 OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 
@@ -82,8 +83,13 @@ def _fp64(hidden, weight, bias, targets, temperature, scale, softcap):
         z = softcap * torch.tanh(z / softcap)
     z = z / temperature
     logp = torch.log_softmax(z, -1)  # [N, V]
-    return (logp.gather(1, targets[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1),
-            torch.logsumexp(2 * logp, -1), z.mean(-1), z.argmax(-1) == targets)
+    return (
+        logp.gather(1, targets[:, None]).squeeze(1),
+        -(logp.exp() * logp).sum(-1),
+        torch.logsumexp(2 * logp, -1),
+        z.mean(-1),
+        z.argmax(-1) == targets,
+    )
 
 
 def _grads(outs, tensors):
@@ -92,10 +98,13 @@ def _grads(outs, tensors):
     return [g.double() for g in grads]
 
 
-@pytest.mark.parametrize("temperature,use_bias,scale,softcap,chunk", [
-    (1.0, False, 1.0, None, 1024),   # three vocabulary tiles, the last one ragged
-    (0.7, True, 0.5, 30.0, 4096),    # one tile over the whole vocabulary; Gemma soft-cap, Granite scale
-])
+@pytest.mark.parametrize(
+    "temperature,use_bias,scale,softcap,chunk",
+    [
+        (1.0, False, 1.0, None, 1024),  # three vocabulary tiles, the last one ragged
+        (0.7, True, 0.5, 30.0, 4096),  # one tile over the whole vocabulary; Gemma soft-cap, Granite scale
+    ],
+)
 def test_triton_kernel_matches_fp64_and_slimrls_op(kernel, temperature, use_bias, scale, softcap, chunk):
     from slimrl.ops.chunked_logprob import chunked_logprob_outputs
 
@@ -105,8 +114,17 @@ def test_triton_kernel_matches_fp64_and_slimrls_op(kernel, temperature, use_bias
     got = k.ChunkedLogProbFunction.apply(hidden, weight, bias, targets, temperature, chunk, softcap, scale, OUTPUTS)
     assert launches["forward"] > 0
     ref = _fp64(hidden, weight, bias, targets, temperature, scale, softcap)
-    ours = chunked_logprob_outputs(hidden, weight, targets, bias, temperature, outputs=("log_probs", *OUTPUTS),
-                                   chunk_rows=7, logit_scale=scale, softcap=softcap)
+    ours = chunked_logprob_outputs(
+        hidden,
+        weight,
+        targets,
+        bias,
+        temperature,
+        outputs=("log_probs", *OUTPUTS),
+        chunk_rows=7,
+        logit_scale=scale,
+        softcap=softcap,
+    )
     for name, a, r, s in zip(("log_probs", *OUTPUTS), got, ref, ours):
         if name == "is_top1":
             assert torch.equal(a, r) and torch.equal(a, s), name
@@ -125,8 +143,9 @@ def test_triton_kernel_matches_fp64_and_slimrls_op(kernel, temperature, use_bias
         if softcap is not None:
             z = softcap * torch.tanh(z / softcap)
         logp = torch.log_softmax(z / temperature, -1)
-        fp64_grads = _grads((logp.gather(1, targets[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)),
-                            (h64, w64, b64))
+        fp64_grads = _grads(
+            (logp.gather(1, targets[:, None]).squeeze(1), -(logp.exp() * logp).sum(-1)), (h64, w64, b64)
+        )
     for name, a, r, s in zip(("hidden", "weight", "bias"), triton_grads, fp64_grads, slimrl_grads):
         torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"grad {n} vs fp64: {m}")
         torch.testing.assert_close(a, s, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"grad {n} vs slimrl: {m}")
@@ -191,10 +210,12 @@ def test_grpo_projects_through_the_triton_kernel_unless_chunking_is_set(kernel, 
     k, launches = kernel
     monkeypatch.setattr(utils, "_use_triton", k._use_triton)
     ops = {"calls": 0}
+
     def counting(op):
         def counted(*args, **kwargs):
             ops["calls"] += 1
             return op(*args, **kwargs)
+
         return counted
 
     for name in ("chunked_logprob_outputs", "masked_token_logprobs"):

@@ -24,11 +24,13 @@ def test_a_feature_that_cannot_work_here_is_a_problem(capsys, monkeypatch):
 
     versions = dict.fromkeys(facts.PACKAGES)
     monkeypatch.setattr(facts, "_version", lambda name: {"trl": "1.16.0", "torch": "2.13.0"}.get(name))
-    code = doctor.main(["--load_in_4bit", "--fast_inference"] + ([] if torch.cuda.is_available() else
-                                                                  ["--device", "cuda"]))
+    code = doctor.main(
+        ["--load_in_4bit", "--fast_inference"] + ([] if torch.cuda.is_available() else ["--device", "cuda"])
+    )
     out = capsys.readouterr().out
-    assert code == 1 and "PROBLEM: load_in_4bit needs bitsandbytes" in out and "PROBLEM: fast_inference needs vLLM" \
-        in out, (out, versions)
+    assert (
+        code == 1 and "PROBLEM: load_in_4bit needs bitsandbytes" in out and "PROBLEM: fast_inference needs vLLM" in out
+    ), (out, versions)
 
 
 def test_a_missing_patch_target_is_a_problem(capsys, monkeypatch):
@@ -36,8 +38,10 @@ def test_a_missing_patch_target_is_a_problem(capsys, monkeypatch):
 
     monkeypatch.delattr(GRPOTrainer, "_get_per_token_logps_and_entropies")
     assert doctor.main([]) == 1
-    assert "PROBLEM: patch target trl.trainer.grpo_trainer:GRPOTrainer._get_per_token_logps_and_entropies is " \
-           "missing" in capsys.readouterr().out
+    assert (
+        "PROBLEM: patch target trl.trainer.grpo_trainer:GRPOTrainer._get_per_token_logps_and_entropies is "
+        "missing" in capsys.readouterr().out
+    )
 
 
 def test_model_says_whether_it_takes_the_shared_prefix_layout(tmp_path, capsys):
@@ -45,12 +49,15 @@ def test_model_says_whether_it_takes_the_shared_prefix_layout(tmp_path, capsys):
     model that is not there: a problem. (The attention implementation is chosen at load time, not in config.json.)"""
     from transformers import Gemma2Config, GPT2Config, LlamaConfig, MistralConfig
 
-    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2)
-    cases = {"llama": (LlamaConfig(**small), "shared prefix: on for"),
-             "mistral": (MistralConfig(**small, sliding_window=96), "sliding window (96 tokens)"),
-             "gemma2": (Gemma2Config(**small, attn_logit_softcapping=50.0), "off for"),
-             "gpt2": (GPT2Config(n_layer=2, n_embd=64, n_head=4), "model type 'gpt2' is not tested")}
+    small = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+    cases = {
+        "llama": (LlamaConfig(**small), "shared prefix: on for"),
+        "mistral": (MistralConfig(**small, sliding_window=96), "sliding window (96 tokens)"),
+        "gemma2": (Gemma2Config(**small, attn_logit_softcapping=50.0), "off for"),
+        "gpt2": (GPT2Config(n_layer=2, n_embd=64, n_head=4), "model type 'gpt2' is not tested"),
+    }
     for name, (config, expected) in cases.items():
         config.save_pretrained(tmp_path / name)
         assert doctor.main(["--model", str(tmp_path / name)]) == 0, name

@@ -53,8 +53,9 @@ def test_sabotaged_op_fails_and_exits_1(monkeypatch, capsys):
     from slimrl.ops import chunked_logprob
 
     real = chunked_logprob._logits
-    monkeypatch.setattr(chunked_logprob, "_logits", lambda h, w, b, scale, softcap, temperature:
-                        real(h, w, b, scale, softcap, 1.0))
+    monkeypatch.setattr(
+        chunked_logprob, "_logits", lambda h, w, b, scale, softcap, temperature: real(h, w, b, scale, softcap, 1.0)
+    )
     assert verify_cli.main(["--algorithm", "grpo", "--loss_type", "dapo", "--quiet"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "0 passed, 1 failed" in out
@@ -66,25 +67,40 @@ def test_tiny_copy_of_the_users_model_config(tmp_path):
 
     from slimrl.verify.tiny import char_tokenizer
 
-    config = Gemma2Config(vocab_size=49, hidden_size=256, intermediate_size=512, num_hidden_layers=6,
-                          num_attention_heads=8, num_key_value_heads=4, head_dim=32, final_logit_softcapping=30.0,
-                          pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    config = Gemma2Config(
+        vocab_size=49,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        final_logit_softcapping=30.0,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
     config.save_pretrained(tmp_path / "gemma")
     char_tokenizer().save_pretrained(tmp_path / "gemma")
     (row,) = verify(["grpo"], loss_type="dapo", model=str(tmp_path / "gemma"))
     assert row.passed, row
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--algorithm", "grpoo"], "--algorithm grpoo: unknown algorithm 'grpoo'; valid names:"),
-    (["--algorithm", "grpo", "--loss_type", "nope"], "--loss_type nope: grpo has grpo, "),
-    (["--algorithm", "ppo"], "--algorithm ppo: not verified"),
-    (["--device", "cuda"], "--device cuda: no CUDA device is visible here"),
-    (["--model", "/no/such/model"], "no such file or directory"),
-    (["--bogus"], "unrecognized arguments: --bogus"),
-    (["--algorithm", "dpo", "--unsloth_num_chunks", "0"], "--unsloth_num_chunks=0 is invalid: use -1 (chosen from "
-                                                          "free memory) or an int >= 1"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--algorithm", "grpoo"], "--algorithm grpoo: unknown algorithm 'grpoo'; valid names:"),
+        (["--algorithm", "grpo", "--loss_type", "nope"], "--loss_type nope: grpo has grpo, "),
+        (["--algorithm", "ppo"], "--algorithm ppo: not verified"),
+        (["--device", "cuda"], "--device cuda: no CUDA device is visible here"),
+        (["--model", "/no/such/model"], "no such file or directory"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (
+            ["--algorithm", "dpo", "--unsloth_num_chunks", "0"],
+            "--unsloth_num_chunks=0 is invalid: use -1 (chosen from free memory) or an int >= 1",
+        ),
+    ],
+)
 def test_bad_input_is_one_line(capsys, argv, message):
     if argv[:2] == ["--device", "cuda"] and torch.cuda.is_available():
         pytest.skip("CUDA is here")
@@ -154,13 +170,15 @@ def test_every_trainer_has_a_scenario_or_says_why_not():
             assert about.scenario.__module__ == f"slimrl.patching.trainers.{name}", name
 
 
-@pytest.mark.parametrize(("url", "message"), [
-    ("not a url", "'not a url' is not a server URL"),
-    ("http://[::1", "'http://[::1' is not a server URL"),  # an unclosed IPv6 bracket: urllib raises on it
-    ("http://127.0.0.1:9", "nothing answers at http://127.0.0.1:9"),
-])
-def test_a_server_row_that_cannot_reach_a_server_is_one_line_never_a_pass(tmp_path, capsys, monkeypatch, url,
-                                                                          message):
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("not a url", "'not a url' is not a server URL"),
+        ("http://[::1", "'http://[::1' is not a server URL"),  # an unclosed IPv6 bracket: urllib raises on it
+        ("http://127.0.0.1:9", "nothing answers at http://127.0.0.1:9"),
+    ],
+)
+def test_a_server_row_that_cannot_reach_a_server_is_one_line_never_a_pass(tmp_path, capsys, monkeypatch, url, message):
     """Nothing listening, or not a URL: exit 2 in one line before any training (it passed before, running no server
     at all). vLLM is reported present here so the URL itself is what is checked."""
     from slimrl.verify import server_check
@@ -178,16 +196,30 @@ def test_a_server_row_without_vllm_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("slimrl.generation.vllm_status", lambda: "vLLM is not installed")
     model = tmp_path / "m"
     model.mkdir()
-    assert verify_cli.main(["--algorithm", "grpo", "--model", str(model), "--vllm_server_base_url",
-                            "http://127.0.0.1:8000"]) == 2
+    assert (
+        verify_cli.main(
+            ["--algorithm", "grpo", "--model", str(model), "--vllm_server_base_url", "http://127.0.0.1:8000"]
+        )
+        == 2
+    )
     assert "TRL's server mode needs vLLM here too (vLLM is not installed)" in capsys.readouterr().err
 
 
 def test_a_generator_row_that_did_not_use_vllm_fails():
     from slimrl.verify import Row
 
-    row = Row("grpo", "dapo", math.nan, math.nan, math.nan, math.nan, 0.0, gen_err=1e-5, gen_tolerance=2e-3,
-              generator="server")
+    row = Row(
+        "grpo",
+        "dapo",
+        math.nan,
+        math.nan,
+        math.nan,
+        math.nan,
+        0.0,
+        gen_err=1e-5,
+        gen_tolerance=2e-3,
+        generator="server",
+    )
     assert row.passed
     row.problem = "the run did not generate through the server (use_vllm was off)"
     assert not row.passed
@@ -204,7 +236,7 @@ def test_the_update_tolerance_of_16_bit_weights_is_what_rounding_can_do_and_no_m
     t = TOLERANCE[torch.bfloat16]
 
     def step(update):
-        return ((w.float() + update).to(torch.bfloat16).float() - w.float())
+        return (w.float() + update).to(torch.bfloat16).float() - w.float()
 
     ref = step(exact)
     exposure = rounding_exposure({"w": (w.float() + ref).to(torch.bfloat16)}, {"w": ref})

@@ -16,17 +16,29 @@ def main(out: str) -> None:
 
     from slimrl import FastLanguageModel
 
-    model, tok = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=128, dtype=torch.float32,
-                                                   fast_inference=True, max_lora_rank=8, gpu_memory_utilization="auto")
+    model, tok = FastLanguageModel.from_pretrained(
+        "SmolLM2-135M-Instruct",
+        max_seq_length=128,
+        dtype=torch.float32,
+        fast_inference=True,
+        max_lora_rank=8,
+        gpu_memory_utilization="auto",
+    )
     model = FastLanguageModel.get_peft_model(model, r=8, lora_alpha=16, use_gradient_checkpointing=False)
     engine = model.vllm_engine
     engine.max_num_seqs = 4
     request = engine.load_adapter(model)
     outs = engine.generate_ids([[1, 2, 3, 4]] * 2, SamplingParams(max_tokens=6, temperature=1.0), lora_request=request)
     config = engine.llm.llm_engine.vllm_config
-    info = {"rank": rank, "world_size": dist.get_world_size(), "device": str(engine.device),
-            "backend": config.parallel_config.distributed_executor_backend, "seed": config.model_config.seed,
-            "tokens": [list(o.outputs[0].token_ids) for o in outs], "shared_bytes": engine.shared_bytes}
+    info = {
+        "rank": rank,
+        "world_size": dist.get_world_size(),
+        "device": str(engine.device),
+        "backend": config.parallel_config.distributed_executor_backend,
+        "seed": config.model_config.seed,
+        "tokens": [list(o.outputs[0].token_ids) for o in outs],
+        "shared_bytes": engine.shared_bytes,
+    }
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(info, f)
 

@@ -16,8 +16,10 @@ import torch
 
 from slimrl.generation import vllm_status
 
-pytestmark = [pytest.mark.skipif(vllm_status() is not None, reason=f"vLLM not usable here: {vllm_status()}"),
-              pytest.mark.skipif(pytest.importorskip("bitsandbytes") is None, reason="needs bitsandbytes")]
+pytestmark = [
+    pytest.mark.skipif(vllm_status() is not None, reason=f"vLLM not usable here: {vllm_status()}"),
+    pytest.mark.skipif(pytest.importorskip("bitsandbytes") is None, reason="needs bitsandbytes"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,16 +31,39 @@ def run(tmp_path_factory):
     try:
         from trl import GRPOConfig, GRPOTrainer
 
-        model, tok = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=256,
-                                                       dtype=torch.float32, load_in_4bit=True, fast_inference=True,
-                                                       max_lora_rank=16, gpu_memory_utilization="auto")
+        model, tok = FastLanguageModel.from_pretrained(
+            "SmolLM2-135M-Instruct",
+            max_seq_length=256,
+            dtype=torch.float32,
+            load_in_4bit=True,
+            fast_inference=True,
+            max_lora_rank=16,
+            gpu_memory_utilization="auto",
+        )
         model = FastLanguageModel.get_peft_model(model, r=16, lora_alpha=32, use_gradient_checkpointing=False)
-        cfg = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("grpo4")), per_device_train_batch_size=8,
-                         num_generations=4, max_completion_length=24, max_steps=2, learning_rate=5e-4,
-                         beta=0.0, temperature=0.8, seed=3407, report_to="none", use_cpu=True, bf16=False,
-                         save_strategy="no", logging_steps=1)
-        trainer = GRPOTrainer(model=model, args=cfg, train_dataset=make_arithmetic_dataset(64),
-                              processing_class=tok, reward_funcs=[correctness_reward, format_reward])
+        cfg = GRPOConfig(
+            output_dir=str(tmp_path_factory.mktemp("grpo4")),
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=24,
+            max_steps=2,
+            learning_rate=5e-4,
+            beta=0.0,
+            temperature=0.8,
+            seed=3407,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            save_strategy="no",
+            logging_steps=1,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            args=cfg,
+            train_dataset=make_arithmetic_dataset(64),
+            processing_class=tok,
+            reward_funcs=[correctness_reward, format_reward],
+        )
         trainer.train()
         yield trainer, model
     finally:
@@ -67,10 +92,14 @@ def test_the_4bit_weights_exist_once(run):
     from bitsandbytes.nn import Linear4bit
 
     four_bit = {id(m) for m in model.modules() if isinstance(m, Linear4bit) and is_4bit(m.weight)}
-    run_by_engine = {id(m) for layer in vllm_model.modules()
-                     for m in getattr(getattr(layer, "quant_method", None), "modules", [])}
+    run_by_engine = {
+        id(m) for layer in vllm_model.modules() for m in getattr(getattr(layer, "quant_method", None), "modules", [])
+    }
     assert four_bit and four_bit == run_by_engine
     assert engine.shared_bytes > 0
-    sixteen = sum(p.numel() for n, p in vllm_model.named_parameters() if p.dtype == torch.float32 and ".layers." in n
-                  and p.dim() == 2)
+    sixteen = sum(
+        p.numel()
+        for n, p in vllm_model.named_parameters()
+        if p.dtype == torch.float32 and ".layers." in n and p.dim() == 2
+    )
     assert sixteen == 0, "vLLM holds a 16-bit copy of a decoder linear layer"

@@ -29,8 +29,11 @@ def ops():
         cpu_lora.uninstall()
 
 
-@pytest.mark.parametrize("indices", [[1, 1, 1, 1, 1], [0, 1, 1, 0, 1], [-1, -1, 1, 1, 1]],
-                         ids=["one-adapter", "two-adapters", "some-without"])
+@pytest.mark.parametrize(
+    "indices",
+    [[1, 1, 1, 1, 1], [0, 1, 1, 0, 1], [-1, -1, 1, 1, 1]],
+    ids=["one-adapter", "two-adapters", "some-without"],
+)
 def test_ops_equal_vllms_and_float64(ops, indices):
     cpu_lora, vllm_ops = ops
     torch.manual_seed(0)
@@ -51,7 +54,7 @@ def test_ops_equal_vllms_and_float64(ops, indices):
     base = torch.randn(n, out + 64)
     ref = base.double().clone()
     for t, i in enumerate(indices):
-        ref[t, 32:32 + out] += h[t].double() @ b[i, 0].double().T
+        ref[t, 32 : 32 + out] += h[t].double() @ b[i, 0].double().T
     z_fast, z_vllm = base.clone(), base.clone()
     cpu_lora.fast_bgmv_expand_slice(h, b, z_fast, idx, 32, out, True)
     vllm_ops["bgmv_expand_slice"](h, b, z_vllm, idx, 32, out, True)
@@ -102,7 +105,7 @@ def test_packed_layer_two_gemms_equal_float64_and_follow_a_new_adapter(ops):
         y = torch.zeros(n, sum(slices), dtype=torch.float64)
         offset = 0
         for a, b, s in zip(a_stacked, b_stacked, slices, strict=True):
-            y[:, offset:offset + s] += 0.5 * x.double() @ a[slot, 0].double().T @ b[slot, 0].double().T
+            y[:, offset : offset + s] += 0.5 * x.double() @ a[slot, 0].double().T @ b[slot, 0].double().T
             offset += s
         return y
 

@@ -28,9 +28,14 @@ ATOL = 2e-3
 def lora_model():
     from slimrl import FastLanguageModel
 
-    model, tok = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=256, dtype=torch.float32,
-                                                   fast_inference=True, max_lora_rank=16,
-                                                   gpu_memory_utilization="auto")
+    model, tok = FastLanguageModel.from_pretrained(
+        "SmolLM2-135M-Instruct",
+        max_seq_length=256,
+        dtype=torch.float32,
+        fast_inference=True,
+        max_lora_rank=16,
+        gpu_memory_utilization="auto",
+    )
     model = FastLanguageModel.get_peft_model(model, r=8, lora_alpha=16, use_gradient_checkpointing=False)
     torch.manual_seed(0)
     with torch.no_grad():  # PEFT starts lora_B at zero: give the adapter an effect to sync
@@ -42,8 +47,9 @@ def lora_model():
 
 
 def _ids(tok) -> list[int]:
-    chat = tok.apply_chat_template([{"role": "user", "content": "What is 17+25?"}], add_generation_prompt=True,
-                                   tokenize=True, return_dict=True)["input_ids"]
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 17+25?"}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
     return list(chat) + tok("17 + 25 = 42. The answer is 42.", add_special_tokens=False)["input_ids"]
 
 
@@ -51,8 +57,9 @@ def _engine_logps(engine, ids: list[int], lora_request) -> torch.Tensor:
     """log p(ids[t] | ids[:t]) for t >= 1 from the engine (prompt log-probs), [T-1]."""
     from vllm import SamplingParams
 
-    out = engine.generate_ids([ids], SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
-                          lora_request=lora_request)[0]
+    out = engine.generate_ids(
+        [ids], SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0), lora_request=lora_request
+    )[0]
     return torch.tensor([out.prompt_logprobs[t][ids[t]].logprob for t in range(1, len(ids))], dtype=torch.float64)
 
 
@@ -104,7 +111,7 @@ def test_sampled_tokens_carry_the_training_models_logprobs(lora_model):
     for o in out:
         c = o.outputs[0]
         sampled = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)], dtype=torch.float64)
-        ref = _model_logps(model, prompt + list(c.token_ids))[len(prompt) - 1:]
+        ref = _model_logps(model, prompt + list(c.token_ids))[len(prompt) - 1 :]
         torch.testing.assert_close(sampled, ref, atol=ATOL, rtol=0)
 
 

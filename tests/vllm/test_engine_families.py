@@ -27,8 +27,10 @@ from slimrl.generation import vllm_status
 from tests.tiny import FAMILIES, PHI3_LONGROPE, save_tiny_family
 from tests.vllm.test_engine import _engine_logps, _model_logps
 
-pytestmark = [pytest.mark.skipif(vllm_status() is not None, reason=f"vLLM not usable here: {vllm_status()}"),
-              pytest.mark.skipif(pytest.importorskip("bitsandbytes") is None, reason="needs bitsandbytes")]
+pytestmark = [
+    pytest.mark.skipif(vllm_status() is not None, reason=f"vLLM not usable here: {vllm_status()}"),
+    pytest.mark.skipif(pytest.importorskip("bitsandbytes") is None, reason="needs bitsandbytes"),
+]
 
 ATOL = 1e-4
 FAST = {("qwen2", True), ("qwen2", False), ("gemma3_text", True)}  # in make test; the rest in make test-full
@@ -38,9 +40,16 @@ TEXT = "hello world 12+7=19, the answer is 19."
 def _load(directory: str, four_bit: bool, seed: int = 3407):
     from slimrl import FastLanguageModel
 
-    model, tok = FastLanguageModel.from_pretrained(directory, max_seq_length=128, dtype=torch.float32,
-                                                   load_in_4bit=four_bit, fast_inference=True, max_lora_rank=8,
-                                                   gpu_memory_utilization="auto", random_state=seed)
+    model, tok = FastLanguageModel.from_pretrained(
+        directory,
+        max_seq_length=128,
+        dtype=torch.float32,
+        load_in_4bit=four_bit,
+        fast_inference=True,
+        max_lora_rank=8,
+        gpu_memory_utilization="auto",
+        random_state=seed,
+    )
     return model, tok
 
 
@@ -56,9 +65,16 @@ def _peft(model):
     return model
 
 
-CASES = [pytest.param(family, four_bit, id=f"{family}-{'4bit' if four_bit else '16bit'}",
-                      marks=() if (family, four_bit) in FAST else pytest.mark.slow)
-         for family in FAMILIES for four_bit in (False, True)]
+CASES = [
+    pytest.param(
+        family,
+        four_bit,
+        id=f"{family}-{'4bit' if four_bit else '16bit'}",
+        marks=() if (family, four_bit) in FAST else pytest.mark.slow,
+    )
+    for family in FAMILIES
+    for four_bit in (False, True)
+]
 
 
 @pytest.mark.parametrize(("family", "four_bit"), CASES)
@@ -119,13 +135,27 @@ def generate_first_run(tmp_path_factory):
         before = model.fast_generate(["hello"], sampling_params=SamplingParams(max_tokens=4, temperature=1.0))
         llm = engine.llm
         seen: list = []
-        cfg = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("grpo")), per_device_train_batch_size=8,
-                         num_generations=4, max_completion_length=8, max_steps=2, learning_rate=1e-3, beta=0.0,
-                         temperature=1.0, seed=3407, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
-                         logging_steps=1, vllm_sampling_params=SamplingParams(seed=3407, temperature=1.0))
+        cfg = GRPOConfig(
+            output_dir=str(tmp_path_factory.mktemp("grpo")),
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=8,
+            max_steps=2,
+            learning_rate=1e-3,
+            beta=0.0,
+            temperature=1.0,
+            seed=3407,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            save_strategy="no",
+            logging_steps=1,
+            vllm_sampling_params=SamplingParams(seed=3407, temperature=1.0),
+        )
         prompts = Dataset.from_dict({"prompt": [f"what is {i}+{i}?" for i in range(16)]})
-        trainer = GRPOTrainer(model=model, args=cfg, train_dataset=prompts, processing_class=tok,
-                              reward_funcs=[_separating_reward(seen)])
+        trainer = GRPOTrainer(
+            model=model, args=cfg, train_dataset=prompts, processing_class=tok, reward_funcs=[_separating_reward(seen)]
+        )
         trainer.train()
         yield trainer, model, before, llm, seen
     finally:
@@ -143,8 +173,9 @@ def test_generate_before_train_runs_on_the_training_weights_and_the_trainer_reus
     assert engine.timings["syncs"] == 2
     # the engine's decoder layers are the training model's 4-bit modules (no 16-bit copy of them)
     vllm_model = engine.llm.collective_rpc(_engine_model)[0]
-    run_by_engine = [m for layer in vllm_model.modules()
-                     for m in getattr(getattr(layer, "quant_method", None), "modules", [])]
+    run_by_engine = [
+        m for layer in vllm_model.modules() for m in getattr(getattr(layer, "quant_method", None), "modules", [])
+    ]
     assert run_by_engine and all(is_4bit(m.weight) for m in run_by_engine)
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 2
@@ -155,7 +186,7 @@ def test_generate_before_train_runs_on_the_training_weights_and_the_trainer_reus
 
 def test_a_seeded_sampling_params_samples_a_group_of_distinct_completions(generate_first_run):
     trainer, _, _, _, seen = generate_first_run
-    groups = [seen[i:i + 4] for i in range(0, len(seen), 4)]
+    groups = [seen[i : i + 4] for i in range(0, len(seen), 4)]
     assert len(groups) == 4  # 2 steps x 8 completions
     assert all(len(set(g)) == 4 for g in groups), groups
     logs = [h for h in trainer.state.log_history if "loss" in h]
@@ -168,8 +199,9 @@ def test_the_same_seed_samples_the_same_group_again(generate_first_run):
     from slimrl.generation.trl_backend import SlimrlVLLMGeneration
 
     _, model, _, _, _ = generate_first_run
-    generation = SlimrlVLLMGeneration(model.vllm_engine, model, None, max_completion_length=8,
-                                      sampling_params=SamplingParams(seed=11))
+    generation = SlimrlVLLMGeneration(
+        model.vllm_engine, model, None, max_completion_length=8, sampling_params=SamplingParams(seed=11)
+    )
     prompt = model_state(model).tokenizer("what is 3+4?", add_special_tokens=False)["input_ids"]
     first = generation.generate([prompt] * 4 + [prompt[:-1]] * 4, None, 4)[1]
     again = generation.generate([prompt] * 4 + [prompt[:-1]] * 4, None, 4)[1]
@@ -186,10 +218,12 @@ def test_a_batch_of_identical_groups_is_named_once(generate_first_run, monkeypat
     _, model, _, _, _ = generate_first_run
     monkeypatch.setattr(SlimrlVLLMGeneration, "said_identical", False)
     prompt = model_state(model).tokenizer("what is 3+4?", add_special_tokens=False)["input_ids"]
-    spread = SlimrlVLLMGeneration(model.vllm_engine, model, None, max_completion_length=8,
-                                  sampling_params=SamplingParams(seed=5))
-    greedy = SlimrlVLLMGeneration(model.vllm_engine, model, None, max_completion_length=8,
-                                  sampling_params=SamplingParams(top_k=1))
+    spread = SlimrlVLLMGeneration(
+        model.vllm_engine, model, None, max_completion_length=8, sampling_params=SamplingParams(seed=5)
+    )
+    greedy = SlimrlVLLMGeneration(
+        model.vllm_engine, model, None, max_completion_length=8, sampling_params=SamplingParams(top_k=1)
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         spread.generate([prompt] * 4, None, 4)  # distinct draws: nothing said
@@ -209,14 +243,17 @@ def test_a_checkpoint_saved_in_4bit_starts_the_engine_on_its_own_4bit_weights(tm
     del model.vllm_engine  # the first engine is not needed: only its checkpoint
     model.save_pretrained(tmp_path / "bnb")
     tok.save_pretrained(tmp_path / "bnb")
-    assert json.loads((tmp_path / "bnb" / "config.json").read_text())["quantization_config"]["quant_method"] == \
-        "bitsandbytes"
+    assert (
+        json.loads((tmp_path / "bnb" / "config.json").read_text())["quantization_config"]["quant_method"]
+        == "bitsandbytes"
+    )
     model, tok = _load(str(tmp_path / "bnb"), four_bit=False)  # as written in notebooks: the checkpoint says 4-bit
     model = _peft(model)
     engine = model.vllm_engine
     ids = tok(TEXT, add_special_tokens=False)["input_ids"]
-    torch.testing.assert_close(_engine_logps(engine, ids, engine.load_adapter(model)), _model_logps(model, ids),
-                               atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        _engine_logps(engine, ids, engine.load_adapter(model)), _model_logps(model, ids), atol=ATOL, rtol=0
+    )
     assert engine.shared_bytes > 0, "the engine holds its own copy"
 
 

@@ -30,8 +30,11 @@ from slimrl.generation import vllm_status
 pytestmark = pytest.mark.skipif(vllm_status() is not None, reason=f"vLLM not usable here: {vllm_status()}")
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"
-MODEL_SHAPES = {"unsloth/Qwen3-4B-Base": "qwen3-4b", "unsloth/meta-Llama-3.1-8B-Instruct": "llama-3.1-8b",
-                "unsloth/Qwen3-8B": "qwen3-8b"}
+MODEL_SHAPES = {
+    "unsloth/Qwen3-4B-Base": "qwen3-4b",
+    "unsloth/meta-Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "unsloth/Qwen3-8B": "qwen3-8b",
+}
 VISION = ("VL",)  # vision-language notebooks: slimrl's engine does not serve them (HF generate, said in one line)
 
 
@@ -50,8 +53,13 @@ def notebook_configs() -> dict[str, dict]:
     for path in sorted(SHARED.glob("real_scripts*/unsloth_*.py")):
         text = path.read_text()
         tree = ast.parse(text)
-        names = {t.id: _literal(n.value, {}) for n in tree.body if isinstance(n, ast.Assign)
-                 for t in n.targets if isinstance(t, ast.Name)}
+        names = {
+            t.id: _literal(n.value, {})
+            for n in tree.body
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
         cut = re.search(r"'max_seq_length = (\d+) #' ->", text)
         if cut:
             names["max_seq_length"] = int(cut.group(1))
@@ -60,11 +68,13 @@ def notebook_configs() -> dict[str, dict]:
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "from_pretrained":
                 kw = {k.arg: _literal(k.value, names) for k in node.keywords if k.arg}
                 if kw.get("fast_inference"):
-                    found[path.stem] = {"model": model.group(1) if model else None,
-                                        "load_in_4bit": bool(kw.get("load_in_4bit")),
-                                        "gpu_memory_utilization": kw.get("gpu_memory_utilization", 0.5),
-                                        "max_seq_length": kw.get("max_seq_length", 2048),
-                                        "max_lora_rank": kw.get("max_lora_rank", 64)}
+                    found[path.stem] = {
+                        "model": model.group(1) if model else None,
+                        "load_in_4bit": bool(kw.get("load_in_4bit")),
+                        "gpu_memory_utilization": kw.get("gpu_memory_utilization", 0.5),
+                        "max_seq_length": kw.get("max_seq_length", 2048),
+                        "max_lora_rank": kw.get("max_lora_rank", 64),
+                    }
     return found
 
 
@@ -111,8 +121,15 @@ def _start(fake_gpu, monkeypatch, gpu_key, cfg, cached: int = 0):
     gpu = fake_gpu(gpu_key)
     config = _config(MODEL_SHAPES[cfg["model"]])
     dtype = gpu.gpu.dtype
-    _, preload_problem, _ = start_on_gpu(gpu.gpu, config, cfg["gpu_memory_utilization"], cfg["max_seq_length"],
-                                         cfg["load_in_4bit"], cfg["max_lora_rank"], dtype=dtype)
+    _, preload_problem, _ = start_on_gpu(
+        gpu.gpu,
+        config,
+        cfg["gpu_memory_utilization"],
+        cfg["max_seq_length"],
+        cfg["load_in_4bit"],
+        cfg["max_lora_rank"],
+        dtype=dtype,
+    )
     weights = weight_bytes(config, dtype, cfg["load_in_4bit"])
     gpu.place(weights + adapter_bytes(config, cfg["max_lora_rank"]))  # the model and its adapter, loaded
     gpu.place(cached)
@@ -139,8 +156,9 @@ def _start(fake_gpu, monkeypatch, gpu_key, cfg, cached: int = 0):
             return []
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM))
-    engine = engine_module.SlimrlEngine("unused", dtype, cfg["max_seq_length"], cfg["max_lora_rank"],
-                                        cfg["gpu_memory_utilization"])
+    engine = engine_module.SlimrlEngine(
+        "unused", dtype, cfg["max_seq_length"], cfg["max_lora_rank"], cfg["gpu_memory_utilization"]
+    )
     import transformers
 
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", classmethod(lambda cls, *a, **k: config))
@@ -155,8 +173,9 @@ def _start(fake_gpu, monkeypatch, gpu_key, cfg, cached: int = 0):
 
 @pytest.mark.parametrize("gpu_key", [g.key for g in GPUS])
 @pytest.mark.parametrize("notebook", sorted(CONFIGS))
-def test_vllm_accepts_what_slimrl_starts_and_refuses_what_slimrl_refuses(fake_gpu, monkeypatch, cuda_platform,
-                                                                        gpu_key, notebook):
+def test_vllm_accepts_what_slimrl_starts_and_refuses_what_slimrl_refuses(
+    fake_gpu, monkeypatch, cuda_platform, gpu_key, notebook
+):
     cfg = CONFIGS[notebook]
     if any(v in (cfg["model"] or "") for v in VISION):
         pytest.skip("a vision-language notebook: slimrl's engine does not serve it (HF generate, one line)")
@@ -167,8 +186,11 @@ def test_vllm_accepts_what_slimrl_starts_and_refuses_what_slimrl_refuses(fake_gp
         from vllm.platforms.interface import DeviceCapability
 
         gpu = next(g for g in GPUS if g.key == gpu_key)
-        monkeypatch.setattr(cuda_platform, "get_device_capability",
-                            classmethod(lambda cls, device_id=0: DeviceCapability(*gpu.capability)))
+        monkeypatch.setattr(
+            cuda_platform,
+            "get_device_capability",
+            classmethod(lambda cls, device_id=0: DeviceCapability(*gpu.capability)),
+        )
         cuda_platform.check_if_supports_dtype(getattr(torch, verdict["dtype"]))  # vLLM's dtype check
     else:
         assert not verdict, "slimrl started vLLM after refusing"
@@ -192,8 +214,9 @@ def _vllms_verdict(utilization: float, external: int) -> bool:
 
 
 @pytest.mark.parametrize("gpu_key", [g.key for g in GPUS])
-def test_bytes_the_allocator_holds_but_does_not_use_count_as_free_as_vllm_counts_them(fake_gpu, monkeypatch,
-                                                                                      cuda_platform, gpu_key):
+def test_bytes_the_allocator_holds_but_does_not_use_count_as_free_as_vllm_counts_them(
+    fake_gpu, monkeypatch, cuda_platform, gpu_key
+):
     """A model of 30 % of the card (the weights the engine shares) and 30 % more placed (what training holds), and
     reserved-but-unallocated bytes (a freed load buffer) beside them at the engine's start: slimrl's verdict on the
     engine's arguments equals vLLM's own check on the same state, for utilizations on both sides of the line."""
@@ -233,15 +256,26 @@ def test_the_issues_cases(fake_gpu, monkeypatch, cuda_platform):
     torch's own check would have picked and what vLLM refuses there."""
     from vllm.platforms.interface import DeviceCapability
 
-    qwen = {"model": "unsloth/Qwen3-4B-Base", "load_in_4bit": False, "gpu_memory_utilization": 0.9,
-            "max_seq_length": 2048, "max_lora_rank": 32}
-    llama = {"model": "unsloth/meta-Llama-3.1-8B-Instruct", "load_in_4bit": True, "gpu_memory_utilization": 0.9,
-             "max_seq_length": 1024, "max_lora_rank": 32}
+    qwen = {
+        "model": "unsloth/Qwen3-4B-Base",
+        "load_in_4bit": False,
+        "gpu_memory_utilization": 0.9,
+        "max_seq_length": 2048,
+        "max_lora_rank": 32,
+    }
+    llama = {
+        "model": "unsloth/meta-Llama-3.1-8B-Instruct",
+        "load_in_4bit": True,
+        "gpu_memory_utilization": 0.9,
+        "max_seq_length": 1024,
+        "max_lora_rank": 32,
+    }
     assert _start(fake_gpu, monkeypatch, "h100", qwen)[0]["vllm"] == "passes"
     assert _start(fake_gpu, monkeypatch, "a100-40gb", llama)[0]["vllm"] == "passes"
     fake_gpu("t4")
-    monkeypatch.setattr(cuda_platform, "get_device_capability",
-                        classmethod(lambda cls, device_id=0: DeviceCapability(7, 5)))
+    monkeypatch.setattr(
+        cuda_platform, "get_device_capability", classmethod(lambda cls, device_id=0: DeviceCapability(7, 5))
+    )
     assert torch.cuda.is_bf16_supported()
     with pytest.raises(ValueError, match="Bfloat16 is only supported"):
         cuda_platform.check_if_supports_dtype(torch.bfloat16)
@@ -266,8 +300,10 @@ def test_fp8_kv_cache_only_where_vllm_has_a_backend_for_it(fake_gpu, cuda_platfo
         assert valid, f"vLLM has no attention back end for an fp8 KV cache on {gpu.name}"
 
 
-@pytest.mark.parametrize(("shape", "gpu_key", "four_bit", "seq"), [("qwen3-4b", "h100", False, 2048),
-                                                                   ("llama-3.1-8b", "a100-40gb", True, 1024)])
+@pytest.mark.parametrize(
+    ("shape", "gpu_key", "four_bit", "seq"),
+    [("qwen3-4b", "h100", False, 2048), ("llama-3.1-8b", "a100-40gb", True, 1024)],
+)
 def test_vllms_check_passes_on_what_slimrl_plan_reports(tmp_path, capsys, shape, gpu_key, four_bit, seq):
     """The issue's two cases, from ``slimrl plan --gpu ... --json`` alone: vLLM's ``request_memory`` on the plan's
     free memory at the engine's start, the card's total, the utilization and the weights held outside the engine."""
@@ -278,14 +314,29 @@ def test_vllms_check_passes_on_what_slimrl_plan_reports(tmp_path, capsys, shape,
     from slimrl.cli import plan as plan_cli
     from tests.planning.test_plan_gpu import shape_dir
 
-    argv = ["--model", shape_dir(tmp_path, shape), "--gpu", gpu_key, "--fast_inference", "true",
-            "--gpu_memory_utilization", "0.9", "--max_seq_length", str(seq), "--lora_r", "32",
-            "--load_in_4bit", str(four_bit).lower(), "--json"]
+    argv = [
+        "--model",
+        shape_dir(tmp_path, shape),
+        "--gpu",
+        gpu_key,
+        "--fast_inference",
+        "true",
+        "--gpu_memory_utilization",
+        "0.9",
+        "--max_seq_length",
+        str(seq),
+        "--lora_r",
+        "32",
+        "--load_in_4bit",
+        str(four_bit).lower(),
+        "--json",
+    ]
     assert plan_cli.main(argv) == 0
     plan = json.loads(capsys.readouterr().out)
     engine = plan["engine"]
-    snapshot = types.SimpleNamespace(total_memory=engine["total_bytes"], free_memory=engine["free_bytes_at_start"],
-                                     device_="cuda:0")
+    snapshot = types.SimpleNamespace(
+        total_memory=engine["total_bytes"], free_memory=engine["free_bytes_at_start"], device_="cuda:0"
+    )
     cache = types.SimpleNamespace(gpu_memory_utilization=engine["gpu_memory_utilization"])
     request_memory(snapshot, cache, engine["external_weight_bytes"])  # raises where vLLM would not start
     assert plan["vllm_startup_check"] == "passes"
@@ -303,8 +354,9 @@ def test_fp8_threshold_is_vllms_own(fake_gpu):
     for gpu in GPUS:
         fake_gpu(gpu.key)
         major, minor = gpu.capability
-        assert (engine_setup.engine_quantization(True, engine=True) == "fp8") == \
-            (major * 10 + minor >= Fp8Config.get_min_capability()), gpu.name
+        assert (engine_setup.engine_quantization(True, engine=True) == "fp8") == (
+            major * 10 + minor >= Fp8Config.get_min_capability()
+        ), gpu.name
 
 
 def test_an_fp8_engine_asks_vllm_for_fp8_and_shares_nothing(monkeypatch, tmp_path):

@@ -29,18 +29,41 @@ def run(tmp_path_factory):
     try:
         from trl import GRPOConfig, GRPOTrainer
 
-        model, tok = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=256,
-                                                       dtype=torch.float32, fast_inference=True, max_lora_rank=16,
-                                                       gpu_memory_utilization="auto")
+        model, tok = FastLanguageModel.from_pretrained(
+            "SmolLM2-135M-Instruct",
+            max_seq_length=256,
+            dtype=torch.float32,
+            fast_inference=True,
+            max_lora_rank=16,
+            gpu_memory_utilization="auto",
+        )
         model = FastLanguageModel.get_peft_model(model, r=16, lora_alpha=32, use_gradient_checkpointing=False)
-        cfg = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("grpo")), per_device_train_batch_size=8,
-                         num_generations=4, max_completion_length=32, max_steps=STEPS, learning_rate=5e-4,
-                         lr_scheduler_type="constant", beta=0.0, temperature=0.8, seed=3407, report_to="none",
-                         use_cpu=True, bf16=False, save_strategy="no", logging_steps=1,
-                         vllm_sampling_params=vLLMSamplingParams(max_tokens=28, n=4))
+        cfg = GRPOConfig(
+            output_dir=str(tmp_path_factory.mktemp("grpo")),
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=32,
+            max_steps=STEPS,
+            learning_rate=5e-4,
+            lr_scheduler_type="constant",
+            beta=0.0,
+            temperature=0.8,
+            seed=3407,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            save_strategy="no",
+            logging_steps=1,
+            vllm_sampling_params=vLLMSamplingParams(max_tokens=28, n=4),
+        )
         with pytest.warns(UserWarning, match="n=4 is ignored"):
-            trainer = GRPOTrainer(model=model, args=cfg, train_dataset=make_arithmetic_dataset(128),
-                                  processing_class=tok, reward_funcs=[correctness_reward, format_reward])
+            trainer = GRPOTrainer(
+                model=model,
+                args=cfg,
+                train_dataset=make_arithmetic_dataset(128),
+                processing_class=tok,
+                reward_funcs=[correctness_reward, format_reward],
+            )
         no_grad_calls = []
         method = trainer._get_per_token_logps_and_entropies
 
@@ -136,8 +159,9 @@ def test_no_old_log_prob_pass_and_the_same_loss_as_trls_pass(run):
 def test_the_engine_run_logs_its_mismatch_and_it_is_small(run):
     trainer, _ = run
     logs = [h for h in trainer.state.log_history if "loss" in h]
-    assert all(h["sampling/kl_k3/mean"] < 1e-4 and h["sampling/is_masked_share/sequence"] == 0.0 for h in logs), \
-        [h["sampling/kl_k3/mean"] for h in logs]  # fp32 engine and trainer, adapter synced every step
+    assert all(h["sampling/kl_k3/mean"] < 1e-4 and h["sampling/is_masked_share/sequence"] == 0.0 for h in logs), [
+        h["sampling/kl_k3/mean"] for h in logs
+    ]  # fp32 engine and trainer, adapter synced every step
 
 
 def test_truncated_sampling_through_the_engine_is_corrected_by_the_field(run, tmp_path):
@@ -152,12 +176,31 @@ def test_truncated_sampling_through_the_engine_is_corrected_by_the_field(run, tm
     PatchFastRL("grpo")  # every test ends unpatched (conftest)
     _, model = run
     tok = run[0].processing_class
-    cfg = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4,
-                     max_completion_length=24, max_steps=2, learning_rate=5e-4, beta=0.0, temperature=0.8,
-                     top_p=0.8, seed=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
-                     logging_steps=1, slimrl_truncated_sampling_fix=True)
-    trainer = GRPOTrainer(model=model, args=cfg, train_dataset=make_arithmetic_dataset(32), processing_class=tok,
-                          reward_funcs=[correctness_reward])
+    cfg = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=24,
+        max_steps=2,
+        learning_rate=5e-4,
+        beta=0.0,
+        temperature=0.8,
+        top_p=0.8,
+        seed=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        slimrl_truncated_sampling_fix=True,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        args=cfg,
+        train_dataset=make_arithmetic_dataset(32),
+        processing_class=tok,
+        reward_funcs=[correctness_reward],
+    )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     for h in logs:
@@ -165,8 +208,9 @@ def test_truncated_sampling_through_the_engine_is_corrected_by_the_field(run, tm
         assert h["sampling/kl_k3/mean"] < 1e-3
 
 
-@pytest.mark.parametrize("case", ["all_truncated_masked",
-                                  pytest.param("all_rows_masked_by_is", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "case", ["all_truncated_masked", pytest.param("all_rows_masked_by_is", marks=pytest.mark.slow)]
+)
 def test_degenerate_batches_through_the_engine_take_trls_step(run, tmp_path, case):
     """Nothing to learn from, generated by the engine: every completion cut at 2 tokens and masked
     (``mask_truncated_completions``, Unsloth's Gemma 4 notebook), or every sequence masked by TRL's
@@ -179,14 +223,39 @@ def test_degenerate_batches_through_the_engine_take_trls_step(run, tmp_path, cas
 
     PatchFastRL("grpo")  # every test ends unpatched (conftest)
     _, model = run
-    extra = ({"max_completion_length": 2, "mask_truncated_completions": True} if case == "all_truncated_masked" else
-             {"max_completion_length": 8, "vllm_importance_sampling_mode": "sequence_mask",
-              "vllm_importance_sampling_clip_min": 1.5, "vllm_importance_sampling_clip_max": None})
-    cfg = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_steps=1,
-                     learning_rate=5e-4, beta=0.0, temperature=0.8, seed=1, report_to="none", use_cpu=True,
-                     bf16=False, save_strategy="no", logging_steps=1, **extra)
-    trainer = GRPOTrainer(model=model, args=cfg, train_dataset=make_arithmetic_dataset(16), processing_class=run[0]
-                          .processing_class, reward_funcs=[correctness_reward])
+    extra = (
+        {"max_completion_length": 2, "mask_truncated_completions": True}
+        if case == "all_truncated_masked"
+        else {
+            "max_completion_length": 8,
+            "vllm_importance_sampling_mode": "sequence_mask",
+            "vllm_importance_sampling_clip_min": 1.5,
+            "vllm_importance_sampling_clip_max": None,
+        }
+    )
+    cfg = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_steps=1,
+        learning_rate=5e-4,
+        beta=0.0,
+        temperature=0.8,
+        seed=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        **extra,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        args=cfg,
+        train_dataset=make_arithmetic_dataset(16),
+        processing_class=run[0].processing_class,
+        reward_funcs=[correctness_reward],
+    )
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     trainer.train()
     (h,) = [h for h in trainer.state.log_history if "loss" in h]

@@ -25,6 +25,17 @@ def test_engine_runtime_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert len(cached) == 1
     cached[0].write_text('{"runtime_bytes": 7}')  # the second call reads the cache, never measures again
     assert engine_cpu.runtime_bytes(config, 16, torch.float32) == (7, "measured")
-    p = plan(config, Settings(per_device_train_batch_size=8, num_generations=8, max_prompt_length=39,
-                              max_completion_length=256, lora_r=16, fast_inference=True, device="cpu"), search=False)
+    p = plan(
+        config,
+        Settings(
+            per_device_train_batch_size=8,
+            num_generations=8,
+            max_prompt_length=39,
+            max_completion_length=256,
+            lora_r=16,
+            fast_inference=True,
+            device="cpu",
+        ),
+        search=False,
+    )
     assert p.phases["engine"] == engine_cpu.computed_bytes(config, 16, torch.float32) + 7 and not p.notes

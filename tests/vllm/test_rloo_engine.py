@@ -21,14 +21,29 @@ def test_rloo_generates_through_the_engine_one_sync_per_step(tmp_path):
     try:
         from trl import RLOOConfig, RLOOTrainer
 
-        model, tok = FastLanguageModel.from_pretrained("SmolLM2-135M-Instruct", max_seq_length=256,
-                                                       dtype=torch.float32, fast_inference=True, max_lora_rank=8)
+        model, tok = FastLanguageModel.from_pretrained(
+            "SmolLM2-135M-Instruct", max_seq_length=256, dtype=torch.float32, fast_inference=True, max_lora_rank=8
+        )
         model = FastLanguageModel.get_peft_model(model, r=8, lora_alpha=16, use_gradient_checkpointing=False)
-        cfg = RLOOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
-                         max_completion_length=16, max_steps=2, report_to="none", use_cpu=True,
-                         bf16=False, save_strategy="no", logging_steps=1)
-        trainer = RLOOTrainer(model=model, args=cfg, train_dataset=make_arithmetic_dataset(16),
-                              processing_class=tok, reward_funcs=[correctness_reward])
+        cfg = RLOOConfig(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=16,
+            max_steps=2,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            save_strategy="no",
+            logging_steps=1,
+        )
+        trainer = RLOOTrainer(
+            model=model,
+            args=cfg,
+            train_dataset=make_arithmetic_dataset(16),
+            processing_class=tok,
+            reward_funcs=[correctness_reward],
+        )
         assert trainer.use_vllm and isinstance(trainer.vllm_generation, SlimrlVLLMGeneration)
         trainer.train()
         engine = model.vllm_engine

@@ -56,23 +56,40 @@ def _peft_model(lr_noise: float = 0.0):
 def _config(tmp_path, url, **kw):
     from trl import GRPOConfig
 
-    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=24,
-                max_steps=STEPS, learning_rate=2e-3, lr_scheduler_type="constant", beta=0.0, temperature=1.0,
-                seed=3407, report_to="none", use_cpu=True, bf16=False, save_strategy="no", logging_steps=1,
-                use_vllm=True, vllm_mode="server", vllm_server_base_url=url)
+    base = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=24,
+        max_steps=STEPS,
+        learning_rate=2e-3,
+        lr_scheduler_type="constant",
+        beta=0.0,
+        temperature=1.0,
+        seed=3407,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_base_url=url,
+    )
     return GRPOConfig(**{**base, **kw})
 
 
 def _server_vs_training_gap(backend, model, prompt_ids):
     """Mean |server log-prob - training model log-prob| of 16 tokens the server samples with its current adapter."""
-    out = backend.vllm_client.generate([prompt_ids], n=1, max_tokens=16, temperature=1.0, logprobs=0,
-                                       generation_kwargs={"seed": 1, "ignore_eos": True})
+    out = backend.vllm_client.generate(
+        [prompt_ids], n=1, max_tokens=16, temperature=1.0, logprobs=0, generation_kwargs={"seed": 1, "ignore_eos": True}
+    )
     completion = out["completion_ids"][0]
     served = torch.tensor([s[0] for s in out["logprobs"][0]], dtype=torch.float64)
     ids = torch.tensor([prompt_ids + completion])
     model.eval()
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].double()
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].double()
     model.train()
     mine = logits.log_softmax(-1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
     return float((mine - served).abs().mean())
@@ -89,9 +106,13 @@ def run(server, tmp_path_factory):
 
         model, tok = _peft_model()
         initial = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
-        trainer = GRPOTrainer(model=model, args=_config(tmp_path_factory.mktemp("server"), server),
-                              train_dataset=make_arithmetic_dataset(64), processing_class=tok,
-                              reward_funcs=[correctness_reward, format_reward])
+        trainer = GRPOTrainer(
+            model=model,
+            args=_config(tmp_path_factory.mktemp("server"), server),
+            train_dataset=make_arithmetic_dataset(64),
+            processing_class=tok,
+            reward_funcs=[correctness_reward, format_reward],
+        )
         trainer.train()
         prompt = tok("Compute 12 + 7.", add_special_tokens=False)["input_ids"]
         backend = trainer.vllm_generation
@@ -151,9 +172,13 @@ def test_unreachable_server_is_one_line_before_training(tmp_path):
         model, tok = _peft_model()
         port = free_port()
         with pytest.raises(ConnectionError) as err:
-            GRPOTrainer(model=model, args=_config(tmp_path, f"http://127.0.0.1:{port}", vllm_server_timeout=1),
-                        train_dataset=make_arithmetic_dataset(8), processing_class=tok,
-                        reward_funcs=[correctness_reward])
+            GRPOTrainer(
+                model=model,
+                args=_config(tmp_path, f"http://127.0.0.1:{port}", vllm_server_timeout=1),
+                train_dataset=make_arithmetic_dataset(8),
+                processing_class=tok,
+                reward_funcs=[correctness_reward],
+            )
         message = str(err.value)
         assert "\n" not in message and f"127.0.0.1:{port}" in message
         assert "vllm serve" in message and "--enable-lora" in message and f"--max-lora-rank {RANK}" in message
@@ -171,8 +196,13 @@ def test_a_server_with_another_model_is_an_error_at_the_first_sync(server, tmp_p
 
         model, tok = _peft_model(lr_noise=0.05)
         with pytest.raises(RuntimeError, match=r"serves .* differ from the training model's by .* nats"):
-            GRPOTrainer(model=model, args=_config(tmp_path, server), train_dataset=make_arithmetic_dataset(8),
-                        processing_class=tok, reward_funcs=[correctness_reward])
+            GRPOTrainer(
+                model=model,
+                args=_config(tmp_path, server),
+                train_dataset=make_arithmetic_dataset(8),
+                processing_class=tok,
+                reward_funcs=[correctness_reward],
+            )
     finally:
         unpatch()
 
@@ -198,8 +228,16 @@ class _FakeServer(BaseHTTPRequestHandler):
         elif self.path.startswith("/v1/models"):
             self._reply(200, {"data": [{"id": "fake", "max_model_len": 256}]})
         elif self.path.startswith("/server_info"):
-            self._reply(200, {"vllm_config": {"lora_config": self.lora, "weight_transfer_config": None,
-                                              "model_config": {"logprobs_mode": "processed_logprobs"}}})
+            self._reply(
+                200,
+                {
+                    "vllm_config": {
+                        "lora_config": self.lora,
+                        "weight_transfer_config": None,
+                        "model_config": {"logprobs_mode": "processed_logprobs"},
+                    }
+                },
+            )
         else:
             self._reply(404, {"detail": "Not Found"})
 
@@ -211,11 +249,14 @@ class _FakeServer(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("lora, expect", [
-    (None, "without --enable-lora"),
-    ({"max_lora_rank": 8}, "--max-lora-rank 8, below the adapter's r=16"),
-    ({"max_lora_rank": 64}, "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"),
-])
+@pytest.mark.parametrize(
+    "lora, expect",
+    [
+        (None, "without --enable-lora"),
+        ({"max_lora_rank": 8}, "--max-lora-rank 8, below the adapter's r=16"),
+        ({"max_lora_rank": 64}, "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"),
+    ],
+)
 def test_a_server_without_lora_warns_once_and_trl_path_runs(lora, expect):
     from accelerate import Accelerator
     from trl.generation.vllm_generation import VLLMGeneration
@@ -231,9 +272,14 @@ def test_a_server_without_lora_warns_once_and_trl_path_runs(lora, expect):
         url = f"http://127.0.0.1:{httpd.server_address[1]}"
         with pytest.warns(UserWarning, match=expect) as record, pytest.raises(RuntimeError, match="weight-transfer"):
             # TRL's own path: its NCCL communicator needs the server's weight-transfer engine (and CUDA)
-            server_generation_class(VLLMGeneration)(model=model, accelerator=Accelerator(cpu=True),
-                                                    processing_class=tok, mode="server", server_base_url=url,
-                                                    server_timeout=1)
+            server_generation_class(VLLMGeneration)(
+                model=model,
+                accelerator=Accelerator(cpu=True),
+                processing_class=tok,
+                mode="server",
+                server_base_url=url,
+                server_timeout=1,
+            )
         assert sum("TRL's own path runs" in str(w.message) for w in record) == 1
     finally:
         httpd.shutdown()
@@ -251,12 +297,29 @@ def test_rloo_step_against_the_server_syncs_only_the_adapter(server, tmp_path):
         from trl import RLOOConfig, RLOOTrainer
 
         model, tok = _peft_model()
-        args = RLOOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
-                          max_completion_length=16, max_steps=1, learning_rate=2e-3, report_to="none", use_cpu=True,
-                          bf16=False, save_strategy="no", logging_steps=1, use_vllm=True, vllm_mode="server",
-                          vllm_server_base_url=server)
-        trainer = RLOOTrainer(model=model, args=args, train_dataset=make_arithmetic_dataset(16),
-                              processing_class=tok, reward_funcs=[correctness_reward])
+        args = RLOOConfig(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=4,
+            num_generations=2,
+            max_completion_length=16,
+            max_steps=1,
+            learning_rate=2e-3,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            save_strategy="no",
+            logging_steps=1,
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=server,
+        )
+        trainer = RLOOTrainer(
+            model=model,
+            args=args,
+            train_dataset=make_arithmetic_dataset(16),
+            processing_class=tok,
+            reward_funcs=[correctness_reward],
+        )
         trainer.train()
         backend = trainer.vllm_generation
         assert isinstance(backend, AdapterServerSync) and backend.adapter_pusher.version == 2

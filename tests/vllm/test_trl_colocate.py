@@ -28,16 +28,34 @@ def test_grpo_by_name_in_colocate_mode_generates_through_slimrls_engine(tmp_path
     path = save_tiny_family("qwen2", tmp_path / "m")
     PatchFastRL("grpo")
     try:
-        args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
-                          max_completion_length=8, max_steps=2, learning_rate=1e-3, beta=0.0, report_to="none",
-                          use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, use_vllm=True,
-                          vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, vllm_max_model_length=128,
-                          seed=3)
+        args = GRPOConfig(
+            output_dir=str(tmp_path / "out"),
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=8,
+            max_steps=2,
+            learning_rate=1e-3,
+            beta=0.0,
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            save_strategy="no",
+            logging_steps=1,
+            use_vllm=True,
+            vllm_mode="colocate",
+            vllm_gpu_memory_utilization=0.3,
+            vllm_max_model_length=128,
+            seed=3,
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            trainer = GRPOTrainer(model=path, args=args, peft_config=LoraConfig(r=8, lora_alpha=16),
-                                  reward_funcs=[lambda completions, **k: [float(len(c)) for c in completions]],
-                                  train_dataset=Dataset.from_list([{"prompt": "hello world"}] * 8))
+            trainer = GRPOTrainer(
+                model=path,
+                args=args,
+                peft_config=LoraConfig(r=8, lora_alpha=16),
+                reward_funcs=[lambda completions, **k: [float(len(c)) for c in completions]],
+                train_dataset=Dataset.from_list([{"prompt": "hello world"}] * 8),
+            )
             trainer.train()
     finally:
         unpatch()

@@ -16,14 +16,25 @@ import torch
 
 from slimrl.generation import vllm_status
 
-pytestmark = [pytest.mark.skipif(vllm_status() is not None, reason=f"vLLM not usable here: {vllm_status()}"),
-              pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo variant")]
+pytestmark = [
+    pytest.mark.skipif(vllm_status() is not None, reason=f"vLLM not usable here: {vllm_status()}"),
+    pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU/gloo variant"),
+]
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_each_rank_runs_its_own_engine_in_the_process_group(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
-           str(ROOT / "tests/vllm/engine_rank_worker.py"), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29531",
+        str(ROOT / "tests/vllm/engine_rank_worker.py"),
+        str(tmp_path),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     ranks = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]

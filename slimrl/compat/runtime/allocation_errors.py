@@ -7,8 +7,17 @@ import torch
 
 _MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "failed to allocate")
 # reported by the device after the fact (asynchronously): the context may be corrupted, a retry on it unsafe
-_DEVICE_REPORTED = ("cuda error", "cublas_status", "cudnn_status", "cusolver_status", "cufft_", "cuda driver error",
-                    "illegal memory access", "device-side assert")
+_DEVICE_REPORTED = (
+    "cuda error",
+    "cublas_status",
+    "cudnn_status",
+    "cusolver_status",
+    "cufft_",
+    "cuda driver error",
+    "illegal memory access",
+    "device-side assert",
+)
+
 
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` is an allocation failure raised where it happened, which a retry on smaller slices can
@@ -26,8 +35,9 @@ def ran_out_of_memory(error: BaseException) -> bool:
     the device reported (``CUDA error: out of memory``, ``CUBLAS_STATUS_ALLOC_FAILED``). What ``slimrl compare``
     records as "did not fit"; only the first kind is ever retried."""
     text = str(error).lower()
-    return is_out_of_memory(error) or (device_failure(error) is not None and ("out of memory" in text or
-                                                                              "alloc_failed" in text))
+    return is_out_of_memory(error) or (
+        device_failure(error) is not None and ("out of memory" in text or "alloc_failed" in text)
+    )
 
 
 def device_failure(error: BaseException) -> str | None:
@@ -39,6 +49,8 @@ def device_failure(error: BaseException) -> str | None:
     if not any(m in text.lower() for m in _DEVICE_REPORTED):
         return None
     first = text.splitlines()[0][:200] if text else type(error).__name__
-    return (f"slimrl: the GPU reported a failure ({first}); no retry on smaller slices, since after an error reported "
-            f"by the device the CUDA context may be corrupted. Restart the process; if memory was short, lower "
-            f"per_device_train_batch_size, max_completion_length or gpu_memory_utilization")
+    return (
+        f"slimrl: the GPU reported a failure ({first}); no retry on smaller slices, since after an error reported "
+        f"by the device the CUDA context may be corrupted. Restart the process; if memory was short, lower "
+        f"per_device_train_batch_size, max_completion_length or gpu_memory_utilization"
+    )

@@ -89,9 +89,15 @@ def warnings_at_user_line() -> Iterator[None]:
         if frame is None:
             return previous(message, category, filename, lineno, file, line)
         globs = frame.f_globals
-        warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno,
-                               module=globs.get("__name__"), registry=globs.setdefault("__warningregistry__", {}),
-                               module_globals=globs)
+        warnings.warn_explicit(
+            message,
+            category,
+            frame.f_code.co_filename,
+            frame.f_lineno,
+            module=globs.get("__name__"),
+            registry=globs.setdefault("__warningregistry__", {}),
+            module_globals=globs,
+        )
 
     with warnings.catch_warnings():
         # slimrl's own module registries must not swallow a repeat: the user's line decides what is shown
@@ -126,21 +132,25 @@ def _user_line(tb: TracebackType | None) -> str:
     return f"{filename}:{line}: {linecache.getline(filename, line).strip()}"
 
 
-def one_line_error_hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None,
-                        previous=None) -> None:
+def one_line_error_hook(
+    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None, previous=None
+) -> None:
     """The hook :func:`install_one_line_errors` installs (module docstring)."""
     previous = previous or sys.__excepthook__
     own = _raised_by_slimrl(tb)
     cause = exc.__cause__
     from_user = cause is not None and _raised_by_slimrl(cause.__traceback__) is None
-    if (own is None or from_user or not issubclass(exc_type, Exception)
-            or env_flag("SLIMRL_TRACEBACK")):
+    if own is None or from_user or not issubclass(exc_type, Exception) or env_flag("SLIMRL_TRACEBACK"):
         previous(exc_type, exc, tb)
         return
     where = _user_line(tb)
     print(f"slimrl: {exc_type.__name__}: {exc}", file=sys.stderr)
-    print(f"  at {where}" if where else "  (raised inside slimrl)", "  [SLIMRL_TRACEBACK=1 shows the traceback]",
-          file=sys.stderr, flush=True)
+    print(
+        f"  at {where}" if where else "  (raised inside slimrl)",
+        "  [SLIMRL_TRACEBACK=1 shows the traceback]",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def install_one_line_errors() -> None:

@@ -53,6 +53,7 @@ def validate_extra(name: str, value: Any) -> Any:
 def field_table(users: Callable[[str], tuple[str, ...]]) -> str:
     """docs/train.md's table of slimrl's config fields (from :data:`FIELDS`); ``users(name)``: the trainers a field
     acts on (:func:`slimrl.patching.table.field_users`), named unless it is every trainer with a log-prob route."""
+
     def where(f: ExtraField) -> str:
         return "every trainer whose log-probs slimrl computes" if f.acts_on == "log-probs" else ", ".join(users(f.name))
 
@@ -89,8 +90,12 @@ def _trl_field_names(config_cls: type) -> set[str]:
     return {n for n, f in own.items() if not f.metadata.get("help", "").startswith("slimrl:")}
 
 
-def pop_extra_fields(config_cls: type, kwargs: dict, names: tuple[str, ...] = ALL_FIELDS,
-                     users: Callable[[str], tuple[str, ...]] | None = None) -> tuple[dict, dict]:
+def pop_extra_fields(
+    config_cls: type,
+    kwargs: dict,
+    names: tuple[str, ...] = ALL_FIELDS,
+    users: Callable[[str], tuple[str, ...]] | None = None,
+) -> tuple[dict, dict]:
     """Split ``kwargs`` into (TRL's keywords, slimrl's validated extra fields with defaults filled in). A name TRL
     already declares on ``config_cls`` stays TRL's. A field not in ``names`` (no effect on this trainer) is dropped
     when passed at its default and refused otherwise, naming the trainers it acts on (``users(name)``)."""
@@ -109,8 +114,10 @@ def pop_extra_fields(config_cls: type, kwargs: dict, names: tuple[str, ...] = AL
             # named where few trainers have it: a log-prob field acts on every trainer with a route
             named = users(name) if users is not None and extra.acts_on != "log-probs" else ()
             acts = f" (it acts on {', '.join(named)})" if named else ""
-            raise ValueError(f"{config_cls.__name__}({name}={value!r}) has no effect with trl {trl_version()}: "
-                             f"{extra.no_effect}{acts}; remove it")
+            raise ValueError(
+                f"{config_cls.__name__}({name}={value!r}) has no effect with trl {trl_version()}: "
+                f"{extra.no_effect}{acts}; remove it"
+            )
     return kwargs, mine
 
 
@@ -129,8 +136,13 @@ def generation_config_checks(config_cls: type, kwargs: dict, extra_fields: dict)
     return checked
 
 
-def config_init_factory(orig_init, check=None, extra_attributes: tuple[str, ...] = (),
-                        fields: tuple[str, ...] = ALL_FIELDS, users: Callable[[str], tuple[str, ...]] | None = None):
+def config_init_factory(
+    orig_init,
+    check=None,
+    extra_attributes: tuple[str, ...] = (),
+    fields: tuple[str, ...] = ALL_FIELDS,
+    users: Callable[[str], tuple[str, ...]] | None = None,
+):
     """A TRL config's ``__init__`` that translates legacy keywords (:mod:`slimrl.patching.every_trainer.keywords`),
     accepts and validates slimrl's extra fields, fills slimrl's defaults
     (:mod:`slimrl.patching.every_trainer.defaults`), then runs TRL's.
@@ -178,8 +190,11 @@ def config_post_init_factory(orig_post_init):
         if id(self) in _IN_INIT:
             return orig_post_init(self, *args, **kwargs)
         defaults = _field_defaults(type(self))
-        user = {name: getattr(self, name) for name, default in defaults.items()
-                if hasattr(self, name) and getattr(self, name) is not default and getattr(self, name) != default}
+        user = {
+            name: getattr(self, name)
+            for name, default in defaults.items()
+            if hasattr(self, name) and getattr(self, name) is not default and getattr(self, name) != default
+        }
         settings, changed = apply_config_defaults(type(self), user)
         for name in changed:
             setattr(self, name, settings[name])
@@ -195,17 +210,44 @@ def config_post_init_factory(orig_post_init):
     return slimrl_config_post_init
 
 
-def config_patches(algorithm: str, target: str, fields: tuple[str, ...] = ALL_FIELDS, versions: str = EVERY_RELEASE,
-                   init=config_init_factory, users: Callable[[str], tuple[str, ...]] | None = None) -> list[Patch]:
+def config_patches(
+    algorithm: str,
+    target: str,
+    fields: tuple[str, ...] = ALL_FIELDS,
+    versions: str = EVERY_RELEASE,
+    init=config_init_factory,
+    users: Callable[[str], tuple[str, ...]] | None = None,
+) -> list[Patch]:
     """The patches that give ``target`` (a TRL config class) slimrl's ``fields`` and its ``__init__`` (legacy
     keywords, the fields, the bf16 default where TRL's cannot run). ``init``: a factory ``f(orig_init, fields=)``
     (GRPO passes :func:`config_init_factory` with its own checks); ``users(name)``: the trainers a field acts on,
     for the refusal."""
-    return [Patch(algorithm, target, "__dataclass_fields__", functools.partial(extended_fields_factory, names=fields),
-                  wrap=True, versions=versions),
-            Patch(algorithm, target, "__annotations__", functools.partial(extended_annotations_factory, names=fields),
-                  wrap=True, versions=versions),
-            Patch(algorithm, target, "__init__", functools.partial(init, fields=fields, users=users), wrap=True,
-                  versions=versions),
-            Patch(algorithm, target, "__post_init__", config_post_init_factory, wrap=True, versions=versions,
-                  optional=True)]
+    return [
+        Patch(
+            algorithm,
+            target,
+            "__dataclass_fields__",
+            functools.partial(extended_fields_factory, names=fields),
+            wrap=True,
+            versions=versions,
+        ),
+        Patch(
+            algorithm,
+            target,
+            "__annotations__",
+            functools.partial(extended_annotations_factory, names=fields),
+            wrap=True,
+            versions=versions,
+        ),
+        Patch(
+            algorithm,
+            target,
+            "__init__",
+            functools.partial(init, fields=fields, users=users),
+            wrap=True,
+            versions=versions,
+        ),
+        Patch(
+            algorithm, target, "__post_init__", config_post_init_factory, wrap=True, versions=versions, optional=True
+        ),
+    ]

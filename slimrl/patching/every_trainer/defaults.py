@@ -82,8 +82,10 @@ def nearest_that_runs(config_cls: type, kwargs: dict) -> tuple[dict, dict]:
         changed["optim"] = (optim, "adamw_torch (bitsandbytes is not usable here: pip install 'slimrl[quant]')")
     if kwargs.get("use_liger_kernel") is True and not liger_runs(bool(kwargs.get("use_cpu"))):
         kwargs["use_liger_kernel"] = False
-        changed["use_liger_kernel"] = (True, "False (Liger's kernels are Triton, which runs on a CUDA or XPU GPU "
-                                             "only: the model's own torch layers)")
+        changed["use_liger_kernel"] = (
+            True,
+            "False (Liger's kernels are Triton, which runs on a CUDA or XPU GPU only: the model's own torch layers)",
+        )
     return kwargs, changed
 
 
@@ -119,13 +121,16 @@ def _trl_bf16_default(config_cls: type, kwargs: dict) -> tuple[dict, dict]:
         return kwargs, {}
     gpu = current_gpu()
     if gpu is not None and not native_bf16():
-        why = (f"the {gpu.name} has no bf16 in hardware (compute capability {gpu.capability[0]}.{gpu.capability[1]}; "
-               f"torch counts emulation): fp16 with the loss scaler, as Unsloth trains there")
+        why = (
+            f"the {gpu.name} has no bf16 in hardware (compute capability {gpu.capability[0]}.{gpu.capability[1]}; "
+            f"torch counts emulation): fp16 with the loss scaler, as Unsloth trains there"
+        )
         return {**kwargs, "bf16": False, "fp16": True}, {"bf16": (True, f"False ({why})"), "fp16": (False, "True")}
     if bf16_default_runs():
         return kwargs, {}
-    return {**kwargs, "bf16": False}, {"bf16": (True, "False (no bf16-capable accelerator; TRL's default would "
-                                                       "fail here without use_cpu=True)")}
+    return {**kwargs, "bf16": False}, {
+        "bf16": (True, "False (no bf16-capable accelerator; TRL's default would fail here without use_cpu=True)")
+    }
 
 
 def record_explicit(config: Any, kwargs: dict, changed: dict) -> None:
@@ -148,5 +153,8 @@ def print_changed_defaults(config: Any) -> None:
         return
     width = max(len(n) for n in changed)
     rows = "\n".join(f"  {n:<{width}}  {old!s} -> {new!s}" for n, (old, new) in changed.items())
-    print(f"slimrl: settings changed in {type(config).__name__} (asked for -> what runs here; SLIMRL_STRICT=1 "
-          f"keeps what was asked):\n{rows}", flush=True)
+    print(
+        f"slimrl: settings changed in {type(config).__name__} (asked for -> what runs here; SLIMRL_STRICT=1 "
+        f"keeps what was asked):\n{rows}",
+        flush=True,
+    )

@@ -9,8 +9,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-PUSH_LATER = ("push later when online: trainer.push_to_hub(), or slimrl export --adapter {out} --push_to_hub "
-              "<user>/<repo>")
+PUSH_LATER = (
+    "push later when online: trainer.push_to_hub(), or slimrl export --adapter {out} --push_to_hub <user>/<repo>"
+)
 
 
 def hub_problem(timeout: float = 5.0) -> str | None:
@@ -22,8 +23,9 @@ def hub_problem(timeout: float = 5.0) -> str | None:
     token = get_token()
     if not token:
         return "no Hugging Face token is set (`hf auth login` or HF_TOKEN)"
-    request = urllib.request.Request(f"{constants.ENDPOINT.rstrip('/')}/api/whoami-v2",
-                                     headers={"Authorization": f"Bearer {token}"})
+    request = urllib.request.Request(
+        f"{constants.ENDPOINT.rstrip('/')}/api/whoami-v2", headers={"Authorization": f"Bearer {token}"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout):
             return None
@@ -48,8 +50,12 @@ def skip_push_if_unreachable(config: Any) -> str | None:
         return None
     config.push_to_hub = False
     state = config_state(config)
-    state.changed = {**state.changed, "push_to_hub": (
-        True, f"False ({why}: training saves to {config.output_dir}; "
-              f"{PUSH_LATER.format(out=config.output_dir)})")}
+    state.changed = {
+        **state.changed,
+        "push_to_hub": (
+            True,
+            f"False ({why}: training saves to {config.output_dir}; {PUSH_LATER.format(out=config.output_dir)})",
+        ),
+    }
     state.push_skipped = why
     return why

@@ -65,8 +65,10 @@ def translate_trainer_kwargs(trainer_cls: type, orig_init, args: tuple, kwargs: 
     moved = {k: kwargs.pop(k) for k in list(kwargs) if k not in params and k in fields}
     for key in [k for k in kwargs if k not in params and k in REMOVED_CONFIG_FIELDS]:
         kwargs.pop(key)
-        _warn(f"{cls}({key}=...) is ignored: {config_cls.__name__ if config_cls else 'the config'} in this TRL has "
-              f"no {key} ({REMOVED_CONFIG_FIELDS[key]})")
+        _warn(
+            f"{cls}({key}=...) is ignored: {config_cls.__name__ if config_cls else 'the config'} in this TRL has "
+            f"no {key} ({REMOVED_CONFIG_FIELDS[key]})"
+        )
     if moved:
         positional = [n for n in params if n != "self"]
         config = kwargs.get("args")
@@ -79,8 +81,7 @@ def translate_trainer_kwargs(trainer_cls: type, orig_init, args: tuple, kwargs: 
         else:
             for key, value in moved.items():
                 setattr(config, key, value)
-        _warn(f"{cls}({names}...) is deprecated; set them on {config_cls.__name__}(...) "
-              f"(slimrl set them on args)")
+        _warn(f"{cls}({names}...) is deprecated; set them on {config_cls.__name__}(...) (slimrl set them on args)")
     return kwargs
 
 
@@ -96,13 +97,18 @@ def translate_config_kwargs(config_cls: type, kwargs: dict) -> dict:
             raise TypeError(f"{owner}: pass warmup_steps= only (got both warmup_ratio= and warmup_steps=)")
         if not isinstance(ratio, int | float) or isinstance(ratio, bool) or not 0 <= ratio < 1:
             raise ValueError(f"{owner}(warmup_ratio={ratio!r}) is invalid: use a fraction in [0, 1)")
-        _warn(f"{owner}(warmup_ratio={ratio}) is transformers' old name; slimrl passed it on as "
-              f"warmup_steps={float(ratio)} (a float in [0, 1) is the same ratio of the total steps)")
+        _warn(
+            f"{owner}(warmup_ratio={ratio}) is transformers' old name; slimrl passed it on as "
+            f"warmup_steps={float(ratio)} (a float in [0, 1) is the same ratio of the total steps)"
+        )
         kwargs["warmup_steps"] = float(ratio)
     for key in [k for k in kwargs if k not in fields and k in REMOVED_CONFIG_FIELDS]:
         kwargs.pop(key)
-        why = "the prompt is kept whole; max_seq_length bounds prompt + completion" \
-            if "max_length" not in fields else REMOVED_CONFIG_FIELDS[key]
+        why = (
+            "the prompt is kept whole; max_seq_length bounds prompt + completion"
+            if "max_length" not in fields
+            else REMOVED_CONFIG_FIELDS[key]
+        )
         _warn(f"{owner}({key}=...) is ignored: {owner} in this TRL has no {key} ({why})")
     return kwargs
 

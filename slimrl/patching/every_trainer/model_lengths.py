@@ -34,8 +34,10 @@ def lengths_from_model(algorithm: str, model: Any, args: Any) -> None:
         if default is dataclasses.MISSING or value != default or value == limit:
             continue
         setattr(args, name, limit)
-        config_state(args).changed[name] = (value, f"{limit} (the model's max_seq_length, from from_pretrained; "
-                                                   f"pass {name}= to keep another)")
+        config_state(args).changed[name] = (
+            value,
+            f"{limit} (the model's max_seq_length, from from_pretrained; pass {name}= to keep another)",
+        )
 
 
 def sft_lengths_from_model(model: Any, args: Any) -> None:

@@ -25,10 +25,22 @@ from slimrl.compat.runtime.swaps import restore, swap
 
 # name -> its module under trl.experimental (TRL 1.12-1.16; PPO, BCO, XPO, Nash-MD, PRM only up to 1.12/1.13;
 # AsyncGRPO until TRL 1.18 made it stable)
-MOVED = {f"{prefix}{kind}": module for prefix, module in (
-    ("ORPO", "orpo"), ("CPO", "cpo"), ("OnlineDPO", "online_dpo"), ("GKD", "gkd"), ("BCO", "bco"), ("XPO", "xpo"),
-    ("NashMD", "nash_md"), ("PRM", "prm"), ("PPO", "ppo"), ("AsyncGRPO", "async_grpo")) for kind in ("Config",
-                                                                                                     "Trainer")}
+MOVED = {
+    f"{prefix}{kind}": module
+    for prefix, module in (
+        ("ORPO", "orpo"),
+        ("CPO", "cpo"),
+        ("OnlineDPO", "online_dpo"),
+        ("GKD", "gkd"),
+        ("BCO", "bco"),
+        ("XPO", "xpo"),
+        ("NashMD", "nash_md"),
+        ("PRM", "prm"),
+        ("PPO", "ppo"),
+        ("AsyncGRPO", "async_grpo"),
+    )
+    for kind in ("Config", "Trainer")
+}
 # experimental module -> the names it had, which a later TRL exports from `trl` itself
 PROMOTED = {"trl.experimental.async_grpo": ("AsyncGRPOTrainer", "AsyncGRPOConfig")}
 
@@ -75,8 +87,12 @@ class _PromotedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__path__ = []
         names = self.modules.get(module.__name__, ())
         if names:
-            warnings.warn(f"{module.__name__} is gone from the installed TRL; its {', '.join(names)} are trl's own "
-                          f"now (import them from trl); slimrl makes the old import work", FutureWarning, stacklevel=2)
+            warnings.warn(
+                f"{module.__name__} is gone from the installed TRL; its {', '.join(names)} are trl's own "
+                f"now (import them from trl); slimrl makes the old import work",
+                FutureWarning,
+                stacklevel=2,
+            )
         trl = importlib.import_module("trl")
         for name in names:
             setattr(module, name, getattr(trl, name))
@@ -84,8 +100,7 @@ class _PromotedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def _promoted(trl) -> dict[str, tuple[str, ...]]:
     """The old modules of :data:`PROMOTED` the installed TRL lacks while it has their names at the top level."""
-    return {m: names for m, names in PROMOTED.items()
-            if not _exists(m) and all(n in dir(trl) for n in names)}
+    return {m: names for m, names in PROMOTED.items() if not _exists(m) and all(n in dir(trl) for n in names)}
 
 
 def install() -> list[str]:
@@ -109,13 +124,19 @@ def install() -> list[str]:
         def __getattr__(self, name):
             where = names.get(name)
             if where is None:
-                return base.__getattr__(self, name) if hasattr(base, "__getattr__") else \
-                    object.__getattribute__(self, name)
+                return (
+                    base.__getattr__(self, name)
+                    if hasattr(base, "__getattr__")
+                    else object.__getattribute__(self, name)
+                )
             if name not in _WARNED:
                 _WARNED.add(name)
-                warnings.warn(f"trl.{name} is trl.experimental.{where}.{name} in the installed TRL; slimrl makes "
-                              f"the old import work (import it from trl.experimental.{where})", FutureWarning,
-                              stacklevel=2)
+                warnings.warn(
+                    f"trl.{name} is trl.experimental.{where}.{name} in the installed TRL; slimrl makes "
+                    f"the old import work (import it from trl.experimental.{where})",
+                    FutureWarning,
+                    stacklevel=2,
+                )
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # TRL's experimental-import notice: the warning above says it
                 return getattr(importlib.import_module(f"trl.experimental.{where}"), name)
@@ -135,8 +156,11 @@ def uninstall() -> None:
             sys.meta_path.remove(finder)
         for module in [*finder.modules, "trl.experimental"]:
             loaded = sys.modules.get(module)
-            if loaded is not None and isinstance(getattr(loaded, "__spec__", None), importlib.machinery.ModuleSpec) \
-                    and loaded.__spec__.loader is finder:
+            if (
+                loaded is not None
+                and isinstance(getattr(loaded, "__spec__", None), importlib.machinery.ModuleSpec)
+                and loaded.__spec__.loader is finder
+            ):
                 del sys.modules[module]
     if "swapped" in _STATE:
         restore(_STATE["swapped"])

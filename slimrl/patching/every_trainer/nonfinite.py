@@ -36,8 +36,10 @@ class NonFiniteStepError(FloatingPointError):
 def _last_checkpoint(output_dir: str | None) -> str | None:
     if not output_dir or not Path(output_dir).is_dir():
         return None
-    ckpts = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[-1])
-                   if p.name.rsplit("-", 1)[-1].isdigit() else -1)
+    ckpts = sorted(
+        Path(output_dir).glob("checkpoint-*"),
+        key=lambda p: int(p.name.rsplit("-", 1)[-1]) if p.name.rsplit("-", 1)[-1].isdigit() else -1,
+    )
     return str(ckpts[-1]) if ckpts else None
 
 
@@ -86,9 +88,11 @@ def check_finite_step(trainer: Any, model: torch.nn.Module, loss: torch.Tensor) 
     if any(p.dtype == torch.float16 for _, p in params):
         if not trainer_state(trainer).fp16_warned:
             trainer_state(trainer).fp16_warned = True
-            warn(f"step {step}: non-finite loss or gradients with float16 weights (fp16 overflow); TRL "
-                          f"applies the step as it is. Train in bfloat16/float32 or lower the learning rate.",
-                          RuntimeWarning)
+            warn(
+                f"step {step}: non-finite loss or gradients with float16 weights (fp16 overflow); TRL "
+                f"applies the step as it is. Train in bfloat16/float32 or lower the learning rate.",
+                RuntimeWarning,
+            )
         return
     if not loss_ok:
         what = f"the loss is {loss.item()}"
@@ -97,12 +101,16 @@ def check_finite_step(trainer: Any, model: torch.nn.Module, loss: torch.Tensor) 
         what = f"the gradient of {name} has NaN/inf values"
     args = trainer.args
     ckpt = _last_checkpoint(getattr(args, "output_dir", None))
-    kept = f"the last checkpoint ({ckpt}) is intact: resume from it after the fix" if ckpt else \
-        "no checkpoint was written yet"
+    kept = (
+        f"the last checkpoint ({ckpt}) is intact: resume from it after the fix"
+        if ckpt
+        else "no checkpoint was written yet"
+    )
     raise NonFiniteStepError(
         f"step {step}: {what}; the update was not applied. Likely causes: learning_rate={args.learning_rate} too "
         f"high, a reward function returning huge values, or a corrupt input row. Nothing was changed in the "
-        f"model; {kept}")
+        f"model; {kept}"
+    )
 
 
 def count_skipped_scaler_step(trainer: Any) -> None:

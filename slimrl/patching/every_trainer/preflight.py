@@ -44,8 +44,10 @@ def version_set() -> str:
     from slimrl.patching.machinery.fingerprints import digest
     from slimrl.patching.machinery.registry import patches
 
-    return (f"trl {trl_version()}, transformers {version('transformers')}, slimrl {version('slimrl')}, code "
-            f"{digest(patches())}")
+    return (
+        f"trl {trl_version()}, transformers {version('transformers')}, slimrl {version('slimrl')}, code "
+        f"{digest(patches())}"
+    )
 
 
 def why_check(names: list[str], patches_of) -> str | None:
@@ -62,15 +64,18 @@ def why_check(names: list[str], patches_of) -> str | None:
     changed = signature_changes([p for n in names for p in patches_of(n) if not is_installed(p)])
     if changed:
         key = next(iter(changed))
-        return f"{key} has a signature slimrl's tests never saw" + (f" (and {len(changed) - 1} more)"
-                                                                      if len(changed) > 1 else "")
+        return f"{key} has a signature slimrl's tests never saw" + (
+            f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        )
     from slimrl.patching.machinery.fingerprints import code_changes
 
     edited = code_changes([p for n in names for p in patches_of(n)])
     if edited:
         key = next(iter(edited))
-        return (f"{key} has code none of slimrl's tested TRL releases had (trl {installed}: a fork, an editable "
-                f"install or a patch release)" + (f" (and {len(edited) - 1} more)" if len(edited) > 1 else ""))
+        return (
+            f"{key} has code none of slimrl's tested TRL releases had (trl {installed}: a fork, an editable "
+            f"install or a patch release)" + (f" (and {len(edited) - 1} more)" if len(edited) > 1 else "")
+        )
     return None
 
 
@@ -131,8 +136,11 @@ def cached() -> dict[str, dict[str, Any]]:
     if isinstance(data, dict):
         for key, rows in data.items():
             if isinstance(rows, dict):
-                verdicts[key] = {name: row for name, row in rows.items() if isinstance(row, dict)
-                                 and type(row.get("passed")) is bool and isinstance(row.get("row", ""), str)}
+                verdicts[key] = {
+                    name: row
+                    for name, row in rows.items()
+                    if isinstance(row, dict) and type(row.get("passed")) is bool and isinstance(row.get("row", ""), str)
+                }
     if data and not any(verdicts.values()):
         _note_cache("it holds no verdict of the form slimrl writes")
     return verdicts
@@ -191,8 +199,12 @@ def failures(names: list[str], patches_of, checkable, run=None) -> dict[str, str
     known = {**cached().get(key, {}), **_PROCESS.get(key, {})}
     todo = [n for n in names if n not in known and checkable(n)]
     if todo:
-        print(f"slimrl: {reason}: checking {', '.join(todo)} against TRL alone on a tiny model, once for this "
-              f"version set ({ENV}=0 skips)", file=sys.stderr, flush=True)
+        print(
+            f"slimrl: {reason}: checking {', '.join(todo)} against TRL alone on a tiny model, once for this "
+            f"version set ({ENV}=0 skips)",
+            file=sys.stderr,
+            flush=True,
+        )
         fresh = (run or run_rows)(todo)
         _PROCESS.setdefault(key, {}).update(fresh)
         _save(key, fresh)
@@ -207,8 +219,12 @@ def run_rows(names: list[str]) -> dict[str, dict[str, Any]]:
     started = time.perf_counter()
     ours = str(Path(trl.__file__).resolve())
     root = str(Path(ours).parents[1])  # this process's TRL first in the child too (a script may put its own first)
-    env = {**os.environ, ENV: "0", "SLIMRL_AUTOPATCH": "0",
-           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        ENV: "0",
+        "SLIMRL_AUTOPATCH": "0",
+        "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p),
+    }
     # the rows through slimrl's command line (verify sits above patching: no import of it from here)
     command = [sys.executable, "-m", "slimrl", "verify", "--self-check-rows", ",".join(names)]
     try:
@@ -227,14 +243,21 @@ def run_rows(names: list[str]) -> dict[str, dict[str, Any]]:
                 continue
             verdicts[row.pop("trainer")] = row
     for name in names:  # a child that died says nothing of the trainers it did not reach
-        verdicts.setdefault(name, {"passed": False, "row": f"the check itself stopped (exit {rc}): "
-                                   f"{(err.strip().splitlines() or ['no output'])[-1][:200]}",
-                                   "seconds": round(time.perf_counter() - started, 1)})
+        verdicts.setdefault(
+            name,
+            {
+                "passed": False,
+                "row": f"the check itself stopped (exit {rc}): {(err.strip().splitlines() or ['no output'])[-1][:200]}",
+                "seconds": round(time.perf_counter() - started, 1),
+            },
+        )
     return verdicts
 
 
 def stand_down_line(name: str, row: str, patch_names: list[str]) -> str:
     from slimrl.compat.trl_info import trl_version
 
-    return (f"slimrl: self-check on trl {trl_version()}: {row} -- not patched, it runs as TRL alone (stood down: "
-            f"{', '.join(patch_names)})")
+    return (
+        f"slimrl: self-check on trl {trl_version()}: {row} -- not patched, it runs as TRL alone (stood down: "
+        f"{', '.join(patch_names)})"
+    )

@@ -24,8 +24,9 @@ def from_pretrained_factory(orig: Any) -> Any:
         except (ImportError, AttributeError, ValueError, OSError) as exc:
             if not needs_video_support(exc):
                 raise
-            return image_only_processor(str(pretrained_model_name_or_path),
-                                        bool(kwargs.get("trust_remote_code", False)), exc)
+            return image_only_processor(
+                str(pretrained_model_name_or_path), bool(kwargs.get("trust_remote_code", False)), exc
+            )
 
     from_pretrained.__name__ = from_pretrained.__qualname__ = "slimrl_processor_from_pretrained"
     return classmethod(from_pretrained)

@@ -29,8 +29,11 @@ class RewardOutputError(ValueError):
 
 
 def _short(value: Any, limit: int = 160) -> str:
-    text = repr(value[-1]["content"] if isinstance(value, list) and value and isinstance(value[-1], dict)
-                and "content" in value[-1] else value)
+    text = repr(
+        value[-1]["content"]
+        if isinstance(value, list) and value and isinstance(value[-1], dict) and "content" in value[-1]
+        else value
+    )
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -48,14 +51,18 @@ def named_arguments(fn) -> tuple[str, ...] | None:
         return None
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
-    return tuple(p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                      inspect.Parameter.KEYWORD_ONLY))
+    return tuple(
+        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    )
 
 
 def _required(fn) -> tuple[str, ...]:
-    return tuple(p.name for p in inspect.signature(fn).parameters.values()
-                 if p.default is inspect.Parameter.empty
-                 and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))
+    return tuple(
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.default is inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    )
 
 
 def check_reward_signature(fn, columns: list[str] | None) -> tuple[str, ...] | None:
@@ -68,10 +75,12 @@ def check_reward_signature(fn, columns: list[str] | None) -> tuple[str, ...] | N
     missing = [n for n in _required(fn) if n not in provided]
     if missing:
         name = getattr(fn, "__name__", type(fn).__name__)
-        raise TypeError(f"reward function {name!r} requires {', '.join(map(repr, missing))}, which TRL does not "
-                        f"pass: it passes {', '.join(TRL_PASSES)} and the dataset's columns "
-                        f"({', '.join(c for c in columns if c not in NOT_COLUMNS) or 'none besides prompt'}); "
-                        f"rename the parameter or give it a default")
+        raise TypeError(
+            f"reward function {name!r} requires {', '.join(map(repr, missing))}, which TRL does not "
+            f"pass: it passes {', '.join(TRL_PASSES)} and the dataset's columns "
+            f"({', '.join(c for c in columns if c not in NOT_COLUMNS) or 'none besides prompt'}); "
+            f"rename the parameter or give it a default"
+        )
     return names
 
 
@@ -85,18 +94,24 @@ def guarded_reward(fn, columns: list[str] | None = None):
     takes = check_reward_signature(fn, columns)
     required = _required(fn) if takes is not None else ()  # read once here, not at every reward call
     if takes is not None:
-        print(f"slimrl: reward function {name!r} has no **kwargs: it is given only the arguments it names "
-              f"({', '.join(takes) or 'none'})", file=sys.stderr, flush=True)
+        print(
+            f"slimrl: reward function {name!r} has no **kwargs: it is given only the arguments it names "
+            f"({', '.join(takes) or 'none'})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     @functools.wraps(fn)
     def slimrl_guarded_reward(*args, **kwargs):
         prompts = kwargs.get("prompts") or []
         completions = kwargs.get("completions")
         if takes is not None:
-            absent = [n for n in required[len(args):] if n not in kwargs]
+            absent = [n for n in required[len(args) :] if n not in kwargs]
             if absent:
-                raise RewardFunctionError(f"reward function {name!r} requires {', '.join(map(repr, absent))}, "
-                                          f"which TRL did not pass (it passed {', '.join(sorted(kwargs))})")
+                raise RewardFunctionError(
+                    f"reward function {name!r} requires {', '.join(map(repr, absent))}, "
+                    f"which TRL did not pass (it passed {', '.join(sorted(kwargs))})"
+                )
             kwargs = {k: v for k, v in kwargs.items() if k in takes}
         try:
             out = fn(*args, **kwargs)
@@ -114,14 +129,18 @@ def guarded_reward(fn, columns: list[str] | None = None):
             got = len(out) if hasattr(out, "__len__") else None
             if got != n:
                 shown = got if got is not None else type(out).__name__
-                raise RewardOutputError(f"reward function {name!r} returned {shown} values for {n} completions: "
-                                        f"return a list with one float (or None) per completion")
+                raise RewardOutputError(
+                    f"reward function {name!r} returned {shown} values for {n} completions: "
+                    f"return a list with one float (or None) per completion"
+                )
         for i, value in enumerate(out):
             if value is not None and not math.isfinite(float(value)):
                 where = f" (prompt {_short(prompts[i])})" if i < len(prompts) else ""
-                raise RewardOutputError(f"reward function {name!r} returned {float(value)} for completion "
-                                        f"{i}{where}: return a finite float, or None to leave that completion "
-                                        f"unscored by {name!r}")
+                raise RewardOutputError(
+                    f"reward function {name!r} returned {float(value)} for completion "
+                    f"{i}{where}: return a finite float, or None to leave that completion "
+                    f"unscored by {name!r}"
+                )
         return out
 
     slimrl_guarded_reward.__slimrl_guarded__ = True
@@ -154,9 +173,12 @@ def _text_call(fn, name: str, args: tuple, kwargs: dict, prompts: list) -> Any:
         raise RewardFunctionError(f"reward function {name!r} raised {type(err).__name__}: {err}{first}") from err
     if name not in _TEXT_NOTED:
         _TEXT_NOTED.add(name)
-        print(f"slimrl: reward function {name!r} takes text completions: it is given each completion's text (the "
-              f"assistant message), as TRL gave it for chat-templated prompts before 0.24", file=sys.stderr,
-              flush=True)
+        print(
+            f"slimrl: reward function {name!r} takes text completions: it is given each completion's text (the "
+            f"assistant message), as TRL gave it for chat-templated prompts before 0.24",
+            file=sys.stderr,
+            flush=True,
+        )
     return out
 
 

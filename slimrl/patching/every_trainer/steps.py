@@ -47,9 +47,12 @@ def _say_if_built_before(trainer: Any) -> None:
     if state.constructed or state.built_before_said:
         return
     state.built_before_said = True
-    warn(f"this {type(trainer).__name__} was built before PatchFastRL patched its class: it missed slimrl's checks "
-         f"and hooks at construction but now runs its patched methods (a mix of both); build the trainer after "
-         f"PatchFastRL", UserWarning)
+    warn(
+        f"this {type(trainer).__name__} was built before PatchFastRL patched its class: it missed slimrl's checks "
+        f"and hooks at construction but now runs its patched methods (a mix of both); build the trainer after "
+        f"PatchFastRL",
+        UserWarning,
+    )
 
 
 def current_trainer() -> Any:
@@ -105,8 +108,11 @@ def push_to_hub_factory(orig_push_to_hub):
             return orig_push_to_hub(self, *args, **kwargs)
         why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else skipped
         self.save_model(self.args.output_dir)
-        print(f"slimrl: push_to_hub skipped: {why}; the model is saved in {self.args.output_dir} "
-              f"(call trainer.push_to_hub() when the Hub can be reached to upload it)", flush=True)
+        print(
+            f"slimrl: push_to_hub skipped: {why}; the model is saved in {self.args.output_dir} "
+            f"(call trainer.push_to_hub() when the Hub can be reached to upload it)",
+            flush=True,
+        )
         return None
 
     return slimrl_push_to_hub

@@ -39,8 +39,9 @@ from slimrl.patching.every_trainer.state import trainer_state
 Hook = Callable[[Any, Any], None]
 
 
-def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, trainer: str | None = None,
-                         layouts: Callable[[Any], tuple] | None = None) -> None:
+def check_trainer_inputs(
+    orig_init, args: tuple, kwargs: dict, trainer: str | None = None, layouts: Callable[[Any], tuple] | None = None
+) -> None:
     """Before TRL builds the trainer: an empty (or split-dict) ``train_dataset``, one without a column layout the
     TRL trainer named ``trainer`` accepts (``layouts(args)``), and a model/config precision mismatch the user wrote
     are errors naming the fix (:mod:`slimrl.patching.every_trainer.validation`). With GRPO's ``environment_factory`` the
@@ -51,15 +52,27 @@ def check_trainer_inputs(orig_init, args: tuple, kwargs: dict, trainer: str | No
     bound = bound_inputs(orig_init, args, kwargs)
     check_dataset(bound.get("train_dataset"))
     if layouts is not None and bound.get("environment_factory") is None:  # an environment's reset() gives the prompt
-        check_layout(bound.get("train_dataset"), trainer, layouts(bound.get("args")), bound.get("args"),
-                     bound.get("formatting_func"))
+        check_layout(
+            bound.get("train_dataset"),
+            trainer,
+            layouts(bound.get("args")),
+            bound.get("args"),
+            bound.get("formatting_func"),
+        )
     check_precision(bound.get("model"), bound.get("args"))
 
 
-def trainer_init_factory(orig_init, hooks: tuple[Hook, ...] = (), fit: Callable[[dict], None] | None = None,
-                         algorithm: str = "", workload: Any = None, trainer: str | None = None,
-                         layouts: Callable[[Any], tuple] | None = None,
-                         after: tuple[Callable[[Any], None], ...] = (), guard_rewards: bool = True):
+def trainer_init_factory(
+    orig_init,
+    hooks: tuple[Hook, ...] = (),
+    fit: Callable[[dict], None] | None = None,
+    algorithm: str = "",
+    workload: Any = None,
+    trainer: str | None = None,
+    layouts: Callable[[Any], tuple] | None = None,
+    after: tuple[Callable[[Any], None], ...] = (),
+    guard_rewards: bool = True,
+):
     """A trainer's ``__init__`` preceded by steps 1-4 of the module docstring and followed by step 6 (``after``);
     the trainer's state records which trainer it is (``algorithm``, and ``workload`` for the planner).
     ``guard_rewards=False``: reward functions reach TRL as given (trainers that ship them to other processes)."""

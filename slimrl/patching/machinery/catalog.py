@@ -80,8 +80,12 @@ def _shipped(version: str) -> tuple[Shipped, ...]:
                 config = classes.get(name[: -len("Trainer")] + "Config")
                 if config is not None and not issubclass(config, TrainingArguments):
                     config = None
-                found[cls] = Shipped(snake_name(name), f"{cls.__module__}:{cls.__qualname__}",
-                                     f"{config.__module__}:{config.__qualname__}" if config else None, module_name)
+                found[cls] = Shipped(
+                    snake_name(name),
+                    f"{cls.__module__}:{cls.__qualname__}",
+                    f"{config.__module__}:{config.__qualname__}" if config else None,
+                    module_name,
+                )
     return tuple(found.values())
 
 

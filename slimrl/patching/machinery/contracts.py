@@ -79,8 +79,9 @@ def shape_of(fn: Any) -> list[list] | None:
     for p in sig.parameters.values():
         row: list = [p.name, p.kind.name]
         if p.default is not _EMPTY:
-            plain = isinstance(p.default, _PLAIN) or (isinstance(p.default, tuple)
-                                                    and all(isinstance(x, _PLAIN) for x in p.default))
+            plain = isinstance(p.default, _PLAIN) or (
+                isinstance(p.default, tuple) and all(isinstance(x, _PLAIN) for x in p.default)
+            )
             row.append(repr(p.default) if plain else "<object>")
         out.append(row)
     return out
@@ -89,8 +90,10 @@ def shape_of(fn: Any) -> list[list] | None:
 def _signature(shape: list[list], later: tuple[tuple[str, Any], ...] = ()) -> inspect.Signature:
     """A signature to bind calls to: the recorded parameters (a placeholder default where one was), then the later
     parameters (before ``**kwargs``; keyword-only after ``*args``)."""
-    params = [inspect.Parameter(name, getattr(inspect.Parameter, kind), default=None if rest else _EMPTY)
-              for name, kind, *rest in shape]
+    params = [
+        inspect.Parameter(name, getattr(inspect.Parameter, kind), default=None if rest else _EMPTY)
+        for name, kind, *rest in shape
+    ]
     names = {p.name for p in params}
     tail = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
     params = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
@@ -127,8 +130,7 @@ def refusal(bound: inspect.Signature, later: tuple[tuple[str, Any], ...], args: 
     try:
         arguments = bound.bind(*args, **kwargs).arguments
     except TypeError as err:
-        positional = sum(1 for p in bound.parameters.values()
-                         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        positional = sum(1 for p in bound.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
         if len(args) > positional and not any(p.kind is p.VAR_POSITIONAL for p in bound.parameters.values()):
             return f"positional argument {positional + 1} (of {len(args)}), which its contract does not have"
         unknown = [k for k in kwargs if k not in bound.parameters]
@@ -152,8 +154,11 @@ def note(key: str, reason: str) -> None:
         return
     _NOTED.add((key, reason))
     cause = reason if " rebound " in reason else f"the installed trl passes {reason}"
-    warn(f"slimrl handed a call of {key} back to TRL's original: {cause}; TRL computes this call exactly as "
-         f"without slimrl (report it to slimrl to have it served)", HandedBackWarning)
+    warn(
+        f"slimrl handed a call of {key} back to TRL's original: {cause}; TRL computes this call exactly as "
+        f"without slimrl (report it to slimrl to have it served)",
+        HandedBackWarning,
+    )
 
 
 def guard(key: str, new: Any, seen: Any, member: str | None, later: tuple[tuple[str, Any], ...]) -> Any:
@@ -190,8 +195,16 @@ def guard(key: str, new: Any, seen: Any, member: str | None, later: tuple[tuple[
     contract_guard.__slimrl_contract__ = key
     if member is None:
         return contract_guard
-    return type(new.__name__, (new,), {member: staticmethod(contract_guard), "__qualname__": new.__qualname__,
-                                       "__module__": new.__module__, "__doc__": new.__doc__})
+    return type(
+        new.__name__,
+        (new,),
+        {
+            member: staticmethod(contract_guard),
+            "__qualname__": new.__qualname__,
+            "__module__": new.__module__,
+            "__doc__": new.__doc__,
+        },
+    )
 
 
 def _live_shapes(patches):
@@ -211,8 +224,11 @@ def _live_shapes(patches):
 def signature_changes(patches) -> dict[str, str]:
     """``"target.attribute" -> algorithm names`` for the installed targets whose signature matches no recorded
     one (a TRL release whose method changed since slimrl's tests)."""
-    return {key: ",".join(p.algorithms) for p, key, live in _live_shapes(patches)
-            if key in recorded() and not contract_for(key, live)[1]}
+    return {
+        key: ",".join(p.algorithms)
+        for p, key, live in _live_shapes(patches)
+        if key in recorded() and not contract_for(key, live)[1]
+    }
 
 
 def record(patches, release: str) -> dict[str, list[dict]]:

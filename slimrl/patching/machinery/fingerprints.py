@@ -31,8 +31,7 @@ COMPUTING_WRAPS = ("_compute_loss",)  # wrapped (not replaced) methods whose num
 
 def computing(patch: Any) -> bool:
     """Whether ``patch`` replaces (or wraps and changes the numbers of) a TRL method: its target is fingerprinted."""
-    return patch.target.startswith("trl.") and patch.guarded and (not patch.wrap or
-                                                                   patch.attribute in COMPUTING_WRAPS)
+    return patch.target.startswith("trl.") and patch.guarded and (not patch.wrap or patch.attribute in COMPUTING_WRAPS)
 
 
 def _source_sha(obj: Any) -> str | None:
@@ -105,8 +104,11 @@ def code_changes(patches) -> dict[str, str]:
         for key in (f"{p.target}.{p.attribute}", f"{p.target}.__init__"):
             algorithms[key] = ",".join(sorted({*algorithms.get(key, "").split(","), *p.algorithms} - {""}))
     known = recorded()
-    return {key: algorithms[key] for key, sha in _live(patches).items()
-            if key in known and (sha is None or sha not in {e["sha256"] for e in known[key]})}
+    return {
+        key: algorithms[key]
+        for key, sha in _live(patches).items()
+        if key in known and (sha is None or sha not in {e["sha256"] for e in known[key]})
+    }
 
 
 def digest(patches) -> str:

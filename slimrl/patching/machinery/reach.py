@@ -149,8 +149,14 @@ def _future_flags(fn: types.FunctionType) -> int:
 
 
 def _same(a: types.CodeType, b: types.CodeType) -> bool:
-    if (a.co_code, a.co_names, a.co_varnames, a.co_freevars, a.co_cellvars, a.co_exceptiontable) != \
-            (b.co_code, b.co_names, b.co_varnames, b.co_freevars, b.co_cellvars, b.co_exceptiontable):
+    if (a.co_code, a.co_names, a.co_varnames, a.co_freevars, a.co_cellvars, a.co_exceptiontable) != (
+        b.co_code,
+        b.co_names,
+        b.co_varnames,
+        b.co_freevars,
+        b.co_cellvars,
+        b.co_exceptiontable,
+    ):
         return False
     if len(a.co_consts) != len(b.co_consts):
         return False

@@ -73,9 +73,11 @@ class Patch:
     def _missing(self, what: str) -> str:
         from slimrl.compat.trl_info import SUPPORTED_TRL, trl_version
 
-        return (f"slimrl cannot patch {self.target}.{self.attribute}: {what} in the installed trl {trl_version()}, "
-                f"although the patch is declared for trl{self.versions}. The installed TRL changed this method; "
-                f"install a tested release (pip install 'trl{SUPPORTED_TRL}') or report it to slimrl")
+        return (
+            f"slimrl cannot patch {self.target}.{self.attribute}: {what} in the installed trl {trl_version()}, "
+            f"although the patch is declared for trl{self.versions}. The installed TRL changed this method; "
+            f"install a tested release (pip install 'trl{SUPPORTED_TRL}') or report it to slimrl"
+        )
 
     @property
     def algorithms(self) -> tuple[str, ...]:
@@ -97,8 +99,13 @@ class Patch:
     def guarded(self) -> bool:
         """Whether calls reach the replacement through its contract: every callable replacement but an entry
         point's (a constructor, a replaced class without a ``member``) and a pass-through wrap's."""
-        return not (self.entry or self.passthrough or self.attribute == "__init__" or self.attribute.startswith("__")
-                    or (isinstance(self.replacement, type) and self.member is None and not self.wrap))
+        return not (
+            self.entry
+            or self.passthrough
+            or self.attribute == "__init__"
+            or self.attribute.startswith("__")
+            or (isinstance(self.replacement, type) and self.member is None and not self.wrap)
+        )
 
 
 _REGISTRY: list[Patch] = []

@@ -82,13 +82,21 @@ def settings_of(model: Any, args: Any, prompt: int | None, algorithm: str, workl
     if prompt is None:
         prompt = max(1, limit - completion) if limit else 512
     cuda = torch.cuda.is_available() and not getattr(args, "use_cpu", False)
-    return Settings(algorithm=algorithm, workload=workload,
-                    per_device_train_batch_size=args.per_device_train_batch_size,
-                    num_generations=args.num_generations, max_prompt_length=prompt, max_completion_length=completion,
-                    lora_r=lora_r, load_in_4bit=bool(getattr(model, "is_loaded_in_4bit", False)),
-                    fast_inference=engine_of(model) is not None, device="cuda" if cuda else "cpu",
-                    beta=float(getattr(args, "beta", 0.0) or 0.0),
-                    shared_prefix=fields_of(args).slimrl_shared_prefix, tiled_mlp=is_tiled(model))
+    return Settings(
+        algorithm=algorithm,
+        workload=workload,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        num_generations=args.num_generations,
+        max_prompt_length=prompt,
+        max_completion_length=completion,
+        lora_r=lora_r,
+        load_in_4bit=bool(getattr(model, "is_loaded_in_4bit", False)),
+        fast_inference=engine_of(model) is not None,
+        device="cuda" if cuda else "cpu",
+        beta=float(getattr(args, "beta", 0.0) or 0.0),
+        shared_prefix=fields_of(args).slimrl_shared_prefix,
+        tiled_mlp=is_tiled(model),
+    )
 
 
 def apply_auto_fit(bound: dict[str, Any], algorithm: str, workload: Workload) -> None:
@@ -100,23 +108,35 @@ def apply_auto_fit(bound: dict[str, Any], algorithm: str, workload: Workload) ->
     from slimrl.errors import InputError
     from slimrl.planning.plan import plan
 
-    settings = settings_of(model, args, prompt_length(bound.get("train_dataset"), bound.get("processing_class")),
-                           algorithm, workload)
+    settings = settings_of(
+        model, args, prompt_length(bound.get("train_dataset"), bound.get("processing_class")), algorithm, workload
+    )
     budget_text = fields_of(args).slimrl_memory_budget
     budget = parse_bytes(budget_text) if budget_text else default_budget(settings.device)
     try:
         result = plan(model.config, settings, budget=budget)
     except InputError as err:  # the budget is below the weights: name the config's field
-        raise ValueError(f"slimrl_memory_budget={budget_text or f'{budget / 2**30:.2f}GB (free memory)'}: "
-                         f"{str(err).split(': ', 1)[-1]}") from None
+        raise ValueError(
+            f"slimrl_memory_budget={budget_text or f'{budget / 2**30:.2f}GB (free memory)'}: "
+            f"{str(err).split(': ', 1)[-1]}"
+        ) from None
     choice = result.recommended
     if choice is None:
-        raise ValueError(f"slimrl_auto_fit: nothing fits the {budget / 2**30:.2f} GiB memory budget "
-                         f"({'slimrl_memory_budget' if budget_text else 'free memory'}): "
-                         f"{'; '.join(result.notes)}")
+        raise ValueError(
+            f"slimrl_auto_fit: nothing fits the {budget / 2**30:.2f} GiB memory budget "
+            f"({'slimrl_memory_budget' if budget_text else 'free memory'}): "
+            f"{'; '.join(result.notes)}"
+        )
     mode, every = choice["gradient_checkpointing"], choice.get("checkpoint_every_n_layers")
-    chosen = plan(model.config, replace(settings, gradient_checkpointing=mode, checkpoint_every_n_layers=every,
-                                        unsloth_grpo_mini_batch=choice.get("unsloth_grpo_mini_batch")))
+    chosen = plan(
+        model.config,
+        replace(
+            settings,
+            gradient_checkpointing=mode,
+            checkpoint_every_n_layers=every,
+            unsloth_grpo_mini_batch=choice.get("unsloth_grpo_mini_batch"),
+        ),
+    )
     _apply(model, args, choice, f"auto_fit: plan {_gib(chosen.peak_bytes)} of {_gib(budget)}")
     config_state(args).auto_fit_plan = chosen
 
@@ -127,8 +147,11 @@ def _apply(model: Any, args: Any, choice: dict[str, Any], why: str) -> None:
     mode = choice["gradient_checkpointing"]
     every = choice.get("checkpoint_every_n_layers") or 1
     changed = config_state(args).changed
-    label = {"false": "False", "selective": f"True, every {every} layers", "slimrl": "True, every layer" +
-             (" offloaded" if wants_offload("slimrl") else "")}[mode]
+    label = {
+        "false": "False",
+        "selective": f"True, every {every} layers",
+        "slimrl": "True, every layer" + (" offloaded" if wants_offload("slimrl") else ""),
+    }[mode]
     old = bool(getattr(args, "gradient_checkpointing", False))
     for name in ("gradient_checkpointing", "activation_checkpointing"):
         if hasattr(args, name):

@@ -45,15 +45,27 @@ def colocate_engine(peft_model: Any, kwargs: dict) -> Any:
     if not ranks or min(ranks) <= 0:
         return None
     text = getattr(base.config, "text_config", None) or base.config
-    max_len = kwargs.get("max_model_length") or getattr(base, "max_seq_length", None) or getattr(
-        text, "max_position_embeddings", None)
+    max_len = (
+        kwargs.get("max_model_length")
+        or getattr(base, "max_seq_length", None)
+        or getattr(text, "max_position_embeddings", None)
+    )
     if not max_len:
         return None
-    engine = engine_setup.attach_engine(base, path, int(max_len), supported_lora_rank(max(ranks)),
-                                        float(kwargs.get("gpu_memory_utilization", 0.9)), seed=0, kv_dtype="auto")
+    engine = engine_setup.attach_engine(
+        base,
+        path,
+        int(max_len),
+        supported_lora_rank(max(ranks)),
+        float(kwargs.get("gpu_memory_utilization", 0.9)),
+        seed=0,
+        kv_dtype="auto",
+    )
     if kwargs.get("max_num_seqs"):
         engine.max_num_seqs = kwargs["max_num_seqs"]
-    warn(f"use_vllm=True (colocate): slimrl's engine generates for {path!r} on the training model's own base "
-         f"weights and syncs only the adapter each step (TRL's merge-and-load_weights sync stops on vLLM's CPU "
-         f"build and copies every weight); the sampling settings are TRL's")
+    warn(
+        f"use_vllm=True (colocate): slimrl's engine generates for {path!r} on the training model's own base "
+        f"weights and syncs only the adapter each step (TRL's merge-and-load_weights sync stops on vLLM's CPU "
+        f"build and copies every weight); the sampling settings are TRL's"
+    )
     return engine

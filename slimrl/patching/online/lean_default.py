@@ -36,8 +36,9 @@ def apply_lean_default(bound: dict[str, Any], algorithm: str, workload: Workload
     if settings.device != "cuda":
         return
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    checkpointing = bool(getattr(args, "gradient_checkpointing", False) or
-                         getattr(base, "is_gradient_checkpointing", False))
+    checkpointing = bool(
+        getattr(args, "gradient_checkpointing", False) or getattr(base, "is_gradient_checkpointing", False)
+    )
     settings = replace(settings, tiled_mlp=None, gradient_checkpointing="slimrl" if checkpointing else "false")
     tiled, why = _decide(model, settings)
     if tiled and tile_mlp(model):
@@ -52,6 +53,8 @@ def _decide(model: Any, settings: Any) -> tuple[bool, str | None]:
     try:
         return tiled_default(settings, lambda s: plan(model.config, s, search=False).peak_bytes)
     except Exception as err:  # noqa: BLE001 - a model the planner cannot trace: TRL's MLPs, untouched
-        warn(f"slimrl's tiled-MLP default: this model could not be planned ({type(err).__name__}: {err}); its MLPs "
-             f"run whole (unsloth_tiled_mlp=True tiles them)")
+        warn(
+            f"slimrl's tiled-MLP default: this model could not be planned ({type(err).__name__}: {err}); its MLPs "
+            f"run whole (unsloth_tiled_mlp=True tiles them)"
+        )
         return False, None

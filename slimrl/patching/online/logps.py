@@ -21,25 +21,45 @@ from slimrl.patching.routes.method_capture import (
 )
 
 
-def online_logps(target: str, trainer: Any, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 logits_to_keep: int, batch_size: int | None, compute_entropy: bool, compute_aux_loss: bool,
-                 multimodal: dict, through_ops: bool) -> tuple:
+def online_logps(
+    target: str,
+    trainer: Any,
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    batch_size: int | None,
+    compute_entropy: bool,
+    compute_aux_loss: bool,
+    multimodal: dict,
+    through_ops: bool,
+) -> tuple:
     """The method's body for the trainer class ``target`` (``"module:Class"``); ``through_ops``: the method-capture
     route (else TRL's own method, see the module docstring)."""
 
     def compute(ids: torch.Tensor, mask: torch.Tensor, rows: int | None) -> tuple:
         if through_ops:
-            return logps_and_entropies_through_ops(target, trainer, model, ids, mask, logits_to_keep, rows,
-                                                   compute_entropy, compute_aux_loss, **multimodal)
-        packed = logps_shared_prefix_only(trainer, model, ids, mask, logits_to_keep, rows, compute_entropy,
-                                          compute_aux_loss, **multimodal)
+            return logps_and_entropies_through_ops(
+                target, trainer, model, ids, mask, logits_to_keep, rows, compute_entropy, compute_aux_loss, **multimodal
+            )
+        packed = logps_shared_prefix_only(
+            trainer, model, ids, mask, logits_to_keep, rows, compute_entropy, compute_aux_loss, **multimodal
+        )
         if packed is not None:
             return packed
         rows = rows_per_forward(trainer.args, rows or ids.size(0))
         with no_grad_phase():  # as the method-capture route does
             return original(target, "_get_per_token_logps_and_entropies")(
-                trainer, model, ids, mask, logits_to_keep, batch_size=rows, compute_entropy=compute_entropy,
-                compute_aux_loss=compute_aux_loss, **multimodal)
+                trainer,
+                model,
+                ids,
+                mask,
+                logits_to_keep,
+                batch_size=rows,
+                compute_entropy=compute_entropy,
+                compute_aux_loss=compute_aux_loss,
+                **multimodal,
+            )
 
     if any(v is not None for v in multimodal.values()):  # vision-language rows: not split
         return compute(input_ids, attention_mask, batch_size)

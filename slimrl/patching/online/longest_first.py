@@ -23,8 +23,12 @@ from slimrl.patching.every_trainer.state import trainer_state
 
 def wanted(trainer: Any) -> bool:
     """The first training generation of a run with ``slimrl_longest_first``."""
-    return bool(fields_of(trainer.args).slimrl_longest_first and trainer.model.training
-                and trainer.state.global_step == 0 and not trainer_state(trainer).longest_done)
+    return bool(
+        fields_of(trainer.args).slimrl_longest_first
+        and trainer.model.training
+        and trainer.state.global_step == 0
+        and not trainer_state(trainer).longest_done
+    )
 
 
 @contextmanager
@@ -45,8 +49,10 @@ def forced_length(trainer: Any) -> Iterator[None]:
         restore.append((kwargs, "min_tokens", kwargs.get("min_tokens")))
         kwargs["min_tokens"] = length
     elif backend is not None:
-        warn(f"slimrl_longest_first: {type(backend).__name__} takes no minimum length; step 1 samples as "
-                      f"usual", UserWarning)
+        warn(
+            f"slimrl_longest_first: {type(backend).__name__} takes no minimum length; step 1 samples as usual",
+            UserWarning,
+        )
     try:
         yield
     finally:
@@ -74,8 +80,10 @@ def generate_longest_first_factory(orig):
 def failure_message(trainer: Any, error: BaseException) -> str:
     """Why step 1 failed, with the plan's prediction for this run and what would fit the device."""
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    text = (f"slimrl_longest_first: step 1, with completions of {trainer.args.max_completion_length} tokens (the "
-            f"longest this run allows), ran out of memory ({first})")
+    text = (
+        f"slimrl_longest_first: step 1, with completions of {trainer.args.max_completion_length} tokens (the "
+        f"longest this run allows), ran out of memory ({first})"
+    )
     try:
         from slimrl.compat.memory import total_bytes
         from slimrl.patching.online.autofit import settings_of
@@ -89,9 +97,15 @@ def failure_message(trainer: Any, error: BaseException) -> str:
     except Exception as err:  # noqa: BLE001 - the plan is extra information; the failure is the message
         return f"{text}; no plan ({type(err).__name__}: {err})"
     phase = largest_phase(result.phases)
-    fix = (f"fits with {result.recommended}" if result.recommended else
-           f"max_completion_length <= {result.max_completion_length_that_fits} fits"
-           if result.max_completion_length_that_fits else "a smaller batch or a 4-bit base")
-    return (f"{text}. slimrl plan predicts a peak of {result.peak_bytes / 2**30:.2f} GiB (largest phase {phase}: "
-            f"{result.phases[phase] / 2**30:.2f} GiB) on a device of {result.budget_bytes / 2**30:.2f} GiB; {fix}; "
-            f"see `slimrl plan --budget`")
+    fix = (
+        f"fits with {result.recommended}"
+        if result.recommended
+        else f"max_completion_length <= {result.max_completion_length_that_fits} fits"
+        if result.max_completion_length_that_fits
+        else "a smaller batch or a 4-bit base"
+    )
+    return (
+        f"{text}. slimrl plan predicts a peak of {result.peak_bytes / 2**30:.2f} GiB (largest phase {phase}: "
+        f"{result.phases[phase] / 2**30:.2f} GiB) on a device of {result.budget_bytes / 2**30:.2f} GiB; {fix}; "
+        f"see `slimrl plan --budget`"
+    )

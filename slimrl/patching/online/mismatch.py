@@ -25,9 +25,15 @@ from typing import Any
 
 import torch
 
-NAMES = ("sampling/kl_k3/mean", "sampling/kl_k3/max", "sampling/is_masked_share/token",
-         "sampling/is_masked_share/sequence", "sampling/raw_importance_sampling_ratio/min",
-         "sampling/raw_importance_sampling_ratio/mean", "sampling/raw_importance_sampling_ratio/max")
+NAMES = (
+    "sampling/kl_k3/mean",
+    "sampling/kl_k3/max",
+    "sampling/is_masked_share/token",
+    "sampling/is_masked_share/sequence",
+    "sampling/raw_importance_sampling_ratio/min",
+    "sampling/raw_importance_sampling_ratio/mean",
+    "sampling/raw_importance_sampling_ratio/max",
+)
 
 
 def sequence_level(mode: str) -> bool:
@@ -47,8 +53,9 @@ def is_ratio(trainer: Any, old: torch.Tensor, sampling: torch.Tensor, mask: torc
     diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)  # [B, C]
     ratio = torch.exp(diff.sum(dim=-1, keepdim=True) if sequence_level(mode) else diff)  # [B, 1] or [B, C]
     if mode in ("sequence_truncate", "token_truncate"):
-        return torch.clamp(ratio, min=trainer.vllm_importance_sampling_clip_min,
-                           max=trainer.vllm_importance_sampling_clip_max)
+        return torch.clamp(
+            ratio, min=trainer.vllm_importance_sampling_clip_min, max=trainer.vllm_importance_sampling_clip_max
+        )
     if mode in ("sequence_mask", "token_mask"):
         lo, hi = bounds(trainer)
         return ratio.masked_fill((ratio < lo) | (ratio > hi), value=0.0)
@@ -72,12 +79,18 @@ def mismatch_sums(trainer: Any, old: torch.Tensor, sampling: torch.Tensor, mask:
         out_tok = valid & ((torch.exp(diff) < lo) | (torch.exp(diff) > hi))  # [B, C]
         out_seq = out_tok.any(dim=-1)  # [B]
     zero = diff.new_zeros(())
-    return {"k3_sum": k3.sum(), "k3_max": k3.max() if k3.numel() else zero,
-            "tokens": valid.sum().float(), "masked_tokens": out_tok.sum().float(),
-            "sequences": rows.sum().float(), "masked_sequences": out_seq.sum().float(),
-            "raw_sum": raw.sum(), "raw_n": diff.new_tensor(float(raw.numel())),
-            "raw_min": raw.min() if raw.numel() else diff.new_tensor(math.inf),
-            "raw_max": raw.max() if raw.numel() else diff.new_tensor(-math.inf)}
+    return {
+        "k3_sum": k3.sum(),
+        "k3_max": k3.max() if k3.numel() else zero,
+        "tokens": valid.sum().float(),
+        "masked_tokens": out_tok.sum().float(),
+        "sequences": rows.sum().float(),
+        "masked_sequences": out_seq.sum().float(),
+        "raw_sum": raw.sum(),
+        "raw_n": diff.new_tensor(float(raw.numel())),
+        "raw_min": raw.min() if raw.numel() else diff.new_tensor(math.inf),
+        "raw_max": raw.max() if raw.numel() else diff.new_tensor(-math.inf),
+    }
 
 
 def add_sums(total: dict | None, part: dict) -> dict:

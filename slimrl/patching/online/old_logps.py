@@ -67,7 +67,8 @@ def can_reuse(trainer: Any) -> bool:
     generate_every = args.steps_per_generation * trainer.num_iterations
     return bool(
         fields_of(args).slimrl_reuse_old_logps
-        and getattr(trainer, "use_vllm", False) and trainer.vllm_importance_sampling_correction
+        and getattr(trainer, "use_vllm", False)
+        and trainer.vllm_importance_sampling_correction
         and trainer.model.training
         and args.gradient_accumulation_steps % generate_every == 0
         and not getattr(trainer, "use_liger_kernel", False)
@@ -122,8 +123,11 @@ def _log_whole_batch(trainer: Any, out: dict) -> None:
         return
     old, sampling = out.get("old_per_token_logps"), out.get("sampling_per_token_logps")
     if old is not None and sampling is not None:
-        log_mismatch(trainer, mismatch_sums(trainer, old, sampling, corrected_mask(out)),
-                     "train" if trainer.model.training else "eval")
+        log_mismatch(
+            trainer,
+            mismatch_sums(trainer, old, sampling, corrected_mask(out)),
+            "train" if trainer.model.training else "eval",
+        )
 
 
 def compute_loss_factory(orig):
@@ -131,8 +135,12 @@ def compute_loss_factory(orig):
 
     @functools.wraps(orig)
     def slimrl_compute_loss(self, model, inputs):
-        pending = (trainer_state(self).is_window is not None and self.model.training
-                   and "old_per_token_logps" not in inputs and "sampling_per_token_logps" in inputs)
+        pending = (
+            trainer_state(self).is_window is not None
+            and self.model.training
+            and "old_per_token_logps" not in inputs
+            and "sampling_per_token_logps" in inputs
+        )
         trainer_state(self).is_inputs = inputs if pending else None
         try:
             return orig(self, model, inputs)

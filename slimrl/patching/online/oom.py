@@ -44,6 +44,7 @@ from slimrl.patching.every_trainer.state import trainer_state
 
 Compute = Callable[[torch.Tensor, torch.Tensor, int | None], tuple]  # (ids, mask, batch_size) -> (logps, H, aux)
 
+
 def _raise_unless_out_of_memory(error: BaseException, rows: int) -> None:
     """Re-raise ``error`` unless it is a recoverable out-of-memory with rows left to split (one line first for an
     error the device reported)."""
@@ -71,8 +72,11 @@ def enabled(trainer: Any) -> bool:
 
 def _count_split(trainer: Any, where: str, rows: int, new_rows: int) -> None:
     trainer_state(trainer).oom_splits += 1
-    print(f"slimrl: out of memory in the {where} ({rows} rows); retrying in slices of {new_rows} rows (same loss and "
-          f"gradients; kept for the rest of the run)", flush=True)
+    print(
+        f"slimrl: out of memory in the {where} ({rows} rows); retrying in slices of {new_rows} rows (same loss and "
+        f"gradients; kept for the rest of the run)",
+        flush=True,
+    )
 
 
 @dataclass
@@ -87,8 +91,14 @@ class _PolicyCall:
     counted: bool = True  # whether the forward counted its trained tokens (the recompute must then not)
 
 
-def logps_with_recovery(trainer: Any, compute: Compute, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        batch_size: int | None, compute_entropy: bool) -> tuple:
+def logps_with_recovery(
+    trainer: Any,
+    compute: Compute,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    batch_size: int | None,
+    compute_entropy: bool,
+) -> tuple:
     """``compute(input_ids, attention_mask, batch_size)`` (a trainer's log-prob method with its other arguments
     bound) with the recovery of the module docstring."""
     if not enabled(trainer):
@@ -151,8 +161,13 @@ def _retry_halving(trainer: Any, attr: str, where: str, size: int, attempt: Call
 def _no_grad(trainer, compute, input_ids, attention_mask, batch_size) -> tuple:
     rows_total = input_ids.size(0)
     size = min(batch_size or rows_total, trainer_state(trainer).no_grad_rows or rows_total)
-    outs = _retry_halving(trainer, "no_grad_rows", "no-grad log-prob pass", size,
-                          lambda n: [compute(input_ids[s], attention_mask[s], n) for s in _slices(rows_total, n)])
+    outs = _retry_halving(
+        trainer,
+        "no_grad_rows",
+        "no-grad log-prob pass",
+        size,
+        lambda n: [compute(input_ids[s], attention_mask[s], n) for s in _slices(rows_total, n)],
+    )
     logps = torch.cat([o[0] for o in outs])  # [B, C]
     entropies = torch.cat([o[1] for o in outs]) if outs[0][1] is not None else None  # [B, C]
     aux = torch.stack([o[2] for o in outs]).mean() if outs[0][2] is not None else None
@@ -177,8 +192,9 @@ class _PolicyOutputs(torch.autograd.Function):
         return None, None, None, None, None
 
 
-def backward_into_model(trainer: Any, call: _PolicyCall, grad_logps: torch.Tensor | None,
-                        grad_entropies: torch.Tensor | None) -> None:
+def backward_into_model(
+    trainer: Any, call: _PolicyCall, grad_logps: torch.Tensor | None, grad_entropies: torch.Tensor | None
+) -> None:
     """Back-propagate the loss's gradients w.r.t. the policy's outputs into the model (module docstring)."""
     grads = {i: g for i, g in enumerate((grad_logps, grad_entropies)) if g is not None}
     if not grads:
@@ -265,8 +281,7 @@ def step(trainer: Any) -> Iterator[None]:
     try:
         yield
     except Exception as error:
-        if not (is_out_of_memory(error) and trainer_state(trainer).longest_done
-                and trainer.state.global_step == 0):
+        if not (is_out_of_memory(error) and trainer_state(trainer).longest_done and trainer.state.global_step == 0):
             raise
         from slimrl.patching.online.longest_first import failure_message
 

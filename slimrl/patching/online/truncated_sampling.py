@@ -55,16 +55,25 @@ def batch_log_kept_mass(trainer: Any, output: dict, settings: dict[str, Any]) ->
     c = completion_ids.size(1)
     rows = max(1, fields_of(trainer.args).unsloth_grpo_mini_batch or trainer.args.per_device_train_batch_size)
     out = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)  # [B, C]
-    checkpointing = paused(trainer.model, trainer.args.gradient_checkpointing_kwargs) \
-        if trainer.args.gradient_checkpointing else contextlib.nullcontext()
+    checkpointing = (
+        paused(trainer.model, trainer.args.gradient_checkpointing_kwargs)
+        if trainer.args.gradient_checkpointing
+        else contextlib.nullcontext()
+    )
     with checkpointing:
         for start in range(0, ids.size(0), rows):
             part = slice(start, start + rows)
-            logits = trainer.model(input_ids=ids[part], attention_mask=mask[part],
-                                   logits_to_keep=c + 1).logits[:, :-1]  # [b, C, V]
+            logits = trainer.model(input_ids=ids[part], attention_mask=mask[part], logits_to_keep=c + 1).logits[
+                :, :-1
+            ]  # [b, C, V]
             logits = logits[:, -c:]
-            flat = log_kept_mass(logits.reshape(-1, logits.size(-1)), settings["temperature"],
-                                 settings["top_k"], settings["top_p"], settings["min_p"])  # [b * C]
+            flat = log_kept_mass(
+                logits.reshape(-1, logits.size(-1)),
+                settings["temperature"],
+                settings["top_k"],
+                settings["top_p"],
+                settings["min_p"],
+            )  # [b * C]
             out[part] = flat.view(logits.size(0), c)
     return out
 
@@ -85,8 +94,10 @@ def apply_support_fix(trainer: Any, output: dict) -> None:
     from slimrl.compat.trl_info import trl_version
 
     if trl_version().release[:2] >= (1, 17) or trl_passes_kept_sets(output):  # TRL renormalises itself
-        warn(f"{FIELD}: TRL {trl_version()} corrects truncated sampling itself (its calls carry the sampler's kept "
-             f"set); the field does nothing here")
+        warn(
+            f"{FIELD}: TRL {trl_version()} corrects truncated sampling itself (its calls carry the sampler's kept "
+            f"set); the field does nothing here"
+        )
         return
     settings = truncation(trainer)
     if settings is None:
@@ -104,8 +115,9 @@ def apply_support_fix(trainer: Any, output: dict) -> None:
         replace_trl_metrics(trainer, old, sampling, mask, ratio)
 
 
-def replace_trl_metrics(trainer: Any, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor,
-                        ratio: torch.Tensor) -> None:
+def replace_trl_metrics(
+    trainer: Any, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, ratio: torch.Tensor
+) -> None:
     """TRL's five ``sampling/*`` values of this generation batch, recomputed as TRL computes them from the corrected
     log-probs (each replaces the value TRL just appended)."""
     from trl.trainer.utils import nanmax, nanmin

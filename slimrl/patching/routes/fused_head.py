@@ -55,12 +55,22 @@ class SlimrlChunkedLogProbFunction:
     """
 
     @staticmethod
-    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
-              logit_scale=1.0, outputs=("log_probs",)):
+    def apply(
+        hidden,
+        weight,
+        bias,
+        targets,
+        temperature,
+        chunk_size,
+        final_logit_softcapping=None,
+        logit_scale=1.0,
+        outputs=("log_probs",),
+    ):
         args = current_args()
         if not takes_projection(args, hidden.device):
             return original(UTILS, "_ChunkedLogProbFunction").apply(
-                hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs)
+                hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs
+            )
         trainer = current_trainer()
         if trainer is not None:
             trainer_state(trainer).served_calls += 1
@@ -80,18 +90,27 @@ def kernel_patches(algorithms: tuple[str, ...]) -> list[Patch]:
     # TRL 1.17 passes the sampler's kept token set as a tenth argument (`support_ids`, unbiased importance sampling
     # under top-k/top-p/min-p): a call without one (None) is the call this kernel serves; one with a kept set goes
     # to TRL's kernel, which renormalises over it (slimrl.patching.machinery.contracts)
-    return [Patch(algorithms, UTILS, "_ChunkedLogProbFunction", SlimrlChunkedLogProbFunction, versions=FUSED_HEAD,
-                  member="apply", later=(("support_ids", None),)),
-            # TRL 1.15 always gathers the valid positions (no `_use_triton` to answer there)
-            Patch(algorithms, UTILS, "_use_triton", slimrl_score_valid_positions_only, versions=FUSED_HEAD,
-                  optional=True)]
+    return [
+        Patch(
+            algorithms,
+            UTILS,
+            "_ChunkedLogProbFunction",
+            SlimrlChunkedLogProbFunction,
+            versions=FUSED_HEAD,
+            member="apply",
+            later=(("support_ids", None),),
+        ),
+        # TRL 1.15 always gathers the valid positions (no `_use_triton` to answer there)
+        Patch(algorithms, UTILS, "_use_triton", slimrl_score_valid_positions_only, versions=FUSED_HEAD, optional=True),
+    ]
 
 
 def prediction_step_patch(algorithm: str, trainer: str) -> Patch:
     """A fused-head trainer's evaluation runs inside :func:`slimrl.patching.every_trainer.steps.running` too (its
     ``training_step`` wrapper already does), so the kernel reads the config's chunking there as well."""
-    return Patch(algorithm, trainer, "prediction_step", prediction_step_factory, wrap=True, versions=FUSED_HEAD,
-                 passthrough=True)
+    return Patch(
+        algorithm, trainer, "prediction_step", prediction_step_factory, wrap=True, versions=FUSED_HEAD, passthrough=True
+    )
 
 
 def takes_projection(args, device: torch.device) -> bool:
@@ -100,6 +119,11 @@ def takes_projection(args, device: torch.device) -> bool:
     return chunking_chosen(args) or not _trl_kernel_is_best(device)
 
 
-ROUTE = Route("fused head", "TRL's fused LM head with slimrl's kernel: labelled positions only, small row blocks "
-                            "(routes/fused_head.py)", releases=FUSED_HEAD, shared=kernel_patches,
-              fields=CHUNK_FIELDS, applies=takes_projection)
+ROUTE = Route(
+    "fused head",
+    "TRL's fused LM head with slimrl's kernel: labelled positions only, small row blocks (routes/fused_head.py)",
+    releases=FUSED_HEAD,
+    shared=kernel_patches,
+    fields=CHUNK_FIELDS,
+    applies=takes_projection,
+)

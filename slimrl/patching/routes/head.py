@@ -108,14 +108,26 @@ class Head:
 
     def detached(self) -> Head:
         """The same head without gradient to its weights (metric-only projections)."""
-        return Head(self.weight.detach(), None if self.bias is None else self.bias.detach(), self.logit_scale,
-                    self.softcap, self.num_chunks, self.chunk_multiplier)
+        return Head(
+            self.weight.detach(),
+            None if self.bias is None else self.bias.detach(),
+            self.logit_scale,
+            self.softcap,
+            self.num_chunks,
+            self.chunk_multiplier,
+        )
 
     def _context(self, hidden: torch.Tensor, in_head_dtype: bool):
         return autocast_off(hidden.device) if in_head_dtype else nullcontext()
 
-    def outputs(self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                outputs: tuple[str, ...] = ("log_probs",), in_head_dtype: bool = True) -> tuple:
+    def outputs(
+        self,
+        hidden: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float,
+        outputs: tuple[str, ...] = ("log_probs",),
+        in_head_dtype: bool = True,
+    ) -> tuple:
         """``hidden [N, H]`` scored against ``targets [N]``:
         :func:`slimrl.ops.chunked_logprob.chunked_logprob_outputs`'s ``(log_probs [N], entropy, log_sum_sq_probs,
         mean_logits, is_top1)``, each None unless in ``outputs``."""
@@ -124,23 +136,58 @@ class Head:
             trl = trl_kernel(hidden.device, self)
             if trl is not None:
                 kernel, tile = trl
-                return kernel.apply(h, self.weight, self.bias, targets, float(temperature), tile, self.softcap,
-                                    float(self.logit_scale), tuple(outputs))
-            return chunked_logprob_outputs(h, self.weight, targets, self.bias, float(temperature), outputs=outputs,
-                                           num_chunks=self.num_chunks, chunk_multiplier=self.chunk_multiplier,
-                                           logit_scale=float(self.logit_scale), softcap=self.softcap)
+                return kernel.apply(
+                    h,
+                    self.weight,
+                    self.bias,
+                    targets,
+                    float(temperature),
+                    tile,
+                    self.softcap,
+                    float(self.logit_scale),
+                    tuple(outputs),
+                )
+            return chunked_logprob_outputs(
+                h,
+                self.weight,
+                targets,
+                self.bias,
+                float(temperature),
+                outputs=outputs,
+                num_chunks=self.num_chunks,
+                chunk_multiplier=self.chunk_multiplier,
+                logit_scale=float(self.logit_scale),
+                softcap=self.softcap,
+            )
 
-    def masked(self, hidden: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, temperature: float,
-               with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def masked(
+        self,
+        hidden: torch.Tensor,
+        targets: torch.Tensor,
+        valid: torch.Tensor,
+        temperature: float,
+        with_entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``hidden [B, T, H]`` scored against ``targets [B, T]`` where ``valid [B, T]``, in the head's dtype:
         ``(log-probs [B, T], entropies [B, T] | None)``, 0 where not valid."""
         if trl_kernel(hidden.device, self) is not None:  # the valid rows gathered, scattered back (as TRL does)
             wanted = ("log_probs", "entropy") if with_entropy else ("log_probs",)
             logps, entropy, *_ = self.outputs(hidden[valid], targets[valid], temperature, wanted)  # [N], [N] | None
-            return (logps.new_zeros(valid.shape).masked_scatter(valid, logps),
-                    None if entropy is None else entropy.new_zeros(valid.shape).masked_scatter(valid, entropy))
+            return (
+                logps.new_zeros(valid.shape).masked_scatter(valid, logps),
+                None if entropy is None else entropy.new_zeros(valid.shape).masked_scatter(valid, entropy),
+            )
         with self._context(hidden, True):
-            return masked_token_logprobs(hidden.to(self.weight.dtype), self.weight, targets, valid, self.bias,
-                                         temperature, num_chunks=self.num_chunks,
-                                         chunk_multiplier=self.chunk_multiplier, logit_scale=self.logit_scale,
-                                         softcap=self.softcap, with_entropy=with_entropy)
+            return masked_token_logprobs(
+                hidden.to(self.weight.dtype),
+                self.weight,
+                targets,
+                valid,
+                self.bias,
+                temperature,
+                num_chunks=self.num_chunks,
+                chunk_multiplier=self.chunk_multiplier,
+                logit_scale=self.logit_scale,
+                softcap=self.softcap,
+                with_entropy=with_entropy,
+            )

@@ -32,27 +32,50 @@ from slimrl.patching.routes import shared_prefix
 from slimrl.patching.routes.head import Head
 from slimrl.patching.spec import Route
 
-ROUTE = Route("method capture", "`_get_per_token_logps_and_entropies` through `slimrl.ops` (routes/method_capture.py)",
-              fields=CHUNK_FIELDS)
+ROUTE = Route(
+    "method capture",
+    "`_get_per_token_logps_and_entropies` through `slimrl.ops` (routes/method_capture.py)",
+    fields=CHUNK_FIELDS,
+)
 
 
 def _has_extra_inputs(kwargs: dict) -> bool:
     return any(v is not None for v in kwargs.values())
 
 
-def logps_and_entropies_through_ops(target: str, self, model, input_ids, attention_mask, logits_to_keep,
-                                    batch_size=None, compute_entropy=False, compute_aux_loss=False, **multimodal):
+def logps_and_entropies_through_ops(
+    target: str,
+    self,
+    model,
+    input_ids,
+    attention_mask,
+    logits_to_keep,
+    batch_size=None,
+    compute_entropy=False,
+    compute_aux_loss=False,
+    **multimodal,
+):
     """``_get_per_token_logps_and_entropies`` of any trainer with TRL's GRPO contract (see the module docstring);
     ``target`` names the class whose original method serves the cases the capture cannot."""
     captured = _capturable(self, model, compute_aux_loss, multimodal)
     if captured is None:
         fn = original(target, "_get_per_token_logps_and_entropies")
-        return fn(self, model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
-                  compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
+        return fn(
+            self,
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size=batch_size,
+            compute_entropy=compute_entropy,
+            compute_aux_loss=compute_aux_loss,
+            **multimodal,
+        )
     unwrapped, head = captured
     with no_grad_phase():
-        return _logps_through_ops(self, model, unwrapped.config, head, input_ids, attention_mask, logits_to_keep,
-                                  batch_size, compute_entropy)
+        return _logps_through_ops(
+            self, model, unwrapped.config, head, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+        )
 
 
 def _capturable(self, model, compute_aux_loss: bool, multimodal: dict) -> tuple | None:
@@ -114,7 +137,7 @@ def length_groups(lengths: list[int], prompt_width: int, budget: int, forward_co
                 best[j], cut[j] = cost, i
     groups, j = [], n
     while j > 0:
-        groups.append(order[cut[j]:j])
+        groups.append(order[cut[j] : j])
         j = cut[j]
     return groups[::-1]
 
@@ -126,8 +149,9 @@ def completion_lengths(attention_mask: torch.Tensor, logits_to_keep: int) -> lis
     return torch.where(valid.any(-1), last, 0).tolist()
 
 
-def _groups_for(self, attention_mask: torch.Tensor, logits_to_keep: int,
-                batch_size: int) -> list[tuple[list[int], int]]:
+def _groups_for(
+    self, attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int
+) -> list[tuple[list[int], int]]:
     """The forwards of one call as (rows, completion columns kept): TRL's fixed row batches at the full width, or
     (``slimrl_length_groups``, default) length groups within ``slimrl_token_budget`` tokens per forward (default:
     TRL's own ``batch_size`` rows x padded width), each cut after its longest completion."""
@@ -141,8 +165,9 @@ def _groups_for(self, attention_mask: torch.Tensor, logits_to_keep: int,
     return [(g, max(1, max(lengths[i] for i in g))) for g in length_groups(lengths, prompt_width, budget, cost)]
 
 
-def _packed(self, model, config, head, projection, input_ids, attention_mask, logits_to_keep, batch_size,
-            compute_entropy) -> tuple | None:
+def _packed(
+    self, model, config, head, projection, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+) -> tuple | None:
     """The call through the shared-prefix layout (:mod:`slimrl.patching.routes.shared_prefix`), None where it does
     not apply; ``batch_size`` (already cut to ``unsloth_grpo_mini_batch``) sets the token budget per forward."""
     lengths = completion_lengths(attention_mask, logits_to_keep)
@@ -150,12 +175,22 @@ def _packed(self, model, config, head, projection, input_ids, attention_mask, lo
     if shared is None:
         return None
     budget = fields_of(self.args).slimrl_token_budget or batch_size * attention_mask.size(1)
-    return shared_prefix.logps_shared_prefix(self, model, head, projection, input_ids, shared[0], lengths, shared[1],
-                                             logits_to_keep, budget, compute_entropy)
+    return shared_prefix.logps_shared_prefix(
+        self, model, head, projection, input_ids, shared[0], lengths, shared[1], logits_to_keep, budget, compute_entropy
+    )
 
 
-def logps_shared_prefix_only(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                             compute_entropy=False, compute_aux_loss=False, **multimodal) -> tuple | None:
+def logps_shared_prefix_only(
+    self,
+    model,
+    input_ids,
+    attention_mask,
+    logits_to_keep,
+    batch_size=None,
+    compute_entropy=False,
+    compute_aux_loss=False,
+    **multimodal,
+) -> tuple | None:
     """The shared-prefix layout alone, for a trainer whose other calls keep TRL's own method (RLOO from TRL 1.15,
     whose method runs TRL's fused head): the method's result, or None where the layout does not apply (the same
     cases as :func:`logps_and_entropies_through_ops`' fallback, plus every call the layout itself declines)."""
@@ -165,27 +200,39 @@ def logps_shared_prefix_only(self, model, input_ids, attention_mask, logits_to_k
     unwrapped, head = captured
     rows = rows_per_forward(self.args, batch_size or input_ids.size(0))
     with no_grad_phase():
-        return _packed(self, model, unwrapped.config, head, Head.of(head, unwrapped.config, self.args), input_ids,
-                       attention_mask, logits_to_keep, rows, compute_entropy)
+        return _packed(
+            self,
+            model,
+            unwrapped.config,
+            head,
+            Head.of(head, unwrapped.config, self.args),
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            rows,
+            compute_entropy,
+        )
 
 
-def _logps_through_ops(self, model, config, head, input_ids, attention_mask, logits_to_keep, batch_size,
-                       compute_entropy):
+def _logps_through_ops(
+    self, model, config, head, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+):
     """The capture + :mod:`slimrl.ops` path of :func:`logps_and_entropies_through_ops`, one forward per row group
     (:func:`_groups_for`); the results are put back in the caller's row order, 0 at the cut padding."""
     check_batch_length(self.model, input_ids.size(1))
     projection = Head.of(head, config, self.args)
     batch_size = rows_per_forward(self.args, batch_size or input_ids.size(0))
-    packed = _packed(self, model, config, head, projection, input_ids, attention_mask, logits_to_keep, batch_size,
-                     compute_entropy)
+    packed = _packed(
+        self, model, config, head, projection, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
+    )
     if packed is not None:
         return packed
     prompt_width = input_ids.size(1) - logits_to_keep
     all_logps, all_entropies, order = [], [], []
     for rows, keep in _groups_for(self, attention_mask, logits_to_keep, batch_size):
         index = torch.tensor(rows, device=input_ids.device)
-        ids = input_ids[index, :prompt_width + keep]  # [b, P + C_g]
-        mask = attention_mask[index, :prompt_width + keep]  # [b, P + C_g]
+        ids = input_ids[index, : prompt_width + keep]  # [b, P + C_g]
+        mask = attention_mask[index, : prompt_width + keep]  # [b, P + C_g]
         with capture_head_input(head) as captured, self.accelerator.autocast():
             model(input_ids=ids, attention_mask=mask, logits_to_keep=keep + 1, use_cache=False)
         hidden = captured[-1][:, :-1]  # [b, C_g, H]: position t predicts token t + 1

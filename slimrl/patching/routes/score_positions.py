@@ -38,8 +38,11 @@ from slimrl.patching.every_trainer.state import trainer_state
 from slimrl.patching.routes.head import Head
 from slimrl.patching.spec import Route
 
-ROUTE = Route("score positions", "the LM head bypassed, only scored positions projected (routes/score_positions.py)",
-              fields=CHUNK_FIELDS)
+ROUTE = Route(
+    "score positions",
+    "the LM head bypassed, only scored positions projected (routes/score_positions.py)",
+    fields=CHUNK_FIELDS,
+)
 
 
 def servable_head(trainer, model) -> torch.nn.Linear | None:
@@ -48,9 +51,19 @@ def servable_head(trainer, model) -> torch.nn.Linear | None:
     return plain_linear_head(trainer.accelerator.unwrap_model(model))
 
 
-def score_positions(trainer, model, head, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    targets: torch.Tensor, grad_pos: torch.Tensor, *, stat_pos: torch.Tensor | None = None,
-                    temperature: float = 1.0, **model_kwargs):
+def score_positions(
+    trainer,
+    model,
+    head,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    targets: torch.Tensor,
+    grad_pos: torch.Tensor,
+    *,
+    stat_pos: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    **model_kwargs,
+):
     """Forward ``model`` and score hidden positions.
 
     Shapes: ``input_ids``, ``attention_mask`` ``[B, T]``; ``targets``, ``grad_pos``, ``stat_pos`` ``[B, T]`` over
@@ -72,11 +85,11 @@ def score_positions(trainer, model, head, input_ids: torch.Tensor, attention_mas
         return per_token, None, outputs
     rest = stat_pos & ~grad_pos  # [B, T]: mean logit only
     with torch.no_grad():
-        mean_rest = projection.detached().outputs(hidden.detach()[rest], targets[rest], temperature,
-                                                  ("mean_logits",))[3]  # [N_rest]
+        mean_rest = projection.detached().outputs(hidden.detach()[rest], targets[rest], temperature, ("mean_logits",))[
+            3
+        ]  # [N_rest]
     mean_logits = logps.new_zeros(grad_pos.shape).masked_scatter(grad_pos, mean_grad).masked_scatter(rest, mean_rest)
     return per_token, mean_logits, outputs
-
 
 
 @dataclass(frozen=True)
@@ -95,8 +108,9 @@ def concatenated_forward_through_ops(trainer, model, batch: dict, spec: Concaten
     head = servable_head(trainer, model)
     if head is None or trainer.is_encoder_decoder:
         return fallback(trainer, model, batch)
-    cat = trainer.concatenated_inputs(batch, is_encoder_decoder=False, padding_value=spec.padding_value(trainer),
-                                      device=trainer.accelerator.device)
+    cat = trainer.concatenated_inputs(
+        batch, is_encoder_decoder=False, padding_value=spec.padding_value(trainer), device=trainer.accelerator.device
+    )
     input_ids, attention_mask = cat["concatenated_input_ids"], cat["concatenated_attention_mask"]  # [2B, T]
     pref_labels = cat["concatenated_labels"][:, 1:]  # [2B, T-1]
     nll_full = spec.nll_labels(trainer, cat)
@@ -107,7 +121,8 @@ def concatenated_forward_through_ops(trainer, model, batch: dict, spec: Concaten
     if nll_full is not None:
         nll_mask[:n_chosen] = nll_full[:n_chosen, 1:] != -100
     if (pref_labels[pref_mask] != next_ids[pref_mask]).any() or (
-            nll_full is not None and (nll_full[:, 1:][nll_mask] != next_ids[nll_mask]).any()):
+        nll_full is not None and (nll_full[:, 1:][nll_mask] != next_ids[nll_mask]).any()
+    ):
         return fallback(trainer, model, batch)  # labels are not the next input tokens: TRL's general path
 
     model_kwargs = {"output_router_logits": True} if trainer.aux_loss_enabled else {}
@@ -119,8 +134,9 @@ def concatenated_forward_through_ops(trainer, model, batch: dict, spec: Concaten
         metric_pos[:, -1] = False
     targets = torch.zeros_like(input_ids)  # [2B, T]
     targets[:, :-1] = next_ids
-    logps, mean_logits, outputs = score_positions(trainer, model, head, input_ids, attention_mask, targets,
-                                                  grad_pos, stat_pos=metric_pos, **model_kwargs)
+    logps, mean_logits, outputs = score_positions(
+        trainer, model, head, input_ids, attention_mask, targets, grad_pos, stat_pos=metric_pos, **model_kwargs
+    )
     per_token = logps[:, :-1]  # [2B, T-1]
     if spec.logits_drop_last:
         mean_logits = mean_logits[:, :-1]

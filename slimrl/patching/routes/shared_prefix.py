@@ -55,8 +55,9 @@ def slimrl_sdpa_factory(mapping: dict) -> dict:
         layout = getattr(attention_mask, "slimrl_layout", None)
         if layout is None:
             return original_sdpa(module, query, key, value, attention_mask, *args, **kwargs)
-        out = shared_prefix_attention(query, key, value, layout, scaling=kwargs.get("scaling"),
-                                      dropout=float(kwargs.get("dropout", 0.0)))  # [R, T, h, d]
+        out = shared_prefix_attention(
+            query, key, value, layout, scaling=kwargs.get("scaling"), dropout=float(kwargs.get("dropout", 0.0))
+        )  # [R, T, h, d]
         return out, None
 
     return {**mapping, "sdpa": slimrl_sdpa_or_shared_prefix}
@@ -64,8 +65,9 @@ def slimrl_sdpa_factory(mapping: dict) -> dict:
 
 def attention_patch(algorithms: tuple[str, ...]) -> Patch:
     """The ``sdpa`` wrap, installed while any of ``algorithms`` is patched."""
-    return Patch(algorithms, "transformers.modeling_utils:AttentionInterface", "_global_mapping", slimrl_sdpa_factory,
-                 wrap=True)
+    return Patch(
+        algorithms, "transformers.modeling_utils:AttentionInterface", "_global_mapping", slimrl_sdpa_factory, wrap=True
+    )
 
 
 def why_not(trainer: Any, config: Any, prompt_width: int, longest: int) -> str | None:
@@ -89,8 +91,9 @@ def say_once(reason: str) -> None:
         logger.info("slimrl: shared-prefix layout off (%s): TRL's layout, each prompt once per completion", reason)
 
 
-def groups_of(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-              lengths: list[int]) -> list[list[int]] | None:
+def groups_of(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, lengths: list[int]
+) -> list[list[int]] | None:
     """Rows holding the same prompt, in first-seen order; None when a row's masks are not one left-padded prompt
     (at least one token) then one completion of ``lengths[i]`` tokens."""
     prompt_width = input_ids.size(1) - logits_to_keep
@@ -99,13 +102,15 @@ def groups_of(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_k
     n_prompt = pm.sum(-1)  # [B]
     cols = torch.arange(prompt_width, device=pm.device)
     left_padded = (pm == (cols[None, :] >= prompt_width - n_prompt[:, None])).all()
-    in_order = (cm == (torch.arange(logits_to_keep, device=cm.device)[None, :] <
-                       torch.tensor(lengths, device=cm.device)[:, None])).all()
+    in_order = (
+        cm
+        == (torch.arange(logits_to_keep, device=cm.device)[None, :] < torch.tensor(lengths, device=cm.device)[:, None])
+    ).all()
     if not bool(left_padded and in_order and (n_prompt > 0).all()):
         return None
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, (ids, n) in enumerate(zip(input_ids[:, :prompt_width].tolist(), n_prompt.tolist())):
-        groups[tuple(ids[prompt_width - n:])].append(i)
+        groups[tuple(ids[prompt_width - n :])].append(i)
     return list(groups.values())
 
 
@@ -122,9 +127,19 @@ def _forwards(packs: list[tuple[int, list[int]]], widths: list[int], budget: int
     return out
 
 
-def logps_shared_prefix(trainer: Any, model: Any, head_module: torch.nn.Module, projection: Head,
-                        input_ids: torch.Tensor, groups: list[list[int]], lengths: list[int], n_prompt: list[int],
-                        logits_to_keep: int, budget: int, compute_entropy: bool) -> tuple | None:
+def logps_shared_prefix(
+    trainer: Any,
+    model: Any,
+    head_module: torch.nn.Module,
+    projection: Head,
+    input_ids: torch.Tensor,
+    groups: list[list[int]],
+    lengths: list[int],
+    n_prompt: list[int],
+    logits_to_keep: int,
+    budget: int,
+    compute_entropy: bool,
+) -> tuple | None:
     """Log-probs ``[B, C]`` (and entropies) of the call's completions through packed rows (module docstring); None
     where no row has a completion token (the caller's path then runs, keeping the graph)."""
     rows, width = input_ids.shape
@@ -150,13 +165,13 @@ def logps_shared_prefix(trainer: Any, model: Any, head_module: torch.nn.Module, 
         pred_row, pred_pos, tgt_row, tgt_col = [], [], [], []
         for r, (first, members) in enumerate(chosen):
             p = prefix_lens[r]
-            ids[r, :p] = input_ids[first, prompt_width - p:prompt_width]
+            ids[r, :p] = input_ids[first, prompt_width - p : prompt_width]
             pos[r, :p] = torch.arange(prompt_width - p, prompt_width, device=device)  # TRL's row positions
             start = p
             for i in members:
                 n = lengths[i]
-                ids[r, start:start + n] = input_ids[i, prompt_width:prompt_width + n]
-                pos[r, start:start + n] = torch.arange(prompt_width, prompt_width + n, device=device)
+                ids[r, start : start + n] = input_ids[i, prompt_width : prompt_width + n]
+                pos[r, start : start + n] = torch.arange(prompt_width, prompt_width + n, device=device)
                 pred_row += [r] * n
                 pred_pos += [p - 1] + list(range(start, start + n - 1))  # position t predicts token t + 1
                 tgt_row += [i] * n
@@ -187,8 +202,14 @@ def logps_shared_prefix(trainer: Any, model: Any, head_module: torch.nn.Module, 
     return logps, entropies, None
 
 
-def shared_prompts(trainer: Any, config: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   logits_to_keep: int, lengths: list[int]) -> tuple[list[list[int]], list[int]] | None:
+def shared_prompts(
+    trainer: Any,
+    config: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    lengths: list[int],
+) -> tuple[list[list[int]], list[int]] | None:
     """(rows grouped by prompt, real prompt tokens per row) when this call takes the layout, else None (with the
     reason logged once, see the module docstring)."""
     prompt_width = input_ids.size(1) - logits_to_keep

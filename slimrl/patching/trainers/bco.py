@@ -37,18 +37,26 @@ def slimrl_bco_forward(self, model, batch):
     grad_pos = torch.zeros_like(ids, dtype=torch.bool)
     grad_pos[:, :-1] = valid
     model_kwargs = {"output_router_logits": True} if self.aux_loss_enabled else {}
-    logps, mean_logits, outputs = score_positions(self, model, head, ids, mask, targets, grad_pos,
-                                                  stat_pos=torch.ones_like(grad_pos), **model_kwargs)
+    logps, mean_logits, outputs = score_positions(
+        self, model, head, ids, mask, targets, grad_pos, stat_pos=torch.ones_like(grad_pos), **model_kwargs
+    )
     completion_logps = logps.sum(-1)  # [B]
     logit_sums = mean_logits * head.weight.size(0)  # [B, T]: sum over the vocabulary at each position
     if completion_logps.shape[0] != len(batch["label"]):
-        raise ValueError("There is a mismatch between the number of examples in this batch and the number of "
-                         "examples for which an output sequence was predicted.")
+        raise ValueError(
+            "There is a mismatch between the number of examples in this batch and the number of "
+            "examples for which an output sequence was predicted."
+        )
     chosen_idx = [i for i, lab in enumerate(batch["label"]) if lab is True]
     rejected_idx = [i for i, lab in enumerate(batch["label"]) if lab is False]
-    out = (completion_logps[chosen_idx], completion_logps[rejected_idx], logit_sums[chosen_idx],
-           logit_sums[rejected_idx])
+    out = (
+        completion_logps[chosen_idx],
+        completion_logps[rejected_idx],
+        logit_sums[chosen_idx],
+        logit_sums[rejected_idx],
+    )
     return (*out, outputs.aux_loss) if self.aux_loss_enabled else out
+
 
 CONFIG = "trl.experimental.bco.bco_config:BCOConfig"
 
@@ -66,7 +74,9 @@ PATCHES = [
 
 
 SPEC = TrainerSpec(
-    "bco", TRAINER, CONFIG,
+    "bco",
+    TRAINER,
+    CONFIG,
     preference=True,
     instead="DPOTrainer(loss_type='bco_pair')",
     releases=UNTIL_1_13,

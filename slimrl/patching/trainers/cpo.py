@@ -47,7 +47,9 @@ PATCHES = [
 
 
 SPEC = TrainerSpec(
-    "cpo", TRAINER, CONFIG,
+    "cpo",
+    TRAINER,
+    CONFIG,
     preference=True,
     instead="DPOTrainer without a reference model",
     layouts=PAIRED,

@@ -19,8 +19,13 @@ from slimrl.planning.settings import TrlStep, Workload
 TRAINER = "trl.trainer.dpo_trainer:DPOTrainer"
 CONFIG = "trl.trainer.dpo_config:DPOConfig"
 # what one step does, for `slimrl plan`
-WORKLOAD = Workload(generates=False, paired=True, reference="always", entropy=False,
-                    trl=TrlStep("dpo", holds_reference_outputs=True, default_reference=True))
+WORKLOAD = Workload(
+    generates=False,
+    paired=True,
+    reference="always",
+    entropy=False,
+    trl=TrlStep("dpo", holds_reference_outputs=True, default_reference=True),
+)
 
 # the log-probs come from TRL's fused head (TRL >= 1.15), whose kernel routes/fused_head.py swaps for every
 # trainer on it; evaluation reads the config's chunking too
@@ -42,7 +47,9 @@ PATCHES = [prediction_step_patch("dpo", TRAINER)]
 
 
 SPEC = TrainerSpec(
-    "dpo", TRAINER, CONFIG,
+    "dpo",
+    TRAINER,
+    CONFIG,
     layouts=PAIRED,
     routes=(FUSED("_compute_loss", "compute_ref_log_probs"),),
     preference=True,

@@ -47,20 +47,42 @@ MODULE = "trl.trainer.grpo_trainer"
 def grpo_config_init_factory(orig_init, fields=ALL_FIELDS, users=None):
     """``GRPOConfig.__init__``: slimrl's fields, the generation checks (temperature, completion length, batch vs
     ``num_generations``, ``unsloth_grpo_mini_batch``) and ``vllm_sampling_params`` kept as an attribute."""
-    return config_init_factory(orig_init, check=generation_config_checks, extra_attributes=("vllm_sampling_params",),
-                               fields=fields, users=users)
+    return config_init_factory(
+        orig_init,
+        check=generation_config_checks,
+        extra_attributes=("vllm_sampling_params",),
+        fields=fields,
+        users=users,
+    )
 
 
-def slimrl_get_per_token_logps_and_entropies(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                                             logits_to_keep: int, batch_size: int | None = None,
-                                             compute_entropy: bool = False, compute_aux_loss: bool = False,
-                                             **multimodal) -> tuple[torch.Tensor, torch.Tensor | None, None]:
+def slimrl_get_per_token_logps_and_entropies(
+    self,
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    batch_size: int | None = None,
+    compute_entropy: bool = False,
+    compute_aux_loss: bool = False,
+    **multimodal,
+) -> tuple[torch.Tensor, torch.Tensor | None, None]:
     """TRL's method through the online trainers' log-prob method (:mod:`slimrl.patching.online.logps`, the
     method-capture route); the policy's call also fills the vLLM IS ratio where the old-log-prob pass was skipped
     (:mod:`slimrl.patching.online.old_logps`)."""
-    out = online_logps(TRAINER, self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
-                       compute_aux_loss, multimodal,
-                       through_ops=not SPEC.enters("_get_per_token_logps_and_entropies"))
+    out = online_logps(
+        TRAINER,
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size,
+        compute_entropy,
+        compute_aux_loss,
+        multimodal,
+        through_ops=not SPEC.enters("_get_per_token_logps_and_entropies"),
+    )
     fill_importance_ratio(self, out[0])
     return out
 
@@ -106,17 +128,27 @@ def scenario(kit, loss_type: str):
     of 8 tokens per batch (two groups: verify splits the log-prob passes into several forwards), two iterations per
     generation, a KL to the adapter-free reference, dropout off (the agentic rows are ``slimrl.verify``'s own
     scenarios)."""
-    args = kit.config(per_device_train_batch_size=4, num_generations=2, max_completion_length=8, num_iterations=2,
-                      beta=0.04, temperature=0.9, loss_type=loss_type, disable_dropout=True,
-                      **_LOSS_EXTRAS.get(loss_type, {}))
-    return kit.trainer(model=kit.model(lora=True), args=args, reward_funcs=[kit.digits_reward],
-                       train_dataset=kit.prompts())
+    args = kit.config(
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        num_iterations=2,
+        beta=0.04,
+        temperature=0.9,
+        loss_type=loss_type,
+        disable_dropout=True,
+        **_LOSS_EXTRAS.get(loss_type, {}),
+    )
+    return kit.trainer(
+        model=kit.model(lora=True), args=args, reward_funcs=[kit.digits_reward], train_dataset=kit.prompts()
+    )
 
 
 PATCHES = [
     Patch("grpo", TRAINER, "_get_per_token_logps_and_entropies", slimrl_get_per_token_logps_and_entropies),
-    Patch("grpo", MODULE, "unwrap_model_for_generation", slimrl_unwrap_for_generation_factory, wrap=True,
-          passthrough=True),
+    Patch(
+        "grpo", MODULE, "unwrap_model_for_generation", slimrl_unwrap_for_generation_factory, wrap=True, passthrough=True
+    ),
     Patch("grpo", MODULE, "VLLMGeneration", slimrl_vllm_generation_factory, wrap=True, optional=True),
     Patch("grpo", TRAINER, "_generate_and_score_completions", grpo_generate_and_score_factory, wrap=True),
     Patch("grpo", TRAINER, "_generate_single_turn", generate_single_turn_factory, wrap=True),
@@ -125,21 +157,28 @@ PATCHES = [
 
 
 SPEC = TrainerSpec(
-    "grpo", TRAINER, CONFIG,
+    "grpo",
+    TRAINER,
+    CONFIG,
     layouts=PROMPT,
     routes=(CAPTURE(), FUSED()),
     workload=WORKLOAD,
     fields=ALL_FIELDS,
     config_init=grpo_config_init_factory,
-    init_hooks=(check_sequence_budget, apply_engine_defaults,
-        functools.partial(vllm_or_transformers, trainer_module=MODULE)),
+    init_hooks=(
+        check_sequence_budget,
+        apply_engine_defaults,
+        functools.partial(vllm_or_transformers, trainer_module=MODULE),
+    ),
     auto_fit=True,
     after_init=(attach_health_monitor,),
     training_step=grpo_training_step_factory,
     patches=tuple(PATCHES),
     about=About(
-        note=CAPTURE.summary + "; the calls it leaves to TRL (images, MoE aux loss, a LoRA head): "
-        + FUSED.summary + " on TRL ≥ 1.15",
+        note=CAPTURE.summary
+        + "; the calls it leaves to TRL (images, MoE aux loss, a LoRA head): "
+        + FUSED.summary
+        + " on TRL ≥ 1.15",
         parity_test="all 8 loss types × beta, `tests/patching/trainers/test_grpo.py`; images: "
         "`tests/patching/test_vision_parity.py`",
         cli="online",

@@ -16,9 +16,12 @@ from slimrl.planning.settings import TrlStep, Workload
 TRAINER = "trl.trainer.kto_trainer:KTOTrainer"
 CONFIG = "trl.trainer.kto_config:KTOConfig"
 # what one step does, for `slimrl plan`
-WORKLOAD = Workload(generates=False, reference="always", entropy=False,
-                    trl=TrlStep("kto", kl_pass=True, holds_reference_outputs=True, metric_copies=True,
-                                default_reference=True))
+WORKLOAD = Workload(
+    generates=False,
+    reference="always",
+    entropy=False,
+    trl=TrlStep("kto", kl_pass=True, holds_reference_outputs=True, metric_copies=True, default_reference=True),
+)
 
 # the log-probs come from TRL's fused head (TRL >= 1.15), whose kernel routes/fused_head.py swaps for every
 # trainer on it; evaluation reads the config's chunking too
@@ -35,7 +38,9 @@ PATCHES = [prediction_step_patch("kto", TRAINER)]
 
 
 SPEC = TrainerSpec(
-    "kto", TRAINER, CONFIG,
+    "kto",
+    TRAINER,
+    CONFIG,
     layouts=(("prompt", "completion", "label"), *PAIRED),
     preference=True,
     workload=WORKLOAD,

@@ -30,24 +30,27 @@ from slimrl.patching.spec import PROMPT, About, TrainerSpec
 TRAINER = "trl.experimental.online_dpo.online_dpo_trainer:OnlineDPOTrainer"
 
 
-def slimrl_online_dpo_forward(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                              vision_inputs=None):
+def slimrl_online_dpo_forward(
+    self, model, prompt_ids, prompt_mask, completion_ids, completion_mask, vision_inputs=None
+):
     """TRL's ``_forward``: log-probs ``[B, C]`` of ``completion_ids`` after the (left-truncated) prompt."""
     head = servable_head(self, model)
     truncate = max(prompt_ids.size(1) + completion_ids.size(1) - self.max_length, 0)
     if head is None or vision_inputs is not None or prompt_ids.size(1) - truncate <= 0:
-        return original(TRAINER, "_forward")(self, model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                             vision_inputs)
+        return original(TRAINER, "_forward")(
+            self, model, prompt_ids, prompt_mask, completion_ids, completion_mask, vision_inputs
+        )
     prompt_ids, prompt_mask = prompt_ids[:, truncate:], prompt_mask[:, truncate:]  # same truncation as TRL
     ids = torch.cat((prompt_ids, completion_ids), dim=1)  # [B, P + C]
     mask = torch.cat((prompt_mask, completion_mask), dim=1)  # [B, P + C]
     p = prompt_ids.size(1)
     targets = torch.zeros_like(ids)  # [B, P + C]
-    targets[:, p - 1:-1] = completion_ids  # position t predicts token t + 1
+    targets[:, p - 1 : -1] = completion_ids  # position t predicts token t + 1
     score = torch.zeros_like(ids, dtype=torch.bool)
-    score[:, p - 1:-1] = True  # every completion position, padding included (as TRL)
+    score[:, p - 1 : -1] = True  # every completion position, padding included (as TRL)
     logps, _, _ = score_positions(self, model, head, ids, mask, targets, score)  # [B, P + C]
-    return logps[:, p - 1:-1]  # [B, C]
+    return logps[:, p - 1 : -1]  # [B, C]
+
 
 def online_dpo_generate_factory(orig):
     """TRL's ``_generate`` in malloc's recycling phase (module docstring); the same call and result."""
@@ -67,8 +70,9 @@ def scenario(kit, loss_type: str):
     """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): a LoRA policy, 2 prompts per step, 8 new
     tokens, judged by a digits reward."""
     args = kit.config(per_device_train_batch_size=2, max_new_tokens=8, max_length=64, loss_type=loss_type)
-    return kit.trainer(model=kit.model(lora=True), reward_funcs=[kit.digits_reward], args=args,
-                       train_dataset=kit.prompts())
+    return kit.trainer(
+        model=kit.model(lora=True), reward_funcs=[kit.digits_reward], args=args, train_dataset=kit.prompts()
+    )
 
 
 PATCHES = [
@@ -78,7 +82,9 @@ PATCHES = [
 
 
 SPEC = TrainerSpec(
-    "online_dpo", TRAINER, CONFIG,
+    "online_dpo",
+    TRAINER,
+    CONFIG,
     instead="GRPOTrainer or RLOOTrainer (online, reward-driven)",
     layouts=PROMPT,
     routes=(POSITIONS(),),

@@ -55,7 +55,9 @@ PATCHES = [
 
 
 SPEC = TrainerSpec(
-    "orpo", TRAINER, CONFIG,
+    "orpo",
+    TRAINER,
+    CONFIG,
     preference=True,
     instead="DPOTrainer with loss_type=['sigmoid', 'sft'] (a preference loss plus the SFT term)",
     layouts=PAIRED,

@@ -21,7 +21,9 @@ PATCHES: list = []  # only the shared patches (slimrl.patching.table)
 
 
 SPEC = TrainerSpec(
-    "ppo", TRAINER, CONFIG,
+    "ppo",
+    TRAINER,
+    CONFIG,
     instead="GRPOTrainer or RLOOTrainer (no value model)",
     releases=UNTIL_1_12,
     training_step=None,

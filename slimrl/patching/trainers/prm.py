@@ -18,7 +18,9 @@ PATCHES: list = []  # only the shared patches (slimrl.patching.table)
 
 
 SPEC = TrainerSpec(
-    "prm", TRAINER, CONFIG,
+    "prm",
+    TRAINER,
+    CONFIG,
     instead="a token-classification model trained with transformers' Trainer",
     releases=UNTIL_1_13,
     layouts=(("prompt", "completions", "labels"), ("input_ids",)),

@@ -25,7 +25,9 @@ def scenario(kit, loss_type: str):
 
 
 SPEC = TrainerSpec(
-    "reward", TRAINER, CONFIG,
+    "reward",
+    TRAINER,
+    CONFIG,
     layouts=(*PAIRED, ("chosen_ids", "rejected_ids"), ("chosen_input_ids", "rejected_input_ids")),
     about=About(
         note="none needed: a one-score head, no vocabulary-sized tensor; checks and guards only",

@@ -41,18 +41,38 @@ from slimrl.planning.settings import TrlStep, Workload
 TRAINER = "trl.trainer.rloo_trainer:RLOOTrainer"
 CONFIG = "trl.trainer.rloo_config:RLOOConfig"
 # what one step does, for `slimrl plan`
-WORKLOAD = Workload(generates=True, reference="beta", entropy=False,
-                    trl=TrlStep("rloo", default_reference=True))  # TRL's beta defaults to 0.05
+WORKLOAD = Workload(
+    generates=True, reference="beta", entropy=False, trl=TrlStep("rloo", default_reference=True)
+)  # TRL's beta defaults to 0.05
 MODULE = "trl.trainer.rloo_trainer"
 
 
-def slimrl_rloo_get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
-                                                  batch_size=None, compute_entropy=False, compute_aux_loss=False,
-                                                  **multimodal):
+def slimrl_rloo_get_per_token_logps_and_entropies(
+    self,
+    model,
+    input_ids,
+    attention_mask,
+    logits_to_keep,
+    batch_size=None,
+    compute_entropy=False,
+    compute_aux_loss=False,
+    **multimodal,
+):
     """The online trainers' log-prob method (:mod:`slimrl.patching.online.logps`): the method-capture route on
     TRL < 1.15, TRL's fused-head method (slimrl's kernel in it) from 1.15."""
-    return online_logps(TRAINER, self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
-                        compute_aux_loss, multimodal, through_ops=not SPEC.enters("_get_per_token_logps_and_entropies"))
+    return online_logps(
+        TRAINER,
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size,
+        compute_entropy,
+        compute_aux_loss,
+        multimodal,
+        through_ops=not SPEC.enters("_get_per_token_logps_and_entropies"),
+    )
 
 
 def rloo_training_step_factory(orig_training_step):
@@ -69,10 +89,17 @@ def rloo_config_init_factory(orig_init, fields=ALL_FIELDS, users=None):
 def scenario(kit, loss_type: str):
     """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): a LoRA policy, 4 prompts x 4 generations of
     8 tokens, two iterations per generation, a KL to the adapter-free reference."""
-    args = kit.config(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, num_iterations=2,
-                      beta=0.05, temperature=0.9)
-    return kit.trainer(model=kit.model(lora=True), args=args, reward_funcs=[kit.digits_reward],
-                       train_dataset=kit.prompts())
+    args = kit.config(
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        num_iterations=2,
+        beta=0.05,
+        temperature=0.9,
+    )
+    return kit.trainer(
+        model=kit.model(lora=True), args=args, reward_funcs=[kit.digits_reward], train_dataset=kit.prompts()
+    )
 
 
 PATCHES = [
@@ -85,14 +112,19 @@ PATCHES = [
 
 
 SPEC = TrainerSpec(
-    "rloo", TRAINER, CONFIG,
+    "rloo",
+    TRAINER,
+    CONFIG,
     layouts=PROMPT,
     routes=(CAPTURE(), FUSED("_get_per_token_logps_and_entropies")),
     workload=WORKLOAD,
     fields=ONLINE_FIELDS,
     config_init=rloo_config_init_factory,
-    init_hooks=(check_sequence_budget, apply_engine_defaults,
-        functools.partial(vllm_or_transformers, trainer_module=MODULE)),
+    init_hooks=(
+        check_sequence_budget,
+        apply_engine_defaults,
+        functools.partial(vllm_or_transformers, trainer_module=MODULE),
+    ),
     auto_fit=True,
     after_init=(attach_health_monitor,),
     training_step=rloo_training_step_factory,

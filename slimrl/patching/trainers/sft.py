@@ -35,7 +35,9 @@ PATCHES = [prediction_step_patch("sft", TRAINER)]
 
 
 SPEC = TrainerSpec(
-    "sft", TRAINER, CONFIG,
+    "sft",
+    TRAINER,
+    CONFIG,
     layouts=sft_layouts,
     routes=(FUSED("compute_loss"),),
     workload=WORKLOAD,

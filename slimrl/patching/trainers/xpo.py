@@ -24,11 +24,11 @@ def _completion_logps(trainer, model, head, data: dict, context_length: int) -> 
     """Log-probs ``[B, C]`` of ``data["input_ids"][:, context_length:]``; 0 at padding."""
     ids, mask = data["input_ids"], data["attention_mask"]  # [B, P + C]
     targets = torch.zeros_like(ids)
-    targets[:, context_length - 1:-1] = ids[:, context_length:]  # position t predicts token t + 1
+    targets[:, context_length - 1 : -1] = ids[:, context_length:]  # position t predicts token t + 1
     score = torch.zeros_like(ids, dtype=torch.bool)
-    score[:, context_length - 1:-1] = mask[:, context_length:] == 1
+    score[:, context_length - 1 : -1] = mask[:, context_length:] == 1
     logps, _, _ = score_positions(trainer, model, head, ids, mask, targets, score)
-    return logps[:, context_length - 1:-1]
+    return logps[:, context_length - 1 : -1]
 
 
 def slimrl_xpo_compute_logprobs(self, model, model_data, ref_data, context_length):
@@ -49,6 +49,7 @@ def slimrl_xpo_compute_logprobs(self, model, model_data, ref_data, context_lengt
             ref_on_ref = _completion_logps(self, self.ref_model, ref_head, ref_data, context_length)
     return model_on_model, model_on_ref, ref_on_ref, ref_on_model
 
+
 CONFIG = "trl.experimental.xpo.xpo_config:XPOConfig"
 
 
@@ -56,8 +57,13 @@ def scenario(kit, loss_type: str):
     """``slimrl verify``'s run (:class:`slimrl.verify.scenarios.Kit`): a LoRA policy, 2 prompts per step, 8 new
     tokens, judged by a tiny one-score reward model."""
     args = kit.config(per_device_train_batch_size=2, max_new_tokens=8, max_length=64)
-    return kit.trainer(model=kit.model(lora=True), reward_funcs=kit.model(seed=5, kind="scorer"), args=args,
-                       train_dataset=kit.prompts(), reward_processing_classes=kit.tokenizer)
+    return kit.trainer(
+        model=kit.model(lora=True),
+        reward_funcs=kit.model(seed=5, kind="scorer"),
+        args=args,
+        train_dataset=kit.prompts(),
+        reward_processing_classes=kit.tokenizer,
+    )
 
 
 PATCHES = [
@@ -66,7 +72,9 @@ PATCHES = [
 
 
 SPEC = TrainerSpec(
-    "xpo", TRAINER, CONFIG,
+    "xpo",
+    TRAINER,
+    CONFIG,
     instead="OnlineDPOTrainer or GRPOTrainer",
     releases=UNTIL_1_13,
     layouts=PROMPT,

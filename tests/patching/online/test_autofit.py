@@ -20,14 +20,28 @@ def _trainer(tmp_path, model, **cfg):
     from peft import LoraConfig, get_peft_model
     from trl import GRPOConfig, GRPOTrainer
 
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                             task_type="CAUSAL_LM"))
-    args = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=1,
-                learning_rate=1e-3, logging_steps=1, seed=0, **CPU_ARGS)
+    model = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    )
+    args = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_steps=1,
+        learning_rate=1e-3,
+        logging_steps=1,
+        seed=0,
+        **CPU_ARGS,
+    )
     args.update(cfg)
     ds = Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5+6=", "7+8="]])
-    return GRPOTrainer(model=model, args=GRPOConfig(**args), reward_funcs=[lambda completions, **kw: [
-        float(len(c)) for c in completions]], train_dataset=ds, processing_class=tiny_tokenizer())
+    return GRPOTrainer(
+        model=model,
+        args=GRPOConfig(**args),
+        reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
+        train_dataset=ds,
+        processing_class=tiny_tokenizer(),
+    )
 
 
 @pytest.fixture
@@ -41,8 +55,9 @@ def grpo():
 def test_roomy_budget_turns_checkpointing_off_and_trains(grpo, tmp_path, capsys):
     """TRL's default checkpointing (on) recomputes every layer; with room to spare auto-fit turns it off, prints
     it, and the run trains."""
-    trainer = _trainer(tmp_path, tiny_llama(), max_completion_length=8, slimrl_auto_fit=True,
-                       slimrl_memory_budget="64GB")
+    trainer = _trainer(
+        tmp_path, tiny_llama(), max_completion_length=8, slimrl_auto_fit=True, slimrl_memory_budget="64GB"
+    )
     out = capsys.readouterr().out
     assert "gradient_checkpointing" in out and "auto_fit: plan" in out and "of 64.00 GiB" in out
     assert trainer.args.gradient_checkpointing is False
@@ -57,14 +72,26 @@ def test_budget_between_the_plans_keeps_checkpointing(grpo, tmp_path):
     from transformers import LlamaConfig
 
     config = LlamaConfig(vocab_size=49, num_attention_heads=4, num_key_value_heads=2, **WIDE)
-    common = dict(per_device_train_batch_size=4, num_generations=4, max_prompt_length=4, max_completion_length=448,
-                  lora_r=4, beta=0.0)
+    common = dict(
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_prompt_length=4,
+        max_completion_length=448,
+        lora_r=4,
+        beta=0.0,
+    )
     off = plan(config, Settings(gradient_checkpointing="false", **common)).peak_bytes
     every = plan(config, Settings(gradient_checkpointing="slimrl", **common)).peak_bytes
     assert off - every > 20 * 2**20, "the test needs plans far enough apart"
     budget = (off + every) // 2
-    trainer = _trainer(tmp_path, tiny_llama(**WIDE), max_completion_length=448, beta=0.0, slimrl_auto_fit=True,
-                       slimrl_memory_budget=f"{budget / 2**20:.0f}MB")
+    trainer = _trainer(
+        tmp_path,
+        tiny_llama(**WIDE),
+        max_completion_length=448,
+        beta=0.0,
+        slimrl_auto_fit=True,
+        slimrl_memory_budget=f"{budget / 2**20:.0f}MB",
+    )
     assert trainer.args.gradient_checkpointing is True
     assert trainer.model.get_base_model().is_gradient_checkpointing
     assert config_state(trainer.args).auto_fit_plan.peak_bytes <= budget

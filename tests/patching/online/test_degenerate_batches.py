@@ -32,8 +32,9 @@ PROMPTS = ["1+2=", "3+4=", "5+6=", "7+8="]
 
 CASES = {
     # every completion reaches the length cut (EOS never sampled) and is masked out of the loss
-    "all_truncated_masked": dict(max_completion_length=4, mask_truncated_completions=True,
-                                 generation_kwargs={"suppress_tokens": [EOS]}),
+    "all_truncated_masked": dict(
+        max_completion_length=4, mask_truncated_completions=True, generation_kwargs={"suppress_tokens": [EOS]}
+    ),
     # one reward for all: every advantage 0
     "zero_advantage": dict(max_completion_length=6, reward="constant"),
     # EOS first: every completion is one token
@@ -60,24 +61,55 @@ def _run(tmp_path, trainer_name: str, case: dict, route: dict):
 
     config_cls = trl.GRPOConfig if trainer_name == "grpo" else trl.RLOOConfig
     trainer_cls = trl.GRPOTrainer if trainer_name == "grpo" else trl.RLOOTrainer
-    kwargs = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=2,
-                  num_iterations=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", beta=0.0,
-                  temperature=0.9, report_to="none", use_cpu=True, bf16=False, save_strategy="no", logging_steps=1,
-                  seed=7, gradient_checkpointing=False, **case)
+    kwargs = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_steps=2,
+        num_iterations=2,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        beta=0.0,
+        temperature=0.9,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+        gradient_checkpointing=False,
+        **case,
+    )
     if trainer_name == "grpo":
         kwargs.update(loss_type="bnpo", disable_dropout=True)
     args = config_cls(**kwargs, **route)  # route: slimrl's own fields (only the patched config has them)
-    trainer = trainer_cls(model=model, args=args, reward_funcs=[reward_fn],
-                          train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]),
-                          processing_class=tiny_tokenizer())
+    trainer = trainer_cls(
+        model=model,
+        args=args,
+        reward_funcs=[reward_fn],
+        train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]),
+        processing_class=tiny_tokenizer(),
+    )
     trainer.train()
     deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
     rows = [dict(h) for h in trainer.state.log_history if "loss" in h]
     return rows, deltas, trainer
 
 
-SKIP = {"step_time", "tokens_per_s", "memory/peak_mb", "train_runtime", "train_samples_per_second",
-        "train_steps_per_second", "epoch", "num_tokens", "total_flos", "train_loss", "learning_rate"}
+SKIP = {
+    "step_time",
+    "tokens_per_s",
+    "memory/peak_mb",
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "epoch",
+    "num_tokens",
+    "total_flos",
+    "train_loss",
+    "learning_rate",
+}
 
 
 def _check(tmp_path, trainer_name: str, case: dict, route: dict):
@@ -131,8 +163,9 @@ def test_all_masked_log_probs_keep_the_graph(tmp_path):
 
     hidden = torch.randn(2, 3, 8, requires_grad=True)  # [B, T, H]
     weight = torch.randn(11, 8)  # [V, H]
-    logps, _ = masked_token_logprobs(hidden, weight, torch.zeros(2, 3, dtype=torch.long),
-                                     torch.zeros(2, 3, dtype=torch.bool))
+    logps, _ = masked_token_logprobs(
+        hidden, weight, torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.bool)
+    )
     assert logps.requires_grad
     logps.sum().backward()
     assert hidden.grad is not None and float(hidden.grad.abs().max()) == 0.0

@@ -27,9 +27,15 @@ def _bound(completion: int = 2032, checkpointing: bool = True, asked=None):
     if asked is not None:
         attach_state(model, ModelState(tiled_mlp=asked))
     model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    args = SimpleNamespace(per_device_train_batch_size=2, num_generations=2, max_completion_length=completion,
-                           gradient_checkpointing=checkpointing, beta=0.0, use_cpu=False,
-                           max_seq_length=completion + 16)  # the prompt: 16 tokens
+    args = SimpleNamespace(
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=completion,
+        gradient_checkpointing=checkpointing,
+        beta=0.0,
+        use_cpu=False,
+        max_seq_length=completion + 16,
+    )  # the prompt: 16 tokens
     return {"model": model, "args": args}
 
 
@@ -59,11 +65,14 @@ def test_a_long_run_on_a_gpu_gets_tiles_and_the_table_says_so(fake_gpu, gpu):
     assert changed["unsloth_tiled_mlp"][1].startswith("True (tiled MLP (slimrl's default")
 
 
-@pytest.mark.parametrize("bound", [
-    dict(asked=False),  # the user's word
-    dict(completion=48),  # short: tiles save < 10 %
-    dict(checkpointing=False),  # no recompute to shrink
-])
+@pytest.mark.parametrize(
+    "bound",
+    [
+        dict(asked=False),  # the user's word
+        dict(completion=48),  # short: tiles save < 10 %
+        dict(checkpointing=False),  # no recompute to shrink
+    ],
+)
 def test_the_mlps_stay_whole_where_the_default_does_not_apply(fake_gpu, bound):
     fake_gpu("h100")
     tiled, changed = _apply(_bound(**bound))
@@ -77,6 +86,7 @@ def test_a_cpu_run_keeps_the_mlps_whole():
 
 def test_a_model_the_planner_cannot_trace_keeps_its_mlps_whole(fake_gpu, monkeypatch):
     fake_gpu("h100")
+
     def broken(*_a, **_k):
         raise RuntimeError("no meta trace for this architecture")
 
@@ -91,8 +101,11 @@ def test_the_trainer_init_runs_the_default_before_auto_fit(grpo_patched, tmp_pat
     import slimrl.patching.online.lean_default as lean
 
     seen = []
-    monkeypatch.setattr(lean, "apply_lean_default", lambda bound, algorithm, workload: seen.append(
-        (sorted(k for k in bound if k in ("model", "args")), algorithm)))
+    monkeypatch.setattr(
+        lean,
+        "apply_lean_default",
+        lambda bound, algorithm, workload: seen.append((sorted(k for k in bound if k in ("model", "args")), algorithm)),
+    )
     from tests.patching.online.test_autofit import _trainer
 
     _trainer(tmp_path, tiny_llama(), max_completion_length=8)

@@ -22,15 +22,29 @@ def _run(tmp_path, steps: int = 2, **cfg):
         return [float(len(c)) for c in completions]
 
     ds = Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5+6=", "7+8="]])
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=LENGTH, max_steps=steps, logging_steps=1, learning_rate=1e-3,
-                      seed=SEED, temperature=1.0,
-                      gradient_checkpointing=False, **CPU_ARGS, **cfg)
-    trainer = GRPOTrainer(model=tiny_llama(), args=args, reward_funcs=[reward], train_dataset=ds,
-                          processing_class=tiny_tokenizer())
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=LENGTH,
+        max_steps=steps,
+        logging_steps=1,
+        learning_rate=1e-3,
+        seed=SEED,
+        temperature=1.0,
+        gradient_checkpointing=False,
+        **CPU_ARGS,
+        **cfg,
+    )
+    trainer = GRPOTrainer(
+        model=tiny_llama(), args=args, reward_funcs=[reward], train_dataset=ds, processing_class=tiny_tokenizer()
+    )
     trainer.train()
-    return trainer, [(h["completions/min_length"], h["completions/max_length"]) for h in trainer.state.log_history
-                     if "completions/min_length" in h]
+    return trainer, [
+        (h["completions/min_length"], h["completions/max_length"])
+        for h in trainer.state.log_history
+        if "completions/min_length" in h
+    ]
 
 
 @pytest.fixture
@@ -55,6 +69,9 @@ def test_out_of_memory_in_step_one_names_the_plan(grpo_patched, tmp_path, monkey
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected)")
 
     monkeypatch.setattr(logps, "logps_and_entropies_through_ops", no_memory)
-    with pytest.raises(MemoryError, match=r"slimrl_longest_first: step 1, with completions of 24 tokens.*"
-                                          r"slimrl plan predicts a peak of [0-9.]+ GiB"):
+    with pytest.raises(
+        MemoryError,
+        match=r"slimrl_longest_first: step 1, with completions of 24 tokens.*"
+        r"slimrl plan predicts a peak of [0-9.]+ GiB",
+    ):
         _run(tmp_path, steps=1, slimrl_longest_first=True)

@@ -41,19 +41,24 @@ class _Injector:
 
     def mlp_hook(self, module, args, output):
         if self.armed_backward:
+
             def fail(grad):
                 if not self.fired:
                     self.fired += 1
                     raise torch.OutOfMemoryError("CUDA out of memory (injected in the backward)")
+
             output.register_hook(fail)
 
 
-@pytest.mark.parametrize(("where", "loss_type", "beta"), [
-    ("no_grad", "dapo", 0.04),
-    ("forward", "grpo", 0.0),
-    ("backward", "dapo", 0.04),
-    ("backward", "dr_grpo", 0.0),
-])
+@pytest.mark.parametrize(
+    ("where", "loss_type", "beta"),
+    [
+        ("no_grad", "dapo", 0.04),
+        ("forward", "grpo", 0.0),
+        ("backward", "dapo", 0.04),
+        ("backward", "dr_grpo", 0.0),
+    ],
+)
 def test_out_of_memory_split_equals_trl(tmp_path, monkeypatch, where, loss_type, beta):
     from transformers.models.llama import modeling_llama
 
@@ -88,10 +93,13 @@ def test_not_out_of_memory_is_raised_unchanged():
     assert not oom.is_out_of_memory(ValueError("out of memory"))
 
 
-@pytest.mark.parametrize("message", [
-    "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API call",
-    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API call",
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    ],
+)
 def test_a_failure_the_device_reports_is_never_retried(tmp_path, monkeypatch, capsys, patched, message):
     """Only the allocator's own ``OutOfMemoryError`` (raised before the kernel runs) is retried; an error CUDA reports
     from the device (asynchronous, the context maybe corrupted) is raised as it is, with one line, and nothing is
@@ -136,10 +144,12 @@ def test_rloo_backward_out_of_memory_equals_trl(tmp_path, monkeypatch):
     def mlp_forward(module, x):
         out = orig_mlp(module, x)
         if armed[0] and torch.is_grad_enabled() and not fired:  # the first policy forward (4 rows, packed into 1)
+
             def fail(grad):
                 if not fired:
                     fired.append(1)
                     raise torch.OutOfMemoryError("CUDA out of memory (injected in the backward)")
+
             out.register_hook(fail)
         return out
 
@@ -157,13 +167,16 @@ def test_rloo_backward_out_of_memory_equals_trl(tmp_path, monkeypatch):
     assert [h["memory/oom_splits"] for h in trainer.state.log_history if "memory/oom_splits" in h][-1] == 1.0
 
 
-@pytest.mark.parametrize(("error", "ran_out"), [
-    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
-    (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"), True),
-    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
-    (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
-    (RuntimeError("shape mismatch"), False),
-])
+@pytest.mark.parametrize(
+    ("error", "ran_out"),
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+        (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"), True),
+        (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+        (RuntimeError("shape mismatch"), False),
+    ],
+)
 def test_slimrl_compare_records_every_out_of_memory_and_retries_only_the_allocators(error, ran_out):
     """One detector (slimrl/compat/runtime/allocation_errors.py) for the trainers' recovery and ``slimrl compare``: a
     side that ran out of memory, wherever it was found, is recorded as not fitting; only the allocator's own is

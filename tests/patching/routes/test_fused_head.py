@@ -15,8 +15,17 @@ from tests.tiny import tiny_llama, tiny_tokenizer
 
 pytestmark = pytest.mark.skipif(trl_version().release < (1, 15), reason="TRL < 1.15 has no fused LM head")
 
-COMMON = dict(per_device_train_batch_size=4, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
-              gradient_checkpointing=False, max_steps=1, seed=3)
+COMMON = dict(
+    per_device_train_batch_size=4,
+    report_to="none",
+    use_cpu=True,
+    bf16=False,
+    save_strategy="no",
+    gradient_checkpointing=False,
+    max_steps=1,
+    seed=3,
+)
+
 
 def _dpo_loss_types() -> list[str]:
     from trl import DPOConfig
@@ -31,8 +40,9 @@ def dpo_trainer(tmp_path, lora: bool = False, **cfg):
     model = tiny_model(lora)
     ref = None if lora else tiny_llama(seed=0)  # TRL 1.16 would load the reference from the model's path
     args = DPOConfig(output_dir=str(tmp_path), **{**COMMON, **cfg})
-    return DPOTrainer(model=model, ref_model=ref, args=args, train_dataset=Dataset.from_list(PAIRS),
-                      processing_class=tiny_tokenizer())
+    return DPOTrainer(
+        model=model, ref_model=ref, args=args, train_dataset=Dataset.from_list(PAIRS), processing_class=tiny_tokenizer()
+    )
 
 
 @pytest.mark.parametrize("loss_type", _dpo_loss_types())
@@ -56,11 +66,19 @@ def test_kto_parity_every_loss_type(tmp_path, loss_type):
     from datasets import Dataset
     from trl import KTOConfig, KTOTrainer
 
-    rows = [{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in PAIRS
-            for k in ("chosen", "rejected")]
+    rows = [
+        {"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"}
+        for r in PAIRS
+        for k in ("chosen", "rejected")
+    ]
     args = KTOConfig(output_dir=str(tmp_path), loss_type=loss_type, **COMMON)
-    trainer = KTOTrainer(model=tiny_llama(seed=0), ref_model=tiny_llama(seed=0), args=args,
-                         train_dataset=Dataset.from_list(rows), processing_class=tiny_tokenizer())
+    trainer = KTOTrainer(
+        model=tiny_llama(seed=0),
+        ref_model=tiny_llama(seed=0),
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tiny_tokenizer(),
+    )
     assert_parity(trainer, "kto")
 
 
@@ -78,10 +96,10 @@ def test_sft_parity_every_loss_type(tmp_path, loss_type, completion_only):
 
     rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in PAIRS]
     args = SFTConfig(output_dir=str(tmp_path), loss_type=loss_type, completion_only_loss=completion_only, **COMMON)
-    trainer = SFTTrainer(model=tiny_llama(seed=0), args=args, train_dataset=Dataset.from_list(rows),
-                         processing_class=tiny_tokenizer())
+    trainer = SFTTrainer(
+        model=tiny_llama(seed=0), args=args, train_dataset=Dataset.from_list(rows), processing_class=tiny_tokenizer()
+    )
     assert_parity(trainer, "sft")
-
 
 
 def test_num_chunks_sets_the_fused_head_chunking(tmp_path, monkeypatch):
@@ -136,8 +154,9 @@ def _sft_trainer(tmp_path):
 
     rows = [{"prompt": r["prompt"], "completion": r["chosen"]} for r in PAIRS]
     args = SFTConfig(output_dir=str(tmp_path), completion_only_loss=True, **COMMON)
-    return SFTTrainer(model=tiny_llama(seed=0), args=args, train_dataset=Dataset.from_list(rows),
-                      processing_class=tiny_tokenizer())
+    return SFTTrainer(
+        model=tiny_llama(seed=0), args=args, train_dataset=Dataset.from_list(rows), processing_class=tiny_tokenizer()
+    )
 
 
 @pytest.mark.parametrize("name", ["sft", "dpo"])

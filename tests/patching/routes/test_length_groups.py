@@ -66,11 +66,23 @@ def _trainer(tmp_path, **cfg):
     from trl import GRPOConfig, GRPOTrainer
 
     model = tiny_llama(seed=0)
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=40, gradient_checkpointing=False, **CPU_ARGS, **cfg)
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=40,
+        gradient_checkpointing=False,
+        **CPU_ARGS,
+        **cfg,
+    )
     ds = Dataset.from_list([{"prompt": "1+2="}] * 4)
-    return GRPOTrainer(model=model, args=args, reward_funcs=[lambda completions, **k: [0.0] * len(completions)],
-                       train_dataset=ds, processing_class=tiny_tokenizer())
+    return GRPOTrainer(
+        model=model,
+        args=args,
+        reward_funcs=[lambda completions, **k: [0.0] * len(completions)],
+        train_dataset=ds,
+        processing_class=tiny_tokenizer(),
+    )
 
 
 def _batch(rows=12, prompt=6, completion=40):
@@ -81,9 +93,9 @@ def _batch(rows=12, prompt=6, completion=40):
     for r in range(rows):
         p_len = 2 + r % 5
         c_len = 0 if r == 5 else 1 + (7 * r) % completion
-        mask[r, :prompt - p_len] = 0
-        mask[r, prompt + c_len:] = 0
-        ids[r, prompt + c_len:] = 0
+        mask[r, : prompt - p_len] = 0
+        mask[r, prompt + c_len :] = 0
+        ids[r, prompt + c_len :] = 0
     return ids, mask
 
 
@@ -92,8 +104,9 @@ def _logps_and_grads(trainer, ids, mask, completion, batch_size, entropy_grad=Tr
     where TRL's own entropies carry no gradient (TRL 1.12: entropies are only a metric and a mask there)."""
     model = trainer.model
     model.zero_grad(set_to_none=True)
-    logps, ent, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, completion, batch_size=batch_size,
-                                                               compute_entropy=True)
+    logps, ent, _ = trainer._get_per_token_logps_and_entropies(
+        model, ids, mask, completion, batch_size=batch_size, compute_entropy=True
+    )
     valid = mask[:, -completion:].bool()
     w = torch.linspace(-1, 1, valid.numel()).view_as(valid)
     ent_term = ent if entropy_grad else ent.detach()
@@ -138,8 +151,9 @@ def test_token_budget_bounds_every_forward(tmp_path):
     ids, mask = _batch()
     widths = []
     model = trainer.model
-    hook = model.register_forward_pre_hook(lambda m, a, kw: widths.append(tuple(kw["input_ids"].shape)),
-                                           with_kwargs=True)
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: widths.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
     try:
         with torch.no_grad():
             trainer._get_per_token_logps_and_entropies(model, ids, mask, 40, batch_size=12)

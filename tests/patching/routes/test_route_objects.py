@@ -29,8 +29,8 @@ def test_a_routes_shared_patches_are_installed_for_exactly_its_users():
     kernel = next(p for p in patches() if p.attribute == "_ChunkedLogProbFunction")
     users = table.users_of(fused_head.ROUTE)
     # its users, then the subclasses that inherit one of their routes (derived.VERIFIED_ROUTES)
-    assert kernel.algorithms[:len(users)] == users
-    assert set(kernel.algorithms[len(users):]) <= set(derived.VERIFIED_ROUTES)
+    assert kernel.algorithms[: len(users)] == users
+    assert set(kernel.algorithms[len(users) :]) <= set(derived.VERIFIED_ROUTES)
 
 
 def test_a_subclass_keeps_a_route_only_while_it_keeps_every_entry_method(monkeypatch):
@@ -47,8 +47,10 @@ def test_a_subclass_keeps_a_route_only_while_it_keeps_every_entry_method(monkeyp
     module.Keeps, module.Overrides = Keeps, Overrides
     monkeypatch.setitem(sys.modules, "planted_trainers", module)
     monkeypatch.setattr(derived, "VERIFIED_ROUTES", {"keeps": "planted", "overrides": "planted"})
-    shipped = tuple(Shipped(name, f"planted_trainers:{cls}", None, "planted_trainers")
-                    for name, cls in (("keeps", "Keeps"), ("overrides", "Overrides")))
+    shipped = tuple(
+        Shipped(name, f"planted_trainers:{cls}", None, "planted_trainers")
+        for name, cls in (("keeps", "Keeps"), ("overrides", "Overrides"))
+    )
     dpo = table.TRAINERS["dpo"]
     assert "compute_ref_log_probs" in dpo.route_entries
     found = derived.derive({"dpo": dpo}, shipped)

@@ -13,8 +13,17 @@ from slimrl.compat.trl_info import config_choices
 from tests.patching.parity import PAIRS, assert_parity, experimental, tiny_model
 from tests.tiny import tiny_llama, tiny_tokenizer
 
-COMMON = dict(per_device_train_batch_size=4, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
-              gradient_checkpointing=False, max_steps=1, seed=3, max_length=64)
+COMMON = dict(
+    per_device_train_batch_size=4,
+    report_to="none",
+    use_cpu=True,
+    bf16=False,
+    save_strategy="no",
+    gradient_checkpointing=False,
+    max_steps=1,
+    seed=3,
+    max_length=64,
+)
 
 
 def orpo_trainer(tmp_path, lora=False, **cfg):
@@ -22,8 +31,9 @@ def orpo_trainer(tmp_path, lora=False, **cfg):
 
     orpo = experimental("orpo")
     args = orpo.ORPOConfig(output_dir=str(tmp_path), **{**COMMON, **cfg})
-    return orpo.ORPOTrainer(model=tiny_model(lora), args=args, train_dataset=Dataset.from_list(PAIRS),
-                            processing_class=tiny_tokenizer())
+    return orpo.ORPOTrainer(
+        model=tiny_model(lora), args=args, train_dataset=Dataset.from_list(PAIRS), processing_class=tiny_tokenizer()
+    )
 
 
 def cpo_trainer(tmp_path, lora=False, **cfg):
@@ -31,8 +41,9 @@ def cpo_trainer(tmp_path, lora=False, **cfg):
 
     cpo = experimental("cpo")
     args = cpo.CPOConfig(output_dir=str(tmp_path), **{**COMMON, **cfg})
-    return cpo.CPOTrainer(model=tiny_model(lora), args=args, train_dataset=Dataset.from_list(PAIRS),
-                          processing_class=tiny_tokenizer())
+    return cpo.CPOTrainer(
+        model=tiny_model(lora), args=args, train_dataset=Dataset.from_list(PAIRS), processing_class=tiny_tokenizer()
+    )
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -68,14 +79,32 @@ def run_online_dpo(tmp_path, lora: bool):
         seen.append(list(completions))
         return [float(sum(ch.isdigit() for ch in c)) - 0.1 * len(c) for c in completions]
 
-    args = odpo.OnlineDPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_new_tokens=10,
-                                max_length=64, max_steps=2, learning_rate=0.5, optim="sgd",
-                                lr_scheduler_type="constant", report_to="none", use_cpu=True, bf16=False,
-                                save_strategy="no", logging_steps=1, seed=7, gradient_checkpointing=False)
+    args = odpo.OnlineDPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        max_new_tokens=10,
+        max_length=64,
+        max_steps=2,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+        gradient_checkpointing=False,
+    )
     ref = None if lora else tiny_llama(seed=0)
-    trainer = odpo.OnlineDPOTrainer(model=model, ref_model=ref, reward_funcs=[reward_digits], args=args,
-                                    train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in PAIRS]),
-                                    processing_class=tiny_tokenizer())
+    trainer = odpo.OnlineDPOTrainer(
+        model=model,
+        ref_model=ref,
+        reward_funcs=[reward_digits],
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in PAIRS]),
+        processing_class=tiny_tokenizer(),
+    )
     trainer.train()
     deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

@@ -28,9 +28,19 @@ def _model(family: str, attn: str = "sdpa", **overrides):
 
     from slimrl.verify.tiny import build
 
-    fields = dict(vocab_size=49, hidden_size=NARROW["hidden_size"], intermediate_size=NARROW["intermediate_size"],
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    fields = dict(
+        vocab_size=49,
+        hidden_size=NARROW["hidden_size"],
+        intermediate_size=NARROW["intermediate_size"],
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+    )
     if family in ("qwen3", "gemma3_text"):
         fields["head_dim"] = 8
     if family == "gemma3_text":
@@ -43,8 +53,9 @@ def _model(family: str, attn: str = "sdpa", **overrides):
     return model
 
 
-def run_online(out, family="llama", attn="sdpa", model_overrides=None, algorithm="grpo", policy=None, built=None,
-               **cfg):
+def run_online(
+    out, family="llama", attn="sdpa", model_overrides=None, algorithm="grpo", policy=None, built=None, **cfg
+):
     """Two steps of ``algorithm`` (GRPO or RLOO, SGD) on a LoRA policy (``policy``, else PEFT's LoRA on
     :func:`_model`; ``built(trainer)`` runs after the trainer is built); (completions seen, updates, losses,
     trainer)."""
@@ -56,8 +67,16 @@ def run_online(out, family="llama", attn="sdpa", model_overrides=None, algorithm
     if model is None:
         model = _model(family, attn, **(model_overrides or {}))
         torch.manual_seed(1)
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
-                                                 init_lora_weights=False, task_type="CAUSAL_LM"))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=4,
+                lora_alpha=8,
+                target_modules=["q_proj", "v_proj", "up_proj"],
+                init_lora_weights=False,
+                task_type="CAUSAL_LM",
+            ),
+        )
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     seen: list[list[str]] = []
 
@@ -65,16 +84,37 @@ def run_online(out, family="llama", attn="sdpa", model_overrides=None, algorithm
         seen.append(list(completions))
         return [float(sum(ch.isdigit() for ch in c)) for c in completions]
 
-    args = dict(output_dir=str(out), per_device_train_batch_size=8, num_generations=4, max_completion_length=10,
-                max_steps=2, num_iterations=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant",
-                beta=0.04, temperature=0.9, report_to="none", use_cpu=True, bf16=False,
-                save_strategy="no", logging_steps=1, seed=7, gradient_checkpointing=False, disable_dropout=True,
-                **({"loss_type": "dapo"} if algorithm == "grpo" else {}))
+    args = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=10,
+        max_steps=2,
+        num_iterations=2,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        beta=0.04,
+        temperature=0.9,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+        gradient_checkpointing=False,
+        disable_dropout=True,
+        **({"loss_type": "dapo"} if algorithm == "grpo" else {}),
+    )
     args.update(cfg)
     name = algorithm.upper()
-    trainer = getattr(trl, f"{name}Trainer")(model=model, args=getattr(trl, f"{name}Config")(**args),
-                                             reward_funcs=[reward_digits], processing_class=tiny_tokenizer(),
-                                             train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]))
+    trainer = getattr(trl, f"{name}Trainer")(
+        model=model,
+        args=getattr(trl, f"{name}Config")(**args),
+        reward_funcs=[reward_digits],
+        processing_class=tiny_tokenizer(),
+        train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]),
+    )
     if built is not None:
         built(trainer)
     trainer.train()
@@ -98,15 +138,19 @@ def test_packed_rows_equal_trl_alone(tmp_path, family):
 def test_groups_split_across_micro_batches_with_checkpointing(tmp_path):
     """2 rows per micro-batch, 4 completions per prompt (each group in two calls), TRL's gradient checkpointing:
     the layers recomputed in the backward get the layout again."""
-    trainer = _parity(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                      gradient_checkpointing=True)
+    trainer = _parity(
+        tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2, gradient_checkpointing=True
+    )
     assert trainer_state(trainer).shared_prefix_forwards > 0
 
 
-@pytest.mark.parametrize("case,expected", [
-    (dict(attn="eager"), "attention implementation 'eager'"),
-    (dict(family="gemma3_text", model_overrides=dict(sliding_window=4)), "a sliding window of 4 tokens"),
-])
+@pytest.mark.parametrize(
+    "case,expected",
+    [
+        (dict(attn="eager"), "attention implementation 'eager'"),
+        (dict(family="gemma3_text", model_overrides=dict(sliding_window=4)), "a sliding window of 4 tokens"),
+    ],
+)
 def test_fallback_runs_trl_layout_with_one_line(tmp_path, caplog, case, expected):
     from slimrl.patching.routes import shared_prefix
 
@@ -145,9 +189,15 @@ def _slimrl_policy(path, checkpointing, **load):
     from slimrl import FastLanguageModel
 
     model, _ = FastLanguageModel.from_pretrained(str(path), max_seq_length=256, **load)
-    return FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
-                                            init_lora_weights=False, random_state=1,
-                                            use_gradient_checkpointing=checkpointing)
+    return FastLanguageModel.get_peft_model(
+        model,
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "v_proj", "up_proj"],
+        init_lora_weights=False,
+        random_state=1,
+        use_gradient_checkpointing=checkpointing,
+    )
 
 
 @pytest.mark.parametrize("setting", ["offloaded checkpointing", "selective checkpointing", "4-bit"])
@@ -179,8 +229,9 @@ def test_layout_with_slimrl_loading_equals_trl_layout(tmp_path, setting):
         cfg = dict(gradient_checkpointing=False, built=adapter_in_fp32)
     PatchFastRL("grpo")
     try:
-        off = run_online(tmp_path / "off", policy=_slimrl_policy(path, checkpointing, **load),
-                         slimrl_shared_prefix=False, **cfg)
+        off = run_online(
+            tmp_path / "off", policy=_slimrl_policy(path, checkpointing, **load), slimrl_shared_prefix=False, **cfg
+        )
         on = run_online(tmp_path / "on", policy=_slimrl_policy(path, checkpointing, **load), **cfg)
     finally:
         unpatch()

@@ -21,13 +21,30 @@ def test_bco_parity(tmp_path, lora):
     from datasets import Dataset
 
     bco = experimental("bco")
-    rows = [{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in PAIRS
-            for k in ("chosen", "rejected")]
-    args = bco.BCOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, report_to="none", use_cpu=True,
-                         bf16=False, save_strategy="no", gradient_checkpointing=False, max_steps=1, seed=3,
-                         max_length=64)
-    trainer = bco.BCOTrainer(model=tiny_model(lora), ref_model=None if lora else tiny_llama(seed=0), args=args,
-                             train_dataset=Dataset.from_list(rows), processing_class=tiny_tokenizer())
+    rows = [
+        {"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"}
+        for r in PAIRS
+        for k in ("chosen", "rejected")
+    ]
+    args = bco.BCOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        gradient_checkpointing=False,
+        max_steps=1,
+        seed=3,
+        max_length=64,
+    )
+    trainer = bco.BCOTrainer(
+        model=tiny_model(lora),
+        ref_model=None if lora else tiny_llama(seed=0),
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tiny_tokenizer(),
+    )
     metrics = assert_parity(trainer, "bco")
     assert {"logits/chosen_sum", "logits/rejected_sum"} <= metrics.keys()
 
@@ -40,16 +57,44 @@ def run_xpo(tmp_path, lora: bool):
     model = tiny_model(lora)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     torch.manual_seed(5)
-    reward_model = LlamaForSequenceClassification(LlamaConfig(
-        vocab_size=49, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, num_labels=1, pad_token_id=0))
-    args = xpo.XPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, max_new_tokens=10, max_length=64,
-                         max_steps=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", report_to="none",
-                         use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, seed=7,
-                         gradient_checkpointing=False)
-    trainer = xpo.XPOTrainer(model=model, ref_model=None if lora else tiny_llama(seed=0), reward_funcs=reward_model,
-                             args=args, train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in PAIRS]),
-                             processing_class=tiny_tokenizer(), reward_processing_classes=tiny_tokenizer())
+    reward_model = LlamaForSequenceClassification(
+        LlamaConfig(
+            vocab_size=49,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_labels=1,
+            pad_token_id=0,
+        )
+    )
+    args = xpo.XPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        max_new_tokens=10,
+        max_length=64,
+        max_steps=2,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+        gradient_checkpointing=False,
+    )
+    trainer = xpo.XPOTrainer(
+        model=model,
+        ref_model=None if lora else tiny_llama(seed=0),
+        reward_funcs=reward_model,
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in PAIRS]),
+        processing_class=tiny_tokenizer(),
+        reward_processing_classes=tiny_tokenizer(),
+    )
     trainer.train()
     deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

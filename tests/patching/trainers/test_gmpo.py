@@ -26,8 +26,16 @@ def run_gmpo(tmp_path, beta: float):
     tok = tiny_tokenizer()
     model = tiny_llama(seed=0)
     torch.manual_seed(1)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
-                                             init_lora_weights=False, task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "v_proj", "up_proj"],
+            init_lora_weights=False,
+            task_type="CAUSAL_LM",
+        ),
+    )
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     seen: list[list[str]] = []
 
@@ -36,12 +44,33 @@ def run_gmpo(tmp_path, beta: float):
         return [float(sum(ch.isdigit() for ch in c)) for c in completions]
 
     args = gmpo.GMPOConfig(
-        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=12,
-        max_steps=2, num_iterations=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant", beta=beta,
-        temperature=0.9, report_to="none", use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, seed=7,
-        gradient_checkpointing=False, disable_dropout=True)
-    trainer = gmpo.GMPOTrainer(model=model, args=args, reward_funcs=[reward_digits], processing_class=tok,
-                               train_dataset=Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4="]]))
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=12,
+        max_steps=2,
+        num_iterations=2,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        beta=beta,
+        temperature=0.9,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+        gradient_checkpointing=False,
+        disable_dropout=True,
+    )
+    trainer = gmpo.GMPOTrainer(
+        model=model,
+        args=args,
+        reward_funcs=[reward_digits],
+        processing_class=tok,
+        train_dataset=Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4="]]),
+    )
     trainer.train()
     deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

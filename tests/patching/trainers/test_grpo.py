@@ -37,8 +37,16 @@ def run_grpo(tmp_path, loss_type: str, beta: float, tiled_rows: int | None = Non
     tok = tiny_tokenizer()
     model = tiny_llama(seed=0)
     torch.manual_seed(1)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
-                                             init_lora_weights=False, task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "v_proj", "up_proj"],
+            init_lora_weights=False,
+            task_type="CAUSAL_LM",
+        ),
+    )
     if tiled_rows:  # from_pretrained(unsloth_tiled_mlp=tiled_rows) does this
         from slimrl.models.tiled_mlp import tile_mlp
 
@@ -52,16 +60,33 @@ def run_grpo(tmp_path, loss_type: str, beta: float, tiled_rows: int | None = Non
 
     ds = Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5+6=", "7+8="]])
     kwargs = dict(
-        output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_completion_length=12,
-        max_steps=2, num_iterations=2, learning_rate=0.5, optim="sgd", lr_scheduler_type="constant",
-        beta=beta, loss_type=loss_type, temperature=0.9, report_to="none", use_cpu=True, bf16=False,
-        save_strategy="no", logging_steps=1, seed=7, gradient_checkpointing=False, disable_dropout=True,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=12,
+        max_steps=2,
+        num_iterations=2,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        beta=beta,
+        loss_type=loss_type,
+        temperature=0.9,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+        gradient_checkpointing=False,
+        disable_dropout=True,
     )
     if loss_type == "luspo":
         kwargs["importance_sampling_level"] = "sequence"
     kwargs.update(cfg_overrides)
-    trainer = GRPOTrainer(model=model, args=GRPOConfig(**kwargs), reward_funcs=[reward_digits],
-                          train_dataset=ds, processing_class=tok)
+    trainer = GRPOTrainer(
+        model=model, args=GRPOConfig(**kwargs), reward_funcs=[reward_digits], train_dataset=ds, processing_class=tok
+    )
     trainer.train()
     deltas = {n: p.detach().cpu() - before[n] for n, p in model.named_parameters() if p.requires_grad}  # [*p.shape]
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -98,8 +123,7 @@ def test_gradient_checkpointing_and_num_chunks_parity(tmp_path):
     _, ref_deltas, _, _ = run_grpo(tmp_path / "trl", "grpo", 0.04, gradient_checkpointing=True)
     PatchFastRL("grpo")
     try:
-        _, deltas, _, _ = run_grpo(tmp_path / "slim", "grpo", 0.04, gradient_checkpointing=True,
-                                   unsloth_num_chunks=3)
+        _, deltas, _, _ = run_grpo(tmp_path / "slim", "grpo", 0.04, gradient_checkpointing=True, unsloth_num_chunks=3)
     finally:
         unpatch()
     for name, ref in ref_deltas.items():
@@ -112,15 +136,17 @@ def test_tiled_mlp_run_equals_trl_alone(tmp_path, monkeypatch):
     from slimrl.models import tiled_mlp
 
     tiles = []
-    monkeypatch.setattr(tiled_mlp, "checkpoint", lambda fn, x, **kw: tiles.append(x.shape[0]) or
-                        torch.utils.checkpoint.checkpoint(fn, x, **kw))
+    monkeypatch.setattr(
+        tiled_mlp,
+        "checkpoint",
+        lambda fn, x, **kw: tiles.append(x.shape[0]) or torch.utils.checkpoint.checkpoint(fn, x, **kw),
+    )
     unpatch()
     ref_seen, ref_deltas, _, _ = run_grpo(tmp_path / "trl", "dapo", 0.04, gradient_checkpointing=True)
     assert not tiles
     PatchFastRL("grpo")
     try:
-        seen, deltas, _, trainer = run_grpo(tmp_path / "slim", "dapo", 0.04, tiled_rows=8,
-                                            gradient_checkpointing=True)
+        seen, deltas, _, trainer = run_grpo(tmp_path / "slim", "dapo", 0.04, tiled_rows=8, gradient_checkpointing=True)
     finally:
         unpatch()
     assert seen == ref_seen and served(trainer) > 0

@@ -39,8 +39,18 @@ class ScriptedSampler:
     stale = False
     record: list = []
 
-    def __init__(self, model=None, accelerator=None, processing_class=None, *, temperature=1.0, top_p=1.0,
-                 top_k=0, min_p=0.0, **kwargs):
+    def __init__(
+        self,
+        model=None,
+        accelerator=None,
+        processing_class=None,
+        *,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        **kwargs,
+    ):
         self.model, self.accelerator, self.temperature = model, accelerator, temperature
         self.filters = (top_k or 0, 1.0 if top_p is None else top_p, min_p or 0.0)
         self.calls, self.frozen = 0, None
@@ -62,7 +72,7 @@ class ScriptedSampler:
             n = 4 + (3 * i + self.calls) % 7  # 4..10 tokens, fewer where EOS is sampled
             ids, reported, log_s = list(prompt), [], []
             for _ in range(n):
-                z = (model(input_ids=torch.tensor([ids])).logits[0, -1].double() / self.temperature)  # [V]
+                z = model(input_ids=torch.tensor([ids])).logits[0, -1].double() / self.temperature  # [V]
                 kept = sorted(reference_kept(z.tolist(), *self.filters))
                 logp = torch.log_softmax(z, -1)  # [V]
                 mass = torch.logsumexp(logp[kept], 0)
@@ -74,7 +84,7 @@ class ScriptedSampler:
                 ids.append(y)
                 if y == self.eos:
                     break
-            completions.append(ids[len(prompt):])
+            completions.append(ids[len(prompt) :])
             logprobs.append([[x] for x in reported])
             batch.append((self.shifts[i % len(self.shifts)], log_s))
         ScriptedSampler.record.append(batch)
@@ -91,19 +101,41 @@ def train(tmp_path, monkeypatch, steps=1, shifts=(0.0,), stale=False, **override
     monkeypatch.setattr(ScriptedSampler, "shifts", shifts)
     monkeypatch.setattr(ScriptedSampler, "stale", stale)
     monkeypatch.setattr(ScriptedSampler, "record", [])
-    kwargs = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=1,
-                  num_generations=4, max_completion_length=10, max_steps=steps, learning_rate=0.3, optim="sgd",
-                  lr_scheduler_type="constant", beta=0.0, temperature=0.9, report_to="none", use_cpu=True,
-                  bf16=False, save_strategy="no", logging_steps=1, seed=5, gradient_checkpointing=False,
-                  disable_dropout=True, use_vllm=True, vllm_mode="colocate")
+    kwargs = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        num_generations=4,
+        max_completion_length=10,
+        max_steps=steps,
+        learning_rate=0.3,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        beta=0.0,
+        temperature=0.9,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        seed=5,
+        gradient_checkpointing=False,
+        disable_dropout=True,
+        use_vllm=True,
+        vllm_mode="colocate",
+    )
     kwargs.update(overrides)
     unpatch()
     PatchFastRL("grpo")
     try:
         ds = Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5+6=", "7+8="]])
-        trainer = GRPOTrainer(model=tiny_model(lora=True, targets=TARGETS), args=GRPOConfig(**kwargs),
-                              reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
-                              train_dataset=ds, processing_class=tiny_tokenizer())
+        trainer = GRPOTrainer(
+            model=tiny_model(lora=True, targets=TARGETS),
+            args=GRPOConfig(**kwargs),
+            reward_funcs=[lambda completions, **kw: [float(len(c)) for c in completions]],
+            train_dataset=ds,
+            processing_class=tiny_tokenizer(),
+        )
         trainer.train()
     finally:
         unpatch()
@@ -135,8 +167,9 @@ def expected(batch, mode="sequence_mask", cap=3.0, fixed=False):
 @pytest.mark.parametrize("mode", ["sequence_mask", "token_mask"])
 def test_a_known_shift_gives_the_expected_kl_and_masked_shares(tmp_path, monkeypatch, reuse, mode):
     shifts = (0.0, 0.02, 0.3, 1.5)  # per row: agreement, precision noise, a drift, a stale sampler
-    _, rows = train(tmp_path, monkeypatch, shifts=shifts, vllm_importance_sampling_mode=mode,
-                    slimrl_reuse_old_logps=reuse)
+    _, rows = train(
+        tmp_path, monkeypatch, shifts=shifts, vllm_importance_sampling_mode=mode, slimrl_reuse_old_logps=reuse
+    )
     (batch,) = ScriptedSampler.record
     kl, tok, seq, raw = expected(batch, mode)
     assert seq > 0 and tok > 0, "nothing masked: the test would be vacuous"
@@ -177,8 +210,11 @@ def test_the_fix_is_off_by_default_and_a_no_op_without_truncation(tmp_path, monk
 def _health_warnings(caught) -> list[str]:
     from slimrl.health.monitor import RunHealthWarning
 
-    return [str(w.message) for w in caught if issubclass(w.category, RunHealthWarning)
-            and "generator disagrees" in str(w.message)]
+    return [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, RunHealthWarning) and "generator disagrees" in str(w.message)
+    ]
 
 
 def test_truncated_sampling_is_warned_with_the_field_to_set(tmp_path, monkeypatch):
@@ -199,8 +235,15 @@ def test_truncated_sampling_is_warned_with_the_field_to_set(tmp_path, monkeypatc
 def test_a_generator_that_misses_the_updates_is_warned_as_not_synced(tmp_path, monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _, rows = train(tmp_path, monkeypatch, stale=True, steps=4, learning_rate=3.0, slimrl_health_window=2,
-                        slimrl_health_mismatch_kl=1e-4)
+        _, rows = train(
+            tmp_path,
+            monkeypatch,
+            stale=True,
+            steps=4,
+            learning_rate=3.0,
+            slimrl_health_window=2,
+            slimrl_health_mismatch_kl=1e-4,
+        )
     assert rows[0]["sampling/kl_k3/mean"] < 1e-5  # before the first update the generator is the model
     assert rows[-1]["sampling/kl_k3/mean"] > 1e-4
     (message,) = _health_warnings(caught)

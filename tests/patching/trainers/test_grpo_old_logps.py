@@ -53,7 +53,7 @@ class FakeVLLM:
             if i % 2:
                 ids[-1] = 1  # some end with EOS
             seq = torch.tensor([list(prompt) + ids])
-            logits = model(input_ids=seq).logits[0, len(prompt) - 1:-1] / self.temperature  # [n, V]
+            logits = model(input_ids=seq).logits[0, len(prompt) - 1 : -1] / self.temperature  # [n, V]
             true = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]  # [n]
             sampled = true - 0.6 * (i % 3) + 0.05 * torch.randn(n, generator=g)
             completions.append(ids)
@@ -75,18 +75,42 @@ def run(tmp_path, loss_type="grpo", mode="sequence_mask", **overrides):
         seen.append(list(completions))
         return [float(sum(ch.isdigit() for ch in c)) + 0.1 * len(c) for c in completions]
 
-    kwargs = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                  num_generations=4, max_completion_length=12, max_steps=2, learning_rate=0.5, optim="sgd",
-                  lr_scheduler_type="constant", beta=0.0, loss_type=loss_type, temperature=0.9, report_to="none",
-                  use_cpu=True, bf16=False, save_strategy="no", logging_steps=1, seed=7,
-                  gradient_checkpointing=False, disable_dropout=True, use_vllm=True, vllm_mode="colocate",
-                  vllm_importance_sampling_mode=mode)
+    kwargs = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        num_generations=4,
+        max_completion_length=12,
+        max_steps=2,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        beta=0.0,
+        loss_type=loss_type,
+        temperature=0.9,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+        gradient_checkpointing=False,
+        disable_dropout=True,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_importance_sampling_mode=mode,
+    )
     if loss_type == "luspo":
         kwargs["importance_sampling_level"] = "sequence"
     kwargs.update(overrides)
     ds = Dataset.from_list([{"prompt": p} for p in ["1+2=", "3+4=", "5+6=", "7+8="]])
-    trainer = GRPOTrainer(model=model, args=GRPOConfig(**kwargs), reward_funcs=[reward_digits], train_dataset=ds,
-                          processing_class=tiny_tokenizer())
+    trainer = GRPOTrainer(
+        model=model,
+        args=GRPOConfig(**kwargs),
+        reward_funcs=[reward_digits],
+        train_dataset=ds,
+        processing_class=tiny_tokenizer(),
+    )
     no_grad_calls = []
     method = trainer._get_per_token_logps_and_entropies
 
@@ -153,8 +177,9 @@ def test_every_loss_type_without_the_old_pass(tmp_path, monkeypatch, loss_type):
 
 def test_repeated_iterations_within_one_optimizer_step_reuse_too(tmp_path, monkeypatch):
     """num_iterations=2, steps_per_generation=1, accumulation 2: the batch is seen twice before the step."""
-    trl_calls, slim_calls = parity(tmp_path, monkeypatch, num_iterations=2, steps_per_generation=1,
-                                   per_device_train_batch_size=4)
+    trl_calls, slim_calls = parity(
+        tmp_path, monkeypatch, num_iterations=2, steps_per_generation=1, per_device_train_batch_size=4
+    )
     assert trl_calls == 2 and slim_calls == 0
 
 

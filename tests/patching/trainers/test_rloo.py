@@ -28,14 +28,36 @@ def run_rloo(tmp_path, beta: float, lora: bool):
         seen.append(list(completions))
         return [float(sum(ch.isdigit() for ch in c)) for c in completions]
 
-    args = RLOOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=12, max_steps=2, num_iterations=2, learning_rate=0.5, optim="sgd",
-                      lr_scheduler_type="constant", beta=beta, temperature=0.9, report_to="none", use_cpu=True,
-                      bf16=False, save_strategy="no", logging_steps=1, seed=7, gradient_checkpointing=False)
+    args = RLOOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=12,
+        max_steps=2,
+        num_iterations=2,
+        learning_rate=0.5,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        beta=beta,
+        temperature=0.9,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+        gradient_checkpointing=False,
+    )
     ds = Dataset.from_list([{"prompt": p} for p in PROMPTS])
     kwargs = {} if lora else {"ref_model": tiny_llama(seed=0)} if "ref_model" in _rloo_params() else {}
-    trainer = RLOOTrainer(model=model, args=args, reward_funcs=[reward_digits], train_dataset=ds,
-                          processing_class=tiny_tokenizer(), **kwargs)
+    trainer = RLOOTrainer(
+        model=model,
+        args=args,
+        reward_funcs=[reward_digits],
+        train_dataset=ds,
+        processing_class=tiny_tokenizer(),
+        **kwargs,
+    )
     trainer.train()
     deltas = {n: p.detach() - before[n] for n, p in model.named_parameters() if p.requires_grad}
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
