@@ -125,6 +125,9 @@ def format_plan(data: dict[str, Any]) -> str:
     for name, nbytes in data["phases"].items():
         secs = data["step_split"].get(name)
         lines.append(f"  {name:24} {nbytes / 2**30:8.2f} GB {'' if secs is None else f'{secs:7.1f} s'}")
+    for name, secs in data["step_split"].items():  # time without a memory phase of its own (the offload's copies)
+        if name not in data["phases"]:
+            lines.append(f"  {name:24} {'':>10} {secs:7.1f} s")
     label = "max_memory_allocated" if s["device"] == "cuda" else "predicted peak"  # CUDA: the context is outside
     lines.append(f"  {label:24} {data['peak_bytes'] / 2**30:8.2f} GB {data['step_seconds']:7.1f} s/step")
     if "fits" in data:

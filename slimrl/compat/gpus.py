@@ -33,6 +33,10 @@ class Gpu:
     capability: tuple[int, int]
     bandwidth_gbs: int  # memory bandwidth, GB/s
     host_ram_bytes: int | None = None  # the host RAM that usually comes with it where that is fixed (Colab's VM)
+    # the datasheet's dense tensor-core rate in its 16-bit dtype (bf16 from compute capability 8.0, else fp16) with
+    # fp32 accumulation (what PyTorch's matmuls use), TFLOP/s; 0: not known
+    dense_tflops: float = 0.0
+    host_link_gbs: float = 0.0  # host <-> GPU, one direction, nominal (PCIe 3.0/4.0/5.0 x16: 16/32/64 GB/s)
 
     @property
     def bf16(self) -> bool:
@@ -59,17 +63,18 @@ def _gib(x: float) -> int:
     return int(x * GiB)
 
 
+# datasheets' figures; the A10G (AWS's variant of the A10's chip) has no datasheet of its own: the A10's
 GPUS: tuple[Gpu, ...] = (
-    Gpu("Tesla T4", "t4", _gib(14.74), (7, 5), 320, host_ram_bytes=_gib(12.67)),
-    Gpu("Tesla V100-SXM2-16GB", "v100", _gib(15.77), (7, 0), 900),
-    Gpu("Tesla V100-SXM2-32GB", "v100-32gb", _gib(31.74), (7, 0), 900),
-    Gpu("NVIDIA L4", "l4", _gib(22.17), (8, 9), 300),
-    Gpu("NVIDIA A10G", "a10g", _gib(22.07), (8, 6), 600),
-    Gpu("NVIDIA GeForce RTX 4090", "rtx4090", _gib(23.65), (8, 9), 1008),
-    Gpu("NVIDIA A100-SXM4-40GB", "a100-40gb", _gib(39.56), (8, 0), 1555),
-    Gpu("NVIDIA A100-SXM4-80GB", "a100-80gb", _gib(79.15), (8, 0), 2039),
-    Gpu("NVIDIA H100 80GB HBM3", "h100", _gib(79.19), (9, 0), 3350),
-    Gpu("NVIDIA H200", "h200", _gib(139.8), (9, 0), 4800),
+    Gpu("Tesla T4", "t4", _gib(14.74), (7, 5), 320, host_ram_bytes=_gib(12.67), dense_tflops=65, host_link_gbs=16),
+    Gpu("Tesla V100-SXM2-16GB", "v100", _gib(15.77), (7, 0), 900, dense_tflops=125, host_link_gbs=16),
+    Gpu("Tesla V100-SXM2-32GB", "v100-32gb", _gib(31.74), (7, 0), 900, dense_tflops=125, host_link_gbs=16),
+    Gpu("NVIDIA L4", "l4", _gib(22.17), (8, 9), 300, dense_tflops=121, host_link_gbs=32),
+    Gpu("NVIDIA A10G", "a10g", _gib(22.07), (8, 6), 600, dense_tflops=125, host_link_gbs=32),
+    Gpu("NVIDIA GeForce RTX 4090", "rtx4090", _gib(23.65), (8, 9), 1008, dense_tflops=165, host_link_gbs=32),
+    Gpu("NVIDIA A100-SXM4-40GB", "a100-40gb", _gib(39.56), (8, 0), 1555, dense_tflops=312, host_link_gbs=32),
+    Gpu("NVIDIA A100-SXM4-80GB", "a100-80gb", _gib(79.15), (8, 0), 2039, dense_tflops=312, host_link_gbs=32),
+    Gpu("NVIDIA H100 80GB HBM3", "h100", _gib(79.19), (9, 0), 3350, dense_tflops=989, host_link_gbs=64),
+    Gpu("NVIDIA H200", "h200", _gib(139.8), (9, 0), 4800, dense_tflops=989, host_link_gbs=64),
 )
 _ALIASES = {"a100": "a100-40gb", "h100-80gb": "h100", "4090": "rtx4090", "v100-16gb": "v100"}
 

@@ -65,10 +65,16 @@ def pinned_host_bytes(offloaded: int, buffers: int, notes: list[str], host_ram: 
     per = -(-offloaded // buffers // GRANULE) * GRANULE
     held = per * buffers
     ram = host_ram or total_bytes(torch.device("cpu"))
-    if held > PINNED_SHARE * ram:
+    if held > pinnable_bytes(ram):
         notes.append(
             f"offloaded layer inputs: {held / 2**30:.1f} GiB of host memory, more than the "
             f"{PINNED_SHARE:.0%} of {ram / 2**30:.1f} GiB of RAM slimrl page-locks: the rest are copied "
             f"through pageable memory (slower); shorter completions or fewer rows keep them pinned"
         )
     return held
+
+
+def pinnable_bytes(host_ram: int | None = None) -> int:
+    """The host memory slimrl page-locks for offloaded layer inputs: its share of ``host_ram`` (this machine's RAM by
+    default); the rest go through pageable memory."""
+    return int(PINNED_SHARE * (host_ram or total_bytes(torch.device("cpu"))))

@@ -45,17 +45,23 @@ from typing import Any
 
 import torch
 
-from slimrl.compat.gpus import CUDA_CONTEXT_BYTES, find_gpu
+from slimrl.compat.gpus import CUDA_CONTEXT_BYTES, current_gpu, find_gpu
 from slimrl.compat.quant import NF4_BYTES
 from slimrl.errors import InputError
 from slimrl.planning.bounds import parse_budget
 from slimrl.planning.config import load_config
 from slimrl.planning.gpu import cuda_total
-from slimrl.planning.phases import pinned_host_bytes, prefix_gather_bytes, reference_bytes, shared_prefix_applies
+from slimrl.planning.phases import (
+    pinnable_bytes,
+    pinned_host_bytes,
+    prefix_gather_bytes,
+    reference_bytes,
+    shared_prefix_applies,
+)
 from slimrl.planning.search import PERSISTENT, fastest_fitting, largest_phase, longest_fitting
 from slimrl.planning.settings import CHECKPOINTING, Settings, Workload, _check  # noqa: F401 - re-exported
 from slimrl.planning.tiling import tiled_default
-from slimrl.planning.timing import calibrate, no_grad_passes, packed, step_split
+from slimrl.planning.timing import DEFAULT_GPU, calibrate, no_grad_passes, offload_seconds, packed, step_split
 from slimrl.planning.verdict import fitting_bytes, verdict
 
 
@@ -210,7 +216,8 @@ def _predict(config: Any, s: Settings) -> Plan:
     dtype = find_gpu(s.gpu).dtype if s.gpu else torch.bfloat16 if dev == "cuda" else torch.float32
     shape = _shape(config)
     every = _checkpoint_every(s)
-    tp = calibrate(dev, dtype)
+    gpu = find_gpu(s.gpu) if s.gpu else (current_gpu() or find_gpu(DEFAULT_GPU)) if dev == "cuda" else None
+    tp = calibrate(dev, dtype, gpu=find_gpu(s.gpu) if s.gpu else None)
     weight_bytes, params, lora = _memo(
         _MODELS,
         (id(config), "weights", dtype, s.lora_r, s.load_in_4bit),
@@ -253,7 +260,7 @@ def _predict(config: Any, s: Settings) -> Plan:
         )
         return tuple(int(a + (b - a) * (shape["layers"] - 2 * n) / n) for a, b in zip(small, double, strict=True))
 
-    notes, host = [], 0  # host: host_pinned_bytes
+    notes, host, offloaded = [], 0, 0  # host: host_pinned_bytes
     if work.generates:
         if s.fast_inference:
             wanted, total = kv_token * rows * (prompt + completion), cuda_total(s.gpu) if dev == "cuda" else None
@@ -297,6 +304,10 @@ def _predict(config: Any, s: Settings) -> Plan:
     outside = phases["runtime"] if dev == "cuda" else 0  # the context: not in max_memory_allocated
     peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[largest_phase(phases)] - outside
     split = step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
+    if offloaded:
+        split["offload_copies"] = offload_seconds(
+            offloaded, min(host, pinnable_bytes()), gpu.host_link_gbs * 1e9, split["policy_forward"] + split["backward"]
+        )
     return Plan(
         settings=_as_json(s),
         peak_bytes=peak_bytes,

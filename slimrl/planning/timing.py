@@ -1,4 +1,6 @@
-"""Step time from FLOPs and bytes per phase, divided by this machine's measured throughput.
+"""Step time from FLOPs and bytes per phase, divided by this machine's measured throughput, or for a CUDA plan made
+for a GPU this machine does not have, by that GPU's datasheet rates (:func:`nominal`: the table's dense 16-bit
+TFLOP/s and memory bandwidth, :mod:`slimrl.compat.gpus`).
 
 Calibration (once per device and thread count, cached as JSON under ``SLIMRL_CACHE``, default ``~/.cache/slimrl``):
 a ``[4096, 1024] x [1024, 1024]`` matmul (the shape of a projection over a batch of tokens) in the compute dtype
@@ -13,6 +15,8 @@ Model, per phase (``N`` = non-embedding parameters, ``T`` = prompt + completion 
   scored tokens ``2 x hidden x vocab``;
 * backward: the gradient to the activations costs one forward, checkpointed layers recompute their forward once more
   (LoRA weight gradients are negligible);
+* slimrl's offloaded checkpointing (CUDA): each offloaded layer input crosses the GPU's host link twice; pinned
+  copies overlap the passes' compute, pageable ones do not (:func:`offload_seconds`);
 * generation (HF ``generate``, and the engine): prefill is a forward of the prompts; each of ``L`` decode steps reads
   every weight and the KV cache once (memory bound at small batches) or does ``2 N`` FLOPs per row, whichever is
   slower.
@@ -27,6 +31,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from slimrl.compat.gpus import Gpu, current_gpu, find_gpu
 from slimrl.planning.settings import Settings
 
 # Eager PyTorch ops one decoder layer runs per decode step with a LoRA adapter on its 7 projections (HF generate):
@@ -48,17 +53,35 @@ def _cache_file(device: str, dtype: torch.dtype):
     return cache_root() / f"throughput-v4-{device}-{str(dtype).split('.')[-1]}-{torch.get_num_threads()}t.json"
 
 
-# A plan for a CUDA GPU made on a machine without one (``slimrl plan --device cuda`` on a laptop): an H100 SXM's
-# published dense bf16 rate at the utilisation large matmuls reach (about 60 %), its HBM3 bandwidth, and a typical
+# A CUDA plan for a GPU this machine does not have (``slimrl plan --device cuda --gpu NAME`` on a laptop) reads the
+# GPU table: its dense 16-bit rate at the share large matmuls reach (about 60 %), its memory bandwidth, and a typical
 # eager-op launch cost. Memory predictions do not read it; step times made with it say so.
-NOMINAL_CUDA = Throughput(flops_per_s=0.6 * 989e12, bytes_per_s=3.35e12, seconds_per_op=8e-6, runtime_bytes=0)
+MATMUL_SHARE = 0.6
+LAUNCH_SECONDS = 8e-6
+DEFAULT_GPU = "h100"  # the GPU a CUDA plan without --gpu and without CUDA is made for
 
 
-def calibrate(device: str, dtype: torch.dtype, seconds: float = 1.0) -> Throughput:
-    """Measured (or cached) throughput of ``device`` (see the module docstring); :data:`NOMINAL_CUDA` for a CUDA plan
-    on a machine without CUDA."""
-    if device == "cuda" and not torch.cuda.is_available():
-        return NOMINAL_CUDA
+def nominal(gpu: Gpu) -> Throughput:
+    """The throughput :data:`MATMUL_SHARE` of ``gpu``'s datasheet rates give (the table's row)."""
+    return Throughput(
+        flops_per_s=MATMUL_SHARE * gpu.dense_tflops * 1e12,
+        bytes_per_s=gpu.bandwidth_gbs * 1e9,
+        seconds_per_op=LAUNCH_SECONDS,
+        runtime_bytes=0,
+    )
+
+
+NOMINAL_CUDA = nominal(find_gpu(DEFAULT_GPU))
+
+
+def calibrate(device: str, dtype: torch.dtype, seconds: float = 1.0, gpu: Gpu | None = None) -> Throughput:
+    """Measured (or cached) throughput of ``device`` (see the module docstring); for a CUDA plan made for a GPU this
+    machine does not have (``gpu``, or none named on a machine without CUDA), :func:`nominal` of that GPU (default
+    :data:`DEFAULT_GPU`)."""
+    if device == "cuda":
+        here = current_gpu() if torch.cuda.is_available() else None
+        if here is None or (gpu is not None and here.key != gpu.key):
+            return nominal(gpu) if gpu is not None else NOMINAL_CUDA
     path = _cache_file(device, dtype)
     try:
         data = json.loads(path.read_text())
@@ -209,6 +232,24 @@ def step_split(
     if s.tiled_mlp and tokens > max(256, hidden):  # each tile's MLP forward once more (a gated MLP: 3 H I)
         split["backward"] += tokens * 2 * 3 * hidden * shape["intermediate"] * layers / tp.flops_per_s
     return split
+
+
+# A pageable host copy is staged by the CUDA driver through a pinned bounce buffer and blocks the host: about half
+# the pinned rate (to be replaced by bench/gpu_speed.py's page_lock measurement where a GPU is lent)
+PAGEABLE_SHARE = 0.5
+
+
+def offload_seconds(offloaded: int, pinned: int, link_bytes_per_s: float, overlap_seconds: float) -> float:
+    """Seconds slimrl's offloaded checkpointing adds to a step (:mod:`slimrl.models.offload`): every offloaded layer
+    input crosses the host link twice (to the host in the forward, back in the backward). The ``pinned`` bytes go
+    on a side stream, hidden behind up to ``overlap_seconds`` of the passes' compute; the rest are pageable copies,
+    synchronous, at :data:`PAGEABLE_SHARE` of the link. 0 without offload or a known link."""
+    if offloaded <= 0 or link_bytes_per_s <= 0:
+        return 0.0
+    pinned = min(pinned, offloaded)
+    overlapped = 2 * pinned / link_bytes_per_s
+    synchronous = 2 * (offloaded - pinned) / (PAGEABLE_SHARE * link_bytes_per_s)
+    return max(0.0, overlapped - overlap_seconds) + synchronous
 
 
 def packed(rows: int, generations: int, completion: int, shared: bool) -> tuple[int, int]:

@@ -43,12 +43,13 @@ def _bound(completion: int = 2032, checkpointing: bool = True, asked=None):
 def fake_gpu(fake_gpu, monkeypatch):
     """The presented GPU, with the planner's throughput the nominal one (no CUDA kernel to time here; the decision
     is about memory)."""
-    from slimrl.planning.timing import NOMINAL_CUDA, calibrate
+    from slimrl.compat.gpus import current_gpu
+    from slimrl.planning.timing import calibrate, nominal
 
-    def nominal(device, dtype, *more):
-        return NOMINAL_CUDA if device == "cuda" else calibrate(device, dtype, *more)
+    def nominal_here(device, dtype, *more, gpu=None):
+        return nominal(gpu or current_gpu()) if device == "cuda" else calibrate(device, dtype, *more, gpu=gpu)
 
-    monkeypatch.setattr(importlib.import_module("slimrl.planning.plan"), "calibrate", nominal)
+    monkeypatch.setattr(importlib.import_module("slimrl.planning.plan"), "calibrate", nominal_here)
     return fake_gpu
 
 
