@@ -213,11 +213,11 @@ def _predict(config: Any, s: Settings) -> Plan:
         for held in (_MODELS, _TRACES, _CONFIGS):
             held.clear()
     _CONFIGS[id(config)] = config
-    dtype = find_gpu(s.gpu).dtype if s.gpu else torch.bfloat16 if dev == "cuda" else torch.float32
+    named = find_gpu(s.gpu) if s.gpu else None
+    dtype = named.dtype if named else torch.bfloat16 if dev == "cuda" else torch.float32
     shape = _shape(config)
     every = _checkpoint_every(s)
-    gpu = find_gpu(s.gpu) if s.gpu else (current_gpu() or find_gpu(DEFAULT_GPU)) if dev == "cuda" else None
-    tp = calibrate(dev, dtype, gpu=find_gpu(s.gpu) if s.gpu else None)
+    tp = calibrate(dev, dtype, gpu=named)
     weight_bytes, params, lora = _memo(
         _MODELS,
         (id(config), "weights", dtype, s.lora_r, s.load_in_4bit),
@@ -306,7 +306,10 @@ def _predict(config: Any, s: Settings) -> Plan:
     split = step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
     if offloaded:
         split["offload_copies"] = offload_seconds(
-            offloaded, min(host, pinnable_bytes()), gpu.host_link_gbs * 1e9, split["policy_forward"] + split["backward"]
+            offloaded,
+            min(host, pinnable_bytes()),
+            (named or current_gpu() or find_gpu(DEFAULT_GPU)).host_link_gbs * 1e9,
+            split["policy_forward"] + split["backward"],
         )
     return Plan(
         settings=_as_json(s),
