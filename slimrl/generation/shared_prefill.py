@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from slimrl.compat.host_transfer import read_together, to_device
+
 logger = logging.getLogger("slimrl")
 _SAID: set[str] = set()
 _INPUTS = {"input_ids", "attention_mask", "generation_config"}
@@ -42,13 +44,14 @@ def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tupl
     """``([U], [B])``: the first row of each distinct (ids, mask) pair, and each row's index into them."""
     first: dict[tuple, int] = {}
     rows, inverse = [], []
-    for row, key in enumerate(zip(map(tuple, input_ids.tolist()), map(tuple, attention_mask.tolist()), strict=True)):
+    ids, mask = read_together([input_ids, attention_mask])  # one host sync
+    for row, key in enumerate(zip(map(tuple, ids), map(tuple, mask), strict=True)):
         if key not in first:
             first[key] = len(rows)
             rows.append(row)
         inverse.append(first[key])
     device = input_ids.device
-    return torch.tensor(rows, device=device), torch.tensor(inverse, device=device)
+    return to_device(rows, device), to_device(inverse, device)
 
 
 def why_not(model: Any, args: tuple, kwargs: dict) -> str | None:

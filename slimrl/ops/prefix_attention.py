@@ -36,6 +36,8 @@ import torch
 from torch.nn.attention.bias import causal_lower_right
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
+from slimrl.compat.host_transfer import move, to_device
+
 # Model families whose decoder takes explicit position ids and runs attention through transformers' interface,
 # tested against TRL's layout (tests/patching/routes/test_shared_prefix.py).
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3_text", "smollm3")
@@ -110,25 +112,24 @@ class PackedLayout:
         for s in range(n_seg):
             a = seg_start[s]
             source[seg_row[s], a : a + seg_len[s]] = rows * pw + s * lw + torch.arange(seg_len[s])
-        move = {"device": device}
         one = len(distinct) == 1
-        by_prefix = tuple((p, None if one else torch.tensor(m, **long).to(**move)) for p, m in zip(distinct, members))
+        by_prefix = tuple((p, None if one else to_device(m, device)) for p, m in zip(distinct, members))
         order = [s for m in members for s in m]  # the batches' segments, concatenated
         unsort = (
             None
             if one
-            else torch.empty(n_seg, **long).scatter_(0, torch.tensor(order, **long), torch.arange(n_seg)).to(**move)
+            else move(torch.empty(n_seg, **long).scatter_(0, torch.tensor(order, **long), torch.arange(n_seg)), device)
         )
         return cls(
-            prefix.to(**move),
-            row_t.to(**move),
-            start_t.to(**move),
-            len_t.to(**move),
+            move(prefix, device),
+            move(row_t, device),
+            move(start_t, device),
+            move(len_t, device),
             width,
             pw,
             lw,
-            seg_index.to(**move),
-            source.to(**move),
+            move(seg_index, device),
+            move(source, device),
             by_prefix,
             unsort,
         )

@@ -81,9 +81,10 @@ def check_finite_step(trainer: Any, model: torch.nn.Module, loss: torch.Tensor) 
         return
     params = [(name, p) for name, p in model.named_parameters() if p.grad is not None]
     grads = [p.grad for _, p in params]
-    loss_ok = not isinstance(loss, torch.Tensor) or all_finite([loss.detach().reshape(-1)])
-    if loss_ok and all_finite(grads):
+    checked = [loss.detach().reshape(-1)] if isinstance(loss, torch.Tensor) else []
+    if all_finite(grads + checked):  # the loss and the gradients in one host sync
         return
+    loss_ok = not checked or all_finite(checked)  # only on the failure path
     step = trainer.state.global_step + 1
     if any(p.dtype == torch.float16 for _, p in params):
         if not trainer_state(trainer).fp16_warned:

@@ -23,12 +23,14 @@ from contextvars import ContextVar
 import torch
 
 from slimrl.compat.heads import capture_head_input, plain_linear_head
+from slimrl.compat.host_transfer import to_device
 from slimrl.compat.runtime.malloc import recycling_phase
 from slimrl.patching.every_trainer.extra_fields import CHUNK_FIELDS, fields_of
 from slimrl.patching.every_trainer.state import trainer_state
 from slimrl.patching.every_trainer.validation import check_batch_length
 from slimrl.patching.machinery.registry import original
 from slimrl.patching.routes import shared_prefix
+from slimrl.patching.routes.call_rows import CallRows
 from slimrl.patching.routes.head import Head
 from slimrl.patching.spec import Route
 
@@ -142,41 +144,30 @@ def length_groups(lengths: list[int], prompt_width: int, budget: int, forward_co
     return groups[::-1]
 
 
-def completion_lengths(attention_mask: torch.Tensor, logits_to_keep: int) -> list[int]:
-    """Per row, 1 + the index of its last real completion token (0 for an empty completion)."""
-    valid = attention_mask[:, -logits_to_keep:].bool()  # [B, C]
-    last = logits_to_keep - valid.flip(-1).int().argmax(-1)  # [B]
-    return torch.where(valid.any(-1), last, 0).tolist()
-
-
-def _groups_for(
-    self, attention_mask: torch.Tensor, logits_to_keep: int, batch_size: int
-) -> list[tuple[list[int], int]]:
+def _groups_for(self, rows: CallRows, batch_size: int) -> list[tuple[list[int], int]]:
     """The forwards of one call as (rows, completion columns kept): TRL's fixed row batches at the full width, or
     (``slimrl_length_groups``, default) length groups within ``slimrl_token_budget`` tokens per forward (default:
     TRL's own ``batch_size`` rows x padded width), each cut after its longest completion."""
-    rows = attention_mask.size(0)
+    attention_mask, logits_to_keep = rows.attention_mask, rows.logits_to_keep
+    n = attention_mask.size(0)
     if not fields_of(self.args).slimrl_length_groups:
-        return [(list(range(s, min(s + batch_size, rows))), logits_to_keep) for s in range(0, rows, batch_size)]
-    lengths = completion_lengths(attention_mask, logits_to_keep)
+        return [(list(range(s, min(s + batch_size, n))), logits_to_keep) for s in range(0, n, batch_size)]
+    lengths = rows.facts.lengths
     prompt_width = attention_mask.size(1) - logits_to_keep
     budget = fields_of(self.args).slimrl_token_budget or batch_size * attention_mask.size(1)
     cost = FORWARD_COST_TOKENS.get(attention_mask.device.type, FORWARD_COST_TOKENS["cuda"])
     return [(g, max(1, max(lengths[i] for i in g))) for g in length_groups(lengths, prompt_width, budget, cost)]
 
 
-def _packed(
-    self, model, config, head, projection, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
-) -> tuple | None:
+def _packed(self, model, config, head, projection, rows: CallRows, batch_size, compute_entropy) -> tuple | None:
     """The call through the shared-prefix layout (:mod:`slimrl.patching.routes.shared_prefix`), None where it does
     not apply; ``batch_size`` (already cut to ``unsloth_grpo_mini_batch``) sets the token budget per forward."""
-    lengths = completion_lengths(attention_mask, logits_to_keep)
-    shared = shared_prefix.shared_prompts(self, config, input_ids, attention_mask, logits_to_keep, lengths)
-    if shared is None:
+    groups = shared_prefix.shared_prompts(self, config, rows)
+    if groups is None:
         return None
-    budget = fields_of(self.args).slimrl_token_budget or batch_size * attention_mask.size(1)
+    budget = fields_of(self.args).slimrl_token_budget or batch_size * rows.attention_mask.size(1)
     return shared_prefix.logps_shared_prefix(
-        self, model, head, projection, input_ids, shared[0], lengths, shared[1], logits_to_keep, budget, compute_entropy
+        self, model, head, projection, rows.input_ids, groups, rows.facts, rows.logits_to_keep, budget, compute_entropy
     )
 
 
@@ -206,9 +197,7 @@ def logps_shared_prefix_only(
             unwrapped.config,
             head,
             Head.of(head, unwrapped.config, self.args),
-            input_ids,
-            attention_mask,
-            logits_to_keep,
+            CallRows(input_ids, attention_mask, logits_to_keep),
             rows,
             compute_entropy,
         )
@@ -222,15 +211,14 @@ def _logps_through_ops(
     check_batch_length(self.model, input_ids.size(1))
     projection = Head.of(head, config, self.args)
     batch_size = rows_per_forward(self.args, batch_size or input_ids.size(0))
-    packed = _packed(
-        self, model, config, head, projection, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy
-    )
+    call = CallRows(input_ids, attention_mask, logits_to_keep)
+    packed = _packed(self, model, config, head, projection, call, batch_size, compute_entropy)
     if packed is not None:
         return packed
     prompt_width = input_ids.size(1) - logits_to_keep
     all_logps, all_entropies, order = [], [], []
-    for rows, keep in _groups_for(self, attention_mask, logits_to_keep, batch_size):
-        index = torch.tensor(rows, device=input_ids.device)
+    for rows, keep in _groups_for(self, call, batch_size):
+        index = to_device(rows, input_ids.device)
         ids = input_ids[index, : prompt_width + keep]  # [b, P + C_g]
         mask = attention_mask[index, : prompt_width + keep]  # [b, P + C_g]
         with capture_head_input(head) as captured, self.accelerator.autocast():
@@ -247,8 +235,9 @@ def _logps_through_ops(
         state = trainer_state(self)
         state.served_calls += 1
         if torch.is_grad_enabled():
-            state.trained_tokens += int(valid.sum())
-    back = torch.argsort(torch.tensor(order, device=input_ids.device))  # [B]: caller's row -> position in groups
+            # the real tokens the host has read already, else one sync per forward
+            state.trained_tokens += sum(call.facts.ones[i] for i in rows) if call.read else int(valid.sum())
+    back = torch.argsort(to_device(order, input_ids.device))  # [B]: caller's row -> position in groups
     logps = torch.cat(all_logps, dim=0)[back]  # [B, C]
     entropies = torch.cat(all_entropies, dim=0)[back] if compute_entropy else None
     return logps, entropies, None

@@ -34,10 +34,12 @@ from typing import Any
 import torch
 
 from slimrl.compat.heads import capture_head_input
+from slimrl.compat.host_transfer import to_device
 from slimrl.ops.prefix_attention import PackedLayout, model_reason, shared_prefix_attention
 from slimrl.patching.every_trainer.extra_fields import fields_of
 from slimrl.patching.every_trainer.state import trainer_state
 from slimrl.patching.machinery.registry import Patch
+from slimrl.patching.routes.call_rows import CallRows, RowFacts
 from slimrl.patching.routes.head import Head
 
 logger = logging.getLogger("slimrl")
@@ -91,26 +93,14 @@ def say_once(reason: str) -> None:
         logger.info("slimrl: shared-prefix layout off (%s): TRL's layout, each prompt once per completion", reason)
 
 
-def groups_of(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, lengths: list[int]
-) -> list[list[int]] | None:
+def groups_of(facts: RowFacts) -> list[list[int]] | None:
     """Rows holding the same prompt, in first-seen order; None when a row's masks are not one left-padded prompt
     (at least one token) then one completion of ``lengths[i]`` tokens."""
-    prompt_width = input_ids.size(1) - logits_to_keep
-    pm = attention_mask[:, :prompt_width].bool()  # [B, P]
-    cm = attention_mask[:, prompt_width:].bool()  # [B, C]
-    n_prompt = pm.sum(-1)  # [B]
-    cols = torch.arange(prompt_width, device=pm.device)
-    left_padded = (pm == (cols[None, :] >= prompt_width - n_prompt[:, None])).all()
-    in_order = (
-        cm
-        == (torch.arange(logits_to_keep, device=cm.device)[None, :] < torch.tensor(lengths, device=cm.device)[:, None])
-    ).all()
-    if not bool(left_padded and in_order and (n_prompt > 0).all()):
+    if not facts.well_formed:
         return None
     groups: dict[tuple, list[int]] = defaultdict(list)
-    for i, (ids, n) in enumerate(zip(input_ids[:, :prompt_width].tolist(), n_prompt.tolist())):
-        groups[tuple(ids[prompt_width - n :])].append(i)
+    for i, prompt in enumerate(facts.prompts):
+        groups[prompt].append(i)
     return list(groups.values())
 
 
@@ -134,8 +124,7 @@ def logps_shared_prefix(
     projection: Head,
     input_ids: torch.Tensor,
     groups: list[list[int]],
-    lengths: list[int],
-    n_prompt: list[int],
+    facts: RowFacts,
     logits_to_keep: int,
     budget: int,
     compute_entropy: bool,
@@ -144,6 +133,7 @@ def logps_shared_prefix(
     where no row has a completion token (the caller's path then runs, keeping the graph)."""
     rows, width = input_ids.shape
     prompt_width = width - logits_to_keep
+    lengths, n_prompt = facts.lengths, facts.n_prompt
     device = input_ids.device
     packs = []  # (first row of the group, rows of the group with a non-empty completion)
     for g in groups:
@@ -182,8 +172,8 @@ def logps_shared_prefix(
         with capture_head_input(head_module) as captured, trainer.accelerator.autocast():
             model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=0, use_cache=False)
         hidden = captured[-1]  # [R, T, H]
-        index = (torch.tensor(pred_row, device=device), torch.tensor(pred_pos, device=device))
-        targets = input_ids[torch.tensor(tgt_row, device=device), prompt_width + torch.tensor(tgt_col, device=device)]
+        index = (to_device(pred_row, device), to_device(pred_pos, device))
+        targets = input_ids[to_device(tgt_row, device), prompt_width + to_device(tgt_col, device)]
         wanted = ("log_probs", "entropy") if compute_entropy else ("log_probs",)
         out = projection.outputs(hidden[index], targets, trainer.temperature, wanted)  # ([N], [N] | None, ...)
         got_logps.append(out[0])
@@ -195,32 +185,27 @@ def logps_shared_prefix(
         state.shared_prefix_forwards += 1
         if torch.is_grad_enabled():
             state.trained_tokens += len(tgt_row)
-    where = (torch.tensor(at_rows, device=device), torch.tensor(at_cols, device=device))
+    where = (to_device(at_rows, device), to_device(at_cols, device))
     logps = logps.index_put(where, torch.cat(got_logps).to(logps.dtype))  # [B, C]
     if compute_entropy:
         entropies = entropies.index_put(where, torch.cat(got_ent).to(entropies.dtype))  # [B, C]
     return logps, entropies, None
 
 
-def shared_prompts(
-    trainer: Any,
-    config: Any,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    logits_to_keep: int,
-    lengths: list[int],
-) -> tuple[list[list[int]], list[int]] | None:
-    """(rows grouped by prompt, real prompt tokens per row) when this call takes the layout, else None (with the
-    reason logged once, see the module docstring)."""
-    prompt_width = input_ids.size(1) - logits_to_keep
-    reason = why_not(trainer, config, prompt_width, max(lengths, default=0))
+def shared_prompts(trainer: Any, config: Any, rows: CallRows) -> list[list[int]] | None:
+    """The call's rows grouped by prompt when it takes the layout, else None (with the reason logged once, see the
+    module docstring)."""
+    prompt_width = rows.input_ids.size(1) - rows.logits_to_keep
+    if not fields_of(trainer.args).slimrl_shared_prefix:
+        return None  # turned off: no line, and nothing read from the device
+    reason = why_not(trainer, config, prompt_width, max(rows.facts.lengths, default=0))
     if reason is not None:
         say_once(reason)
         return None
-    groups = groups_of(input_ids, attention_mask, logits_to_keep, lengths)
+    groups = groups_of(rows.facts)
     if groups is None:
         say_once("rows that are not one left-padded prompt then one completion")
         return None
     if all(len(g) == 1 for g in groups):
         return None  # no prompt repeats: nothing to share
-    return groups, attention_mask[:, :prompt_width].sum(-1).tolist()
+    return groups
