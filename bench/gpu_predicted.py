@@ -4,7 +4,7 @@ TRL's published GPU measurements is in ``python bench/gpu_predict.py validate``.
 
 Each row: GRPO (or the validation's trainers), bf16 on CUDA, TRL's default gradient checkpointing on TRL's sides and
 slimrl's defaults on slimrl's (offloaded checkpointing; the MLPs tiled where the plan says it pays,
-``slimrl.planning.tiling``) — and slimrl again with ``unsloth_tiled_mlp=False`` ("slimrl untiled") —, the step's
+``slimrl.planning.levers``) — and slimrl again with ``unsloth_tiled_mlp=False`` ("slimrl untiled") —, the step's
 scoring and backward (generation: the same HF-generate KV cache on every side, included),
 ``per_device_train_batch_size = num_generations`` (one prompt's group per step). Every peak is of allocated bytes
 (``max_memory_allocated``: the CUDA context not included). "floor": what any exact run must hold at once — the

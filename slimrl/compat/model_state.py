@@ -26,6 +26,7 @@ class ModelState:
     tiled_mlp: bool | None = None  # what the user asked for (None: not asked, the lean default decides)
     checkpointing_default: Any = None  # from_pretrained's use_gradient_checkpointing, get_peft_model's default
     checkpointing: Any = None  # the mode get_peft_model set (generation switches it off and back)
+    checkpointing_chosen: bool = False  # that mode is slimrl's default (none given): the lean default may unload it
     tokenizer: Any = None  # the text tokenizer (padding side switched by for_inference / for_training)
     processor: Any = None  # a vision model's processor (fast_generate's images)
 

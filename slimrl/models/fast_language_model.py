@@ -253,6 +253,7 @@ class FastLanguageModel:
         from peft import LoraConfig, get_peft_model
 
         loaded = model_state(model)
+        chosen = use_gradient_checkpointing is None and loaded.checkpointing_default is None
         if use_gradient_checkpointing is None:
             default = loaded.checkpointing_default
             use_gradient_checkpointing = "slimrl" if default is None else default
@@ -314,6 +315,7 @@ class FastLanguageModel:
         peft_model = get_peft_model(model, config)
         enable_checkpointing(peft_model, use_gradient_checkpointing, every)
         loaded.checkpointing = use_gradient_checkpointing
+        loaded.checkpointing_chosen = chosen
         attach_state(model, loaded)
         carry_over(model, peft_model)
         return attach(peft_model)

@@ -68,21 +68,30 @@ class HostCopies:
 
 
 class CudaCopies(HostCopies):
-    """The stream/event protocol of the module docstring, and page-locking of the pool's buffers."""
+    """The stream/event protocol of the module docstring, and page-locking of the pool's buffers: registered at
+    their size where this machine allows it, else pinned by torch's allocator, else pageable
+    (:func:`slimrl.compat.page_lock.probe`)."""
 
     def __init__(self, device: torch.device) -> None:
+        from slimrl.compat.page_lock import probe
+
         self.stream = torch.cuda.Stream(device)
         self.device = device
+        self.lock = probe(device)
         self.lock_error: int | None = None  # cudaHostRegister's error, once it failed: no more tries
+        self.registered: set[int] = set()  # data pointers of the buffers this pool registered
 
     def new_buffer(self, nbytes: int, pin: bool) -> tuple[torch.Tensor, bool]:
+        if pin and not self.lock.registers and self.lock.allocates:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), True
         buf = torch.empty(nbytes, dtype=torch.uint8)
-        if not pin or self.lock_error is not None:
+        if not pin or self.lock_error is not None or not self.lock.registers:
             return buf, False
         error = int(torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0))
         if error == 0:
+            self.registered.add(buf.data_ptr())
             return buf, True
-        self.lock_error = error  # a VM or a locked-memory limit can refuse it: said once, not retried per buffer
+        self.lock_error = error  # a locked-memory limit reached: said once, not retried per buffer
         warn(
             f"offloaded checkpointing: page-locking host memory failed (cudaHostRegister error {error}); layer "
             f"inputs are copied through pageable memory, which is slower and waits for each copy. "
@@ -93,7 +102,9 @@ class CudaCopies(HostCopies):
     def free_buffer(self, buf: torch.Tensor, pinned: bool) -> None:
         if pinned:
             self.stream.synchronize()  # no copy may still read it
-            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+            if buf.data_ptr() in self.registered:
+                self.registered.discard(buf.data_ptr())
+                torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
 
     def out(self, host: torch.Tensor, t: torch.Tensor) -> None:
         self.stream.wait_stream(torch.cuda.current_stream(t.device))  # t is written by the compute stream

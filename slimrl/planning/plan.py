@@ -51,6 +51,7 @@ from slimrl.errors import InputError
 from slimrl.planning.bounds import parse_budget
 from slimrl.planning.config import load_config
 from slimrl.planning.gpu import cuda_total
+from slimrl.planning.levers import choose
 from slimrl.planning.phases import (
     pinnable_bytes,
     pinned_host_bytes,
@@ -60,7 +61,6 @@ from slimrl.planning.phases import (
 )
 from slimrl.planning.search import PERSISTENT, fastest_fitting, largest_phase, longest_fitting
 from slimrl.planning.settings import CHECKPOINTING, Settings, Workload, _check  # noqa: F401 - re-exported
-from slimrl.planning.tiling import tiled_default
 from slimrl.planning.timing import DEFAULT_GPU, calibrate, no_grad_passes, offload_seconds, packed, step_split
 from slimrl.planning.verdict import fitting_bytes, verdict
 
@@ -106,10 +106,13 @@ def _checkpoint_every(s: Settings) -> int:
     return 0 if mode == "false" else (s.checkpoint_every_n_layers or 2) if mode == "selective" else 1
 
 
+NOT_REPORTED = ("gpu_memory_utilization", "chunk_rows", "host_pinning")
+
+
 def _as_json(s: Settings) -> dict[str, Any]:
     """The settings as :class:`Plan` reports them (the engine's share and the head's chunk rows are inputs of the
     prediction, not reported)."""
-    return {f.name: getattr(s, f.name) for f in fields(s) if f.name not in ("gpu_memory_utilization", "chunk_rows")}
+    return {f.name: getattr(s, f.name) for f in fields(s) if f.name not in NOT_REPORTED}
 
 
 def _weights(model: Any, load_in_4bit: bool, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -149,16 +152,14 @@ def plan(
     settings = replace(settings, gradient_checkpointing=str(settings.gradient_checkpointing).lower())
     _check(settings)
     config = config if config is not None else load_config(model)
-    budget_bytes, tiling = parse_budget(budget), None
+    budget_bytes, tiling = parse_budget(budget), []
     if budget_bytes is None and settings.gpu:  # a named card: its memory is the budget
         budget_bytes = find_gpu(settings.gpu).total_bytes
-    if settings.tiled_mlp is None:  # slimrl's default (slimrl.planning.tiling)
-        tiled, tiling = tiled_default(settings, lambda st: plan(config, st, search=False).peak_bytes)
-        settings = replace(settings, tiled_mlp=tiled)
+    settings, tiling = _lean_default(config, settings, budget_bytes)  # slimrl.planning.levers
     settings = replace(settings, shared_prefix=shared_prefix_applies(config, settings))  # asked for -> runs
     result = _predict(config, settings)
     result.settings = {"model": name, **result.settings}
-    result.notes += [tiling] if tiling else []
+    result.notes += tiling
     if budget_bytes is None:
         return result
     result.budget_bytes, device = budget_bytes, settings.device
@@ -185,6 +186,28 @@ def plan(
             )
             result.notes.append(f"to fit: {(result.peak_bytes - aim) / 2**30:.2f} GiB less; {fix}")
     return result
+
+
+def _lean_default(config: Any, s: Settings, budget: int | None) -> tuple[Settings, list[str]]:
+    """``s`` with slimrl's defaults for the levers left to it (``tiled_mlp`` None, ``gradient_checkpointing``
+    "auto"): on CUDA under checkpointing each applied only while the peak is above what fits ``budget`` (no budget
+    given: the default GPU's memory), cheapest seconds per GiB first (:mod:`slimrl.planning.levers`); the notes say
+    what was applied. On a CPU "auto" is slimrl's checkpointing (plain there) and nothing is tiled."""
+    levers = ("tiled_mlp",) if s.tiled_mlp is None else ()
+    levers += ("offload",) if s.gradient_checkpointing == "auto" else ()
+    s = replace(s, tiled_mlp=False if s.tiled_mlp is None else s.tiled_mlp)
+    if s.gradient_checkpointing == "auto":
+        s = replace(s, gradient_checkpointing="true" if s.device == "cuda" else "slimrl")
+    if s.device != "cuda" or s.gradient_checkpointing == "false" or not levers:
+        return s, []
+    budget = budget if budget is not None else find_gpu(DEFAULT_GPU).total_bytes
+    chosen, applied, _ = choose(s, levers, fitting_bytes(budget, "cuda"), lambda st: _peak_and_seconds(config, st))
+    return chosen, [f"slimrl's default applied {p.note()}: the peak without it is above what fits" for p in applied]
+
+
+def _peak_and_seconds(config: Any, s: Settings) -> tuple[int, float]:
+    predicted = _predict(config, replace(s, shared_prefix=shared_prefix_applies(config, s)))
+    return predicted.peak_bytes, predicted.step_seconds
 
 
 _MODELS: dict[tuple, Any] = {}
@@ -307,7 +330,7 @@ def _predict(config: Any, s: Settings) -> Plan:
     if offloaded:
         split["offload_copies"] = offload_seconds(
             offloaded,
-            min(host, pinnable_bytes()),
+            min(host, pinnable_bytes()) if s.host_pinning else 0,
             (named or current_gpu() or find_gpu(DEFAULT_GPU)).host_link_gbs * 1e9,
             split["policy_forward"] + split["backward"],
         )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from slimrl.errors import InputError
 
-CHECKPOINTING = ("true", "false", "slimrl", "selective")
+CHECKPOINTING = ("auto", "true", "false", "slimrl", "selective")
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,11 @@ class Settings:
     max_completion_length: int = _option(256, "completion tokens")
     lora_r: int = _option(16, "LoRA rank; 0 = full fine-tuning")
     load_in_4bit: bool = _option(False, "NF4 base weights (QLoRA)")
-    gradient_checkpointing: str = _option("slimrl", "true, false, slimrl (default) or selective")
+    gradient_checkpointing: str = _option(
+        "auto",
+        "auto (default: every layer, on CUDA offloaded only where needed), true, false, slimrl (offloaded on CUDA) "
+        "or selective",
+    )
     checkpoint_every_n_layers: int | None = None  # selective: the period (default 2)
     fast_inference: bool = _option(False, "generation through slimrl's colocated vLLM engine")
     device: str = _option("cpu", "cpu (default) or cuda")
@@ -80,6 +84,7 @@ class Settings:
         "they save >= 10 %% of the peak",
     )
     gpu: str | None = None  # a GPU of slimrl's table (its key): the dtype the model loads in there
+    host_pinning: bool = True  # offload copies overlap (slimrl.compat.page_lock); False: pageable, synchronous
 
 
 MAX_SIZE = 2**24  # rows or tokens: beyond any run, and below the integer overflow of a [rows, tokens] tensor

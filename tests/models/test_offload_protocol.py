@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from slimrl.compat.page_lock import PageLock
 from slimrl.models import offload
 from tests.tiny import tiny_llama
 
@@ -130,7 +131,8 @@ def test_a_refused_page_lock_is_said_once_and_not_retried(monkeypatch, caplog):
 
     monkeypatch.setattr(torch.cuda, "cudart", lambda: SimpleNamespace(cudaHostRegister=register))
     copies = offload.CudaCopies.__new__(offload.CudaCopies)  # no stream needed to make buffers
-    copies.lock_error = None
+    copies.lock_error, copies.registered = None, set()
+    copies.lock = PageLock(register_error=None, allocates=False, copies_async=True)  # the probe's buffer registered
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         first = copies.new_buffer(1 << 20, pin=True)
@@ -138,3 +140,28 @@ def test_a_refused_page_lock_is_said_once_and_not_retried(monkeypatch, caplog):
     said = [str(w.message) for w in seen] + [r.getMessage() for r in caplog.records]
     assert first[1] is False and second[1] is False and calls == [1 << 20]
     assert sum("cudaHostRegister error 1" in m and "use_gradient_checkpointing=True" in m for m in said) == 1, said
+
+
+def test_where_registration_is_refused_the_pool_pins_by_allocation(monkeypatch):
+    """The probe found ``cudaHostRegister`` refused but pinned allocation working: buffers come from torch's pinned
+    allocator (pinned, so the copies overlap), never registered, and dropping one unregisters nothing."""
+    from types import SimpleNamespace
+
+    made, unregistered = [], []
+    real_empty = torch.empty
+
+    def empty(*args, pin_memory=False, **kwargs):
+        made.append(pin_memory)
+        return real_empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: SimpleNamespace(cudaHostUnregister=unregistered.append))
+    copies = offload.CudaCopies.__new__(offload.CudaCopies)
+    copies.lock_error, copies.registered = None, set()
+    copies.lock = PageLock(register_error=1, allocates=True, copies_async=True)
+    copies.stream = SimpleNamespace(synchronize=lambda: None)
+    buf, pinned = copies.new_buffer(1 << 20, pin=True)
+    assert pinned and made == [True]
+    copies.free_buffer(buf, pinned)
+    assert unregistered == []
+    assert copies.new_buffer(1 << 20, pin=False)[1] is False and made == [True, False]  # over the pool's cap

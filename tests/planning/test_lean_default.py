@@ -1,5 +1,6 @@
 """The terms that make a CUDA plan lean and honest: LoRA under autocast (16-bit saved inputs) and slimrl's default
-for ``unsloth_tiled_mlp`` (tile where the plan says it saves >= 10 % of the peak, on CUDA under checkpointing)."""
+for ``unsloth_tiled_mlp`` (on CUDA under checkpointing, tile only where the untiled peak is above what fits the
+budget: :mod:`slimrl.planning.levers`)."""
 
 from __future__ import annotations
 
@@ -56,30 +57,79 @@ LONG = dict(
 )
 
 
-def test_the_default_tiles_on_cuda_where_the_recompute_dominates():
-    config = _config(intermediate=2048, layers=4, context=8192)
-    default = plan(config, Settings(device="cuda", **LONG), search=False)
-    off = plan(config, Settings(device="cuda", tiled_mlp=False, **LONG), search=False)
-    on = plan(config, Settings(device="cuda", tiled_mlp=True, **LONG), search=False)
-    assert default.settings["tiled_mlp"] is True and default.peak_bytes == on.peak_bytes
+def _budget_for(aim: int) -> int:
+    """The budget whose "fits" share on CUDA is ``aim`` bytes (give or take a KiB)."""
+    from slimrl.planning.verdict import fitting_bytes
+
+    lo, hi = aim, 1 << 40
+    while hi - lo > 1024:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fitting_bytes(mid, "cuda") < aim else (lo, mid)
+    return hi
+
+
+WIDE = dict(intermediate=2048, layers=4, context=8192)
+
+
+def _between() -> int:
+    """A budget the tiled run fits and the untiled one does not."""
+    config = _config(**WIDE)
+    off = plan(config, Settings(device="cuda", tiled_mlp=False, gradient_checkpointing="true", **LONG), search=False)
+    on = plan(config, Settings(device="cuda", tiled_mlp=True, gradient_checkpointing="true", **LONG), search=False)
     assert on.peak_bytes <= 0.9 * off.peak_bytes
-    assert any("tiled MLP (slimrl's default" in n for n in default.notes)
-    assert off.settings["tiled_mlp"] is False and not any("tiled MLP" in n for n in off.notes)  # the user's word kept
+    return _budget_for((on.peak_bytes + off.peak_bytes) // 2)
+
+
+def test_the_default_tiles_on_cuda_where_the_untiled_run_does_not_fit():
+    config = _config(**WIDE)
+    budget = _between()
+    plain = dict(device="cuda", gradient_checkpointing="true", **LONG)  # the user's checkpointing: no offload lever
+    default = plan(config, Settings(**plain), budget=budget, search=False)
+    on = plan(config, Settings(tiled_mlp=True, **plain), search=False)
+    assert default.settings["tiled_mlp"] is True and default.peak_bytes == on.peak_bytes and default.fits
+    assert any("slimrl's default applied tiled_mlp: predicted peak" in n for n in default.notes)
+    off = plan(config, Settings(tiled_mlp=False, **plain), budget=budget, search=False)
+    assert off.settings["tiled_mlp"] is False and not any("tiled_mlp:" in n for n in off.notes)  # the user's word
+
+
+def test_auto_checkpointing_offloads_first_where_it_is_cheaper_and_only_where_needed():
+    """Both levers left to slimrl (``gradient_checkpointing="auto"``, ``tiled_mlp`` auto) at a budget either one
+    meets: the offload's copies hide behind the compute (pinned host memory), so it is priced below one more MLP
+    forward per layer and applied alone; with pageable copies (synchronous) the price turns; with room, neither."""
+    config = _config(**WIDE)
+    auto = dict(device="cuda", **LONG)
+    peaks = {
+        (mode, tiled): plan(
+            config, Settings(gradient_checkpointing=mode, tiled_mlp=tiled, **auto), search=False
+        ).peak_bytes
+        for mode, tiled in (("true", False), ("slimrl", False), ("true", True))
+    }
+    either = max(peaks[("slimrl", False)], peaks[("true", True)])
+    assert either < peaks[("true", False)]
+    budget = _budget_for((either + peaks[("true", False)]) // 2)
+    got = plan(config, Settings(**auto), budget=budget, search=False)
+    assert got.settings["gradient_checkpointing"] == "slimrl" and got.settings["tiled_mlp"] is False and got.fits
+    assert any("slimrl's default applied offload:" in n for n in got.notes)
+    pageable = plan(config, Settings(host_pinning=False, **auto), budget=budget, search=False)
+    assert pageable.settings["tiled_mlp"] is True and pageable.settings["gradient_checkpointing"] == "true"
+    roomy = plan(config, Settings(**auto), budget=1 << 40, search=False)
+    assert roomy.settings["gradient_checkpointing"] == "true" and roomy.settings["tiled_mlp"] is False
 
 
 @pytest.mark.parametrize(
-    "settings",
+    "settings, budget",
     [
-        dict(device="cpu", **LONG),  # a CPU run: never
-        dict(device="cuda", gradient_checkpointing="false", **LONG),  # no recompute to shrink
-        dict(device="cuda", **{**LONG, "max_completion_length": 48}),  # short: tiles save < 10 %
+        (dict(device="cpu", **LONG), "tight"),  # a CPU run: never
+        (dict(device="cuda", gradient_checkpointing="false", **LONG), "tight"),  # no recompute to shrink
+        (dict(device="cuda", **LONG), None),  # no budget known: nothing bought with time
+        (dict(device="cuda", gpu="h200", **LONG), None),  # the card has room
     ],
 )
-def test_the_default_leaves_the_mlp_whole_where_tiles_do_not_pay(settings, monkeypatch, tmp_path):
+def test_the_default_leaves_the_mlp_whole_where_tiles_are_not_needed(settings, budget, monkeypatch, tmp_path):
     monkeypatch.setenv("SLIMRL_CACHE", str(tmp_path))  # a CPU plan's calibration, not into ~/.cache
-    config = _config(intermediate=2048, layers=4, context=8192)
-    got = plan(config, Settings(**settings), search=False)
-    assert got.settings["tiled_mlp"] is False and not any("tiled MLP" in n for n in got.notes)
+    config = _config(**WIDE)
+    got = plan(config, Settings(**settings), budget=_between() if budget else None, search=False)
+    assert got.settings["tiled_mlp"] is False and not any("tiled_mlp:" in n for n in got.notes)
 
 
 def test_the_cli_takes_auto_true_and_false(capsys, tmp_path):
@@ -87,7 +137,7 @@ def test_the_cli_takes_auto_true_and_false(capsys, tmp_path):
 
     path = tmp_path / "m"
     _config(intermediate=2048, layers=4, context=8192).save_pretrained(path)
-    for word, expected in (("auto", True), ("false", False), ("TRUE", True)):
+    for word, expected in (("auto", False), ("false", False), ("TRUE", True)):  # auto: no budget, nothing needed
         argv = [
             "--model",
             str(path),
