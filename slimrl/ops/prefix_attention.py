@@ -24,7 +24,9 @@ key and its own keys ``<= u``. PyTorch states that pattern without a tensor (``c
 the memory-efficient kernel with its built-in lower-right mask, on a CPU through an explicit boolean mask. Segments are
 batched by their row's prompt length (one batch when every row's prompt is equally long, as in GRPO's usual batch of
 one prompt's completions), so memory grows with ``P + G * C`` per group and the kernel skips the keys a query does not
-see: the work of TRL's own causal rows, less the repeated prompts.
+see: the work of TRL's own causal rows, less the repeated prompts. Grouped-query keys and values reach flash as they
+are (``enable_gqa``) where PyTorch's own check says flash takes them (:func:`shares_kv_heads`); elsewhere each K/V
+head is repeated for its query heads, as the memory-efficient kernel needs.
 """
 
 from __future__ import annotations
@@ -140,6 +142,17 @@ def _repeat_heads(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
+def shares_kv_heads(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Whether SDPA's flash kernel takes grouped-query keys and values as they are (``enable_gqa``, no copy of each
+    K/V head per query head): PyTorch's own check, on CUDA; elsewhere, or where flash does not serve the device, dtype
+    or head size (then the memory-efficient kernel runs, which needs them repeated), False."""
+    if query.size(1) == key.size(1) or query.device.type != "cuda":
+        return False
+    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+
+    return bool(can_use_flash_attention(SDPAParams(query, key, key, None, 0.0, False, True), False))
+
+
 def _pick(x: torch.Tensor, sel: torch.Tensor | None) -> torch.Tensor:
     """The segments ``sel`` of ``x [S, ...]`` (all of them for None)."""
     return x if sel is None else x.index_select(0, sel)
@@ -158,14 +171,17 @@ def shared_prefix_attention(
     rows, heads, _, dim = query.shape
     groups = heads // key.size(1)
     pw, lw, n_seg = layout.prefix_width, layout.seg_width, layout.seg_len.numel()
+    gqa = shares_kv_heads(query[:, :, :pw], key[:, :, :pw])
+    heads_of = (lambda x: x) if gqa else (lambda x: _repeat_heads(x, groups))  # [., kv | h, ., d]
     # prompt queries: causal over the first P positions of each row
     prompt = sdpa(
         query[:, :, :pw],
-        _repeat_heads(key[:, :, :pw], groups),
-        _repeat_heads(value[:, :, :pw], groups),
+        heads_of(key[:, :, :pw]),
+        heads_of(value[:, :, :pw]),
         dropout_p=dropout,
         is_causal=True,
         scale=scaling,
+        enable_gqa=gqa,
     )  # [R, h, P, d]
     # completion queries: the segment's own tokens, gathered, over [prompt keys of its row | its own keys]
     rows_idx = layout.seg_row[:, None]  # [S, 1]
@@ -182,12 +198,11 @@ def shared_prefix_attention(
         rows_of = _pick(layout.seg_row, sel)  # [s]
         keys = torch.cat([key[:, :, :p].index_select(0, rows_of), _pick(k_own, sel)], dim=2)  # [s, kv, p + L, d]
         vals = torch.cat([value[:, :, :p].index_select(0, rows_of), _pick(v_own, sel)], dim=2)  # [s, kv, p + L, d]
-        q, k, v = _pick(q_seg, sel), _repeat_heads(keys, groups), _repeat_heads(vals, groups)
+        q, k, v = _pick(q_seg, sel), heads_of(keys), heads_of(vals)
         if cast is not None:
             q, k, v = q.to(cast), k.to(cast), v.to(cast)
-        outs.append(
-            sdpa(q, k, v, attn_mask=causal_lower_right(lw, p + lw), dropout_p=dropout, scale=scaling)
-        )  # [s, h, L, d]
+        mask = causal_lower_right(lw, p + lw)
+        outs.append(sdpa(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=gqa))  # [s, h, L, d]
     own = outs[0] if layout.seg_unsort is None else torch.cat(outs).index_select(0, layout.seg_unsort)  # [S, h, L, d]
     flat = torch.cat(
         [prompt.transpose(1, 2).reshape(rows * pw, heads, dim), own.transpose(1, 2).reshape(n_seg * lw, heads, dim)]

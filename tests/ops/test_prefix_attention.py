@@ -142,3 +142,57 @@ def test_under_autocast_mixed_input_dtypes_are_cast_as_sdpa_casts_them():
                 row[0], row[1].repeat_interleave(groups, 1), row[2].repeat_interleave(groups, 1), is_causal=True
             ).transpose(1, 2)[0]  # [p + n, h, d]
             torch.testing.assert_close(packed[r, a : a + n].float(), alone[prefix_lens[r] :].float(), atol=3e-2, rtol=0)
+
+
+@pytest.mark.parametrize("prefix_lens,segments", CASES)
+def test_grouped_query_keys_unrepeated_match_the_reference(monkeypatch, prefix_lens, segments):
+    """Where flash takes grouped-query K/V as they are (``enable_gqa``, forced here: a CPU's SDPA takes it too), the
+    op passes the ``kv`` heads unrepeated and still matches the fp64 reference, gradients included."""
+    from slimrl.ops import prefix_attention as pa
+
+    layout, q, k, v = _inputs(prefix_lens, segments)
+    seen = []
+    real_sdpa = pa.sdpa
+
+    def spy(q_, k_, v_, **kwargs):
+        seen.append((q_.size(1), k_.size(1), kwargs.get("enable_gqa")))
+        return real_sdpa(q_, k_, v_, **kwargs)
+
+    monkeypatch.setattr(pa, "shares_kv_heads", lambda query, key: True)
+    monkeypatch.setattr(pa, "sdpa", spy)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    got = pa.shared_prefix_attention(*leaves, layout, scaling=0.3)  # [R, T, h, d]
+    assert seen and all(s == (4, 2, True) for s in seen), seen
+    ref_leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    ref = reference_attention(*ref_leaves, layout, scaling=0.3)
+    weight = torch.randn_like(ref)
+    (got.double() * weight).sum().backward()
+    (ref * weight).sum().backward()
+    torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=0)
+    for a, b in zip(leaves, ref_leaves):
+        torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-5, rtol=0)
+
+
+def test_kv_heads_are_shared_only_where_torchs_flash_check_says_so(monkeypatch):
+    """On a CPU, or with as many K/V heads as query heads, nothing is asked; on CUDA, PyTorch's own
+    ``can_use_flash_attention`` with ``enable_gqa`` decides (a T4 has no flash: its K/V are repeated)."""
+    from types import SimpleNamespace
+
+    import torch.backends.cuda as tcuda
+
+    from slimrl.ops.prefix_attention import shares_kv_heads
+
+    asked = []
+    monkeypatch.setattr(tcuda, "SDPAParams", lambda *a: asked.append(a[-1]) or a)
+    answer = {"flash": True}
+    monkeypatch.setattr(tcuda, "can_use_flash_attention", lambda params, debug: answer["flash"])
+    cpu_q, cpu_k = torch.zeros(1, 4, 2, 8), torch.zeros(1, 2, 2, 8)
+    assert not shares_kv_heads(cpu_q, cpu_k) and asked == []
+
+    def on_cuda(heads):
+        return SimpleNamespace(size=lambda i: heads, device=torch.device("cuda"))
+
+    assert not shares_kv_heads(on_cuda(4), on_cuda(4)) and asked == []
+    assert shares_kv_heads(on_cuda(4), on_cuda(2)) and asked == [True]
+    answer["flash"] = False
+    assert not shares_kv_heads(on_cuda(4), on_cuda(2))
