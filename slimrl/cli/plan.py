@@ -104,6 +104,8 @@ def format_compare(sides: dict[str, dict[str, Any]]) -> str:
     ref = sides[names[1]]["peak_bytes"] if len(names) > 1 else None
     if ref:
         lines.append(f"  {'peak / TRL alone':24}" + "".join(f"{sides[n]['peak_bytes'] / ref:>14.2f}" for n in names))
+    if all("train_seconds" in sides[n] for n in names):  # CUDA: slimrl.planning.cuda_pass
+        lines.append(f"  {'training pass (s)':24}" + "".join(f"{sides[n]['train_seconds']:>14.3f}" for n in names))
     if "longest_completion" in sides[names[0]]:
         lines.append(
             f"  {'longest completion':24}"

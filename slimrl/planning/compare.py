@@ -7,7 +7,8 @@ tokens: a generation batch's rows of prompt + completion tokens (DPO: that many 
 TRL what it costs slimrl's HF-generate path (the same KV cache; slimrl's shared prefill only lowers its prefill), so
 the sides differ in the passes that score and train. For each side: its peak, its phases, and with a budget the
 longest completion that fits (multiples of ``step`` tokens; on CUDA, whose verdict is "fits":
-:mod:`slimrl.planning.verdict`).
+:mod:`slimrl.planning.verdict`), and on CUDA its training pass's predicted seconds (``train_seconds``, by phase in
+``train_split``: :func:`train_times`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,43 @@ def trl_side(config: Any, s: Settings, family: str, generation: int = 0, runtime
     return {"peak_bytes": peak, "phases": phases}
 
 
+def train_times(config: Any, s: Settings, ours: Any) -> dict[str, dict[str, float]]:
+    """Each side's training pass on the plan's GPU (:mod:`slimrl.planning.cuda_pass`: the policy's log-prob pass
+    with gradients, the loss and the backward; what the lease timed): TRL's checkpointing of every layer, slimrl's
+    as resolved (its layout, tiles and offload copies included)."""
+    from slimrl.compat.gpus import current_gpu, find_gpu
+    from slimrl.planning.cuda_pass import SLIMRL, TRL, TRL_LIGER, train_seconds
+    from slimrl.planning.timing import DEFAULT_GPU
+
+    gpu = find_gpu(s.gpu) if s.gpu else current_gpu() or find_gpu(DEFAULT_GPU)
+    shape = dict(
+        rows=s.per_device_train_batch_size,
+        generations=s.num_generations,
+        prompt=s.max_prompt_length,
+        completion=s.max_completion_length,
+        lora_r=s.lora_r,
+    )
+    trl_recompute = 0.0 if s.gradient_checkpointing == "false" else 1.0
+    mode, every = ours.settings["gradient_checkpointing"], ours.settings.get("checkpoint_every_n_layers") or 2
+    recompute = 0.0 if mode == "false" else 1.0 / every if mode == "selective" else 1.0
+    slim = train_seconds(
+        config,
+        gpu,
+        **shape,
+        recompute=recompute,
+        kernels=SLIMRL,
+        shared_prefix=bool(ours.settings["shared_prefix"]),
+        tiled=bool(ours.settings["tiled_mlp"]),
+    )
+    if ours.step_split.get("offload_copies"):
+        slim["offload_copies"] = ours.step_split["offload_copies"]
+    return {
+        "trl": train_seconds(config, gpu, **shape, recompute=trl_recompute, kernels=TRL),
+        "trl + liger": train_seconds(config, gpu, **shape, recompute=trl_recompute, kernels=TRL_LIGER),
+        "slimrl": slim,
+    }
+
+
 def compare(config: Any, s: Settings, budget: int | None = None, step: int = 64) -> dict[str, dict[str, Any]]:
     """The sides for ``s`` (module docstring); ``budget`` (bytes) adds each side's longest completion that fits."""
     from slimrl.planning.plan import plan
@@ -75,6 +113,11 @@ def compare(config: Any, s: Settings, budget: int | None = None, step: int = 64)
     sides = {"slimrl": {"peak_bytes": ours.peak_bytes, "phases": dict(ours.phases)}}
     for name, family in families.items():
         sides[name] = trl_side(config, s, family, generation, runtime)
+    if s.device == "cuda":
+        for name, seconds in train_times(config, s, ours).items():
+            if name in sides:
+                sides[name]["train_seconds"] = round(sum(seconds.values()), 6)
+                sides[name]["train_split"] = {k: round(v, 6) for k, v in seconds.items()}
     if budget is not None:
         budget = fitting_bytes(budget, s.device)  # the longest completion whose verdict is "fits"
         room = context_room(config, s.max_prompt_length)

@@ -1,0 +1,152 @@
+"""Seconds of a training pass on CUDA, phase by phase: what the first lease timed (the policy's log-prob pass with
+gradients, the loss and the backward; no generation), for TRL alone, TRL + Liger and slimrl's default.
+
+For ``T`` tokens through ``layers`` decoder layers of a dense LoRA model, with checkpointing (the backward
+recomputes each layer's forward once, ``recompute``) and a backward of about twice a forward:
+
+* **gemm**: ``2 N`` FLOPs per token forward (``N``: the decoder's linear weights), times ``1 + recompute + 2``, at
+  :data:`slimrl.planning.timing.MATMUL_SHARE` of the card's dense 16-bit rate (:func:`timing.nominal`);
+* **attention**: causal flash, ``4 h d`` FLOPs per (query, key) pair forward, 2.5 times that backward, at
+  :data:`ATTENTION_SHARE` of the dense rate;
+* **head**: ``2 H V`` FLOPs per scored token forward and once more backward (the head is frozen under LoRA: only
+  the input gradient); where the ``[N, V]`` logits are built (TRL alone) :data:`LOGIT_PASSES` passes over them in
+  fp32 (log-softmax, entropy, their backward);
+* **elementwise**: the bytes each eager op reads and writes per token and layer (:func:`eager_bytes`: RMSNorm's fp32
+  round trip, rotary embedding, SwiGLU, PEFT's LoRA glue -- the fp32 casts of the input, the scaling and the add --,
+  the residual adds, K/V repeated for a padding mask), where Liger's kernels move each tensor once for the norm,
+  the rotary embedding and SwiGLU; forward, recompute and each op's backward (:data:`BACKWARD`), at
+  :data:`EW_SHARE` of the card's bandwidth;
+* **launches**: :data:`KERNELS_PER_LAYER` kernels per layer and pass at :data:`timing.LAUNCH_SECONDS` each.
+
+Two constants are fitted, :data:`EW_SHARE` (0.70) and :data:`GEMM_SHARE` (0.84), on the lease's H200 rows of TRL
+alone (1.44 s) and TRL + Liger (1.20 s) only (docs/BENCHMARKS.md "GPU": Qwen2.5-1.5B, LoRA r=64, 8 x (256 +
+4,096); a grid of 0.01 minimising the two squared relative errors). Two rows and two constants are met exactly, so
+those rows test nothing; Unsloth's row is the out-of-sample check (BENCHMARKS.md). The rest are counts or stated
+assumptions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from slimrl.compat.gpus import Gpu
+from slimrl.planning.timing import LAUNCH_SECONDS, MATMUL_SHARE, nominal
+
+GEMM_SHARE = 0.84  # of the dense rate the pass's GEMMs reach: fitted (module docstring)
+ATTENTION_SHARE = 0.5  # of the dense rate flash attention reaches (assumed: about half, head dim 64-128)
+LOGIT_PASSES = 6  # fp32 passes over materialised logits: log-softmax and entropy forward, their backward
+KERNELS_PER_LAYER = 120  # eager kernels per decoder layer and pass with LoRA on its 7 projections
+EW_SHARE = 0.70  # of the bandwidth eager elementwise ops reach: fitted (module docstring)
+BYTES = 2  # 16-bit activations
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """What a side runs: ``liger`` (Liger's RMSNorm, rotary and SwiGLU), ``fused_lora`` (LoRA added into the base
+    output with no fp32 copy), ``logits`` (the ``[N, V]`` logits built), ``repeat_kv`` (K/V repeated per query head)."""
+
+    liger: bool = False
+    fused_lora: bool = False
+    logits: bool = True
+    repeat_kv: bool = True
+
+
+TRL = Kernels()
+TRL_LIGER = Kernels(liger=True, logits=False)  # Liger's fused linear GRPO loss keeps a chunk of logits
+SLIMRL = Kernels(logits=False, repeat_kv=False)  # the chunked head; flash takes grouped K/V as they are
+
+
+def _dims(config: Any) -> dict[str, int]:
+    text = getattr(config, "text_config", None) or config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return {
+        "layers": text.num_hidden_layers,
+        "hidden": text.hidden_size,
+        "inter": getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
+        "q": heads * head_dim,
+        "kv": (getattr(text, "num_key_value_heads", None) or heads) * head_dim,
+        "vocab": text.vocab_size,
+    }
+
+
+# backward bytes per forward byte, per op (autograd's own formulas): RMSNorm's backward recomputes the fp32 norm and
+# reduces twice; SwiGLU's needs the sigmoid again; rotary, the LoRA glue, the residual adds and repeat_kv are linear
+BACKWARD = {"norms": 3.0, "rope": 1.0, "swiglu": 2.0, "lora": 1.0, "residual": 1.0, "repeat": 1.0}
+
+
+def eager_bytes(d: dict[str, int], k: Kernels) -> dict[str, int]:
+    """Bytes read and written per token by one decoder layer's elementwise ops, forward, by op (module docstring)."""
+    h, inter, q, kv = d["hidden"], d["inter"], d["q"], d["kv"]
+    ins = 5 * h + q + inter  # the inputs of q, k, v, gate, up (hidden), o (q) and down (intermediate)
+    outs = q + 2 * kv + 2 * h + 2 * inter  # their outputs
+    return {
+        # RMSNorm: to fp32 (r2 w4), pow (r4 w4), mean (r4), x * rsqrt (r4 w4), to bf16 (r4 w2), * weight (r2 w2)
+        "norms": 2 * (4 * h if k.liger else 36 * h),
+        # rotary on q and k: q * cos, rotate_half (negate, cat), * sin, add: about 24 bytes per element
+        "rope": (4 if k.liger else 24) * (q + kv),
+        "swiglu": (6 if k.liger else 10) * inter,  # silu(gate) (r2 w2), * up (r4 w2); fused r4 w2
+        # PEFT: the input cast to the fp32 adapter (r2 w4) and back under autocast (r4 w2); * scaling (r2 w2), add
+        # (r4 w2); fused: the adapter's output added into the base output (r2 w2)
+        "lora": 4 * outs if k.fused_lora else 12 * ins + 10 * outs,
+        "residual": 2 * 6 * h,
+        "repeat": 4 * (q + kv) if k.repeat_kv else 0,  # transformers' repeat_kv for K and V under a padding mask
+    }
+
+
+def linear_params(d: dict[str, int], lora_r: int) -> int:
+    """The decoder's linear weights: q, k, v, o, gate, up, down per layer, and LoRA's A and B on each."""
+    h, inter, q, kv = d["hidden"], d["inter"], d["q"], d["kv"]
+    base = h * q + 2 * h * kv + q * h + 3 * h * inter
+    lora = lora_r * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + inter) + (inter + h))
+    return d["layers"] * (base + lora)
+
+
+def train_seconds(
+    config: Any,
+    gpu: Gpu,
+    *,
+    rows: int,
+    generations: int,
+    prompt: int,
+    completion: int,
+    lora_r: int,
+    recompute: float,
+    kernels: Kernels,
+    shared_prefix: bool = False,
+    tiled: bool = False,
+) -> dict[str, float]:
+    """Seconds per phase of one training pass on ``gpu`` (module docstring) over ``rows`` rows of ``prompt`` +
+    ``completion`` tokens; ``shared_prefix``: each prompt once per group of ``generations`` rows (slimrl's layout:
+    the prompt causal over itself, each completion over the prompt and itself); ``recompute``: the share of layers
+    checkpointed; ``tiled``: the tiled MLP's one more MLP forward per layer in the backward."""
+    d = _dims(config)
+    tp = nominal(gpu)
+    if shared_prefix and generations > 1:
+        groups = -(-rows // generations)
+        tokens = groups * prompt + rows * completion
+        pairs = groups * prompt * prompt / 2 + rows * completion * (prompt + completion / 2)
+    else:
+        tokens = rows * (prompt + completion)
+        pairs = rows * (prompt + completion) ** 2 / 2
+    scored = rows * completion
+    passes = 1 + recompute + 2  # forward, recompute, backward (about two forwards)
+    dense = tp.flops_per_s / MATMUL_SHARE  # the datasheet's dense rate
+    split = {
+        "gemm": passes * 2 * linear_params(d, lora_r) * tokens / (GEMM_SHARE * dense),
+        "attention": (1 + recompute + 2.5) * 4 * d["q"] * pairs * d["layers"] / (ATTENTION_SHARE * dense),
+        "head": 2 * 2 * d["hidden"] * d["vocab"] * scored / (GEMM_SHARE * dense),
+        "elementwise": sum((1 + recompute + BACKWARD[op]) * n for op, n in eager_bytes(d, kernels).items())
+        * tokens
+        * d["layers"]
+        / (EW_SHARE * tp.bytes_per_s),
+        "launches": (1 + recompute + 1) * KERNELS_PER_LAYER * d["layers"] * LAUNCH_SECONDS,
+    }
+    if kernels.logits:
+        split["head"] += LOGIT_PASSES * 4 * scored * d["vocab"] / tp.bytes_per_s
+    if tiled:
+        mlp_flops = 2 * 3 * d["hidden"] * d["inter"] * tokens * d["layers"]
+        split["gemm"] += mlp_flops / (GEMM_SHARE * dense)
+        split["elementwise"] += (10 + 12) * d["inter"] * tokens * d["layers"] / (EW_SHARE * tp.bytes_per_s)
+    return split
