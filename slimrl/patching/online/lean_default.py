@@ -61,9 +61,7 @@ def apply_lean_default(bound: dict[str, Any], algorithm: str, workload: Workload
         host_pinning=lock is None or lock.overlaps,
     )
     chosen = _choose(model, args, settings, levers)
-    if chosen is None:
-        return
-    applied, left = chosen
+    applied, left = chosen if chosen is not None else ([], [])
     changed = config_state(args).changed
     for p in applied:
         if p.lever == "tiled_mlp":
@@ -97,7 +95,7 @@ def _choose(model: Any, args: Any, settings: Settings, levers: tuple[str, ...]) 
     from slimrl.planning.verdict import fitting_bytes
 
     if not levers:
-        return None
+        return [], []
     budget_text = fields_of(args).slimrl_memory_budget
     budget = parse_bytes(budget_text) if budget_text else default_budget("cuda")
 

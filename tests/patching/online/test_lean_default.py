@@ -183,6 +183,16 @@ def test_where_nothing_pins_a_kept_offload_is_said_in_one_line(fake_gpu, monkeyp
     assert ("needed to fit" if offload == "chosen" else "use_gradient_checkpointing asked for it") in lines[0]
 
 
+def test_the_line_comes_where_no_lever_is_left_to_slimrl(fake_gpu, monkeypatch):
+    """The user's offload and the user's tiles: nothing to price, and still the one line where memory does not pin."""
+    fake_gpu("t4")
+    monkeypatch.setattr(page_lock, "probe", lambda device: REFUSED)
+    bound = _bound(offload="asked", asked=False)
+    with pytest.warns(UserWarning, match="cudaHostRegister error 712.*use_gradient_checkpointing asked for it"):
+        tiled, changed = _apply(bound)
+    assert not tiled and not changed and _offloader(_base(bound)) is not None
+
+
 def test_the_users_offload_is_kept_where_the_run_fits(fake_gpu):
     fake_gpu("h100")
     bound = _bound(offload="asked")
