@@ -124,11 +124,15 @@ def format_plan(data: dict[str, Any]) -> str:
         "",
         f"  {'phase':24} {'memory':>10} {'time':>9}",
     ]
+    split = data["step_split"]
+    parts = {k: v for k, v in split.items() if k.startswith("generation_")}  # generation's prefill and decode
     for name, nbytes in data["phases"].items():
-        secs = data["step_split"].get(name)
+        secs = split.get(name, sum(parts.values()) if name == "generation" and parts else None)
         lines.append(f"  {name:24} {nbytes / 2**30:8.2f} GB {'' if secs is None else f'{secs:7.1f} s'}")
-    for name, secs in data["step_split"].items():  # time without a memory phase of its own (the offload's copies)
-        if name not in data["phases"]:
+        if name == "generation":
+            lines += [f"    {k.removeprefix('generation_'):22} {'':>10} {v:7.1f} s" for k, v in parts.items()]
+    for name, secs in split.items():  # time without a memory phase of its own (the offload's copies)
+        if name not in data["phases"] and name not in parts:
             lines.append(f"  {name:24} {'':>10} {secs:7.1f} s")
     label = "max_memory_allocated" if s["device"] == "cuda" else "predicted peak"  # CUDA: the context is outside
     lines.append(f"  {label:24} {data['peak_bytes'] / 2**30:8.2f} GB {data['step_seconds']:7.1f} s/step")

@@ -17,9 +17,11 @@ Model, per phase (``N`` = non-embedding parameters, ``T`` = prompt + completion 
   (LoRA weight gradients are negligible);
 * slimrl's offloaded checkpointing (CUDA): each offloaded layer input crosses the GPU's host link twice; pinned
   copies overlap the passes' compute, pageable ones do not (:func:`offload_seconds`);
-* generation (HF ``generate``, and the engine): prefill is a forward of the prompts; each of ``L`` decode steps reads
-  every weight and the KV cache once (memory bound at small batches) or does ``2 N`` FLOPs per row, whichever is
-  slower.
+* generation (HF ``generate``, and the engine), as ``generation_prefill`` and ``generation_decode``: prefill is a
+  forward of the prompts; each of ``L`` decode steps reads every weight and the KV cache once (memory bound at small
+  batches) or does ``2 N`` FLOPs per row, whichever is slower, plus its launches: eager ops (HF generate, the engine
+  on a CPU or over a 4-bit base), or one CUDA graph replayed (the engine on CUDA); over a 4-bit base the engine's
+  bitsandbytes layers dequantise every weight at every step (:func:`decode_seconds`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from slimrl.planning.settings import Settings
 # Eager PyTorch ops one decoder layer runs per decode step with a LoRA adapter on its 7 projections (HF generate):
 # 7 x (base matmul, A, B, scale, add) + norms, rotary, attention, cache update, residuals.
 OPS_PER_LAYER_STEP = 70
+GRAPH_REPLAY_SECONDS = 30e-6  # one decode step's CUDA graph replayed, and the sampler's host work around it
+DEQUANT_BYTES_PER_PARAM = 4  # NF4 -> bf16 per step: the 16-bit weight written, then read by the GEMM
 
 
 @dataclass(frozen=True)
@@ -173,13 +177,26 @@ def decode_seconds(
     context: int,
     layers: int,
     tp: Throughput,
+    graphs: bool = False,
+    dequantized: bool = False,
 ) -> float:
     """``steps`` decode steps of ``rows`` sequences: each reads the weights and the KV cache (average length
     ``context - steps/2``), or computes ``2 N`` FLOPs per row, whichever takes longer, plus the fixed cost of its
-    eager ops (:data:`OPS_PER_LAYER_STEP` per layer)."""
+    kernel launches: eager, :data:`OPS_PER_LAYER_STEP` per layer; replayed as one CUDA graph (``graphs``: vLLM's
+    default on CUDA), :data:`GRAPH_REPLAY_SECONDS`. ``dequantized``: a 4-bit base that bitsandbytes dequantises at
+    every step (the engine serving the trainer's 4-bit modules), which writes and reads the 16-bit weights once more
+    (:data:`DEQUANT_BYTES_PER_PARAM`)."""
     read = weight_bytes + rows * kv_bytes_per_token * max(context - steps // 2, 1)
-    fixed = OPS_PER_LAYER_STEP * layers * tp.seconds_per_op
+    if dequantized:
+        read += DEQUANT_BYTES_PER_PARAM * params
+    fixed = GRAPH_REPLAY_SECONDS if graphs else OPS_PER_LAYER_STEP * layers * tp.seconds_per_op
     return steps * (max(read / tp.bytes_per_s, 2 * params * rows / tp.flops_per_s) + fixed)
+
+
+def engine_graphs(s: Settings) -> bool:
+    """Whether generation replays CUDA graphs: slimrl's engine on CUDA, except over a 4-bit base (the engine runs
+    eager there: bitsandbytes' kernels are not captured, ``slimrl.generation.engine``); HF generate never does."""
+    return s.fast_inference and s.device == "cuda" and not s.load_in_4bit
 
 
 def no_grad_passes(s: Settings) -> int:
@@ -214,7 +231,8 @@ def step_split(
     split: dict[str, float] = {}
     if s.workload.generates:
         prefill = forward_flops(rows * prompt, prompt, 0, params=params, layers=layers, hidden=hidden, vocab=vocab)
-        split["generation"] = prefill / tp.flops_per_s + decode_seconds(
+        split["generation_prefill"] = prefill / tp.flops_per_s
+        split["generation_decode"] = decode_seconds(
             completion,
             rows,
             params=params,
@@ -223,6 +241,8 @@ def step_split(
             context=context,
             layers=layers,
             tp=tp,
+            graphs=engine_graphs(s),
+            dequantized=s.fast_inference and s.load_in_4bit and s.device == "cuda",
         )
     if passes:
         split["logprobs_no_grad"] = passes * fwd / tp.flops_per_s

@@ -87,3 +87,19 @@ def test_a_plan_with_offloaded_checkpointing_prices_its_copies():
         link = find_gpu(gpu).host_link_gbs * 1e9
         assert p.step_split["offload_copies"] == pytest.approx(max(0.0, 2 * offloaded / link - hidden[gpu]), rel=0.05)
     assert "offload_copies" not in _plan("h200", gradient_checkpointing="true").step_split
+
+
+def test_generation_is_priced_as_its_prefill_and_its_decode_with_the_engines_launches():
+    """``step_split`` splits generation into prefill and decode. The engine on CUDA replays one graph per decode step
+    where HF generate launches every op; over a 4-bit base the engine runs eager and dequantises every weight at every
+    step, so its decode is dearer than the 16-bit engine's."""
+    from slimrl.planning import Settings, plan
+
+    common = dict(device="cuda", gpu="h100", max_prompt_length=32, max_completion_length=256, tiled_mlp=False)
+    hf = plan(_config(), Settings(**common), search=False).step_split
+    engine = plan(_config(), Settings(fast_inference=True, **common), search=False).step_split
+    four_bit = plan(_config(), Settings(fast_inference=True, load_in_4bit=True, **common), search=False).step_split
+    assert "generation" not in hf and hf["generation_prefill"] > 0 and hf["generation_decode"] > 0
+    assert engine["generation_prefill"] == pytest.approx(hf["generation_prefill"])
+    assert engine["generation_decode"] < hf["generation_decode"]  # graphs: the eager launches gone
+    assert four_bit["generation_decode"] > engine["generation_decode"]  # eager, and the dequantised weights
