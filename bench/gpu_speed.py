@@ -221,8 +221,9 @@ def attention(ctx: dict) -> dict:
     return out
 
 
-def _one_layer_model(ctx: dict, layers: int = 1):
-    """A random-init causal LM of the shape with ``layers`` decoder layers, LoRA on every projection (PEFT)."""
+def _lora_model(ctx: dict, layers: int = 1):
+    """A random-init causal LM of the shape with ``layers`` decoder layers (default one), LoRA on every projection
+    (PEFT)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -239,7 +240,7 @@ def mlp(ctx: dict) -> dict:
     from slimrl.models.tiled_mlp import tile_mlp, untile_mlp
 
     device, clock, c = ctx["device"], ctx["clock"], ctx["config"]
-    model = _one_layer_model(ctx)
+    model = _lora_model(ctx)
     block = next(m for n, m in model.named_modules() if n.endswith("layers.0.mlp"))
     tokens = ctx["rows"] * (ctx["prompt"] + ctx["completion"])
     x = torch.randn(1, tokens, c.hidden_size, device=device, dtype=ctx["dtype"], requires_grad=True)
@@ -501,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
             (out / "speed.json").write_text(json.dumps(report, indent=1, default=str))
             continue
         if name in ("toggles", "profile", "trl") and "model" not in ctx:
-            ctx["model"] = _one_layer_model(ctx, layers=ctx["config"].num_hidden_layers)
+            ctx["model"] = _lora_model(ctx, layers=ctx["config"].num_hidden_layers)
         try:
             result = globals()[name](ctx)
         except Exception as err:  # noqa: BLE001 - one section's failure is recorded, the next runs

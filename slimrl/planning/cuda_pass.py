@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slimrl.compat.gpus import Gpu
-from slimrl.planning.timing import LAUNCH_SECONDS, MATMUL_SHARE, nominal
+from slimrl.planning.timing import LAUNCH_SECONDS, MATMUL_SHARE, layout_work, nominal
 
 GEMM_SHARE = 0.84  # of the dense rate the pass's GEMMs reach: fitted (module docstring)
 ATTENTION_SHARE = 0.5  # of the dense rate flash attention reaches (assumed: about half, head dim 64-128)
@@ -123,13 +123,7 @@ def train_seconds(
     checkpointed; ``tiled``: the tiled MLP's one more MLP forward per layer in the backward."""
     d = _dims(config)
     tp = nominal(gpu)
-    if shared_prefix and generations > 1:
-        groups = -(-rows // generations)
-        tokens = groups * prompt + rows * completion
-        pairs = groups * prompt * prompt / 2 + rows * completion * (prompt + completion / 2)
-    else:
-        tokens = rows * (prompt + completion)
-        pairs = rows * (prompt + completion) ** 2 / 2
+    tokens, pairs = layout_work(rows, generations, prompt, completion, shared_prefix)
     scored = rows * completion
     passes = 1 + recompute + 2  # forward, recompute, backward (about two forwards)
     dense = tp.flops_per_s / MATMUL_SHARE  # the datasheet's dense rate

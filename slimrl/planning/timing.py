@@ -219,12 +219,8 @@ def step_split(
     tp: Throughput,
 ) -> dict[str, float]:
     layers, hidden, vocab = shape["layers"], shape["hidden"], shape["vocab"]
-    tokens, context = rows * (prompt + completion), prompt + completion
-    pairs = None  # TRL's layout: causal over each row
-    if s.shared_prefix:  # the prompt once per group: causal over it, each completion over it and itself
-        seqs = packed(rows, s.num_generations, completion, True)[0]
-        tokens = seqs * prompt + rows * completion
-        pairs = seqs * prompt * prompt / 2 + rows * completion * (prompt + completion / 2)
+    context = prompt + completion
+    tokens, pairs = layout_work(rows, s.num_generations, prompt, completion, s.shared_prefix)
     fwd = forward_flops(
         tokens, context, rows * completion, params=params, layers=layers, hidden=hidden, vocab=vocab, pairs=pairs
     )
@@ -270,6 +266,16 @@ def offload_seconds(offloaded: int, pinned: int, link_bytes_per_s: float, overla
     overlapped = 2 * pinned / link_bytes_per_s
     synchronous = 2 * (offloaded - pinned) / (PAGEABLE_SHARE * link_bytes_per_s)
     return max(0.0, overlapped - overlap_seconds) + synchronous
+
+
+def layout_work(rows: int, generations: int, prompt: int, completion: int, shared: bool) -> tuple[int, float]:
+    """(tokens through the layers, (query, key) pairs attended per layer) of a pass over ``rows`` rows: TRL's layout
+    causal over each row; the shared prefix (:func:`packed`) the prompt once per group, causal over itself, each
+    completion over the prompt and itself."""
+    if not shared:
+        return rows * (prompt + completion), rows * (prompt + completion) ** 2 / 2
+    seqs = packed(rows, generations, completion, True)[0]
+    return seqs * prompt + rows * completion, seqs * prompt * prompt / 2 + rows * completion * (prompt + completion / 2)
 
 
 def packed(rows: int, generations: int, completion: int, shared: bool) -> tuple[int, int]:

@@ -10,24 +10,21 @@ from slimrl.compat.gpus import find_gpu
 from slimrl.planning import cuda_pass
 from slimrl.planning.cuda_pass import SLIMRL, TRL, TRL_LIGER, Kernels, train_seconds
 
-QWEN25_15B = dict(
-    model_type="qwen2",
-    hidden_size=1536,
-    intermediate_size=8960,
-    num_hidden_layers=28,
-    num_attention_heads=12,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    tie_word_embeddings=True,
-)
 LEASE = dict(rows=8, generations=8, prompt=256, completion=4096, lora_r=64, recompute=1.0)
 
 
 @pytest.fixture(scope="module")
 def qwen():
+    import importlib.util
+    from pathlib import Path
+
     from transformers import AutoConfig
 
-    values = dict(QWEN25_15B)
+    path = Path(__file__).resolve().parents[2] / "bench" / "gpu_shapes.py"  # the lease's shapes
+    spec = importlib.util.spec_from_file_location("gpu_shapes", path)
+    shapes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shapes)
+    values = dict(shapes.SHAPES["qwen2.5-1.5b"])
     return AutoConfig.for_model(values.pop("model_type"), **values)
 
 
