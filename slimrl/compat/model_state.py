@@ -24,6 +24,7 @@ class ModelState:
     full_finetuning: bool = False  # loaded for full fine-tuning: get_peft_model adds no adapter
     vision: bool = False  # a vision-language model (the adapter's default targets, processors)
     tiled_mlp: bool | None = None  # what the user asked for (None: not asked, the lean default decides)
+    fused_lora: bool | None = None  # get_peft_model's fused_lora (None: not through it; a trainer fuses TRL's adapter)
     checkpointing_default: Any = None  # from_pretrained's use_gradient_checkpointing, get_peft_model's default
     checkpointing: Any = None  # the mode get_peft_model set (generation switches it off and back)
     checkpointing_chosen: bool = False  # that mode is slimrl's default (none given): the lean default may unload it

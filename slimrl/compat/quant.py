@@ -19,3 +19,27 @@ def bitsandbytes_works() -> bool:
     from packaging.version import Version
 
     return Version(bitsandbytes.__version__) >= Version(BNB_CPU_MIN)
+
+
+def has_dense_weight(module: object) -> bool:
+    """Whether :func:`dense_weight` knows ``module``'s kind (checked without dequantising)."""
+    import torch
+
+    kind = type(module)
+    return kind is torch.nn.Linear or (kind.__name__ == "Linear4bit" and kind.__module__.startswith("bitsandbytes"))
+
+
+def dense_weight(module: object, dtype: object) -> object | None:
+    """The ``[out, in]`` weight of a linear base layer in ``dtype``: an ``nn.Linear``'s own, a bitsandbytes
+    ``Linear4bit``'s dequantised (as bitsandbytes' own 4-bit matmul dequantises it for more than one token);
+    None for any other layer (8-bit, a quantizer this does not know)."""
+    import torch
+
+    if type(module) is torch.nn.Linear:
+        return module.weight.to(dtype)
+    if has_dense_weight(module):
+        import bitsandbytes.functional as bnb_f
+
+        weight = module.weight
+        return bnb_f.dequantize_4bit(weight.data, weight.quant_state).to(dtype)
+    return None

@@ -16,6 +16,7 @@ from slimrl.models import engine_setup, unsloth_keywords
 from slimrl.models.chat_processor import accept_chat_messages
 from slimrl.models.checkpointing import MODES as CHECKPOINTING_MODES
 from slimrl.models.checkpointing import enable_checkpointing
+from slimrl.models.fused_lora import fuse_lora
 from slimrl.models.loader import resolve_model_path
 from slimrl.models.methods import attach
 from slimrl.models.modes import for_inference, for_training
@@ -230,9 +231,14 @@ class FastLanguageModel:
         finetune_attention_modules: bool = True,
         finetune_mlp_modules: bool = True,
         finetune_vision_layers: bool = True,
+        fused_lora: bool = True,
         **kwargs: Any,
     ) -> Any:
         """Wrap ``model`` with a LoRA adapter through PEFT (``r``, ``lora_alpha``, ``lora_dropout``, ``bias``).
+
+        ``fused_lora=True`` (default) computes the LoRA projections with slimrl's fused ops, PEFT's math with less
+        memory and traffic (:mod:`slimrl.models.fused_lora`; what they cannot serve runs PEFT's layers); False
+        keeps PEFT's layers throughout.
 
         ``target_modules=None`` targets every attention and MLP projection of the architecture.
         ``use_gradient_checkpointing``: True checkpoints every decoder layer (non-reentrant); ``"slimrl"`` also
@@ -275,6 +281,8 @@ class FastLanguageModel:
                 f"use_gradient_checkpointing must be 'slimrl', 'selective', True or False, got "
                 f"{use_gradient_checkpointing!r}"
             )
+        if not isinstance(fused_lora, bool):
+            raise ValueError(f"fused_lora must be True or False, got {fused_lora!r}")
         every = kwargs.pop("checkpoint_every_n_layers", 2)
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"checkpoint_every_n_layers must be a positive int, got {every!r}")
@@ -313,9 +321,12 @@ class FastLanguageModel:
             **kwargs,
         )
         peft_model = get_peft_model(model, config)
+        if fused_lora:
+            fuse_lora(peft_model)
         enable_checkpointing(peft_model, use_gradient_checkpointing, every)
         loaded.checkpointing = use_gradient_checkpointing
         loaded.checkpointing_chosen = chosen
+        loaded.fused_lora = fused_lora
         attach_state(model, loaded)
         carry_over(model, peft_model)
         return attach(peft_model)

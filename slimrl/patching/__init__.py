@@ -208,6 +208,9 @@ def unpatch(algorithm: str | None = None) -> None:
                 uninstall(p)
     if not _ACTIVE:
         moved_names.uninstall()
+        from slimrl.models.liger import remove_all
+
+        remove_all()  # Liger's kernels on the models patched trainers put them on (transformers' modules again)
 
 
 def PatchDPOTrainer() -> None:  # noqa: N802 (Unsloth's name)

@@ -13,18 +13,14 @@ longest completion that fits (multiples of ``step`` tokens; on CUDA, whose verdi
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 from typing import Any
 
+from slimrl.compat.liger import liger_installed
 from slimrl.planning.baseline import family_of, simulate
 from slimrl.planning.search import MAX_SEARCH_TOKENS, context_room
 from slimrl.planning.settings import Settings
 from slimrl.planning.verdict import fitting_bytes
-
-
-def liger_installed() -> bool:
-    return importlib.util.find_spec("liger_kernel") is not None
 
 
 def _trl_version() -> str:
@@ -64,7 +60,7 @@ def train_times(config: Any, s: Settings, ours: Any) -> dict[str, dict[str, floa
     with gradients, the loss and the backward; what the lease timed): TRL's checkpointing of every layer, slimrl's
     as resolved (its layout, tiles and offload copies included)."""
     from slimrl.compat.gpus import current_gpu, find_gpu
-    from slimrl.planning.cuda_pass import SLIMRL, TRL, TRL_LIGER, train_seconds
+    from slimrl.planning.cuda_pass import TRL, TRL_LIGER, slimrl_kernels, train_seconds
     from slimrl.planning.timing import DEFAULT_GPU
 
     gpu = find_gpu(s.gpu) if s.gpu else current_gpu() or find_gpu(DEFAULT_GPU)
@@ -83,7 +79,7 @@ def train_times(config: Any, s: Settings, ours: Any) -> dict[str, dict[str, floa
         gpu,
         **shape,
         recompute=recompute,
-        kernels=SLIMRL,
+        kernels=slimrl_kernels(bool(ours.settings["fused_lora"] and s.lora_r)),
         shared_prefix=bool(ours.settings["shared_prefix"]),
         tiled=bool(ours.settings["tiled_mlp"]),
     )

@@ -27,7 +27,7 @@ assumptions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from slimrl.compat.gpus import Gpu
@@ -55,6 +55,14 @@ class Kernels:
 TRL = Kernels()
 TRL_LIGER = Kernels(liger=True, logits=False)  # Liger's fused linear GRPO loss keeps a chunk of logits
 SLIMRL = Kernels(logits=False, repeat_kv=False)  # the chunked head; flash takes grouped K/V as they are
+
+
+def slimrl_kernels(fused_lora: bool) -> Kernels:
+    """slimrl's side as it runs: its fused LoRA (``get_peft_model``'s ``fused_lora``, with an adapter) and, where
+    liger-kernel is installed (the ``gpu`` extra), Liger's RMSNorm and RoPE (:mod:`slimrl.models.liger`)."""
+    from slimrl.compat.liger import liger_installed
+
+    return replace(SLIMRL, fused_lora=fused_lora, liger=liger_installed())
 
 
 def _dims(config: Any) -> dict[str, int]:
@@ -88,8 +96,8 @@ def eager_bytes(d: dict[str, int], k: Kernels) -> dict[str, int]:
         "rope": (4 if k.liger else 24) * (q + kv),
         "swiglu": (6 if k.liger else 10) * inter,  # silu(gate) (r2 w2), * up (r4 w2); fused r4 w2
         # PEFT: the input cast to the fp32 adapter (r2 w4) and back under autocast (r4 w2); * scaling (r2 w2), add
-        # (r4 w2); fused: the adapter's output added into the base output (r2 w2)
-        "lora": 4 * outs if k.fused_lora else 12 * ins + 10 * outs,
+        # (r4 w2); fused: the same scaling and add in place (PEFT's roundings), no input casts
+        "lora": 10 * outs if k.fused_lora else 12 * ins + 10 * outs,
         "residual": 2 * 6 * h,
         "repeat": 4 * (q + kv) if k.repeat_kv else 0,  # transformers' repeat_kv for K and V under a padding mask
     }

@@ -11,7 +11,9 @@ Two settings lower the peak at a cost in step time:
 Where the user left them to slimrl, a run starts with neither. While the predicted peak is above the aim (the
 largest peak whose verdict is "fits" for the budget, :func:`slimrl.planning.verdict.fitting_bytes`), the lever
 with the fewest predicted seconds per GiB saved is applied, then the next; a lever that saves nothing is never
-applied. With no budget known nothing is applied; on a CPU neither lever exists (the plan has nothing to move).
+applied. A lever that saves memory and is predicted to add no time at all (the offload where its copies hide
+behind the compute) is applied whatever the budget: it trades no time. With no budget known nothing
+else is applied; on a CPU neither lever exists (the plan has nothing to move).
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ class Priced:
         saved = (self.peak[0] - self.peak[1]) / GIB
         return (self.seconds[1] - self.seconds[0]) / saved if saved > 0 else float("inf")
 
+    @property
+    def free(self) -> bool:
+        """It saves memory at no predicted cost (module docstring): applied whatever the budget."""
+        return self.peak[1] < self.peak[0] and self.seconds[1] <= self.seconds[0]
+
+    def why(self) -> str:
+        """Why the default applied it."""
+        return "it costs no predicted time" if self.free else "the peak without it is above what fits"
+
     def note(self) -> str:
         (a, b), (s0, s1) = self.peak, self.seconds
         return (
@@ -66,12 +77,13 @@ def choose(
         for lever in left:
             p, s = predict(LEVERS[lever](current))
             priced[lever] = Priced(lever, (peak, p), (seconds, s))
-        if aim is None or peak <= aim:
-            break
         useful = [p for p in priced.values() if p.peak[1] < p.peak[0]]
+        free = [p for p in useful if p.free]
+        if not free and (aim is None or peak <= aim):
+            break
         if not useful:
             break
-        best = min(useful, key=lambda p: p.seconds_per_gib)
+        best = min(free or useful, key=lambda p: p.seconds_per_gib)
         applied.append(best)
         current, peak, seconds = LEVERS[best.lever](current), best.peak[1], best.seconds[1]
         left.remove(best.lever)

@@ -202,7 +202,35 @@ def _lean_default(config: Any, s: Settings, budget: int | None) -> tuple[Setting
         return s, []
     budget = budget if budget is not None else find_gpu(DEFAULT_GPU).total_bytes
     chosen, applied, _ = choose(s, levers, fitting_bytes(budget, "cuda"), lambda st: _peak_and_seconds(config, st))
-    return chosen, [f"slimrl's default applied {p.note()}: the peak without it is above what fits" for p in applied]
+    return chosen, [f"slimrl's default applied {p.note()}: {p.why()}" for p in applied]
+
+
+def _cuda_passes(config: Any, s: Settings, split: dict[str, float], rows: int, every: int, gpu: Any) -> None:
+    """On CUDA the log-prob passes and the backward in ``split`` from the training pass's time model
+    (:mod:`slimrl.planning.cuda_pass`, the one ``--compare`` prices each side with): its seconds over its passes
+    (forward, recompute, backward as two forwards) give the forward; a no-grad pass costs one forward."""
+    from slimrl.planning.cuda_pass import slimrl_kernels, train_seconds
+
+    recompute = (1.0 / every) if every else 0.0
+    total = sum(
+        train_seconds(
+            config,
+            gpu,
+            rows=rows,
+            generations=s.num_generations,
+            prompt=s.max_prompt_length,
+            completion=s.max_completion_length,
+            lora_r=s.lora_r,
+            recompute=recompute,
+            kernels=slimrl_kernels(bool(s.fused_lora and s.lora_r)),
+            shared_prefix=s.shared_prefix,
+            tiled=bool(s.tiled_mlp),
+        ).values()
+    )
+    forward = total / (1 + recompute + 2)
+    if "logprobs_no_grad" in split:
+        split["logprobs_no_grad"] = no_grad_passes(s) * forward
+    split["policy_forward"], split["backward"] = forward, total - forward
 
 
 def _peak_and_seconds(config: Any, s: Settings) -> tuple[int, float]:
@@ -264,7 +292,7 @@ def _predict(config: Any, s: Settings) -> Plan:
         """``run(model)`` on models of 2n and 3n decoder layers (n: the checkpointing period), extrapolated to the
         full depth: past the first layer every figure is affine in the number of identical layers."""
         n = max(every, 1)
-        key = (id(config), dtype, s.lora_r, every, s.tiled_mlp)
+        key = (id(config), dtype, s.lora_r, every, s.tiled_mlp, s.fused_lora)
         small, double = (
             _memo(
                 _TRACES,
@@ -274,7 +302,7 @@ def _predict(config: Any, s: Settings) -> Plan:
                         _MODELS,
                         (*key, k),
                         lambda k=k: trace.meta_model(
-                            _with_layers(config, k), dtype, s.lora_r, every, tiled=s.tiled_mlp
+                            _with_layers(config, k), dtype, s.lora_r, every, tiled=s.tiled_mlp, fused=s.fused_lora
                         ),
                     )
                 ),
@@ -327,6 +355,8 @@ def _predict(config: Any, s: Settings) -> Plan:
     outside = phases["runtime"] if dev == "cuda" else 0  # the context: not in max_memory_allocated
     peak_bytes = sum(phases.get(k, 0) for k in PERSISTENT) + phases[largest_phase(phases)] - outside
     split = step_split(s, shape, params, weight_bytes, kv_token, rows, prompt, completion, passes, every, tp)
+    if dev == "cuda":
+        _cuda_passes(config, s, split, rows, every, named or current_gpu() or find_gpu(DEFAULT_GPU))
     if offloaded:
         split["offload_copies"] = offload_seconds(
             offloaded,

@@ -83,6 +83,10 @@ class Settings:
         "checkpointed per tile; auto (default): slimrl's default, tiles on CUDA where "
         "they save >= 10 %% of the peak",
     )
+    fused_lora: bool = _option(
+        True,
+        "get_peft_model's fused_lora: the LoRA projections and gated MLPs through slimrl's fused ops (default true)",
+    )
     gpu: str | None = None  # a GPU of slimrl's table (its key): the dtype the model loads in there
     host_pinning: bool = True  # offload copies overlap (slimrl.compat.page_lock); False: pageable, synchronous
 
@@ -110,6 +114,8 @@ def _check(s: Settings) -> None:
         raise InputError(f"--beta {s.beta!r}: the KL coefficient is a number >= 0 (0: no reference model)")
     if not isinstance(s.shared_prefix, bool):
         raise InputError(f"--shared_prefix {s.shared_prefix!r}: write true or false")
+    if not isinstance(s.fused_lora, bool):
+        raise InputError(f"--fused_lora {s.fused_lora!r}: write true or false")
     if s.tiled_mlp is not None and not isinstance(s.tiled_mlp, bool):
         raise InputError(f"--tiled_mlp {s.tiled_mlp!r}: write true, false or auto")
     if not isinstance(s.lora_r, int) or isinstance(s.lora_r, bool) or not 0 <= s.lora_r <= MAX_LORA_RANK:

@@ -60,10 +60,13 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-def meta_model(config: Any, dtype: torch.dtype, lora_r: int, checkpoint_every: int = 0, tiled: bool = False) -> Any:
+def meta_model(
+    config: Any, dtype: torch.dtype, lora_r: int, checkpoint_every: int = 0, tiled: bool = False, fused: bool = False
+) -> Any:
     """The model on the meta device with a LoRA adapter of rank ``lora_r`` (0: none), checkpointing of every
-    ``checkpoint_every``-th decoder layer (0: off) and, with ``tiled``, its MLPs tiled as ``unsloth_tiled_mlp=True``
-    tiles them (:mod:`slimrl.models.tiled_mlp`)."""
+    ``checkpoint_every``-th decoder layer (0: off), with ``tiled`` its MLPs tiled as ``unsloth_tiled_mlp=True``
+    tiles them (:mod:`slimrl.models.tiled_mlp`) and with ``fused`` its LoRA layers fused as ``get_peft_model``
+    fuses them (:mod:`slimrl.models.fused_lora`: the adapters in the activations' dtype, no input copies)."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -76,8 +79,12 @@ def meta_model(config: Any, dtype: torch.dtype, lora_r: int, checkpoint_every: i
         model = get_peft_model(
             model, LoraConfig(r=lora_r, lora_alpha=lora_r, target_modules=default_target_modules(model))
         )
+        if fused:  # under autocast the fused ops compute the adapters in 16 bits: no input copies to emulate
+            from slimrl.models.fused_lora import fuse_lora
+
+            fuse_lora(model)
         if dtype.itemsize == 2:
-            _lora_under_autocast(model, dtype)
+            _lora_under_autocast(model, dtype, copies=not fused)
     if checkpoint_every:
         from slimrl.models.checkpointing import turn_on
 
@@ -90,13 +97,13 @@ def meta_model(config: Any, dtype: torch.dtype, lora_r: int, checkpoint_every: i
     return model
 
 
-def _lora_under_autocast(model: Any, dtype: torch.dtype) -> None:
+def _lora_under_autocast(model: Any, dtype: torch.dtype, copies: bool = True) -> None:
     """A 16-bit run's LoRA layers as autocast runs them (accelerate's mixed precision wraps the forward; slimrl's
     routes call the backbone inside ``accelerator.autocast()``): PEFT casts each adapted input to the fp32 adapter's
     dtype (a copy, freed at once), autocast casts it back for the matmul and ``lora_A`` saves that 16-bit copy
     (2 bytes per element, not the 4 of an fp32 copy), and the adapter's products are 16-bit. Emulated on the meta
     device, where autocast does not run: 16-bit adapter weights, and an input cast that makes the fp32 copy and then
-    the saved 16-bit one."""
+    the saved 16-bit one (``copies``; False: the adapter weights only, for the fused ops)."""
     import types
 
     def cast(self: Any, x: Any, _dtype: torch.dtype) -> Any:
@@ -104,7 +111,8 @@ def _lora_under_autocast(model: Any, dtype: torch.dtype) -> None:
 
     for module in model.modules():
         if hasattr(module, "lora_A") and hasattr(module, "_cast_input_dtype"):
-            module._cast_input_dtype = types.MethodType(cast, module)
+            if copies:
+                module._cast_input_dtype = types.MethodType(cast, module)
             for p in (*module.lora_A.parameters(), *module.lora_B.parameters()):
                 p.data = p.data.to(dtype)
 

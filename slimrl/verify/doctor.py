@@ -105,6 +105,26 @@ def shared_prefix_note(model: str) -> tuple[str | None, str | None]:
     ), None
 
 
+def _kernels(cuda: bool, model: str | None) -> dict[str, Any]:
+    """The kernels slimrl applies here: its fused LoRA (every device), Liger's (on CUDA where installed, to the
+    families Liger knows: :mod:`slimrl.models.liger`); with ``model``, whether Liger knows its family."""
+    from slimrl.models.liger import KERNELS, liger_families
+
+    families = sorted(liger_families())
+    liger = _version("liger-kernel")
+    found = {"fused_lora": True, "liger": liger, "liger_active": bool(cuda and liger), "liger_families": families}
+    if liger and model:
+        from slimrl.planning.config import load_config
+
+        try:
+            model_type = load_config(model).model_type
+        except Exception:  # noqa: BLE001 - a model the doctor cannot read: its shared-prefix note says why
+            model_type = None
+        found["model_family"] = model_type
+        found["model_liger"] = list(KERNELS) if model_type in families else []
+    return found
+
+
 def report(
     fast_inference: bool = False, load_in_4bit: bool = False, device: str | None = None, model: str | None = None
 ) -> dict[str, Any]:
@@ -175,6 +195,11 @@ def report(
         note, problem = shared_prefix_note(model)
         notes += [note] if note else []
         problems += [problem] if problem else []
+    kernels = _kernels(dev["cuda"], model)
+    if dev["cuda"] and not kernels["liger"]:
+        notes.append(
+            "CUDA without liger-kernel: RMSNorm and RoPE run as transformers' eager ops; pip install 'slimrl[gpu]'"
+        )
     from slimrl.patching.every_trainer.preflight import cached, version_set
 
     checked = cached().get(version_set(), {})  # the self-check's verdicts for these versions (untested TRL only)
@@ -184,6 +209,7 @@ def report(
         "patches": {k: v for k, v in patch_info.items() if k != "rows"},
         "patch_rows": patch_info["rows"],
         "sandbox": sandbox,
+        "kernels": kernels,
         "self_check": checked,
         "notes": notes,
         "problems": problems,
@@ -220,6 +246,17 @@ def format_report(data: dict[str, Any]) -> str:
     lines.append(
         "sandbox    " + (", ".join(box["layers"]) if box.get("ok") else f"no kernel isolation: {box.get('missing')}")
     )
+    k = data.get("kernels") or {}
+    liger = (
+        f"Liger-Kernel {k['liger']} "
+        + ("applied on this GPU" if k["liger_active"] else "installed, applied on CUDA")
+        + f" (RMSNorm, RoPE; SwiGLU where the fused MLP does not serve) to {len(k['liger_families'])} families"
+        if k.get("liger")
+        else "no Liger-Kernel (on CUDA: pip install 'slimrl[gpu]')"
+    )
+    if k.get("model_family"):
+        liger += f"; {k['model_family']}: " + ("Liger's" if k.get("model_liger") else "transformers' modules")
+    lines.append("kernels    slimrl's fused LoRA; " + liger)
     checked = data.get("self_check") or {}
     lines += [
         f"self-check {name}: {'passed' if v['passed'] else 'FAILED, runs as TRL alone'} ({v['row']})"

@@ -13,7 +13,7 @@ from slimrl.planning.settings import Settings
 
 def test_every_declared_setting_is_an_option_with_its_default():
     declared = {f.name: f.default for f in fields(Settings) if "option" in f.metadata}
-    assert len(declared) == 13
+    assert len(declared) == 14
     args = parser().parse_args([])
     assert {name: getattr(args, name) for name in declared} == declared
 
@@ -26,6 +26,7 @@ def test_every_declared_setting_is_an_option_with_its_default():
         (["--load_in_4bit", "TRUE"], "load_in_4bit", True),
         (["--tiled_mlp", "auto"], "tiled_mlp", None),
         (["--tiled_mlp", "false"], "tiled_mlp", False),
+        (["--fused_lora", "false"], "fused_lora", False),
         (["--device", "cuda"], "device", "cuda"),
     ],
 )

@@ -59,10 +59,12 @@ def _plan(gpu: str, **settings):
     return plan(_config(), Settings(**{**base, **settings}))
 
 
-def test_a_t4s_training_pass_takes_its_rate_longer_than_an_h100s():
+def test_a_t4s_training_pass_takes_longer_than_an_h100s_by_what_bounds_it():
     t4, h100 = (_plan(gpu).step_split for gpu in ("t4", "h100"))
-    # the same run, compute-bound passes: the dense rates' ratio
-    assert sum(t4[k] for k in TRAIN) / sum(h100[k] for k in TRAIN) == pytest.approx(989 / 65)
+    # the pass model (slimrl.planning.cuda_pass): this tiny shape is bound by its kernel launches, the same count on
+    # both cards, so the T4 is slower by much less than its dense rate (65 against 989 TFLOP/s) or bandwidth says
+    ratio = sum(t4[k] for k in TRAIN) / sum(h100[k] for k in TRAIN)
+    assert 1.05 < ratio < 3350 / 320
 
 
 def test_offload_copies_hide_behind_compute_when_pinned():

@@ -33,7 +33,7 @@ def test_a_16_bit_lora_layer_saves_its_input_in_16_bits(monkeypatch):
     lora = next(m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "_cast_input_dtype"))
     assert lora.lora_A["default"].weight.dtype == torch.bfloat16
     with_term, _ = trace.trace_logprob_pass(model, rows, 16, tokens - 16, grad=True, entropy=True, chunk_rows=32)
-    monkeypatch.setattr(trace, "_lora_under_autocast", lambda model, dtype: None)
+    monkeypatch.setattr(trace, "_lora_under_autocast", lambda model, dtype, copies=True: None)
     model = trace.meta_model(_config(hidden, intermediate, layers), torch.bfloat16, 8, 0)
     without, _ = trace.trace_logprob_pass(model, rows, 16, tokens - 16, grad=True, entropy=True, chunk_rows=32)
     inputs = rows * tokens * (6 * hidden + intermediate) * layers * 2  # 2 bytes more per adapted input element
@@ -95,7 +95,8 @@ def test_the_default_tiles_on_cuda_where_the_untiled_run_does_not_fit():
 def test_auto_checkpointing_offloads_first_where_it_is_cheaper_and_only_where_needed():
     """Both levers left to slimrl (``gradient_checkpointing="auto"``, ``tiled_mlp`` auto) at a budget either one
     meets: the offload's copies hide behind the compute (pinned host memory), so it is priced below one more MLP
-    forward per layer and applied alone; with pageable copies (synchronous) the price turns; with room, neither."""
+    forward per layer and applied alone; with pageable copies (synchronous) the price turns; with room, only the
+    offload that costs no time."""
     config = _config(**WIDE)
     auto = dict(device="cuda", **LONG)
     peaks = {
@@ -112,7 +113,10 @@ def test_auto_checkpointing_offloads_first_where_it_is_cheaper_and_only_where_ne
     assert any("slimrl's default applied offload:" in n for n in got.notes)
     pageable = plan(config, Settings(host_pinning=False, **auto), budget=budget, search=False)
     assert pageable.settings["tiled_mlp"] is True and pageable.settings["gradient_checkpointing"] == "true"
-    roomy = plan(config, Settings(**auto), budget=1 << 40, search=False)
+    roomy = plan(config, Settings(**auto), budget=1 << 40, search=False)  # the offload costs no time: kept
+    assert roomy.settings["gradient_checkpointing"] == "slimrl" and roomy.settings["tiled_mlp"] is False
+    assert any("offload:" in n and "it costs no predicted time" in n for n in roomy.notes)
+    roomy = plan(config, Settings(host_pinning=False, **auto), budget=1 << 40, search=False)  # it costs: off
     assert roomy.settings["gradient_checkpointing"] == "true" and roomy.settings["tiled_mlp"] is False
 
 

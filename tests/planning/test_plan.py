@@ -94,7 +94,7 @@ def test_depth_extrapolation_equals_the_full_trace(tmp_path):
             ),
             search=False,
         )
-        full = trace.meta_model(config, torch.float32, 8, 1 if mode == "true" else 0)
+        full = trace.meta_model(config, torch.float32, 8, 1 if mode == "true" else 0, fused=True)
         kept, peak = trace.trace_logprob_pass(full, 4, 16, 48, grad=True, entropy=True, chunk_rows=32)
         assert p.phases["policy_forward"] == pytest.approx(kept, rel=1e-3)
         assert p.phases["backward"] == pytest.approx(peak, rel=1e-3)
@@ -238,7 +238,7 @@ def test_engine_on_cpu_is_persistent_and_its_runtime_named_when_not_measured(mon
 
 
 def _policy_trace(config, seqs, prompt, completion):
-    model = trace.meta_model(config, torch.float32, 8, 1)
+    model = trace.meta_model(config, torch.float32, 8, 1, fused=True)  # get_peft_model fuses by default
     return trace.trace_logprob_pass(model, seqs, prompt, completion, grad=True, entropy=True, chunk_rows=32)
 
 

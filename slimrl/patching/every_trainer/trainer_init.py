@@ -10,7 +10,10 @@
 4. ``push_to_hub=True`` with the Hub out of reach turned off, said in the changed-settings table
    (:mod:`slimrl.patching.every_trainer.hub_reach`); Python reward functions guarded
    (:mod:`slimrl.patching.every_trainer.reward_guard`);
-5. TRL's ``__init__``, then the changed-defaults table (:mod:`slimrl.patching.every_trainer.defaults`);
+5. TRL's ``__init__``; a LoRA adapter TRL put on the model (``peft_config=``) computed by slimrl's fused ops as
+   ``get_peft_model``'s are (:func:`fuse_trl_adapter`); on CUDA Liger-Kernel's RMSNorm and RoPE on the model (and
+   its SwiGLU where the fused MLP does not serve: :mod:`slimrl.models.liger`, removed by ``unpatch``); then the
+   changed-defaults table (:mod:`slimrl.patching.every_trainer.defaults`);
 6. the trainer's own after-hooks from its spec, each ``hook(trainer)`` (GRPO/RLOO: the run-health monitor,
    :mod:`slimrl.patching.online.health`).
 
@@ -62,6 +65,29 @@ def check_trainer_inputs(
     check_precision(bound.get("model"), bound.get("args"))
 
 
+def fuse_trl_adapter(trainer: Any) -> None:
+    """The trainer's PEFT model computed by :func:`slimrl.models.fused_lora.fuse_lora` (the same math, less memory
+    and traffic), unless it came from ``get_peft_model(..., fused_lora=False)``."""
+    from slimrl.compat.model_state import model_state
+    from slimrl.models.fused_lora import fuse_lora, is_fused
+
+    model = getattr(trainer, "model", None)
+    if isinstance(model, torch.nn.Module) and hasattr(model, "peft_config") and not is_fused(model):
+        if model_state(model).fused_lora is not False:
+            fuse_lora(model)
+
+
+def apply_trainer_liger(trainer: Any) -> None:
+    """Liger's kernels on the trainer's model where :func:`slimrl.models.liger.wanted` says so; its SwiGLU only where
+    no MLP runs slimrl's fused MLP."""
+    from slimrl.models.fused_lora import MLP_ATTR
+    from slimrl.models.liger import apply_liger, wanted
+
+    model = getattr(trainer, "model", None)
+    if isinstance(model, torch.nn.Module) and wanted(model, getattr(trainer, "args", None)):
+        apply_liger(model, swiglu=not any(getattr(m, MLP_ATTR, False) for m in model.modules()))
+
+
 def trainer_init_factory(
     orig_init,
     hooks: tuple[Hook, ...] = (),
@@ -107,6 +133,8 @@ def trainer_init_factory(
         state = trainer_state(self)
         state.algorithm, state.workload = algorithm, workload
         orig_init(self, **bound)
+        fuse_trl_adapter(self)
+        apply_trainer_liger(self)
         print_changed_defaults(getattr(self, "args", None))
         for hook in after:
             hook(self)

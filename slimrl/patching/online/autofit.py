@@ -72,6 +72,7 @@ def prompt_length(dataset: Any, processing_class: Any, rows: int = 256) -> int |
 def settings_of(model: Any, args: Any, prompt: int | None, algorithm: str, workload: Workload) -> Settings:
     """The plan's settings for this model and config (``workload``: what the trainer's step does)."""
     from slimrl.generation.trl_backend import engine_of
+    from slimrl.models.fused_lora import is_fused
     from slimrl.models.tiled_mlp import is_tiled
     from slimrl.patching.every_trainer.validation import model_max_seq_length
 
@@ -96,6 +97,7 @@ def settings_of(model: Any, args: Any, prompt: int | None, algorithm: str, workl
         beta=float(getattr(args, "beta", 0.0) or 0.0),
         shared_prefix=fields_of(args).slimrl_shared_prefix,
         tiled_mlp=is_tiled(model),
+        fused_lora=is_fused(model),
     )
 
 

@@ -4,10 +4,12 @@ applied only while the plan of this run says the card needs it (:mod:`slimrl.pla
 The levers are the tiled MLP (``unsloth_tiled_mlp``) and the offload of checkpointed layer inputs to host memory
 (``use_gradient_checkpointing="slimrl"``, get_peft_model's default). Each that the user left to slimrl starts off;
 then, while the predicted peak is above the budget's "fits" share, the one with the fewest predicted seconds per
-GiB saved is applied. The budget is ``slimrl_memory_budget``, else what :func:`slimrl.patching.online.autofit.
-default_budget` finds: the memory free now plus what this process holds, so a colocated engine's share is not
-counted. Whether host memory pins here (:func:`slimrl.compat.page_lock.probe`) prices the offload: where it does
-not, the copies are synchronous, the offload is used only where needed, and one line says so.
+GiB saved is applied; one predicted to cost no time (the offload where its copies hide behind the compute) is
+applied whatever the budget (:mod:`slimrl.planning.levers`). The budget is ``slimrl_memory_budget``, else
+what :func:`slimrl.patching.online.autofit.default_budget` finds: the memory free now plus what this process
+holds, so a colocated engine's share is not counted. Whether host memory pins here
+(:func:`slimrl.compat.page_lock.probe`) prices the offload: where it does not, the copies are synchronous, the
+offload is used only where needed, and one line says so.
 
 Each lever applied, or the offload taken off, is listed in the changed-defaults table printed when the trainer
 starts, with the predicted peak and step seconds with and without. The math is TRL's either way (tiles and offload
@@ -68,7 +70,8 @@ def apply_lean_default(bound: dict[str, Any], algorithm: str, workload: Workload
             from slimrl.models.tiled_mlp import tile_mlp
 
             if tile_mlp(model):
-                changed["unsloth_tiled_mlp"] = (False, f"True (slimrl's default where needed; {p.note()})")
+                where = "at no predicted cost" if p.free else "where needed"
+                changed["unsloth_tiled_mlp"] = (False, f"True (slimrl's default {where}; {p.note()})")
     off = [p for p in left if p.lever == "offload"]
     if off:
         _keep_layer_inputs_on_gpu(base)

@@ -145,9 +145,19 @@ def _base(bound):
     return model.get_base_model()
 
 
-def test_the_default_offload_comes_off_where_the_run_fits(fake_gpu):
-    """get_peft_model's default offload on a card with room: the layer inputs stay on the GPU (no copies to hide)."""
+def test_the_default_offload_stays_where_its_copies_cost_nothing(fake_gpu):
+    """get_peft_model's default offload on a card with room, host memory pinning: its copies hide behind the compute
+    (no predicted time), so it stays and nothing is changed."""
     fake_gpu("h100")
+    bound = _bound(offload="chosen")
+    tiled, changed = _apply(bound)
+    assert _offloader(_base(bound)) is not None and not tiled and "use_gradient_checkpointing" not in changed
+
+
+def test_the_default_offload_comes_off_where_the_run_fits_and_copies_cost(fake_gpu, monkeypatch):
+    """The same card where nothing pins (synchronous copies): the layer inputs stay on the GPU."""
+    fake_gpu("h100")
+    monkeypatch.setattr(page_lock, "probe", lambda device: REFUSED)
     bound = _bound(offload="chosen")
     assert _offloader(_base(bound)) is not None
     tiled, changed = _apply(bound)
