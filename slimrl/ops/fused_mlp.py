@@ -34,6 +34,7 @@ from slimrl.ops.lora_linear import (
     compute_dtype,
     dropout_mask,
     outside_autocast,
+    product_grads,
 )
 
 
@@ -60,10 +61,19 @@ class GatedSpec:
     training: bool
 
 
-def _adapter_grads(grad: torch.Tensor, scale: float, h: torch.Tensor, lora_b: torch.Tensor) -> tuple:
-    """(the gradient of ``h``, ``B``'s gradient) for a projection's output gradient ``grad``, in ``h``'s dtype."""
-    scaled = grad.to(h.dtype) * scale  # [N, out]
-    return scaled @ lora_b.to(h.dtype), scaled.t() @ h
+SMALL = 1 << 22  # elements of [N, I] below which the product runs whole (a chunk would only add launches)
+
+
+def row_chunks(rows: int, inter: int, hidden: int) -> list[slice]:
+    """Row slices over which the product ``act(g) * u`` and its gradients run: ``ceil(I / H)`` of them, so that each
+    ``[rows, I]`` temporary is no larger than the layer's input ``[N, H]`` (one slice for small inputs)."""
+    count = 1 if rows * inter < SMALL else min(rows, -(-inter // hidden))
+    step = -(-rows // count)
+    return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
+
+
+def _part(mask: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    return None if mask is None else mask[rows]
 
 
 class GatedLoraMLP(torch.autograd.Function):
@@ -82,10 +92,17 @@ class GatedLoraMLP(torch.autograd.Function):
             h_u = adapter_input(x, m_u, p, ad, dt) @ a_u.to(dt).t()  # [N, r]
         g = add_product(spec.gate.base(x), h_g, b_g, spec.gate.scale)  # [N, I]
         u = add_product(spec.up.base(x), h_u, b_u, spec.up.scale)  # [N, I]
-        m = spec.act(g) * u  # [N, I]
-        m_d = dropout_mask(m, p, training, ad)
-        h_d = adapter_input(m, m_d, p, ad, dt) @ a_d.to(dt).t()  # [N, r]
-        out = add_product(spec.down.base(m), h_d, b_d, spec.down.scale)  # [N, H]
+        m_d = dropout_mask(g, p, training, ad)  # drawn whole, as PEFT draws it on the product
+        h_d = torch.empty(x.shape[0], a_d.shape[0], dtype=dt, device=x.device)  # [N, r]
+        out = None
+        for rows in row_chunks(*g.shape, x.shape[1]):
+            m = spec.act(g[rows]) * u[rows]  # [n, I]
+            h_d[rows] = adapter_input(m, _part(m_d, rows), p, ad, dt) @ a_d.to(dt).t()
+            part = add_product(spec.down.base(m), h_d[rows], b_d, spec.down.scale)  # [n, H]
+            if out is None:
+                out = part if rows.stop == x.shape[0] else part.new_empty(x.shape[0], part.shape[1])
+            if out is not part:
+                out[rows] = part
         ctx.save_for_backward(x, g, u, h_g, h_u, h_d, m_g, m_u, m_d, a_g, b_g, a_u, b_u, a_d, b_d)
         ctx.spec, ctx.dt = spec, dt
         return out
@@ -94,45 +111,59 @@ class GatedLoraMLP(torch.autograd.Function):
     def backward(ctx, grad):  # noqa: ANN001, ANN205
         x, g, u, h_g, h_u, h_d, m_g, m_u, m_d, a_g, b_g, a_u, b_u, a_d, b_d = ctx.saved_tensors
         spec, dt = ctx.spec, ctx.dt
-        p, ad, bd = spec.p, a_g.dtype, g.dtype  # bd: the bases' dtype
+        bd = g.dtype  # the bases' dtype
         o = grad.to(bd)  # [N, H]
-        grad_hd, grad_bd = _adapter_grads(o, spec.down.scale, h_d, b_d)  # [N, r], [H, r]
-        with torch.enable_grad():
-            g_leaf = g.detach().requires_grad_()
-            act = spec.act(g_leaf)  # [N, I]
-        m = act.detach() * u  # [N, I]
-        grad_ad = grad_hd.t() @ adapter_input(m, m_d, p, ad, dt)  # [r, I]
-        del m
-        grad_m = o @ spec.down.weight(bd)  # [N, I]
-        grad_m.add_(adapter_input_grad(grad_hd @ a_d.to(dt), m_d, p, ad, bd))
-        grad_u = grad_m * act.detach()  # [N, I]
-        (grad_g,) = torch.autograd.grad(act, g_leaf, grad_m.mul_(u))  # [N, I]
-        del act, grad_m
-        grad_hg, grad_bg = _adapter_grads(grad_g, spec.gate.scale, h_g, b_g)  # [N, r], [I, r]
-        grad_hu, grad_bu = _adapter_grads(grad_u, spec.up.scale, h_u, b_u)
-        grad_x = grad_g @ spec.gate.weight(bd)  # [N, H]
-        grad_x.add_(grad_u @ spec.up.weight(bd))
-        if m_g is None:  # both adapters' gradients from one read of x
-            grad_h = torch.cat([grad_hg, grad_hu], dim=1)  # [N, 2r]
-            grad_a = grad_h.t() @ x.to(dt)  # [2r, H]
-            grad_ag, grad_au = grad_a.split([a_g.shape[0], a_u.shape[0]])
-            grad_x.add_((grad_h @ torch.cat([a_g, a_u]).to(dt)).to(bd))
-        else:
-            grad_ag = grad_hg.t() @ adapter_input(x, m_g, p, ad, dt)  # [r, H]
-            grad_au = grad_hu.t() @ adapter_input(x, m_u, p, ad, dt)  # [r, H]
-            grad_x.add_(adapter_input_grad(grad_hg @ a_g.to(dt), m_g, p, ad, bd))
-            grad_x.add_(adapter_input_grad(grad_hu @ a_u.to(dt), m_u, p, ad, bd))
-        return (
-            grad_x.to(x.dtype),
-            grad_ag.to(a_g.dtype),
-            grad_bg.to(b_g.dtype),
-            grad_au.to(a_u.dtype),
-            grad_bu.to(b_u.dtype),
-            grad_ad.to(a_d.dtype),
-            grad_bd.to(b_d.dtype),
-            None,
-            None,
-        )
+        chunks = row_chunks(*g.shape, x.shape[1])
+        grad_x = o.new_empty(x.shape) if len(chunks) > 1 else None  # [N, H]
+        sums: list = [None] * 6  # the adapters' gradients, summed over the chunks in fp32
+        for rows in chunks:
+            parts = _chunk_backward(
+                spec, dt, o[rows], x[rows], g[rows], u[rows], (h_g[rows], h_u[rows], h_d[rows]),
+                (_part(m_g, rows), _part(m_u, rows), _part(m_d, rows)), (a_g, b_g, a_u, b_u, a_d, b_d),
+            )  # fmt: skip
+            if grad_x is None:
+                grad_x = parts[0]
+            else:
+                grad_x[rows] = parts[0]
+            sums = [w if acc is None else acc.add_(w.float()) for acc, w in zip(sums, parts[1:], strict=True)]
+            if len(chunks) > 1 and sums[0].dtype != torch.float32:
+                sums = [w.float() for w in sums]
+        adapters = (a_g, b_g, a_u, b_u, a_d, b_d)
+        return (grad_x.to(x.dtype), *(w.to(a.dtype) for w, a in zip(sums, adapters, strict=True)), None, None)
+
+
+def _chunk_backward(spec: GatedSpec, dt: torch.dtype, o, x, g, u, hs, masks, adapters) -> tuple:  # noqa: ANN001
+    """The input gradient and the six adapter gradients of one chunk of rows (module docstring)."""
+    (h_g, h_u, h_d), (m_g, m_u, m_d), (a_g, b_g, a_u, b_u, a_d, b_d) = hs, masks, adapters
+    p, ad, bd = spec.p, a_g.dtype, g.dtype
+    grad_hd, grad_bd = product_grads(o, spec.down.scale, h_d, b_d)  # [n, r], [H, r]
+    with torch.enable_grad():
+        g_leaf = g.detach().requires_grad_()
+        act = spec.act(g_leaf)  # [n, I]
+    m = act.detach() * u  # [n, I]
+    grad_ad = grad_hd.t() @ adapter_input(m, m_d, p, ad, dt)  # [r, I]
+    del m
+    grad_m = o @ spec.down.weight(bd)  # [n, I]
+    grad_m.add_(adapter_input_grad(grad_hd @ a_d.to(dt), m_d, p, ad, bd))
+    grad_u = grad_m * act.detach()  # [n, I]
+    (grad_g,) = torch.autograd.grad(act, g_leaf, grad_m.mul_(u))  # [n, I]
+    del act, grad_m
+    grad_hg, grad_bg = product_grads(grad_g, spec.gate.scale, h_g, b_g)  # [n, r], [I, r]
+    grad_hu, grad_bu = product_grads(grad_u, spec.up.scale, h_u, b_u)
+    grad_x = grad_g @ spec.gate.weight(bd)  # [n, H]
+    grad_x.add_(grad_u @ spec.up.weight(bd))
+    del grad_g, grad_u
+    if m_g is None:  # both adapters' gradients from one read of x
+        grad_h = torch.cat([grad_hg, grad_hu], dim=1)  # [n, 2r]
+        grad_a = grad_h.t() @ x.to(dt)  # [2r, H]
+        grad_ag, grad_au = grad_a.split([a_g.shape[0], a_u.shape[0]])
+        grad_x.add_((grad_h @ torch.cat([a_g, a_u]).to(dt)).to(bd))
+    else:
+        grad_ag = grad_hg.t() @ adapter_input(x, m_g, p, ad, dt)  # [r, H]
+        grad_au = grad_hu.t() @ adapter_input(x, m_u, p, ad, dt)  # [r, H]
+        grad_x.add_(adapter_input_grad(grad_hg @ a_g.to(dt), m_g, p, ad, bd))
+        grad_x.add_(adapter_input_grad(grad_hu @ a_u.to(dt), m_u, p, ad, bd))
+    return grad_x, grad_ag, grad_bg, grad_au, grad_bu, grad_ad, grad_bd
 
 
 def gated_lora_mlp(

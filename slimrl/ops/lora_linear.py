@@ -6,8 +6,9 @@ adapters beside a bf16 base: an fp32 copy of every activation), computes ``B(A(x
 scales it (another), adds it to the base output (another) and casts the sum back. Here the small ``A`` and ``B``
 are computed in the dtype PEFT's path computes them in (autocast's where it is on: the bf16 of a mixed-precision
 run, with no fp32 copy of the activation made or saved; else the adapter's own), and the scaled product is added
-into the base output with PEFT's roundings in PEFT's order (``B h`` rounded, times ``s`` in place, added in the
-wider dtype, cast back): under autocast the numbers are PEFT's bit for bit, so slimrl's run and TRL's do not part
+into the base output with PEFT's roundings in PEFT's order (``B h`` rounded, times ``s``, added in the wider dtype,
+cast back; a power-of-two ``s`` is moved onto the small ``B``, where it rounds the same): under autocast the numbers
+are PEFT's bit for bit, so slimrl's run and TRL's do not part
 here (a 16-bit model amplifies a one-ulp difference in a projection into percents of a gradient). Nothing is saved
 but ``x`` (which the base saves too), a dropout mask as booleans and ``h``.
 
@@ -24,6 +25,7 @@ draws PEFT's masks from the same seed.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -78,12 +80,35 @@ def adapter_input_grad(grad: torch.Tensor, mask: torch.Tensor | None, p: float, 
     return grad.to(dtype) if mask is None else dropped(grad.to(adapter), mask, p).to(dtype)
 
 
+def exact_scale(scale: float) -> bool:
+    """Whether multiplying by ``scale`` commutes with rounding (a power of two: ``lora_alpha = r`` gives 1), so it
+    can move onto the small ``B`` (or a ``[out, r]`` gradient) and give PEFT's numbers without a pass over
+    ``[N, out]``."""
+    mantissa, _ = math.frexp(scale)
+    return scale > 0 and mantissa == 0.5
+
+
 def add_product(y: torch.Tensor, h: torch.Tensor, lora_b: torch.Tensor, scale: float) -> torch.Tensor:
     """``y + (h @ B^T) * scale`` in ``y``'s dtype, rounded as PEFT's layer rounds it: the product in ``h``'s dtype,
-    scaled there in place, added in the wider of the two dtypes, cast back."""
-    delta = (h @ lora_b.to(h.dtype).t()).mul_(scale)  # [N, out]
+    scaled there, added in the wider of the two dtypes, cast back."""
+    b = lora_b.to(h.dtype)  # [out, r]
+    if exact_scale(scale):
+        delta = h @ (b * scale).t()  # [N, out]
+    else:
+        delta = (h @ b.t()).mul_(scale)  # [N, out]
     wide = torch.promote_types(y.dtype, delta.dtype)
     return delta.to(wide).add_(y.to(wide)).to(y.dtype)
+
+
+def product_grads(grad: torch.Tensor, scale: float, h: torch.Tensor, lora_b: torch.Tensor) -> tuple:
+    """(the gradient of ``h``, ``B``'s gradient) of :func:`add_product` for its output gradient ``grad``, in ``h``'s
+    dtype, rounded as autograd rounds PEFT's (the gradient scaled first)."""
+    b = lora_b.to(h.dtype)  # [out, r]
+    g = grad.to(h.dtype)  # [N, out]
+    if exact_scale(scale):
+        return g @ (b * scale), (g.t() @ h).mul_(scale)
+    g = g * scale
+    return g @ b, g.t() @ h
 
 
 class LoraAdd(torch.autograd.Function):
@@ -102,9 +127,7 @@ class LoraAdd(torch.autograd.Function):
     def backward(ctx, grad):  # noqa: ANN001, ANN205
         x, mask, h, lora_a, lora_b = ctx.saved_tensors
         dt, p = ctx.dt, ctx.p
-        g = grad.to(dt) * ctx.scale  # [N, out]: the scaled product's gradient, as autograd takes PEFT's
-        grad_b = g.t() @ h  # [out, r]
-        grad_h = g @ lora_b.to(dt)  # [N, r]
+        grad_h, grad_b = product_grads(grad, ctx.scale, h, lora_b)  # [N, r], [out, r]
         grad_a = grad_h.t() @ adapter_input(x, mask, p, lora_a.dtype, dt)  # [r, in]
         grad_x = adapter_input_grad(grad_h @ lora_a.to(dt), mask, p, lora_a.dtype, x.dtype)  # [N, in]
         return grad, grad_x, grad_a.to(lora_a.dtype), grad_b.to(lora_b.dtype), None, None, None, None

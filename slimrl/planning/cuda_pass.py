@@ -16,7 +16,10 @@ recomputes each layer's forward once, ``recompute``) and a backward of about twi
   the residual adds, K/V repeated for a padding mask), where Liger's kernels move each tensor once for the norm,
   the rotary embedding and SwiGLU; forward, recompute and each op's backward (:data:`BACKWARD`), at
   :data:`EW_SHARE` of the card's bandwidth;
-* **launches**: :data:`KERNELS_PER_LAYER` kernels per layer and pass at :data:`timing.LAUNCH_SECONDS` each.
+* **launches**: :data:`KERNELS_PER_LAYER` kernels per layer and pass at :data:`timing.LAUNCH_SECONDS` each;
+* **prefix** (slimrl's shared-prefix layout): each segment's keys and values moved (the prompt's gathered, the
+  segment's own joined) and :data:`PREFIX_KERNELS_PER_LAYER` more kernels per layer and pass; what the layout saves
+  is in the other phases (fewer tokens, fewer attention pairs). :func:`shared_prefix_pays` weighs the two.
 
 Two constants are fitted, :data:`EW_SHARE` (0.70) and :data:`GEMM_SHARE` (0.84), on the lease's H200 rows of TRL
 alone (1.44 s) and TRL + Liger (1.20 s) only (docs/BENCHMARKS.md "GPU": Qwen2.5-1.5B, LoRA r=64, 8 x (256 +
@@ -37,6 +40,13 @@ GEMM_SHARE = 0.84  # of the dense rate the pass's GEMMs reach: fitted (module do
 ATTENTION_SHARE = 0.5  # of the dense rate flash attention reaches (assumed: about half, head dim 64-128)
 LOGIT_PASSES = 6  # fp32 passes over materialised logits: log-softmax and entropy forward, their backward
 KERNELS_PER_LAYER = 120  # eager kernels per decoder layer and pass with LoRA on its 7 projections
+# the shared-prefix layout's own kernels per layer and pass (slimrl.ops.prefix_attention): the prompt's and the
+# segments' attention calls where TRL's rows make one, the prompt's keys and values gathered per segment and joined
+# to the segment's own, the position and index bookkeeping; their scatter and adds in the backward
+PREFIX_KERNELS_PER_LAYER = 10
+# the fused MLP's kernels per row chunk past the first (slimrl.ops.fused_mlp.row_chunks): forward (the product,
+# the down projection and its adapter) and backward (the product's gradients and the five adapter GEMMs)
+CHUNK_KERNELS = {"forward": 9, "backward": 25}
 EW_SHARE = 0.70  # of the bandwidth eager elementwise ops reach: fitted (module docstring)
 BYTES = 2  # 16-bit activations
 
@@ -96,8 +106,8 @@ def eager_bytes(d: dict[str, int], k: Kernels) -> dict[str, int]:
         "rope": (4 if k.liger else 24) * (q + kv),
         "swiglu": (6 if k.liger else 10) * inter,  # silu(gate) (r2 w2), * up (r4 w2); fused r4 w2
         # PEFT: the input cast to the fp32 adapter (r2 w4) and back under autocast (r4 w2); * scaling (r2 w2), add
-        # (r4 w2); fused: the same scaling and add in place (PEFT's roundings), no input casts
-        "lora": 10 * outs if k.fused_lora else 12 * ins + 10 * outs,
+        # (r4 w2); fused: the add only (r2 r2 w2; a power-of-two scale, lora_alpha = r included, rides on B)
+        "lora": 6 * outs if k.fused_lora else 12 * ins + 10 * outs,
         "residual": 2 * 6 * h,
         "repeat": 4 * (q + kv) if k.repeat_kv else 0,  # transformers' repeat_kv for K and V under a padding mask
     }
@@ -145,6 +155,17 @@ def train_seconds(
         / (EW_SHARE * tp.bytes_per_s),
         "launches": (1 + recompute + 1) * KERNELS_PER_LAYER * d["layers"] * LAUNCH_SECONDS,
     }
+    if kernels.fused_lora:  # the fused MLP's product in row chunks: more, smaller kernels
+        from slimrl.ops.fused_mlp import row_chunks
+
+        more = len(row_chunks(tokens, d["inter"], d["hidden"])) - 1
+        per_layer = CHUNK_KERNELS["forward"] * (1 + recompute) + CHUNK_KERNELS["backward"]
+        split["launches"] += more * per_layer * d["layers"] * LAUNCH_SECONDS
+    if shared_prefix:  # each segment's keys and values: the prompt's gathered, its own joined (read and write)
+        moved = 2 * rows * (prompt + prompt + completion) * 2 * d["kv"] * BYTES * d["layers"]
+        split["prefix"] = (1 + recompute + 1) * (
+            moved / (EW_SHARE * tp.bytes_per_s) + PREFIX_KERNELS_PER_LAYER * d["layers"] * LAUNCH_SECONDS
+        )
     if kernels.logits:
         split["head"] += LOGIT_PASSES * 4 * scored * d["vocab"] / tp.bytes_per_s
     if tiled:
@@ -152,3 +173,11 @@ def train_seconds(
         split["gemm"] += mlp_flops / (GEMM_SHARE * dense)
         split["elementwise"] += (10 + 12) * d["inter"] * tokens * d["layers"] / (EW_SHARE * tp.bytes_per_s)
     return split
+
+
+def shared_prefix_pays(config: Any, gpu: Gpu, kernels: Kernels, **shape: Any) -> bool:
+    """Whether the shared-prefix layout makes the pass faster on ``gpu``: the prompt tokens a group stops repeating
+    against the layout's own traffic and launches (``shape``: :func:`train_seconds`'s rows, generations, prompt,
+    completion, lora_r and recompute)."""
+    packed = sum(train_seconds(config, gpu, kernels=kernels, shared_prefix=True, **shape).values())
+    return packed < sum(train_seconds(config, gpu, kernels=kernels, shared_prefix=False, **shape).values())

@@ -23,15 +23,40 @@ from slimrl.planning.settings import Settings
 
 def shared_prefix_applies(config: Any, s: Settings) -> bool:
     """Whether the run's log-prob passes take the shared-prefix layout: asked for, declared by the trainer's
-    workload, more than one completion per prompt, and a model the layout runs on
+    workload, more than one completion per prompt, a model the layout runs on
     (:func:`slimrl.ops.prefix_attention.model_reason`: family, soft-capping, a sliding window shorter than prompt +
-    completion; the attention implementation is taken to be ``sdpa``, the default)."""
+    completion; the attention implementation is taken to be ``sdpa``, the default), and on CUDA where it pays."""
     from slimrl.ops.prefix_attention import model_reason
 
     work = s.workload
     if not (s.shared_prefix and work.generates and work.shared_prefix and s.num_generations > 1):
         return False
-    return model_reason(config, s.max_prompt_length + s.max_completion_length) is None
+    if model_reason(config, s.max_prompt_length + s.max_completion_length) is not None:
+        return False
+    return s.device != "cuda" or _pays_on_cuda(config, s)
+
+
+def _pays_on_cuda(config: Any, s: Settings) -> bool:
+    """On CUDA the layout runs only where the training pass's time model says it is faster
+    (:func:`slimrl.planning.cuda_pass.shared_prefix_pays`: the prompt tokens a group stops repeating against the
+    layout's own traffic and launches)."""
+    from slimrl.compat.gpus import current_gpu, find_gpu
+    from slimrl.planning.cuda_pass import shared_prefix_pays, slimrl_kernels
+    from slimrl.planning.timing import DEFAULT_GPU
+
+    mode = s.gradient_checkpointing
+    recompute = 0.0 if mode == "false" else 1.0 / (s.checkpoint_every_n_layers or 2) if mode == "selective" else 1.0
+    return shared_prefix_pays(
+        config,
+        find_gpu(s.gpu) if s.gpu else current_gpu() or find_gpu(DEFAULT_GPU),
+        slimrl_kernels(bool(s.fused_lora and s.lora_r)),
+        rows=s.per_device_train_batch_size,
+        generations=s.num_generations,
+        prompt=s.max_prompt_length,
+        completion=s.max_completion_length,
+        lora_r=s.lora_r,
+        recompute=recompute,
+    )
 
 
 def prefix_gather_bytes(config: Any, rows: int, prompt: int, completion: int, dtype: torch.dtype) -> int:

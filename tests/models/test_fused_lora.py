@@ -49,7 +49,8 @@ def _model(model_type: str, dtype=torch.float32, width: int = 32, **lora):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(dtype)
     torch.manual_seed(1)  # init_lora_weights=False: B is not zero, so every adapter gradient is
-    config = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False, **lora)
+    lora = {"lora_alpha": 8, **lora}
+    config = LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False, **lora)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return get_peft_model(model, config)
@@ -243,11 +244,12 @@ def test_tiles_stay_outside_the_fused_mlp(tiled_first):
 
 
 @pytest.mark.parametrize("autocast", [False, True])
-def test_a_lora_projection_is_peft_s_bit_for_bit_in_16_bits(autocast):
+@pytest.mark.parametrize("alpha", [8, 6])  # scale 2 (moved onto B) and 1.5
+def test_a_lora_projection_is_peft_s_bit_for_bit_in_16_bits(autocast, alpha):
     """A bf16 base with PEFT's fp32 adapters, with and without autocast (a mixed-precision run): the fused projection
     computes in PEFT's dtypes and rounds in PEFT's order, so output, input gradient and adapter gradients are equal.
     (A one-ulp difference in every projection grows into percents of a 16-bit model's gradients.)"""
-    model = _model("qwen2", torch.bfloat16, width=64)
+    model = _model("qwen2", torch.bfloat16, width=64, lora_alpha=alpha)
     layer = model.base_model.model.model.layers[0].self_attn.q_proj  # biased (Qwen2)
     assert layer.lora_A["default"].weight.dtype == torch.float32
     gen = torch.Generator().manual_seed(3)

@@ -32,7 +32,8 @@ def _grads(out, inputs, grad):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("p", [0.0, 0.3])
-def test_lora_add_is_its_formula(dtype, tol, p):
+@pytest.mark.parametrize("S", [2.0, 0.3])  # a power of two moves onto B; another scales the product
+def test_lora_add_is_its_formula(dtype, tol, p, S):
     x, a, b = _leaves((2, N // 2, IN), (R, IN), (OUT, R), dtype=dtype)
     w = torch.randn(OUT, IN, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     grad = torch.randn(2, N // 2, OUT, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
@@ -56,7 +57,13 @@ ACTS = {"silu": torch.nn.SiLU(), "gelu_tanh": torch.nn.GELU(approximate="tanh")}
 @pytest.mark.parametrize("act", list(ACTS))
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("p", [0.0, 0.3])
-def test_the_gated_mlp_is_its_formula(act, dtype, tol, p):
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
+def test_the_gated_mlp_is_its_formula(act, dtype, tol, p, chunked, monkeypatch):
+    from slimrl.ops import fused_mlp
+
+    if chunked:  # the product and its gradients in ceil(I / H) = 2 row chunks, as on a long input
+        monkeypatch.setattr(fused_mlp, "SMALL", 0)
+        assert len(fused_mlp.row_chunks(N, 2 * IN, IN)) == 2
     hidden, inter = IN, 2 * IN
     x, ag, bg, au, bu, ad, bd = _leaves(
         (2, N // 2, hidden), (R, hidden), (inter, R), (R, hidden), (inter, R), (R, inter), (hidden, R), dtype=dtype
@@ -103,3 +110,14 @@ def test_autocast_computes_in_its_dtype():
     assert y.dtype == out.dtype == torch.bfloat16
     out.float().sum().backward()
     assert x.grad.dtype == a.grad.dtype == torch.float32
+
+
+def test_the_product_runs_in_chunks_no_larger_than_the_layer_input():
+    from slimrl.ops.fused_mlp import row_chunks
+
+    rows, inter, hidden = 33024, 8960, 1536  # Qwen2.5-1.5B, 8 completions of 4,096 after a 256-token prompt
+    chunks = row_chunks(rows, inter, hidden)
+    assert len(chunks) == 6 and chunks[0].start == 0 and chunks[-1].stop == rows
+    assert all(a.stop == b.start for a, b in zip(chunks, chunks[1:], strict=False))
+    assert max(c.stop - c.start for c in chunks) * inter <= rows * hidden * 1.001
+    assert row_chunks(64, 128, 32) == [slice(0, 64)]  # small: whole

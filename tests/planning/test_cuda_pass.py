@@ -71,3 +71,39 @@ def test_compare_reports_each_sides_training_seconds_on_cuda(tmp_path):
         assert sides[name]["train_seconds"] == pytest.approx(sum(split.values()), abs=1e-5)
         assert set(split) >= {"gemm", "attention", "head", "elementwise", "launches"} and split["launches"] > 0
     assert "train_seconds" not in compare(config, Settings(device="cpu", **common))["trl"]
+
+
+def test_the_shared_prefix_layout_pays_where_the_prompts_outweigh_its_own_traffic(qwen):
+    """The lease's shape: 8 completions of 4,096 tokens sharing a 256-token prompt stop repeating 1,792 prompt tokens,
+    more than the layout's gathers and launches cost; a 16-token prompt saves 112 and does not pay."""
+    from slimrl.planning.cuda_pass import shared_prefix_pays
+
+    h200 = find_gpu("h200")
+    kernels = cuda_pass.slimrl_kernels(True)
+    split = train_seconds(qwen, h200, kernels=kernels, shared_prefix=True, **LEASE)
+    assert split["prefix"] > 0 and "prefix" not in train_seconds(qwen, h200, kernels=kernels, **LEASE)
+    assert shared_prefix_pays(qwen, h200, kernels, **LEASE)
+    assert not shared_prefix_pays(qwen, h200, kernels, **{**LEASE, "prompt": 16})
+
+
+def test_the_plan_takes_the_layout_on_cuda_only_where_it_pays(qwen):
+    from slimrl.planning import Settings
+    from slimrl.planning.phases import shared_prefix_applies
+
+    run = dict(per_device_train_batch_size=8, num_generations=8, max_completion_length=4096, lora_r=64, gpu="h200")
+    for device, prompt, takes in (("cuda", 256, True), ("cuda", 16, False), ("cpu", 16, True)):
+        assert shared_prefix_applies(qwen, Settings(device=device, max_prompt_length=prompt, **run)) is takes
+
+
+@pytest.mark.parametrize("prompt, takes", [(256, True), (16, False)])
+def test_a_gpu_call_takes_the_layout_only_where_it_pays(qwen, monkeypatch, prompt, takes):
+    from types import SimpleNamespace
+
+    import torch
+
+    from slimrl.patching.routes import shared_prefix
+    from tests.models.test_fused_lora import _model
+
+    trainer = SimpleNamespace(model=_model("qwen2"), args=SimpleNamespace(gradient_checkpointing=True))
+    rows = SimpleNamespace(input_ids=torch.zeros(8, prompt + 4096), facts=SimpleNamespace(lengths=[4096] * 8))
+    assert shared_prefix.pays(trainer, qwen, rows, [list(range(8))], prompt) is takes

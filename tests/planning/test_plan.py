@@ -395,10 +395,14 @@ def test_tiled_mlp_plans_one_tile_of_mlp_intermediates(capsys):
         lora_r=4,
         device="cuda",
         shared_prefix=False,
+        fused_lora=False,  # PEFT's MLPs, tiled or whole
     )
     whole, tiled = (plan(config, Settings(tiled_mlp=t, **common), search=False) for t in (False, True))
     gate_up = 2 * 2 * 2048 * 2048 * torch.bfloat16.itemsize  # gate and up, [2 x 2,048 tokens, 2,048], bf16
     assert whole.phases["backward"] - tiled.phases["backward"] > gate_up, (whole.phases, tiled.phases)
     assert tiled.phases["policy_forward"] <= whole.phases["policy_forward"]
+    # slimrl's fused MLP (one Function, its product in row chunks) keeps gate and up and one chunk's product
+    fused = plan(config, Settings(tiled_mlp=False, **{**common, "fused_lora": True}), search=False)
+    assert whole.phases["backward"] - fused.phases["backward"] > gate_up / 2, (whole.phases, fused.phases)
     with pytest.raises(InputError, match="--tiled_mlp"):
         plan(config, Settings(tiled_mlp="yes", **common), search=False)

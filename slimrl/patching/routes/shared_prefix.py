@@ -22,7 +22,9 @@ tokens (the prompt's last position for each completion's first token) and projec
 Falls back to TRL's layout (the length groups of :mod:`slimrl.patching.routes.method_capture`), with one log line
 per reason: an attention implementation other than ``sdpa``, a model family not tested with the layout, attention
 soft-capping, a sliding window shorter than prompt + completion, or masks that are not one left-padded prompt then
-one completion per row. A call where no prompt repeats runs TRL's layout without a line (nothing to share).
+one completion per row; on a GPU, a call where the training pass's time model says the layout costs more than it
+saves (:func:`pays`: short prompts against long completions). A call where no prompt repeats runs TRL's layout
+without a line (nothing to share).
 """
 
 from __future__ import annotations
@@ -208,4 +210,40 @@ def shared_prompts(trainer: Any, config: Any, rows: CallRows) -> list[list[int]]
         return None
     if all(len(g) == 1 for g in groups):
         return None  # no prompt repeats: nothing to share
+    if on_gpu(rows) and not pays(trainer, config, rows, groups, prompt_width):
+        say_once(
+            f"on this GPU the layout costs more than it saves here (prompts of {prompt_width} tokens, groups of "
+            f"{max(len(g) for g in groups)} completions of up to {max(rows.facts.lengths, default=0)}: "
+            f"slimrl.planning.cuda_pass.shared_prefix_pays)"
+        )
+        return None
     return groups
+
+
+def on_gpu(rows: CallRows) -> bool:
+    return rows.input_ids.device.type == "cuda"
+
+
+def pays(trainer: Any, config: Any, rows: CallRows, groups: list[list[int]], prompt: int) -> bool:
+    """Whether the layout makes this call's pass faster on the GPU, by the training pass's time model: the prompt
+    tokens its groups stop repeating against the layout's own traffic and launches."""
+    from slimrl.compat.gpus import current_gpu, find_gpu
+    from slimrl.models.fused_lora import is_fused
+    from slimrl.planning.cuda_pass import shared_prefix_pays, slimrl_kernels
+    from slimrl.planning.timing import DEFAULT_GPU
+
+    model = trainer.model
+    peft = getattr(model, "peft_config", None) or {}
+    lora_r = next(iter(peft.values())).r if peft else 0
+    checkpointed = torch.is_grad_enabled() and bool(getattr(trainer.args, "gradient_checkpointing", False))
+    return shared_prefix_pays(
+        config,
+        current_gpu() or find_gpu(DEFAULT_GPU),
+        slimrl_kernels(bool(lora_r) and is_fused(model)),
+        rows=rows.input_ids.size(0),
+        generations=max(len(g) for g in groups),
+        prompt=prompt,
+        completion=max(rows.facts.lengths, default=0),
+        lora_r=lora_r,
+        recompute=1.0 if checkpointed else 0.0,
+    )
