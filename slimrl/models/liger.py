@@ -29,11 +29,14 @@ _APPLIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (k
 
 
 def liger_families() -> frozenset[str]:
-    """The ``model_type``s Liger knows (empty where Liger is not installed)."""
+    """The ``model_type``s Liger knows (empty where Liger is not installed, or does not import here: it needs
+    Triton)."""
     if not liger_installed():
         return frozenset()
-    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
-
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        return frozenset()
     return frozenset(MODEL_TYPE_TO_APPLY_LIGER_FN)
 
 
