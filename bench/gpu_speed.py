@@ -14,8 +14,8 @@ so a call cut short keeps what finished. Sections, in order of value:
 * ``attention``: one layer's attention, forward and forward + backward: TRL's layout (every row its own prompt,
   padding mask), slimrl's shared-prefix attention (:mod:`slimrl.ops.prefix_attention`), causal ``sdpa`` with
   ``enable_gqa`` (flash where it serves) and with cuDNN's backend, each with the kernel that ran;
-* ``mlp``: one layer's gated MLP with LoRA on gate/up/down (PEFT), forward + backward, untiled and tiled
-  (:mod:`slimrl.models.tiled_mlp`); the fused path is not built yet (said);
+* ``mlp``: one layer's gated MLP with LoRA on gate/up/down, forward + backward: PEFT's layers untiled and tiled
+  (:mod:`slimrl.models.tiled_mlp`), and slimrl's fused MLP (:mod:`slimrl.models.fused_lora`);
 * ``norm_rope``: RMSNorm then rotary embedding, transformers' eager modules against Liger's kernels (where
   liger-kernel imports and the device is CUDA);
 * ``head``: the sampled tokens' log-probs and entropy from the last hidden states, forward + backward: TRL's
@@ -237,6 +237,7 @@ def _lora_model(ctx: dict, layers: int = 1):
 
 
 def mlp(ctx: dict) -> dict:
+    from slimrl.models.fused_lora import fuse_lora, unfuse_lora
     from slimrl.models.tiled_mlp import tile_mlp, untile_mlp
 
     device, clock, c = ctx["device"], ctx["clock"], ctx["config"]
@@ -253,7 +254,9 @@ def mlp(ctx: dict) -> dict:
     tile_mlp(model)
     out["tiled"] = timed(clock.time(step), 3 * flops / ctx["flops"])  # outside a checkpoint: no extra forward
     untile_mlp(model)
-    out["fused"] = {"skipped": "the fused LoRA MLP (issue 70 deliverable 3) is not built"}
+    fuse_lora(model)  # get_peft_model's default: slimrl's fused LoRA projections and MLP
+    out["fused"] = timed(clock.time(step), 3 * flops / ctx["flops"])
+    unfuse_lora(model)
     return out
 
 

@@ -36,7 +36,7 @@ def test_the_rehearsal_writes_every_section(tmp_path):
         assert _timed(attention[name]["forward"]) and _timed(attention[name]["forward_backward"])
         assert attention[name]["kernel"].startswith("aten::")
     assert "CUDA" in attention["cudnn"]["skipped"]
-    assert _timed(report["mlp"]["peft_untiled"]) and _timed(report["mlp"]["tiled"]) and report["mlp"]["fused"]
+    assert _timed(report["mlp"]["peft_untiled"]) and _timed(report["mlp"]["tiled"]) and _timed(report["mlp"]["fused"])
     assert _timed(report["norm_rope"]["transformers"]) and "skipped" in report["norm_rope"]["liger"]
     assert _timed(report["head"]["trl"]) and _timed(report["head"]["slimrl_chunked"])
     toggles = report["toggles"]
