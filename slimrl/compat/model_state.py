@@ -60,3 +60,9 @@ def carry_over(source: Any, target: Any) -> None:
     for name in CARRIED:
         if hasattr(source, name):
             setattr(target, name, getattr(source, name))
+
+
+def lora_rank(model: Any) -> int:
+    """The rank of a PEFT model's first adapter (0: no adapter)."""
+    peft = getattr(model, "peft_config", None) or {}
+    return next(iter(peft.values())).r if peft else 0

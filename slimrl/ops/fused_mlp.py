@@ -125,9 +125,7 @@ class GatedLoraMLP(torch.autograd.Function):
                 grad_x = parts[0]
             else:
                 grad_x[rows] = parts[0]
-            sums = [w if acc is None else acc.add_(w.float()) for acc, w in zip(sums, parts[1:], strict=True)]
-            if len(chunks) > 1 and sums[0].dtype != torch.float32:
-                sums = [w.float() for w in sums]
+            sums = [w.float() if acc is None else acc.add_(w) for acc, w in zip(sums, parts[1:], strict=True)]
         adapters = (a_g, b_g, a_u, b_u, a_d, b_d)
         return (grad_x.to(x.dtype), *(w.to(a.dtype) for w, a in zip(sums, adapters, strict=True)), None, None)
 

@@ -60,20 +60,14 @@ def train_times(config: Any, s: Settings, ours: Any) -> dict[str, dict[str, floa
     with gradients, the loss and the backward; what the lease timed): TRL's checkpointing of every layer, slimrl's
     as resolved (its layout, tiles and offload copies included)."""
     from slimrl.compat.gpus import current_gpu, find_gpu
-    from slimrl.planning.cuda_pass import TRL, TRL_LIGER, slimrl_kernels, train_seconds
+    from slimrl.planning.cuda_pass import TRL, TRL_LIGER, recompute_share, run_shape, slimrl_kernels, train_seconds
     from slimrl.planning.timing import DEFAULT_GPU
 
     gpu = find_gpu(s.gpu) if s.gpu else current_gpu() or find_gpu(DEFAULT_GPU)
-    shape = dict(
-        rows=s.per_device_train_batch_size,
-        generations=s.num_generations,
-        prompt=s.max_prompt_length,
-        completion=s.max_completion_length,
-        lora_r=s.lora_r,
-    )
+    shape = run_shape(s)
     trl_recompute = 0.0 if s.gradient_checkpointing == "false" else 1.0
-    mode, every = ours.settings["gradient_checkpointing"], ours.settings.get("checkpoint_every_n_layers") or 2
-    recompute = 0.0 if mode == "false" else 1.0 / every if mode == "selective" else 1.0
+    ours_mode, every = ours.settings["gradient_checkpointing"], ours.settings.get("checkpoint_every_n_layers")
+    recompute = recompute_share(ours_mode, every)
     slim = train_seconds(
         config,
         gpu,

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from slimrl.compat.gpus import Gpu
+from slimrl.planning.settings import Settings
 from slimrl.planning.timing import LAUNCH_SECONDS, MATMUL_SHARE, layout_work, nominal
 
 GEMM_SHARE = 0.84  # of the dense rate the pass's GEMMs reach: fitted (module docstring)
@@ -65,6 +66,24 @@ class Kernels:
 TRL = Kernels()
 TRL_LIGER = Kernels(liger=True, logits=False)  # Liger's fused linear GRPO loss keeps a chunk of logits
 SLIMRL = Kernels(logits=False, repeat_kv=False)  # the chunked head; flash takes grouped K/V as they are
+
+
+def recompute_share(mode: str, every: int | None = None) -> float:
+    """The share of decoder layers a checkpointing mode recomputes in the backward: none for ``"false"``, one in
+    ``every`` (default 2) for ``"selective"``, all for the others (``true``, ``slimrl``, ``auto``)."""
+    return 0.0 if mode == "false" else 1.0 / (every or 2) if mode == "selective" else 1.0
+
+
+def run_shape(s: Settings, rows: int | None = None) -> dict[str, int]:
+    """:func:`train_seconds`'s run keywords from a plan's settings (``rows``: the pass's rows, default the
+    per-device batch)."""
+    return dict(
+        rows=rows or s.per_device_train_batch_size,
+        generations=s.num_generations,
+        prompt=s.max_prompt_length,
+        completion=s.max_completion_length,
+        lora_r=s.lora_r,
+    )
 
 
 def slimrl_kernels(fused_lora: bool) -> Kernels:

@@ -41,21 +41,15 @@ def _pays_on_cuda(config: Any, s: Settings) -> bool:
     (:func:`slimrl.planning.cuda_pass.shared_prefix_pays`: the prompt tokens a group stops repeating against the
     layout's own traffic and launches)."""
     from slimrl.compat.gpus import current_gpu, find_gpu
-    from slimrl.planning.cuda_pass import shared_prefix_pays, slimrl_kernels
+    from slimrl.planning.cuda_pass import recompute_share, run_shape, shared_prefix_pays, slimrl_kernels
     from slimrl.planning.timing import DEFAULT_GPU
 
-    mode = s.gradient_checkpointing
-    recompute = 0.0 if mode == "false" else 1.0 / (s.checkpoint_every_n_layers or 2) if mode == "selective" else 1.0
     return shared_prefix_pays(
         config,
         find_gpu(s.gpu) if s.gpu else current_gpu() or find_gpu(DEFAULT_GPU),
         slimrl_kernels(bool(s.fused_lora and s.lora_r)),
-        rows=s.per_device_train_batch_size,
-        generations=s.num_generations,
-        prompt=s.max_prompt_length,
-        completion=s.max_completion_length,
-        lora_r=s.lora_r,
-        recompute=recompute,
+        **run_shape(s),
+        recompute=recompute_share(s.gradient_checkpointing, s.checkpoint_every_n_layers),
     )
 
 

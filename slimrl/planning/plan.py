@@ -209,18 +209,14 @@ def _cuda_passes(config: Any, s: Settings, split: dict[str, float], rows: int, e
     """On CUDA the log-prob passes and the backward in ``split`` from the training pass's time model
     (:mod:`slimrl.planning.cuda_pass`, the one ``--compare`` prices each side with): its seconds over its passes
     (forward, recompute, backward as two forwards) give the forward; a no-grad pass costs one forward."""
-    from slimrl.planning.cuda_pass import slimrl_kernels, train_seconds
+    from slimrl.planning.cuda_pass import run_shape, slimrl_kernels, train_seconds
 
     recompute = (1.0 / every) if every else 0.0
     total = sum(
         train_seconds(
             config,
             gpu,
-            rows=rows,
-            generations=s.num_generations,
-            prompt=s.max_prompt_length,
-            completion=s.max_completion_length,
-            lora_r=s.lora_r,
+            **run_shape(s, rows),
             recompute=recompute,
             kernels=slimrl_kernels(bool(s.fused_lora and s.lora_r)),
             shared_prefix=s.shared_prefix,

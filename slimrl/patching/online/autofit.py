@@ -71,13 +71,13 @@ def prompt_length(dataset: Any, processing_class: Any, rows: int = 256) -> int |
 
 def settings_of(model: Any, args: Any, prompt: int | None, algorithm: str, workload: Workload) -> Settings:
     """The plan's settings for this model and config (``workload``: what the trainer's step does)."""
+    from slimrl.compat.model_state import lora_rank
     from slimrl.generation.trl_backend import engine_of
     from slimrl.models.fused_lora import is_fused
     from slimrl.models.tiled_mlp import is_tiled
     from slimrl.patching.every_trainer.validation import model_max_seq_length
 
-    peft = getattr(model, "peft_config", None) or {}
-    lora_r = next(iter(peft.values())).r if peft else 0
+    lora_r = lora_rank(model)
     completion = args.max_completion_length
     limit = getattr(args, "max_seq_length", None) or model_max_seq_length(model)
     if prompt is None:

@@ -228,13 +228,13 @@ def pays(trainer: Any, config: Any, rows: CallRows, groups: list[list[int]], pro
     """Whether the layout makes this call's pass faster on the GPU, by the training pass's time model: the prompt
     tokens its groups stop repeating against the layout's own traffic and launches."""
     from slimrl.compat.gpus import current_gpu, find_gpu
+    from slimrl.compat.model_state import lora_rank
     from slimrl.models.fused_lora import is_fused
     from slimrl.planning.cuda_pass import shared_prefix_pays, slimrl_kernels
     from slimrl.planning.timing import DEFAULT_GPU
 
     model = trainer.model
-    peft = getattr(model, "peft_config", None) or {}
-    lora_r = next(iter(peft.values())).r if peft else 0
+    lora_r = lora_rank(model)
     checkpointed = torch.is_grad_enabled() and bool(getattr(trainer.args, "gradient_checkpointing", False))
     return shared_prefix_pays(
         config,
